@@ -1,0 +1,37 @@
+"""NVFP4 MoE ops: format, reference, custom ops, row types, backends.
+
+Importing this package registers ``torch.ops.a4prefill.{moe_w4a16, moe_a4, moe_split}``.
+"""
+
+from a4prefill.ops.counters import ROW_COUNTERS
+from a4prefill.ops.modelopt import NvFp4MoEWeights, quantize_moe_weights
+from a4prefill.ops.moe import call_moe, moe_a4, moe_split, moe_w4a16
+from a4prefill.ops.rows import (
+    RowTypes,
+    current_row_types,
+    row_types_from_query_lens,
+    row_types_from_query_start_loc,
+    set_row_provider,
+    shard_row_types,
+    step_row_types,
+)
+from a4prefill.ops.scales import A4Scales, derive_a4_scales
+
+__all__ = [
+    "ROW_COUNTERS",
+    "A4Scales",
+    "NvFp4MoEWeights",
+    "RowTypes",
+    "call_moe",
+    "current_row_types",
+    "derive_a4_scales",
+    "moe_a4",
+    "moe_split",
+    "moe_w4a16",
+    "quantize_moe_weights",
+    "row_types_from_query_lens",
+    "row_types_from_query_start_loc",
+    "set_row_provider",
+    "shard_row_types",
+    "step_row_types",
+]

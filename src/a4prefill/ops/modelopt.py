@@ -1,0 +1,141 @@
+"""ModelOpt NVFP4 conventions: global scales, encode scales, expert stacks, MoE parameter sets.
+
+ModelOpt stores *decode* multipliers: ``weight_scale_2 = amax_w / (6 * 448)`` and
+``input_scale = amax_x / (6 * 448)``. Encoding uses their reciprocal, ``gs = 1 / scale``.
+The parameter names and shapes below are exactly vLLM's ModelOpt NVFP4 MoE parameter set
+(FACTS.md section 4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from a4prefill.ops import nvfp4
+
+FP4_FP8_RANGE = nvfp4.E2M1_MAX * nvfp4.E4M3_MAX  # 2688: the largest code times the largest scale
+
+
+def global_scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
+    """ModelOpt's decode-side global scale ``amax / (6 * 448)`` (fp32, same shape as ``amax``)."""
+    return amax.to(torch.float32) / FP4_FP8_RANGE
+
+
+def encode_scale_from_global_scale(global_scale: torch.Tensor) -> torch.Tensor:
+    """The encode scale ``1 / global_scale`` for ``weight_scale_2`` or ``input_scale`` (fp32)."""
+    return 1.0 / global_scale.to(torch.float32)
+
+
+@dataclass(frozen=True)
+class QuantizedStack:
+    """One quantized expert stack as a ModelOpt checkpoint stores it.
+
+    ``weight``: uint8 [E, N, K/2]; ``weight_scale``: float8_e4m3fn [E, N, K/16];
+    ``weight_scale_2``: fp32 [E] (decode multiplier per expert).
+    """
+
+    weight: torch.Tensor
+    weight_scale: torch.Tensor
+    weight_scale_2: torch.Tensor
+
+
+def quantize_expert_stack(weights: torch.Tensor, amax: torch.Tensor | None = None) -> QuantizedStack:
+    """Quantize ``weights [E, N, K]`` (float, K % 16 == 0) per expert, the ModelOpt way.
+
+    ``amax`` (fp32 [E]) overrides the per-expert absolute maximum, e.g. to give gate and up one
+    shared global scale. Experts whose amax is 0 get ``weight_scale_2 = 1`` and zero codes.
+    """
+    if weights.ndim != 3:
+        raise ValueError(f"weights must be 3-D [E, N, K], got shape {tuple(weights.shape)}")
+    num_experts = weights.shape[0]
+    if amax is None:
+        amax = weights.detach().abs().amax(dim=(1, 2)).to(torch.float32)
+    if amax.shape != (num_experts,):
+        raise ValueError(f"amax must have shape [{num_experts}], got {tuple(amax.shape)}")
+    scale_2 = torch.where(amax > 0, global_scale_from_amax(amax), torch.ones_like(amax))
+    codes, scales = [], []
+    for expert in range(num_experts):
+        packed, block_scales = nvfp4.quantize(weights[expert], encode_scale_from_global_scale(scale_2[expert]))
+        codes.append(packed)
+        scales.append(block_scales)
+    return QuantizedStack(torch.stack(codes), torch.stack(scales), scale_2)
+
+
+def dequantize_expert_stack(stack: QuantizedStack) -> torch.Tensor:
+    """``e2m1 * block_scale * weight_scale_2`` as fp32 ``[E, N, K]``."""
+    return nvfp4.dequantize_blocks(stack.weight, stack.weight_scale) * stack.weight_scale_2.reshape(-1, 1, 1)
+
+
+@dataclass(frozen=True)
+class NvFp4MoEWeights:
+    """vLLM's ModelOpt NVFP4 MoE parameters of one layer (E experts, hidden H, intermediate I).
+
+    - ``w13_weight`` uint8 [E, 2I, H/2]; rows [0, I) gate (w1), rows [I, 2I) up (w3)
+    - ``w13_weight_scale`` float8_e4m3fn [E, 2I, H/16]
+    - ``w13_weight_scale_2`` fp32 [E, 2] (gate and up must agree)
+    - ``w13_input_scale`` fp32 [E, 2] (0 = not calibrated)
+    - ``w2_weight`` uint8 [E, H, I/2]; ``w2_weight_scale`` float8_e4m3fn [E, H, I/16]
+    - ``w2_weight_scale_2`` fp32 [E]; ``w2_input_scale`` fp32 [E] (0 = not calibrated)
+    """
+
+    w13_weight: torch.Tensor
+    w13_weight_scale: torch.Tensor
+    w13_weight_scale_2: torch.Tensor
+    w13_input_scale: torch.Tensor
+    w2_weight: torch.Tensor
+    w2_weight_scale: torch.Tensor
+    w2_weight_scale_2: torch.Tensor
+    w2_input_scale: torch.Tensor
+
+    def named_tensors(self) -> dict[str, torch.Tensor]:
+        """Parameter name -> tensor, in the op argument order (the order of the fields)."""
+        return {field.name: getattr(self, field.name) for field in fields(self)}
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The eight tensors in the op argument order."""
+        return tuple(self.named_tensors().values())
+
+    def to(self, device: torch.device | str) -> NvFp4MoEWeights:
+        """A copy with every tensor moved to ``device``."""
+        return NvFp4MoEWeights(*(t.to(device) for t in self.tensors()))
+
+
+def quantize_moe_weights(
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    w13_input_amax: torch.Tensor | None = None,
+    w2_input_amax: torch.Tensor | None = None,
+) -> NvFp4MoEWeights:
+    """Quantize float expert weights into vLLM's ModelOpt NVFP4 MoE parameter set.
+
+    ``w13`` [E, 2I, H] (gate rows first), ``w2`` [E, H, I]. Gate and up share one global scale
+    per expert (the larger amax), as ModelOpt exports them. Input amaxes (fp32 [E]) become
+    calibrated ``input_scale``s; ``None`` leaves the scales at 0 ("not calibrated").
+    """
+    if w13.ndim != 3 or w2.ndim != 3:
+        raise ValueError(f"w13 and w2 must be 3-D, got {tuple(w13.shape)} and {tuple(w2.shape)}")
+    num_experts, two_i, hidden = w13.shape
+    if two_i % 2 or w2.shape != (num_experts, hidden, two_i // 2):
+        raise ValueError(
+            f"w2 must have shape [E, H, I] = {[num_experts, hidden, two_i // 2]} for w13 "
+            f"{list(w13.shape)}, got {list(w2.shape)}"
+        )
+    fc1 = quantize_expert_stack(w13)
+    fc2 = quantize_expert_stack(w2)
+
+    def input_scale(amax: torch.Tensor | None) -> torch.Tensor:
+        if amax is None:
+            return torch.zeros(num_experts, dtype=torch.float32)
+        return global_scale_from_amax(amax.reshape(num_experts))
+
+    return NvFp4MoEWeights(
+        w13_weight=fc1.weight,
+        w13_weight_scale=fc1.weight_scale,
+        w13_weight_scale_2=fc1.weight_scale_2.unsqueeze(1).repeat(1, 2),
+        w13_input_scale=input_scale(w13_input_amax).unsqueeze(1).repeat(1, 2),
+        w2_weight=fc2.weight,
+        w2_weight_scale=fc2.weight_scale,
+        w2_weight_scale_2=fc2.weight_scale_2,
+        w2_input_scale=input_scale(w2_input_amax),
+    )

@@ -1,0 +1,243 @@
+"""Which rows of a step are decode and which are prefill: spans, shards, the step context.
+
+Pure Python on host data; nothing here reads device memory.
+
+- A request with ``0 < query_len <= max_decode_len`` (1 + speculative tokens) is decode (or
+  speculative verify); a longer one is prefill; rows past the last request are padding.
+- :class:`RowTypes` holds the three kinds as sorted, disjoint, half-open spans that together
+  cover ``[0, num_rows)`` exactly once.
+- The split op asks :func:`current_row_types` for the step's row types. An engine integration
+  installs a provider with :func:`set_row_provider`; code that knows the rows itself can use
+  :func:`step_row_types`. With no information every row runs W4A16 (one warning).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import logging
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+Span = tuple[int, int]
+LEGACY_THRESHOLD_ENV = "B12X_W4A16_A4_PREFILL_MIN_TOKENS"
+
+
+@dataclass(frozen=True)
+class RowTypes:
+    """Row kinds of one call of ``num_rows`` rows, as sorted disjoint half-open spans."""
+
+    num_rows: int
+    decode: tuple[Span, ...]
+    prefill: tuple[Span, ...]
+    padding: tuple[Span, ...]
+
+    def __post_init__(self) -> None:
+        spans = sorted(self.decode + self.prefill + self.padding)
+        position = 0
+        for start, end in spans:
+            if start != position or end <= start:
+                raise ValueError(f"row spans must cover [0, {self.num_rows}) exactly once, got {spans}")
+            position = end
+        if position != self.num_rows:
+            raise ValueError(f"row spans must cover [0, {self.num_rows}) exactly once, got {spans}")
+
+    @property
+    def num_prefill_rows(self) -> int:
+        return sum(end - start for start, end in self.prefill)
+
+    @property
+    def num_decode_rows(self) -> int:
+        return sum(end - start for start, end in self.decode)
+
+    @classmethod
+    def all_decode(cls, num_rows: int) -> RowTypes:
+        return cls(num_rows, ((0, num_rows),) if num_rows else (), (), ())
+
+    @classmethod
+    def from_labels(cls, labels: Sequence[str]) -> RowTypes:
+        """Build from one label per row: ``"decode"``, ``"prefill"`` or ``"padding"``."""
+        spans: dict[str, list[Span]] = {"decode": [], "prefill": [], "padding": []}
+        for row, label in enumerate(labels):
+            if label not in spans:
+                raise ValueError(f"row label must be decode, prefill or padding, got {label!r}")
+            _append_row_range(spans[label], row, row + 1)
+        return cls(len(labels), tuple(spans["decode"]), tuple(spans["prefill"]), tuple(spans["padding"]))
+
+    def labels(self) -> list[str]:
+        """One label per row (``"decode"``, ``"prefill"``, ``"padding"``)."""
+        labels = [""] * self.num_rows
+        for kind in ("decode", "prefill", "padding"):
+            for start, end in getattr(self, kind):
+                labels[start:end] = [kind] * (end - start)
+        return labels
+
+
+def _append_row_range(spans: list[Span], start: int, end: int) -> None:
+    """Append ``[start, end)`` to sorted ``spans``, merging with the last span if adjacent."""
+    if spans and spans[-1][1] == start:
+        spans[-1] = (spans[-1][0], end)
+    else:
+        spans.append((start, end))
+
+
+def row_types_from_query_lens(
+    query_lens: Sequence[int], max_decode_len: int, num_rows: int | None = None
+) -> RowTypes:
+    """Row types of a batch whose requests own consecutive rows in order.
+
+    ``query_lens``: tokens per request (>= 0); ``max_decode_len``: 1 + speculative tokens (>= 1);
+    ``num_rows``: the call's row count (>= sum of lengths; the rest is padding), default the sum.
+    """
+    if max_decode_len < 1:
+        raise ValueError(f"max_decode_len must be >= 1 (1 + speculative tokens), got {max_decode_len}")
+    spans: dict[str, list[Span]] = {"decode": [], "prefill": []}
+    position = 0
+    for length in query_lens:
+        length = int(length)
+        if length < 0:
+            raise ValueError(f"query_lens must be >= 0, got {length}")
+        if length:
+            kind = "decode" if length <= max_decode_len else "prefill"
+            _append_row_range(spans[kind], position, position + length)
+            position += length
+    total = position if num_rows is None else num_rows
+    if total < position:
+        raise ValueError(f"num_rows={total} is smaller than the {position} rows the requests hold")
+    padding = ((position, total),) if total > position else ()
+    return RowTypes(total, tuple(spans["decode"]), tuple(spans["prefill"]), padding)
+
+
+def row_types_from_query_start_loc(
+    query_start_loc: Sequence[int] | torch.Tensor, max_decode_len: int, num_rows: int | None = None
+) -> RowTypes:
+    """Row types from a host ``query_start_loc`` ([num_requests + 1], starting at 0)."""
+    if isinstance(query_start_loc, torch.Tensor):
+        if query_start_loc.device.type != "cpu":
+            raise ValueError("query_start_loc must be a CPU tensor (no device reads here)")
+        query_start_loc = query_start_loc.tolist()
+    starts = [int(v) for v in query_start_loc]
+    if not starts or starts[0] != 0:
+        raise ValueError(f"query_start_loc must start at 0, got {starts[:4]}")
+    lengths = [b - a for a, b in zip(starts, starts[1:])]
+    if any(length < 0 for length in lengths):
+        raise ValueError("query_start_loc must be non-decreasing")
+    return row_types_from_query_lens(lengths, max_decode_len, num_rows)
+
+
+def shard_row_types(global_rows: RowTypes, rank: int, world_size: int) -> RowTypes:
+    """Row types of ``rank``'s slice under sequence-parallel chunking.
+
+    The global rows are padded to a multiple of ``world_size`` and cut into equal contiguous
+    chunks; ``rank`` holds ``[rank * c, (rank + 1) * c)`` with ``c = ceil(num_rows / world_size)``.
+    Rows added by that padding are padding.
+    """
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+    chunk = -(-global_rows.num_rows // world_size)
+    low, high = rank * chunk, (rank + 1) * chunk
+
+    def clip(spans: tuple[Span, ...]) -> list[Span]:
+        return [(max(a, low) - low, min(b, high) - low) for a, b in spans if a < high and b > low]
+
+    padding = clip(global_rows.padding)
+    if high > global_rows.num_rows:
+        padding.append((max(global_rows.num_rows, low) - low, chunk))
+    merged: list[Span] = []
+    for start, end in sorted(padding):
+        _append_row_range(merged, start, end)
+    return RowTypes(chunk, tuple(clip(global_rows.decode)), tuple(clip(global_rows.prefill)), tuple(merged))
+
+
+# ---------------------------------------------------------------------------------------------
+# Step context: where the split op learns the row types of the current step.
+
+RowProvider = Callable[[int], "RowTypes | None"]
+"""Called with the op's row count; returns that call's row types, or None if unknown."""
+
+_provider: RowProvider | None = None
+_step_rows: contextvars.ContextVar[RowTypes | None] = contextvars.ContextVar("a4prefill_step_rows", default=None)
+_warned_no_information = False
+
+
+def set_row_provider(provider: RowProvider | None) -> RowProvider | None:
+    """Install the process-wide row provider (engine integrations); returns the previous one."""
+    global _provider
+    previous, _provider = _provider, provider
+    return previous
+
+
+@contextlib.contextmanager
+def step_row_types(row_types: RowTypes) -> Iterator[RowTypes]:
+    """Within this block, split ops with ``row_types.num_rows`` rows use ``row_types``."""
+    token = _step_rows.set(row_types)
+    try:
+        yield row_types
+    finally:
+        _step_rows.reset(token)
+
+
+def current_row_types(num_rows: int) -> RowTypes:
+    """The row types for a split call of ``num_rows`` rows.
+
+    A :func:`step_row_types` block wins over the provider. A size mismatch is an error; with no
+    information at all every row is decode (W4A16) and one warning is logged per process.
+    """
+    global _warned_no_information
+    row_types = _step_rows.get()
+    if row_types is None and _provider is not None:
+        row_types = _provider(num_rows)
+    if row_types is None:
+        if not _warned_no_information:
+            _warned_no_information = True
+            logger.warning(
+                "a4prefill: no row types for this step (no step_row_types block, no provider "
+                "answer): every row runs W4A16"
+            )
+        return RowTypes.all_decode(num_rows)
+    if row_types.num_rows != num_rows:
+        raise ValueError(
+            f"row types describe {row_types.num_rows} rows but the split op got {num_rows} rows"
+        )
+    return row_types
+
+
+# ---------------------------------------------------------------------------------------------
+# The legacy environment switch.
+
+
+@dataclass(frozen=True)
+class LegacyThreshold:
+    """The parsed ``B12X_W4A16_A4_PREFILL_MIN_TOKENS``: ``enabled`` is None when unset."""
+
+    enabled: bool | None
+    min_tokens: int | None
+
+
+def parse_legacy_threshold(raw: str | None) -> LegacyThreshold:
+    """Parse the legacy variable: an integer >= 0 enables the feature; anything else disables
+    it with one warning; unset (None or empty) means no opinion."""
+    if raw is None or raw.strip() == "":
+        return LegacyThreshold(None, None)
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = -1
+    if value < 0:
+        logger.warning(
+            "a4prefill: %s=%r is not an integer >= 0; A4 prefill is off", LEGACY_THRESHOLD_ENV, raw
+        )
+        return LegacyThreshold(False, None)
+    return LegacyThreshold(True, value)
+
+
+@functools.cache
+def legacy_threshold() -> LegacyThreshold:
+    """The legacy variable of this process, parsed once."""
+    return parse_legacy_threshold(os.environ.get(LEGACY_THRESHOLD_ENV))

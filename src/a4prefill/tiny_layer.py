@@ -1,0 +1,88 @@
+"""A small random NVFP4 MoE layer with calibrated input scales (demo, tests, benchmarks).
+
+Who may call: anything that needs a self-made layer; nothing in ``ops`` depends on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from a4prefill.ops.modelopt import NvFp4MoEWeights, quantize_moe_weights
+
+
+@dataclass(frozen=True)
+class TinyMoELayer:
+    """Float expert weights (``w13 [E, 2I, H]`` gate first, ``w2 [E, H, I]``) and their
+    ModelOpt NVFP4 quantization with input scales calibrated on random routed tokens."""
+
+    w13: torch.Tensor
+    w2: torch.Tensor
+    quantized: NvFp4MoEWeights
+    top_k: int
+
+    @property
+    def num_experts(self) -> int:
+        return self.w13.shape[0]
+
+    @property
+    def hidden_size(self) -> int:
+        return self.w13.shape[2]
+
+
+def random_routing(tokens: int, num_experts: int, top_k: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random top-k routing: ``topk_weights`` fp32 [T, k] (softmax over the chosen logits,
+    rows sum to 1) and distinct ``topk_ids`` int32 [T, k]."""
+    logits = torch.randn(tokens, num_experts, generator=generator)
+    values, ids = logits.topk(top_k, dim=1)
+    return torch.softmax(values, dim=1), ids.to(torch.int32)
+
+
+def make_tiny_layer(
+    num_experts: int = 8,
+    hidden_size: int = 256,
+    intermediate_size: int = 128,
+    top_k: int = 2,
+    seed: int = 0,
+    calibration_tokens: int = 512,
+    calibrated: bool = True,
+) -> TinyMoELayer:
+    """Build a random layer; ``calibrated=False`` leaves the input scales at 0."""
+    generator = torch.Generator().manual_seed(seed)
+    w13 = torch.randn(num_experts, 2 * intermediate_size, hidden_size, generator=generator) / hidden_size**0.5
+    w2 = torch.randn(num_experts, hidden_size, intermediate_size, generator=generator) / intermediate_size**0.5
+    fc1_amax = fc2_amax = None
+    if calibrated:
+        tokens = torch.randn(calibration_tokens, hidden_size, generator=generator)
+        _, ids = random_routing(calibration_tokens, num_experts, top_k, generator)
+        fc1_amax = torch.zeros(num_experts)
+        fc2_amax = torch.zeros(num_experts)
+        for expert in range(num_experts):
+            rows = tokens[(ids == expert).any(dim=1)]
+            if rows.numel() == 0:
+                rows = tokens
+            gate, up = (rows @ w13[expert].T).chunk(2, dim=1)
+            fc1_amax[expert] = rows.abs().max()
+            fc2_amax[expert] = (F.silu(gate) * up).abs().max()
+    return TinyMoELayer(w13, w2, quantize_moe_weights(w13, w2, fc1_amax, fc2_amax), top_k)
+
+
+def dense_moe_fp32(
+    hidden_states: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+) -> torch.Tensor:
+    """The MoE in fp32 with float weights ``w13 [E, 2I, H]``, ``w2 [E, H, I]`` (no quantization)."""
+    x = hidden_states.to(torch.float32)
+    output = torch.zeros_like(x)
+    for slot in range(topk_ids.shape[1]):
+        for expert in torch.unique(topk_ids[:, slot]).tolist():
+            rows = topk_ids[:, slot] == expert
+            gate, up = (x[rows] @ w13[expert].float().T).chunk(2, dim=1)
+            y = (F.silu(gate) * up) @ w2[expert].float().T
+            output[rows] += topk_weights[rows, slot, None].float() * y
+    return output
