@@ -9,7 +9,10 @@ import sys
 def _demo(args: argparse.Namespace) -> int:
     from a4prefill.demo import format_table, run_demo
 
-    print(f"a4prefill demo: random NVFP4 MoE layer (E=8, H=256, I=128, top-2), {args.tokens} tokens, {args.device}")
+    print(
+        "a4prefill demo: random NVFP4 MoE layer (E=8, H=256, I=128, top-2), "
+        f"{args.tokens} tokens, {args.device}"
+    )
     print(format_table(run_demo(tokens=args.tokens, seed=args.seed, device=args.device)))
     return 0
 

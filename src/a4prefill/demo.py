@@ -37,13 +37,19 @@ def run_demo(tokens: int = 96, seed: int = 0, device: str = "cpu") -> list[Numer
     hidden = torch.randn(tokens, layer.hidden_size, generator=generator).to(torch.bfloat16)
     topk_weights, topk_ids = random_routing(tokens, layer.num_experts, layer.top_k, generator)
     q = layer.quantized
-    w13_dq = dequantize_expert_stack(QuantizedStack(q.w13_weight, q.w13_weight_scale, q.w13_weight_scale_2[:, 0]))
+    w13_dq = dequantize_expert_stack(
+        QuantizedStack(q.w13_weight, q.w13_weight_scale, q.w13_weight_scale_2[:, 0])
+    )
     w2_dq = dequantize_expert_stack(QuantizedStack(q.w2_weight, q.w2_weight_scale, q.w2_weight_scale_2))
     float_ref = dense_moe_fp32(hidden, topk_weights, topk_ids, layer.w13, layer.w2)
     dequant_ref = dense_moe_fp32(hidden, topk_weights, topk_ids, w13_dq, w2_dq)
     # A quarter of the rows are decode requests (one row each), the rest three prompts.
     prompt_rows = tokens - tokens // 4
-    query_lens = [1] * (tokens // 4) + [prompt_rows // 3, prompt_rows // 3, prompt_rows - 2 * (prompt_rows // 3)]
+    query_lens = [1] * (tokens // 4) + [
+        prompt_rows // 3,
+        prompt_rows // 3,
+        prompt_rows - 2 * (prompt_rows // 3),
+    ]
     row_types = ops.row_types_from_query_lens(query_lens, max_decode_len=1)
     args = (hidden.to(device), topk_weights.to(device), topk_ids.to(device), weights, "demo.layer0")
     results = {"W4A16": ops.call_moe(ops.moe_w4a16, *args), "A4": ops.call_moe(ops.moe_a4, *args)}
@@ -64,7 +70,9 @@ def run_demo(tokens: int = 96, seed: int = 0, device: str = "cpu") -> list[Numer
 
 def format_table(rows: list[NumericsRow]) -> str:
     """A plain-text table of the numerics rows."""
-    header = f"{'op':<40} {'rel.err vs fp32 float W':>24} {'rel.err vs fp32 dequant W':>26} {'max abs err':>12}"
+    header = (
+        f"{'op':<40} {'rel.err vs fp32 float W':>24} {'rel.err vs fp32 dequant W':>26} {'max abs err':>12}"
+    )
     lines = [header, "-" * len(header)]
     for row in rows:
         lines.append(

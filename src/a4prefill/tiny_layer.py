@@ -32,7 +32,9 @@ class TinyMoELayer:
         return self.w13.shape[2]
 
 
-def random_routing(tokens: int, num_experts: int, top_k: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def random_routing(
+    tokens: int, num_experts: int, top_k: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Random top-k routing: ``topk_weights`` fp32 [T, k] (softmax over the chosen logits,
     rows sum to 1) and distinct ``topk_ids`` int32 [T, k]."""
     logits = torch.randn(tokens, num_experts, generator=generator)
@@ -52,7 +54,9 @@ def make_tiny_layer(
     """Build a random layer; ``calibrated=False`` leaves the input scales at 0."""
     generator = torch.Generator().manual_seed(seed)
     w13 = torch.randn(num_experts, 2 * intermediate_size, hidden_size, generator=generator) / hidden_size**0.5
-    w2 = torch.randn(num_experts, hidden_size, intermediate_size, generator=generator) / intermediate_size**0.5
+    w2 = (
+        torch.randn(num_experts, hidden_size, intermediate_size, generator=generator) / intermediate_size**0.5
+    )
     fc1_amax = fc2_amax = None
     if calibrated:
         tokens = torch.randn(calibration_tokens, hidden_size, generator=generator)

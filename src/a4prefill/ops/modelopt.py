@@ -56,7 +56,9 @@ def quantize_expert_stack(weights: torch.Tensor, amax: torch.Tensor | None = Non
     scale_2 = torch.where(amax > 0, global_scale_from_amax(amax), torch.ones_like(amax))
     codes, scales = [], []
     for expert in range(num_experts):
-        packed, block_scales = nvfp4.quantize(weights[expert], encode_scale_from_global_scale(scale_2[expert]))
+        packed, block_scales = nvfp4.quantize(
+            weights[expert], encode_scale_from_global_scale(scale_2[expert])
+        )
         codes.append(packed)
         scales.append(block_scales)
     return QuantizedStack(torch.stack(codes), torch.stack(scales), scale_2)

@@ -60,8 +60,14 @@ def _unpack(
     """The schema's arguments with the parameter set bundled (the dispatcher may drop the
     trailing default)."""
     weights = NvFp4MoEWeights(
-        w13_weight, w13_weight_scale, w13_weight_scale_2, w13_input_scale,
-        w2_weight, w2_weight_scale, w2_weight_scale_2, w2_input_scale,
+        w13_weight,
+        w13_weight_scale,
+        w13_weight_scale_2,
+        w13_input_scale,
+        w2_weight,
+        w2_weight_scale,
+        w2_weight_scale_2,
+        w2_input_scale,
     )
     return hidden_states, topk_weights, topk_ids, weights, layer_name, swiglu_limit
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import itertools
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -125,7 +126,7 @@ def row_types_from_query_start_loc(
     starts = [int(v) for v in query_start_loc]
     if not starts or starts[0] != 0:
         raise ValueError(f"query_start_loc must start at 0, got {starts[:4]}")
-    lengths = [b - a for a, b in zip(starts, starts[1:])]
+    lengths = [b - a for a, b in itertools.pairwise(starts)]
     if any(length < 0 for length in lengths):
         raise ValueError("query_start_loc must be non-decreasing")
     return row_types_from_query_lens(lengths, max_decode_len, num_rows)
@@ -162,7 +163,9 @@ RowProvider = Callable[[int], "RowTypes | None"]
 """Called with the op's row count; returns that call's row types, or None if unknown."""
 
 _provider: RowProvider | None = None
-_step_rows: contextvars.ContextVar[RowTypes | None] = contextvars.ContextVar("a4prefill_step_rows", default=None)
+_step_rows: contextvars.ContextVar[RowTypes | None] = contextvars.ContextVar(
+    "a4prefill_step_rows", default=None
+)
 _warned_no_information = False
 
 
@@ -202,9 +205,7 @@ def current_row_types(num_rows: int) -> RowTypes:
             )
         return RowTypes.all_decode(num_rows)
     if row_types.num_rows != num_rows:
-        raise ValueError(
-            f"row types describe {row_types.num_rows} rows but the split op got {num_rows} rows"
-        )
+        raise ValueError(f"row types describe {row_types.num_rows} rows but the split op got {num_rows} rows")
     return row_types
 
 

@@ -76,11 +76,12 @@ class LayerScaleCache:
     @staticmethod
     def _key(w13_input_scale: torch.Tensor, w2_input_scale: torch.Tensor) -> tuple[object, ...]:
         return tuple(
-            (t.data_ptr(), t._version, t.device, tuple(t.shape))
-            for t in (w13_input_scale, w2_input_scale)
+            (t.data_ptr(), t._version, t.device, tuple(t.shape)) for t in (w13_input_scale, w2_input_scale)
         )
 
-    def lookup(self, layer_name: str, w13_input_scale: torch.Tensor, w2_input_scale: torch.Tensor) -> A4Scales | None:
+    def lookup(
+        self, layer_name: str, w13_input_scale: torch.Tensor, w2_input_scale: torch.Tensor
+    ) -> A4Scales | None:
         key = self._key(w13_input_scale, w2_input_scale)
         with self._lock:
             entry = self._entries.get(layer_name)

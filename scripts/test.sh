@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Sets up .venv (scripts/setup.sh), then lint, format check, type check and the test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/ruff check src tests benchmarks
+.venv/bin/ruff format --check src tests benchmarks
+.venv/bin/mypy
+.venv/bin/python -m pytest -q "$@"
