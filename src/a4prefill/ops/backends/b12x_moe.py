@@ -1,0 +1,305 @@
+"""The ``b12x`` backend: b12x 1.5.1's fused NVFP4 MoE on SM120/SM121 GPUs (RTX PRO 6000, DGX Spark).
+
+Selected only where ``b12x.moe.fused_moe.is_supported()`` is True (b12x imported lazily).
+Registered by ``register_backend("b12x", B12xBackend, priority=20)``.
+
+Per layer (cached on the storage and version of the eight ModelOpt tensors, like
+``scales.LayerScaleCache``), once, before any CUDA-graph capture (vLLM's profile run does it):
+the tensors are translated into one b12x copy (:mod:`.b12x_weights`; the caller's tensors are
+never modified), weight plans are prepared and execution plans are compiled for a token
+capacity ``max_tokens`` (the engine's ``max_num_batched_tokens``), and the scratch is sized.
+At run time each contiguous span of rows is one ``bind`` + ``run`` that reads and writes views of
+the caller's tensors and a pre-allocated scratch: nothing is allocated but the op's output.
+
+Precision contract with b12x 1.5.1
+----------------------------------
+b12x 1.5.1 has no per-row or per-call precision flag. Its only mixed mode is
+``ActivationSpec(mode=A4, a16_max_tokens=C)``: one prepared weight set (``nvfp4`` + native
+``w4a16`` recipes over the same source-native storage) where *calls* of at most ``C`` rows run
+W4A16 and larger calls run A4 (``_FusedMoeCapacityState.bind``). Used alone that is the old
+size rule, not the row rule: a prefill span of at most ``C`` rows (a short prompt, the tail
+chunk of a chunked prefill, a prefill that shares a small step with decodes) would run W4A16,
+and a decode-only call of more than ``C`` rows would run A4.
+
+So this backend prepares two plans over one weight copy (:mod:`.b12x_plans`):
+
+- ``w4a16`` = ``mode=A4, a16_max_tokens=max_tokens``: every call fits the capacity, so every
+  call runs W4A16 and no A4 kernel is compiled for it;
+- ``a4`` = ``mode=A4`` without cutoff: every call runs A4 (only for calibrated layers);
+
+and runs decode and padding rows through the first, prefill rows through the second, as
+separate calls. That is the row rule exactly, whatever the span sizes. Cost: both plans keep
+b12x's ``KEEP_SOURCE`` storage, so the weights are held once (our translated copy: w13 in
+b12x's up-first order, w2, 128x4-swizzled block scales padded to 128 rows x 4 scale columns)
+plus per-plan alphas ([E] fp32), compiled kernels and one scratch buffer shared by all layers
+on a device. The alternative, a pure ``mode=A16`` plan beside the A4 one, needs b12x's packed
+A16 layout, which b12x repacks in place: a second copy of every weight (2x memory). That is
+what fp16 activations get, because b12x's token cutoff accepts only bf16.
+
+Remaining differences from the reference contract (FACTS.md sections 1, 3): b12x's A4 path
+quantizes with its own (approximate-reciprocal) quantizer and may fuse the top-k sum
+differently, so results match the reference within a tolerance, not bit-exactly.
+
+If a later b12x ``bind`` takes a per-call A4 flag (one of ``b12x_plans.PER_CALL_A4_PARAMETERS``,
+found with ``inspect.signature``), the layer prepares the one mixed plan
+(``a16_max_tokens = max_tokens``) and passes the flag: True for prefill calls, False otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from a4prefill.ops.backends import b12x_plans
+from a4prefill.ops.backends.b12x_plans import A4, W4A16, B12xGeometry
+from a4prefill.ops.backends.b12x_weights import B12xTensors, translate_weights
+from a4prefill.ops.backends.base import MoEBackend
+from a4prefill.ops.modelopt import NvFp4MoEWeights
+from a4prefill.ops.rows import RowTypes, Span
+from a4prefill.ops.scales import A4Scales, derive_a4_scales, invalid_scales_reason
+
+logger = logging.getLogger(__name__)
+
+MAX_TOKENS_ENV = "A4PREFILL_B12X_MAX_TOKENS"
+DEFAULT_MAX_TOKENS = 8192
+
+
+def b12x_unsupported_reason(device: torch.device) -> str | None:
+    """Why b12x's fused MoE cannot run on ``device``, or None (imports b12x lazily)."""
+    if device.type != "cuda":
+        return f"b12x runs on SM120/SM121 CUDA GPUs only, not on {device.type}"
+    try:
+        from b12x.moe import fused_moe
+    except ImportError as error:
+        return f"b12x is not importable ({error}); install b12x==1.5.1 (scripts/setup.sh)"
+    if not fused_moe.is_supported(device):
+        return f"b12x.moe.fused_moe.is_supported() is False on {device} (b12x kernels need SM120/SM121)"
+    return None
+
+
+def _tensor_key(tensor: torch.Tensor) -> tuple[object, ...]:
+    return (tensor.data_ptr(), tensor._version, tensor.device, tuple(tensor.shape), tensor.dtype)
+
+
+@dataclass(frozen=True)
+class PreparedPlan:
+    """One precision's prepared experts and execution declaration."""
+
+    precision: str
+    experts: Any
+    declaration: Any
+    tensors: B12xTensors
+
+
+@dataclass(frozen=True)
+class PreparedLayer:
+    """Everything one layer needs at run time; ``a4`` is None for an uncalibrated layer."""
+
+    key: tuple[object, ...]
+    geometry: B12xGeometry
+    io_dtype: torch.dtype
+    w4a16: PreparedPlan
+    a4: PreparedPlan | None
+    per_call_flag: str | None
+    scratch_nbytes: int
+
+    def weight_nbytes(self) -> int:
+        """Bytes of b12x-side weight copies (one, or two for fp16)."""
+        plans = [self.w4a16] + ([self.a4] if self.a4 is not None else [])
+        unique = {id(plan.tensors): plan.tensors for plan in plans}
+        return sum(tensors.nbytes() for tensors in unique.values())
+
+
+def _chunks(spans: tuple[Span, ...], max_tokens: int) -> Iterator[Span]:
+    for start, end in spans:
+        for chunk_start in range(start, end, max_tokens):
+            yield chunk_start, min(end, chunk_start + max_tokens)
+
+
+class B12xBackend(MoEBackend):
+    """b12x's fused MoE; decode/padding rows W4A16 and prefill rows A4 as separate calls."""
+
+    name = "b12x"
+
+    def __init__(self, max_tokens: int | None = None) -> None:
+        if max_tokens is None:
+            max_tokens = int(os.environ.get(MAX_TOKENS_ENV, DEFAULT_MAX_TOKENS))
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        self.max_tokens = max_tokens
+        self._layers: dict[tuple[object, ...], PreparedLayer] = {}
+        self._scratch: dict[str, torch.Tensor] = {}
+        self._lock = threading.Lock()
+        self._logged: set[str] = set()
+
+    def unsupported_reason(self, device: torch.device) -> str | None:
+        reason = b12x_unsupported_reason(device)
+        if reason is not None and str(device) not in self._logged:
+            self._logged.add(str(device))
+            logger.info("a4prefill: b12x backend not available on %s: %s", device, reason)
+        return reason
+
+    # -- preparation -------------------------------------------------------------------------
+
+    def _slot(self, weights: NvFp4MoEWeights, io_dtype: torch.dtype, swiglu_limit: float | None) -> tuple:
+        return (weights.w13_weight.data_ptr(), str(weights.w13_weight.device), io_dtype, swiglu_limit)
+
+    def prepare_layer(
+        self,
+        weights: NvFp4MoEWeights,
+        top_k: int,
+        io_dtype: torch.dtype = torch.bfloat16,
+        swiglu_limit: float | None = None,
+    ) -> PreparedLayer:
+        """Translate, prepare and compile one layer (cached; call before CUDA-graph capture).
+
+        Reads scales on the host and allocates: never call it while a stream is capturing.
+        """
+        slot = self._slot(weights, io_dtype, swiglu_limit)
+        key = (*(_tensor_key(t) for t in weights.tensors()), top_k)
+        with self._lock:
+            layer = self._layers.get(slot)
+            if layer is not None and layer.key == key:
+                return layer
+        geometry = b12x_plans.check_geometry(weights.w13_weight, weights.w2_weight, top_k, self.max_tokens)
+        reason = invalid_scales_reason(weights.w13_input_scale, weights.w2_input_scale)
+        a4_scales = None if reason else derive_a4_scales(weights.w13_input_scale, weights.w2_input_scale)
+        tensors = translate_weights(weights, a4_scales)
+        flag = b12x_plans.per_call_a4_parameter()
+        name = f"a4prefill.b12x.{weights.w13_weight.data_ptr():x}"
+        w4a16 = self._prepare_plan(W4A16, geometry, io_dtype, swiglu_limit, tensors, name)
+        a4 = None
+        if a4_scales is not None and flag is None:
+            a4 = self._prepare_plan(A4, geometry, io_dtype, swiglu_limit, tensors, name)
+        elif a4_scales is not None:
+            a4 = w4a16
+        scratch = max(b12x_plans.scratch_nbytes(p.declaration) for p in (w4a16, a4) if p is not None)
+        layer = PreparedLayer(key, geometry, io_dtype, w4a16, a4, flag, scratch)
+        self._ensure_scratch(weights.w13_weight.device, scratch)
+        with self._lock:
+            self._layers[slot] = layer
+        logger.info(
+            "a4prefill: b12x layer prepared (E=%d H=%d I=%d, A4 %s, %.1f MiB of weights)",
+            geometry.num_experts,
+            geometry.hidden_size,
+            geometry.intermediate_size,
+            "on" if a4 is not None else f"off: {reason}",
+            layer.weight_nbytes() / 2**20,
+        )
+        return layer
+
+    @staticmethod
+    def _prepare_plan(
+        precision: str,
+        geometry: B12xGeometry,
+        io_dtype: torch.dtype,
+        swiglu_limit: float | None,
+        tensors: B12xTensors,
+        name: str,
+    ) -> PreparedPlan:
+        if not b12x_plans.shares_storage(precision, io_dtype):
+            tensors = tensors.clone()
+        weight_plan = b12x_plans.plan_weights(geometry, precision, io_dtype, swiglu_limit)
+        experts = b12x_plans.prepare_weights(weight_plan, tensors)
+        declaration = b12x_plans.plan_execution(experts, geometry)
+        b12x_plans.prepare_execution(declaration, f"{name}.{precision}")
+        return PreparedPlan(precision, experts, declaration, tensors)
+
+    def _ensure_scratch(self, device: torch.device, nbytes: int) -> torch.Tensor:
+        with self._lock:
+            scratch = self._scratch.get(str(device))
+            if scratch is None or scratch.numel() < nbytes:
+                scratch = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
+                self._scratch[str(device)] = scratch
+            return scratch
+
+    # -- execution ---------------------------------------------------------------------------
+
+    def _launch(
+        self, layer: PreparedLayer, plan: PreparedPlan, prefill: bool, rows: Span, call: tuple
+    ) -> None:
+        from b12x.moe import fused_moe
+
+        hidden_states, topk_weights, topk_ids, output = call
+        start, end = rows
+        kwargs: dict[str, Any] = {
+            "scratch": self._scratch[str(hidden_states.device)],
+            "a": hidden_states[start:end],
+            "experts": plan.experts,
+            "topk_weights": topk_weights[start:end],
+            "topk_ids": topk_ids[start:end],
+            "output": output[start:end],
+            "input_scales_static": True,
+        }
+        if layer.per_call_flag is not None:
+            kwargs[layer.per_call_flag] = prefill
+        binding = fused_moe.bind(plan.declaration, **kwargs)
+        result = fused_moe.run(binding=binding)
+        target = output[start:end]
+        if isinstance(result, torch.Tensor) and result.data_ptr() != target.data_ptr():
+            target.copy_(result)
+
+    def run_into(
+        self,
+        output: torch.Tensor,
+        hidden_states: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        weights: NvFp4MoEWeights,
+        swiglu_limit: float | None,
+        row_types: RowTypes,
+    ) -> torch.Tensor:
+        """Write the MoE of ``hidden_states [T, H]`` into the caller's ``output [T, H]``.
+
+        Decode and padding spans run the W4A16 plan, prefill spans the A4 plan, each span (cut
+        at ``max_tokens``) as one bind + run on views; no allocation once the layer is prepared.
+        """
+        layer = self.prepare_layer(weights, topk_ids.shape[1], hidden_states.dtype, swiglu_limit)
+        if row_types.prefill and layer.a4 is None:
+            raise ValueError("prefill rows need A4, but this layer has no valid activation calibration")
+        call = (hidden_states, topk_weights, topk_ids, output)
+        w4a16_spans = tuple(sorted(row_types.decode + row_types.padding))
+        for rows in _chunks(w4a16_spans, layer.geometry.max_tokens):
+            self._launch(layer, layer.w4a16, False, rows, call)
+        if layer.a4 is not None:
+            for rows in _chunks(row_types.prefill, layer.geometry.max_tokens):
+                self._launch(layer, layer.a4, True, rows, call)
+        return output
+
+    def run(
+        self,
+        hidden_states: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        weights: NvFp4MoEWeights,
+        a4_scales: A4Scales | None,
+        swiglu_limit: float | None,
+    ) -> torch.Tensor:
+        tokens = hidden_states.shape[0]
+        output = torch.empty_like(hidden_states)
+        if tokens == 0:
+            return output
+        spans = ((0, tokens),)
+        row_types = (
+            RowTypes(tokens, (), spans, ()) if a4_scales is not None else RowTypes(tokens, spans, (), ())
+        )
+        return self.run_into(output, hidden_states, topk_weights, topk_ids, weights, swiglu_limit, row_types)
+
+    def run_split(
+        self,
+        hidden_states: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        weights: NvFp4MoEWeights,
+        a4_scales: A4Scales,
+        swiglu_limit: float | None,
+        row_types: RowTypes,
+    ) -> torch.Tensor:
+        output = torch.empty_like(hidden_states)
+        return self.run_into(output, hidden_states, topk_weights, topk_ids, weights, swiglu_limit, row_types)
