@@ -23,7 +23,7 @@ b12x conventions (read in ``b12x/moe/fused_moe`` 1.5.1; FACTS.md section 5):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
@@ -110,8 +110,8 @@ class B12xTensors:
 
     def clone(self) -> B12xTensors:
         """A deep copy (for a b12x plan that repacks its weights in place)."""
-        tensors = [getattr(self, f.name).clone() for f in fields(self) if f.name != "calibrated"]
-        return B12xTensors(*tensors, calibrated=self.calibrated)
+        clones = {f.name: getattr(self, f.name).clone() for f in fields(self) if f.name != "calibrated"}
+        return replace(self, **clones)
 
     def nbytes(self) -> int:
         """Bytes held by the tensors."""
