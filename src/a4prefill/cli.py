@@ -17,6 +17,19 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _make_tiny_model(args: argparse.Namespace) -> int:
+    from a4prefill.tiny_model import make_tiny_model
+
+    print(f"wrote {make_tiny_model(args.directory)}")
+    return 0
+
+
+def _e2e(args: argparse.Namespace) -> int:
+    from a4prefill.vllm_integration.e2e import run_e2e_cli
+
+    return run_e2e_cli(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="a4prefill", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -25,6 +38,15 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--device", default="cpu")
     demo.set_defaults(handler=_demo)
+    tiny = commands.add_parser("make-tiny-model", help="write a tiny random NVFP4 Qwen3-MoE checkpoint")
+    tiny.add_argument("directory")
+    tiny.set_defaults(handler=_make_tiny_model)
+    e2e = commands.add_parser("e2e", help="run the tiny model on vLLM; print rows per step kind")
+    e2e.add_argument("--model", default=None, help="checkpoint dir (default: built-in tiny model)")
+    e2e.add_argument("--pass", dest="split_pass", default="a4prefill.split_prefill_pass")
+    e2e.add_argument("--no-pass", action="store_true", help="run without the split pass")
+    e2e.add_argument("--json", default=None, help="also write the full result as JSON here")
+    e2e.set_defaults(handler=_e2e)
     return parser
 
 
