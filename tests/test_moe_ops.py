@@ -19,7 +19,8 @@ from a4prefill.ops.backends.reference import ReferenceBackend
 from a4prefill.ops.counters import A4, W4A16
 from a4prefill.ops.modelopt import QuantizedStack, dequantize_expert_stack
 from a4prefill.ops.reference import swiglu
-from conftest import EXPERTS, HIDDEN, make_inputs
+from conftest import HIDDEN, make_inputs
+from moe_module import TinyMoE
 
 OPS = [ops.moe_w4a16, ops.moe_a4, ops.moe_split]
 
@@ -176,24 +177,6 @@ def test_ops_are_functional_they_mutate_and_alias_no_input(layer, op):
     for old, new in zip(before, inputs, strict=True):
         assert torch.equal(old.view(torch.uint8), new.view(torch.uint8))
     assert all(out.untyped_storage().data_ptr() != t.untyped_storage().data_ptr() for t in inputs)
-
-
-class TinyMoE(torch.nn.Module):
-    """Router + one NVFP4 MoE op, as a model would use it."""
-
-    def __init__(self, weights, op):
-        super().__init__()
-        self.router = torch.nn.Linear(HIDDEN, EXPERTS, dtype=torch.bfloat16)
-        self.op = op
-        self.weight_names = list(weights.named_tensors())
-        for name, tensor in weights.named_tensors().items():
-            self.register_buffer(name, tensor)
-
-    def forward(self, hidden):
-        logits = self.router(hidden).float()
-        topk_weights, topk_ids = torch.softmax(logits, dim=-1).topk(2, dim=-1)
-        weights = ops.NvFp4MoEWeights(*(getattr(self, name) for name in self.weight_names))
-        return ops.call_moe(self.op, hidden, topk_weights, topk_ids.to(torch.int32), weights, "compiled")
 
 
 @pytest.mark.parametrize("op", OPS)

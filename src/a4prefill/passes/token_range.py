@@ -1,0 +1,68 @@
+"""The token range of a compiled graph, and whether it can run outside a captured CUDA graph.
+
+Reads value ranges from the ShapeEnv without installing guards (no ``n <= M`` in Python on a
+SymInt). Under vLLM's pass manager the compile range of the pass context is used instead.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import torch
+from torch.utils._sympy.numbers import int_oo
+
+
+@dataclass(frozen=True)
+class TokenRange:
+    """Inclusive token range ``[lower, upper]``; ``upper`` None means unbounded."""
+
+    lower: int
+    upper: int | None
+
+    def within(self, limit: int) -> bool:
+        """True when every size of the range is <= ``limit`` (the graph only runs captured)."""
+        return self.upper is not None and self.upper <= limit
+
+    def __str__(self) -> str:
+        if self.upper == self.lower:
+            return str(self.lower)
+        return f"[{self.lower}, {'inf' if self.upper is None else self.upper}]"
+
+
+def _bound(value: object) -> int | None:
+    if value in (int_oo, -int_oo) or str(value) in ("oo", "-oo", "int_oo", "-int_oo"):
+        return None
+    return int(value)  # type: ignore[call-overload]
+
+
+def size_range(size: int | torch.SymInt) -> TokenRange:
+    """The value range of a concrete or symbolic size."""
+    if isinstance(size, int):
+        return TokenRange(size, size)
+    node = size.node
+    maybe_int = node.maybe_as_int()
+    if maybe_int is not None:
+        return TokenRange(maybe_int, maybe_int)
+    bounds = node.shape_env.bound_sympy(node.expr)
+    return TokenRange(_bound(bounds.lower) or 0, _bound(bounds.upper))
+
+
+def vllm_compile_range() -> TokenRange | None:
+    """The compile range of vLLM's current pass context, or None outside one (never imports vLLM)."""
+    module = sys.modules.get("vllm.compilation.passes.inductor_pass")
+    context = getattr(module, "_pass_context", None) if module else None
+    if context is None:
+        return None
+    compile_range = context.compile_range
+    return TokenRange(int(compile_range.start), int(compile_range.end))
+
+
+def shape_env_ranges() -> list[tuple[str, str]]:
+    """Value ranges of every symbol of the graph being compiled (for cache keys), or []."""
+    context = torch._guards.TracingContext.try_get()
+    fake_mode = getattr(context, "fake_mode", None)
+    shape_env = getattr(fake_mode, "shape_env", None)
+    if shape_env is None:
+        return []
+    return sorted((str(symbol), str(bounds)) for symbol, bounds in shape_env.var_to_range.items())

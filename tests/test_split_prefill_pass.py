@@ -1,0 +1,199 @@
+"""The split-prefill graph pass: which graphs it rewrites, settings, uuid, idempotence,
+Inductor's cache, and the vLLM-op rewrite through vLLM's own pass manager."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from a4prefill import SplitPrefillPass, ops
+from a4prefill.ops.counters import A4
+from a4prefill.settings import A4PrefillSettings
+from conftest import make_inputs
+from moe_module import TinyMoE
+
+LIMIT = 16
+
+
+def compile_and_run(module, split_pass, tokens, dynamic=None, bounds=None):
+    """Compile ``module`` with the pass, run it on ``tokens`` rows (1 decode + a prompt)."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    hidden, _, _ = make_inputs(tokens, seed=tokens)
+    if bounds:
+        torch._dynamo.mark_dynamic(hidden, 0, min=bounds[0], max=bounds[1])
+    compiled = torch.compile(
+        module, fullgraph=True, dynamic=dynamic, options={"post_grad_custom_post_pass": split_pass}
+    )
+    with ops.step_row_types(ops.row_types_from_query_lens([1, tokens - 1], 1)):
+        out = compiled(hidden)
+    assert not torch._dynamo.utils.counters["graph_break"]
+    return hidden, out
+
+
+@pytest.fixture(autouse=True)
+def _no_inductor_cache(monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
+
+
+@pytest.mark.parametrize(
+    ("tokens", "dynamic", "bounds", "rewritten", "expected_range"),
+    [
+        (8, False, None, 0, "8"),
+        (40, False, None, 1, "40"),
+        (40, True, None, 1, "[2, inf]"),
+        (12, None, (2, LIMIT), 0, f"[2, {LIMIT}]"),
+        (40, None, (2, 64), 1, "[2, 64]"),
+    ],
+    ids=["static-small", "static-large", "dynamic", "dynamic-bounded-within", "dynamic-bounded-beyond"],
+)
+def test_rewrites_exactly_the_graphs_that_can_run_uncaptured(
+    layer, tokens, dynamic, bounds, rewritten, expected_range
+):
+    split_pass = SplitPrefillPass(A4PrefillSettings(captured_limit=LIMIT))
+    module = TinyMoE(layer.quantized, ops.moe_w4a16)
+    hidden, out = compile_and_run(module, split_pass, tokens, dynamic, bounds)
+    (record,) = split_pass.records
+    assert (record.moe_nodes, len(record.rewritten), record.token_range) == (1, rewritten, expected_range)
+    eager_op = ops.moe_split if rewritten else ops.moe_w4a16
+    with ops.step_row_types(ops.row_types_from_query_lens([1, tokens - 1], 1)):
+        expected = TinyMoE(layer.quantized, eager_op).load_state_dict(module.state_dict()) and None
+        eager = TinyMoE(layer.quantized, eager_op)
+        eager.load_state_dict(module.state_dict())
+        expected = eager(hidden)
+    assert torch.equal(out, expected)
+    assert (ops.ROW_COUNTERS.total(A4) > 0) == bool(rewritten)
+
+
+def test_excluded_and_disabled_layers_are_left_alone(layer):
+    module = TinyMoE(layer.quantized, ops.moe_w4a16, layer_name="model.layers.3.mtp.experts")
+    for settings, reason in [
+        (A4PrefillSettings(captured_limit=LIMIT, excluded_layers=("mtp",)), "excluded"),
+        (A4PrefillSettings(enabled=False, captured_limit=LIMIT), "disabled"),
+    ]:
+        split_pass = SplitPrefillPass(settings)
+        compile_and_run(module, split_pass, 40)
+        (record,) = split_pass.records
+        assert record.rewritten == [] and reason in record.kept[0][1]
+        assert ops.ROW_COUNTERS.total(A4) == 0
+
+
+def _post_grad_graph(layer, tokens=40):
+    """The post-grad graph of the module, captured by a recording pass."""
+    graphs = []
+
+    class Recorder(SplitPrefillPass):
+        def __call__(self, graph):
+            graphs.append(copy.deepcopy(graph.owning_module).graph)
+
+    compile_and_run(
+        TinyMoE(layer.quantized, ops.moe_w4a16), Recorder(A4PrefillSettings(enabled=False)), tokens
+    )
+    return graphs[0]
+
+
+def test_second_application_changes_nothing_and_meta_stays_valid(layer):
+    graph = _post_grad_graph(layer)
+    split_pass = SplitPrefillPass(A4PrefillSettings(captured_limit=LIMIT))
+    split_pass(graph)
+    once = str(graph)
+    split_pass(graph)
+    assert str(graph) == once
+    assert split_pass.records[1].rewritten == [] and split_pass.records[1].kept[0][1] == "already split"
+    (node,) = [n for n in graph.nodes if n.target is ops.moe_split]
+    hidden = node.args[0].meta["val"]
+    assert node.meta["val"].shape == hidden.shape and node.meta["val"].dtype == hidden.dtype
+    graph.lint()
+
+
+def test_graphs_without_moe_nodes_are_untouched():
+    graph = torch.fx.symbolic_trace(torch.nn.Linear(4, 4)).graph
+    before = str(graph)
+    split_pass = SplitPrefillPass(A4PrefillSettings(captured_limit=0))
+    split_pass(graph)
+    assert str(graph) == before and split_pass.records == []
+
+
+def test_uuid_changes_with_each_setting_and_not_otherwise():
+    base = A4PrefillSettings(captured_limit=LIMIT)
+    uuids = {
+        SplitPrefillPass(settings).uuid()
+        for settings in (
+            base,
+            A4PrefillSettings(captured_limit=LIMIT + 1),
+            A4PrefillSettings(enabled=False, captured_limit=LIMIT),
+            A4PrefillSettings(captured_limit=LIMIT, excluded_layers=("mtp",)),
+        )
+    }
+    assert len(uuids) == 4
+    assert SplitPrefillPass(base).uuid() == SplitPrefillPass(A4PrefillSettings(captured_limit=LIMIT)).uuid()
+
+
+def test_legacy_switch_set_to_garbage_turns_the_pass_off(monkeypatch):
+    from a4prefill.ops import rows
+
+    monkeypatch.setenv(rows.LEGACY_THRESHOLD_ENV, "yes please")
+    rows.legacy_threshold.cache_clear()
+    try:
+        settings, _ = SplitPrefillPass(A4PrefillSettings(captured_limit=LIMIT)).effective_settings()
+        assert settings.enabled is False
+    finally:
+        rows.legacy_threshold.cache_clear()
+
+
+CACHE_CHILD = textwrap.dedent(
+    """
+    import sys, torch
+    sys.path.insert(0, {tests!r})
+    from conftest import make_inputs, EXPERTS, HIDDEN, INTERMEDIATE, TOP_K
+    from moe_module import TinyMoE
+    from a4prefill import SplitPrefillPass, ops
+    from a4prefill.settings import A4PrefillSettings
+    from a4prefill.tiny_layer import make_tiny_layer
+    low, high = int(sys.argv[1]), int(sys.argv[2])
+    layer = make_tiny_layer(EXPERTS, HIDDEN, INTERMEDIATE, TOP_K, seed=3, calibration_tokens=128)
+    torch.manual_seed(0)
+    module = TinyMoE(layer.quantized, ops.moe_w4a16)
+    split_pass = SplitPrefillPass(A4PrefillSettings(captured_limit={limit}))
+    hidden, _, _ = make_inputs(12)
+    torch._dynamo.mark_dynamic(hidden, 0, min=low, max=high)
+    compiled = torch.compile(module, fullgraph=True, options={{"post_grad_custom_post_pass": split_pass}})
+    with ops.step_row_types(ops.row_types_from_query_lens([1, 11], 1)):
+        compiled(hidden)
+    print("A4_ROWS", ops.ROW_COUNTERS.total("a4"))
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "order", [((2, 64), (2, LIMIT)), ((2, LIMIT), (2, 64))], ids=["beyond-first", "within-first"]
+)
+def test_inductor_cache_never_serves_a_graph_rewritten_for_another_range(tmp_path, order):
+    script = tmp_path / "child.py"
+    script.write_text(CACHE_CHILD.format(tests=str(Path(__file__).parent), limit=LIMIT))
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_FORCE_DISABLE_CACHES"}
+    env.update(
+        TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"),
+        TORCHINDUCTOR_FX_GRAPH_CACHE="1",
+        TORCHINDUCTOR_AUTOGRAD_CACHE="1",
+    )
+    for low, high in order:
+        done = subprocess.run(
+            [sys.executable, str(script), str(low), str(high)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        )
+        a4_rows = int(done.stdout.split("A4_ROWS")[-1])
+        assert (a4_rows > 0) == (high > LIMIT), done.stdout + done.stderr[-2000:]
+    assert any((tmp_path / "cache").rglob("*")), "the cache directory stayed empty: caching was off"
