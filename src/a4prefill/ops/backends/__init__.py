@@ -15,6 +15,7 @@ import torch
 
 from a4prefill.ops.backends.base import MoEBackend
 from a4prefill.ops.backends.reference import ReferenceBackend
+from a4prefill.ops.backends.triton_moe import TritonBackend
 
 logger = logging.getLogger(__name__)
 
@@ -75,3 +76,4 @@ def backend_for(device: torch.device) -> MoEBackend:
 
 
 register_backend("reference", ReferenceBackend, priority=0)
+register_backend("triton", TritonBackend, priority=10)  # imports triton only when first used on CUDA

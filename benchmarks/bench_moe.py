@@ -1,0 +1,321 @@
+"""Benchmark the ``triton`` NVFP4 MoE backend against a bf16 grouped-GEMM baseline (a script).
+
+Usage (CUDA GPU): ``PYTHONPATH=src python benchmarks/bench_moe.py --out DIR [--quick] [--sweep]``;
+plot an existing result anywhere: ``python benchmarks/bench_moe.py --plot DIR/bench_moe.json``.
+
+For each shape and token count, with random top-k routing (one routing per token count, shared
+by every variant): W4A16, A4 (emulated: FP4 activations dequantized for a bf16 MMA), split (first
+half of the rows decode/W4A16, second half prefill/A4) and bf16 (``torch._grouped_mm`` on bf16
+copies of the weights, same routing: sort, gather, two grouped GEMMs, SwiGLU, weighted sum).
+Every variant is captured in a CUDA graph; each replay is timed with CUDA events after the L2
+cache is flushed (a 256 MiB write), median of the repeats. Effective bandwidth counts the bytes
+of the experts actually hit (distinct experts x weights + block scales) plus the activations in
+and out; TFLOP/s counts ``6 * routes * H * I``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = {
+    "glm53flash_tp2": {"hidden": 4096, "intermediate": 1024, "experts": 288, "top_k": 8},
+    "small": {"hidden": 2048, "intermediate": 768, "experts": 128, "top_k": 8},
+}
+TOKENS = [1, 4, 16, 64, 256, 1024, 4096, 8192]
+
+
+def random_weights(experts: int, hidden: int, inter: int, device: str) -> Any:
+    """Random ModelOpt NVFP4 parameters (random codes, e4m3 block scales around 1, calibrated)."""
+    from a4prefill.ops.modelopt import NvFp4MoEWeights
+
+    def stack(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        codes = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, device=device)
+        scales = (torch.rand(experts, n, k // 16, device=device) * 1.5 + 0.25).to(torch.float8_e4m3fn)
+        return codes, scales
+
+    w13, w13_s = stack(2 * inter, hidden)
+    w2, w2_s = stack(hidden, inter)
+    s2_13 = torch.full((experts, 2), 0.01 / math.sqrt(hidden), device=device)
+    s2_2 = torch.full((experts,), 0.01 / math.sqrt(inter), device=device)
+    in13 = torch.full((experts, 2), 8.0 / 2688, device=device)
+    in2 = torch.full((experts,), 4.0 / 2688, device=device)
+    return NvFp4MoEWeights(w13, w13_s, s2_13, in13, w2, w2_s, s2_2, in2)
+
+
+def bf16_weights(weights: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """bf16 copies ``w13 [E, 2I, H]``, ``w2 [E, H, I]`` (same bytes per element as a bf16 model)."""
+    from a4prefill.ops import nvfp4
+
+    out = []
+    for codes, scales in (
+        (weights.w13_weight, weights.w13_weight_scale),
+        (weights.w2_weight, weights.w2_weight_scale),
+    ):
+        chunks = [
+            nvfp4.dequantize_blocks(codes[e : e + 32], scales[e : e + 32]).to(torch.bfloat16)
+            for e in range(0, codes.shape[0], 32)
+        ]
+        out.append(torch.cat(chunks))
+    return out[0], out[1]
+
+
+def bf16_moe(
+    x: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor
+) -> torch.Tensor:
+    """The bf16 baseline with ``torch._grouped_mm`` (capture-safe: no host reads)."""
+    tokens, hidden = x.shape
+    experts = w13.shape[0]
+    top_k = topk_ids.shape[1]
+    ids = topk_ids.reshape(-1).long()
+    order = torch.argsort(ids, stable=True)
+    counts = torch.zeros(experts, dtype=torch.int32, device=x.device).scatter_add_(
+        0, ids, torch.ones_like(ids, dtype=torch.int32)
+    )
+    offs = torch.cumsum(counts, 0, dtype=torch.int32)
+    xs = x[order // top_k]
+    gate_up = torch._grouped_mm(xs, w13.transpose(1, 2), offs=offs)
+    gate, up = gate_up.chunk(2, dim=1)
+    h = (F.silu(gate.float()) * up.float()).to(torch.bfloat16)
+    y = torch._grouped_mm(h, w2.transpose(1, 2), offs=offs)
+    routed = torch.empty_like(y)
+    routed[order] = y
+    return (routed.view(tokens, top_k, hidden).float() * topk_w.unsqueeze(-1)).sum(1).to(torch.bfloat16)
+
+
+def time_graph(fn: Callable[[], Any], repeats: int, flush: torch.Tensor) -> float:
+    """Median microseconds of one replay of ``fn`` captured in a CUDA graph (L2 flushed)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    del graph
+    return statistics.median(times)
+
+
+def copy_bandwidth() -> float:
+    """Measured device copy bandwidth in GB/s (read + write of a 2 GiB buffer)."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(20):
+        dst.copy_(src)
+    end.record()
+    end.synchronize()
+    seconds = start.elapsed_time(end) / 1e3 / 20
+    return 2 * src.numel() / seconds / 1e9
+
+
+SWEEP = {
+    "bm16_n32_k256": (16, 32, 256, 64, 256, 4, 3),
+    "bm16_n64_k128": (16, 64, 128, 64, 128, 4, 4),
+    "bm16_n16_k512": (16, 16, 512, 32, 256, 4, 3),
+    "bm64_n64_k64": (64, 64, 64, 128, 64, 4, 3),
+    "bm128_n64_k64_w8": (128, 64, 64, 128, 64, 8, 3),
+    "bm128_n128_k64_w8": (128, 128, 64, 128, 64, 8, 4),
+}
+
+
+def sweep_configs(fn: Callable[..., Any], routes: int, experts: int, flush: torch.Tensor) -> dict[str, Any]:
+    """Median microseconds of ``fn(config=...)`` for each tile config in :data:`SWEEP`."""
+    from a4prefill.ops.backends.triton_moe import GemmConfig
+
+    times: dict[str, Any] = {}
+    for label, sizes in SWEEP.items():
+        if sizes[0] > 16 and routes < 2 * experts:
+            continue
+        try:
+            times[label] = time_graph(functools.partial(fn, config=GemmConfig(*sizes)), 20, flush)
+        except Exception as error:
+            times[label] = repr(error)[:200]
+    return times
+
+
+def bench_shape(
+    name: str, shape: dict[str, int], tokens_list: list[int], sweep: bool, log: Any
+) -> dict[str, Any]:
+    from a4prefill.ops.backends.triton_moe import choose_config, fused_moe
+    from a4prefill.ops.scales import derive_a4_scales
+
+    hidden, inter, experts, top_k = shape["hidden"], shape["intermediate"], shape["experts"], shape["top_k"]
+    torch.manual_seed(0)
+    weights = random_weights(experts, hidden, inter, "cuda")
+    scales = derive_a4_scales(weights.w13_input_scale, weights.w2_input_scale)
+    w13_bf16, w2_bf16 = bf16_weights(weights)
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    fp4_expert_bytes = 3 * inter * hidden * (0.5 + 1 / 16)
+    bf16_expert_bytes = 3 * inter * hidden * 2
+    rows = []
+    for tokens in tokens_list:
+        x = torch.randn(tokens, hidden, device="cuda").to(torch.bfloat16)
+        logits = torch.randn(tokens, experts, device="cuda")
+        topk_w, topk_ids = torch.softmax(logits, -1).topk(top_k, dim=-1)
+        topk_ids = topk_ids.to(torch.int32)
+        hit = int(torch.unique(topk_ids).numel())
+        repeats = 30 if tokens >= 4096 else 60
+        act_bytes = 2 * 2 * tokens * hidden
+        flops = 6 * tokens * top_k * hidden * inter
+        half = tokens // 2
+        flags = torch.zeros(tokens, dtype=torch.uint8, device="cuda")
+        flags[half:] = 1
+        result: dict[str, Any] = {"tokens": tokens, "experts_hit": hit}
+        run = functools.partial(fused_moe, weights=weights, swiglu_limit=None)
+        variants: dict[str, Callable[[], Any]] = {
+            "w4a16": functools.partial(run, x, topk_w, topk_ids, a4_scales=None),
+            "a4": functools.partial(run, x, topk_w, topk_ids, a4_scales=scales),
+            "bf16": functools.partial(bf16_moe, x, topk_w, topk_ids, w13_bf16, w2_bf16),
+        }
+        if half:
+            first, second = slice(0, half), slice(half, tokens)
+            variants["split"] = functools.partial(run, x, topk_w, topk_ids, a4_scales=scales, row_flags=flags)
+            variants["split_part_w4a16"] = functools.partial(
+                run, x[first], topk_w[first], topk_ids[first], a4_scales=None
+            )
+            variants["split_part_a4"] = functools.partial(
+                run, x[second], topk_w[second], topk_ids[second], a4_scales=scales
+            )
+        for variant, fn in variants.items():
+            try:
+                result[f"{variant}_us"] = time_graph(fn, repeats, flush)
+            except Exception as error:  # keep the rest of the table
+                result[f"{variant}_us"] = None
+                result[f"{variant}_error"] = repr(error)[:300]
+        if sweep:
+            result["default_config"] = choose_config(tokens * top_k, experts, hidden, inter).__dict__
+            result["sweep_w4a16_us"] = sweep_configs(variants["w4a16"], tokens * top_k, experts, flush)
+        w4, bf = result.get("w4a16_us"), result.get("bf16_us")
+        if w4:
+            result["w4a16_GBps"] = (hit * fp4_expert_bytes + act_bytes) / (w4 * 1e-6) / 1e9
+            result["w4a16_TFLOPs"] = flops / (w4 * 1e-6) / 1e12
+        if result.get("a4_us"):
+            result["a4_TFLOPs"] = flops / (result["a4_us"] * 1e-6) / 1e12
+        if bf:
+            result["bf16_GBps"] = (hit * bf16_expert_bytes + act_bytes) / (bf * 1e-6) / 1e9
+            result["bf16_TFLOPs"] = flops / (bf * 1e-6) / 1e12
+            for variant in ("w4a16", "a4", "split"):
+                if result.get(f"{variant}_us"):
+                    result[f"{variant}_speedup_vs_bf16"] = bf / result[f"{variant}_us"]
+        if w4 and result.get("a4_us"):
+            result["a4_over_w4a16"] = result["a4_us"] / w4
+        if result.get("split_us") and result.get("split_part_w4a16_us") and result.get("split_part_a4_us"):
+            result["split_over_parts"] = result["split_us"] / (
+                result["split_part_w4a16_us"] + result["split_part_a4_us"]
+            )
+        rows.append(result)
+        print(
+            name,
+            json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in result.items()}),
+            file=log,
+            flush=True,
+        )
+    del w13_bf16, w2_bf16, weights
+    torch.cuda.empty_cache()
+    return {"shape": shape, "rows": rows}
+
+
+def plot(results: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = results["shapes"]
+    fig, axes = plt.subplots(2, len(shapes), figsize=(6 * len(shapes), 9), squeeze=False)
+    for col, (name, data) in enumerate(shapes.items()):
+        rows = data["rows"]
+        tokens = [r["tokens"] for r in rows]
+        ax = axes[0][col]
+        for variant in ("bf16", "w4a16", "a4", "split"):
+            points = [(r["tokens"], r[f"{variant}_us"]) for r in rows if r.get(f"{variant}_us")]
+            if points:
+                ax.plot(*zip(*points, strict=True), marker="o", label=variant)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"{name}: time per MoE call (us)")
+        ax.set_xlabel("tokens")
+        ax.legend()
+        ax.grid(True, which="both", alpha=0.3)
+        ax = axes[1][col]
+        roofline = results.get("copy_GBps")
+        ax.plot(tokens, [r.get("w4a16_GBps", 0) for r in rows], marker="o", label="w4a16 GB/s (experts hit)")
+        ax.plot(tokens, [r.get("bf16_GBps", 0) for r in rows], marker="o", label="bf16 GB/s (experts hit)")
+        if roofline:
+            ax.axhline(roofline, color="k", linestyle="--", label=f"copy {roofline:.0f} GB/s")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("tokens")
+        ax.set_title(f"{name}: effective bandwidth")
+        ax.legend()
+        ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--quick", action="store_true", help="tokens 1, 64, 4096 only")
+    parser.add_argument("--sweep", action="store_true", help="also time a few tile configs (W4A16)")
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--plot", help="only plot this JSON result next to it")
+    args = parser.parse_args()
+    if args.plot:
+        with open(args.plot) as handle:
+            plot(json.load(handle), args.plot.removesuffix(".json") + ".png")
+        return
+    os.makedirs(args.out, exist_ok=True)
+    tokens = [1, 64, 4096] if args.quick else TOKENS
+    results: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "copy_GBps": copy_bandwidth(),
+        "split_mix": "first half of the rows decode (W4A16), second half prefill (A4)",
+        "timing": "CUDA graph replay, L2 flushed before each, median; routing+combine included",
+        "shapes": {},
+    }
+    started = time.time()
+    for name in args.shapes.split(","):
+        results["shapes"][name] = bench_shape(name, SHAPES[name], tokens, args.sweep, sys.stdout)
+    results["seconds"] = time.time() - started
+    path = os.path.join(args.out, "bench_moe.json")
+    with open(path, "w") as handle:
+        json.dump(results, handle, indent=1)
+    try:
+        plot(results, os.path.join(args.out, "bench_moe.png"))
+    except ImportError as error:
+        print(f"no plot here ({error}); run with --plot {path} where matplotlib is installed")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,368 @@
+"""Triton kernels of the ``triton`` MoE backend (imported lazily: needs triton).
+
+Numerics (FACTS.md sections 2 and 3, reference: :mod:`a4prefill.ops.reference`):
+
+- NVFP4 weights are dequantized in registers to ``e2m1 * block_scale`` in the io dtype (exact),
+  the MMA is ``tl.dot`` with fp32 accumulation, global scales are applied in the epilogue;
+- e2m1 and e4m3 are decoded with bit tricks through fp16 (no fp8 dtype, no table): a code ``c``
+  placed as fp16 bits ``(c & 7) << 9 | (c & 8) << 12`` is ``e2m1 * 2**-14``; an e4m3 byte ``b``
+  placed as ``(b & 0x7f) << 7 | (b & 0x80) << 8`` is ``e4m3 * 2**-8``; their fp32 product times
+  ``2**22`` is exact;
+- activations are quantized with the operation order of :func:`a4prefill.ops.nvfp4.quantize_codes`
+  (IEEE divisions via ``div_rn``, e4m3 round-to-nearest-even by bit manipulation), so codes and
+  block scales are bit-exact with it.
+
+Routing layout shared by the kernels (built by :mod:`a4prefill.ops.backends.triton_moe`):
+routes ``r = t * top_k + j`` are sorted by expert into ``sorted_route [R]``; expert ``e`` owns
+sorted positions ``[seg_start[e], seg_start[e] + seg_count[e])``; GEMM tile ``i < num_tiles[0]``
+covers ``BLOCK_M`` sorted positions from ``tile_row[i]`` of expert ``tile_expert[i]``.
+Routes with an expert id outside ``[0, E)`` sit in no tile and are ignored.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# Row precision modes of the GEMM kernels.
+MODE_W4A16 = 0
+MODE_A4 = 1
+MODE_SPLIT = 2  # per-token flag: 1 = A4, 0 = W4A16
+
+
+@triton.jit
+def _rne_e4m3(s):
+    """Round fp32 ``s`` in [0, 448] to the nearest e4m3 value (ties to even), as fp32."""
+    bits = s.to(tl.int32, bitcast=True)
+    # Normal range: keep 3 mantissa bits, round to nearest even.
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)
+    # Subnormal range (< 2**-6): multiples of 2**-9; the fp32 ulp at 2**14 is 2**-9.
+    big = s + 16384.0
+    subnormal = big - 16384.0
+    return tl.where(s < 0.015625, subnormal, normal)
+
+
+@triton.jit
+def _e2m1_round(scaled):
+    """e2m1 magnitude (fp32) and code (int32, 0..7) of ``|scaled|`` <= 6, ties to even code."""
+    m = tl.abs(scaled)
+    code = (
+        (m > 0.25).to(tl.int32)
+        + (m >= 0.75).to(tl.int32)
+        + (m > 1.25).to(tl.int32)
+        + (m >= 1.75).to(tl.int32)
+        + (m > 2.5).to(tl.int32)
+        + (m >= 3.5).to(tl.int32)
+        + (m > 5.0).to(tl.int32)
+    )
+    value = tl.where(
+        code < 4,
+        code.to(tl.float32) * 0.5,
+        tl.where(code == 4, 2.0, tl.where(code == 5, 3.0, tl.where(code == 6, 4.0, 6.0))),
+    )
+    return value, code
+
+
+@triton.jit
+def _quantize_groups(v, gs, inv_gs, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Quantize fp32 ``v [ROWS, COLS]`` per 16 columns with encode scale ``gs`` (scalar or [ROWS, 1]).
+
+    Returns the dequantized blocks ``e2m1 * block_scale`` (fp32 [ROWS, COLS], no global scale),
+    the signed codes (int32 [ROWS, COLS], 0..15) and the block scales (fp32 [ROWS, COLS // 16]).
+    """
+    g = tl.reshape(v, [ROWS, COLS // 16, 16])
+    amax = tl.max(tl.abs(g), axis=2)
+    scale = _rne_e4m3(tl.minimum(gs * (amax * 0.16666666666666666), 448.0))
+    denom = scale * inv_gs
+    multiplier = tl.where(denom == 0.0, 0.0, tl.math.div_rn(tl.full(denom.shape, 1.0, tl.float32), denom))
+    scaled = g * multiplier[:, :, None]
+    scaled = tl.minimum(tl.maximum(scaled, -6.0), 6.0)
+    magnitude, code = _e2m1_round(scaled)
+    negative = (scaled < 0.0) & (code > 0)
+    code = code | tl.where(negative, 8, 0)
+    value = tl.where(negative, -magnitude, magnitude) * scale[:, :, None]
+    return tl.reshape(value, [ROWS, COLS]), tl.reshape(code, [ROWS, COLS]), scale
+
+
+@triton.jit
+def _dequant_tile(w_ptrs, s_ptrs, mask_n, BN: tl.constexpr, BK: tl.constexpr, DTYPE: tl.constexpr):
+    """Load packed e2m1 ``[BN, BK/2]`` and e4m3 scales ``[BN, BK/16]``; return ``[BN, BK]`` in DTYPE."""
+    packed = tl.load(w_ptrs, mask=mask_n[:, None], other=0).to(tl.int32)
+    codes = tl.reshape(tl.join(packed & 0xF, packed >> 4), [BN, BK])
+    values = (((codes & 7) << 9) | ((codes & 8) << 12)).to(tl.int16).to(tl.float16, bitcast=True)
+    sbyte = tl.load(s_ptrs, mask=mask_n[:, None], other=0).to(tl.int32)
+    sbits = ((sbyte & 0x7F) << 7) | ((sbyte & 0x80) << 8)
+    scales = sbits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * 4194304.0
+    w = tl.reshape(values.to(tl.float32), [BN, BK // 16, 16]) * scales[:, :, None]
+    return tl.reshape(w, [BN, BK]).to(DTYPE)
+
+
+@triton.jit
+def quantize_rows_kernel(
+    x_ptr,
+    out_ptr,
+    codes_ptr,
+    scales_ptr,
+    flag_ptr,
+    gs_ptr,
+    T,
+    H,
+    MODE: tl.constexpr,
+    WRITE_CODES: tl.constexpr,
+    BT: tl.constexpr,
+    BH: tl.constexpr,
+):
+    """FC1 input of the A4 path: ``out [T, H] = e2m1 * block_scale`` of ``x [T, H]`` quantized
+    with the shared ``gs_ptr[0]`` (rows whose flag is 0 in MODE_SPLIT are copied unchanged).
+    With WRITE_CODES also packed codes uint8 [T, H/2] and e4m3 scale bytes uint8 [T, H/16]."""
+    rows = tl.program_id(0) * BT + tl.arange(0, BT)
+    cols = tl.program_id(1) * BH + tl.arange(0, BH)
+    rmask = rows < T
+    mask = rmask[:, None] & (cols[None, :] < H)
+    x = tl.load(x_ptr + rows[:, None] * H + cols[None, :], mask=mask, other=0.0)
+    gs = tl.load(gs_ptr)
+    inv_gs = tl.math.div_rn(gs * 0.0 + 1.0, gs)
+    value, code, scale = _quantize_groups(x.to(tl.float32), gs, inv_gs, BT, BH)
+    result = value.to(x.dtype)
+    if MODE == 2:
+        flag = tl.load(flag_ptr + rows, mask=rmask, other=0)
+        result = tl.where(flag[:, None] != 0, result, x)
+    tl.store(out_ptr + rows[:, None] * H + cols[None, :], result, mask=mask)
+    if WRITE_CODES:
+        pairs = tl.reshape(code, [BT, BH // 2, 2])
+        low, high = tl.split(pairs)
+        packed = (low | (high << 4)).to(tl.uint8)
+        pcols = tl.program_id(1) * (BH // 2) + tl.arange(0, BH // 2)
+        pmask = rmask[:, None] & (pcols[None, :] < H // 2)
+        tl.store(codes_ptr + rows[:, None] * (H // 2) + pcols[None, :], packed, mask=pmask)
+        sbits = scale.to(tl.int32, bitcast=True)
+        # fp32 -> e4m3 bits for values that are exactly e4m3 (>= 0).
+        exp = (sbits >> 23) & 0xFF
+        normal_byte = ((exp - 120) << 3) | ((sbits >> 20) & 7)
+        sub_byte = (scale * 512.0).to(tl.int32)
+        byte = tl.where(exp >= 121, normal_byte, sub_byte).to(tl.uint8)
+        scols = tl.program_id(1) * (BH // 16) + tl.arange(0, BH // 16)
+        smask = rmask[:, None] & (scols[None, :] < H // 16)
+        tl.store(scales_ptr + rows[:, None] * (H // 16) + scols[None, :], byte, mask=smask)
+
+
+@triton.jit
+def route_prep_kernel(
+    ids_ptr,
+    sorted_route_ptr,
+    seg_start_ptr,
+    seg_count_ptr,
+    tile_expert_ptr,
+    tile_row_ptr,
+    num_tiles_ptr,
+    R,
+    E,
+    BLOCK_M: tl.constexpr,
+    R_BLOCK: tl.constexpr,
+    E_BLOCK: tl.constexpr,
+):
+    """One program: sort ``R <= R_BLOCK`` routes by expert id and build the tile table.
+
+    Ids outside [0, E) go to the sentinel bucket E (no tile). ``E_BLOCK > E`` (power of two).
+    """
+    r = tl.arange(0, R_BLOCK)
+    ids = tl.load(ids_ptr + r, mask=r < R, other=E).to(tl.int32)
+    key = tl.where((ids >= 0) & (ids < E), ids, E)
+    hist = tl.histogram(key, E_BLOCK)
+    hist = tl.where(tl.arange(0, E_BLOCK) < E, hist, 0)
+    seg_start = tl.cumsum(hist, 0) - hist
+    tiles = (hist + BLOCK_M - 1) // BLOCK_M
+    tile_start = tl.cumsum(tiles, 0) - tiles
+    e_index = tl.arange(0, E_BLOCK)
+    tl.store(seg_start_ptr + e_index, seg_start, mask=e_index < E)
+    tl.store(seg_count_ptr + e_index, hist, mask=e_index < E)
+    tl.store(num_tiles_ptr, tl.sum(tiles, 0))
+    ordered = tl.sort(key * R_BLOCK + r)
+    expert = ordered // R_BLOCK
+    route = ordered % R_BLOCK
+    tl.store(sorted_route_ptr + r, route, mask=r < R)
+    valid = expert < E
+    safe_expert = tl.where(valid, expert, 0)
+    local = r - tl.gather(seg_start, safe_expert, 0)
+    tile = tl.gather(tile_start, safe_expert, 0) + local // BLOCK_M
+    starts = valid & (local % BLOCK_M == 0)
+    tl.store(tile_expert_ptr + tile, expert, mask=starts)
+    tl.store(tile_row_ptr + tile, r, mask=starts)
+
+
+@triton.jit
+def _tile_rows(tile_expert_ptr, tile_row_ptr, seg_start_ptr, seg_count_ptr, pid_m, BM: tl.constexpr):
+    expert = tl.load(tile_expert_ptr + pid_m)
+    row0 = tl.load(tile_row_ptr + pid_m)
+    row_end = tl.load(seg_start_ptr + expert) + tl.load(seg_count_ptr + expert)
+    rows = row0 + tl.arange(0, BM)
+    return expert, rows, rows < row_end
+
+
+@triton.jit
+def fc1_kernel(
+    x_ptr,
+    w_ptr,
+    ws_ptr,
+    w_scale2_ptr,
+    gs1_ptr,
+    gs2_ptr,
+    flag_ptr,
+    sorted_route_ptr,
+    tile_expert_ptr,
+    tile_row_ptr,
+    seg_start_ptr,
+    seg_count_ptr,
+    num_tiles_ptr,
+    out_ptr,
+    H,
+    INTER,
+    TOPK,
+    limit,
+    HAS_LIMIT: tl.constexpr,
+    MODE: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+):
+    """Grouped FC1 + SwiGLU: ``out[p, n] = io(io(silu(gate)) * up)`` for sorted position p.
+
+    ``x [T, H]`` io dtype (A4 rows already ``e2m1 * block_scale``), ``w [E, 2I, H/2]`` uint8,
+    ``ws [E, 2I, H/16]`` e4m3 bytes, ``w_scale2 [E, 2]`` fp32, ``out [R, INTER]`` io dtype. A4 rows are
+    re-quantized per 16 columns with ``gs2[e]`` before the store (FC2 input of the A4 path).
+    """
+    pid_m = tl.program_id(0)
+    if pid_m >= tl.load(num_tiles_ptr):
+        return
+    pid_n = tl.program_id(1)
+    expert, rows, rmask = _tile_rows(tile_expert_ptr, tile_row_ptr, seg_start_ptr, seg_count_ptr, pid_m, BM)
+    token = tl.load(sorted_route_ptr + rows, mask=rmask, other=0) // TOPK
+    dtype = out_ptr.dtype.element_ty
+    n = pid_n * BN + tl.arange(0, BN)
+    nmask = n < INTER
+    ek = expert.to(tl.int64)
+    half = H // 2
+    a_ptrs = x_ptr + token.to(tl.int64)[:, None] * H + tl.arange(0, BK)[None, :]
+    wg_ptrs = w_ptr + ek * (2 * INTER * half) + n[:, None] * half + tl.arange(0, BK // 2)[None, :]
+    wu_ptrs = wg_ptrs + INTER * half
+    sg_ptrs = ws_ptr + ek * (2 * INTER * (H // 16)) + n[:, None] * (H // 16) + tl.arange(0, BK // 16)[None, :]
+    su_ptrs = sg_ptrs + INTER * (H // 16)
+    acc_g = tl.zeros([BM, BN], dtype=tl.float32)
+    acc_u = tl.zeros([BM, BN], dtype=tl.float32)
+    for _ in range(0, H, BK):
+        a = tl.load(a_ptrs, mask=rmask[:, None], other=0.0)
+        wg = _dequant_tile(wg_ptrs, sg_ptrs, nmask, BN, BK, dtype)
+        acc_g = tl.dot(a, tl.trans(wg), acc_g)
+        wu = _dequant_tile(wu_ptrs, su_ptrs, nmask, BN, BK, dtype)
+        acc_u = tl.dot(a, tl.trans(wu), acc_u)
+        a_ptrs += BK
+        wg_ptrs += BK // 2
+        wu_ptrs += BK // 2
+        sg_ptrs += BK // 16
+        su_ptrs += BK // 16
+    scale2 = tl.load(w_scale2_ptr + expert * 2)
+    if MODE == 0:
+        alpha = tl.full([BM], 1.0, tl.float32) * scale2
+    else:
+        alpha_a4 = tl.math.div_rn(scale2, tl.load(gs1_ptr))
+        if MODE == 1:
+            alpha = tl.full([BM], 1.0, tl.float32) * alpha_a4
+        else:
+            is_a4 = tl.load(flag_ptr + token, mask=rmask, other=0) != 0
+            alpha = tl.where(is_a4, alpha_a4, scale2)
+    gate = (acc_g * alpha[:, None]).to(dtype).to(tl.float32)
+    up = (acc_u * alpha[:, None]).to(dtype).to(tl.float32)
+    if HAS_LIMIT:
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+    silu = tl.math.div_rn(gate, 1.0 + tl.exp(-gate))
+    h = (silu.to(dtype).to(tl.float32) * up).to(dtype)
+    if MODE != 0:
+        gs2 = tl.load(gs2_ptr + expert)
+        inv_gs2 = tl.math.div_rn(gs2 * 0.0 + 1.0, gs2)
+        q, _, _ = _quantize_groups(h.to(tl.float32), gs2, inv_gs2, BM, BN)
+        if MODE == 1:  # noqa: SIM108 (constexpr branch)
+            h = q.to(dtype)
+        else:
+            h = tl.where(is_a4[:, None], q.to(dtype), h)
+    out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * INTER + n[None, :]
+    tl.store(out_ptrs, h, mask=rmask[:, None] & nmask[None, :])
+
+
+@triton.jit
+def fc2_kernel(
+    h_ptr,
+    w_ptr,
+    ws_ptr,
+    w_scale2_ptr,
+    gs2_ptr,
+    flag_ptr,
+    sorted_route_ptr,
+    tile_expert_ptr,
+    tile_row_ptr,
+    seg_start_ptr,
+    seg_count_ptr,
+    num_tiles_ptr,
+    y_ptr,
+    H,
+    INTER,
+    TOPK,
+    MODE: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+):
+    """Grouped FC2: ``y[route(p), n] = io(acc * alpha2)`` with ``h [R, INTER]`` (sorted positions),
+    ``w [E, H, INTER/2]`` uint8, ``ws [E, H, INTER/16]`` e4m3 bytes, ``w_scale2 [E]``, ``y [R, H]``."""
+    pid_m = tl.program_id(0)
+    if pid_m >= tl.load(num_tiles_ptr):
+        return
+    pid_n = tl.program_id(1)
+    expert, rows, rmask = _tile_rows(tile_expert_ptr, tile_row_ptr, seg_start_ptr, seg_count_ptr, pid_m, BM)
+    dtype = y_ptr.dtype.element_ty
+    n = pid_n * BN + tl.arange(0, BN)
+    nmask = n < H
+    ek = expert.to(tl.int64)
+    half = INTER // 2
+    a_ptrs = h_ptr + rows.to(tl.int64)[:, None] * INTER + tl.arange(0, BK)[None, :]
+    w_ptrs = w_ptr + ek * (H * half) + n[:, None] * half + tl.arange(0, BK // 2)[None, :]
+    s_ptrs = ws_ptr + ek * (H * (INTER // 16)) + n[:, None] * (INTER // 16) + tl.arange(0, BK // 16)[None, :]
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for _ in range(0, INTER, BK):
+        a = tl.load(a_ptrs, mask=rmask[:, None], other=0.0)
+        w = _dequant_tile(w_ptrs, s_ptrs, nmask, BN, BK, dtype)
+        acc = tl.dot(a, tl.trans(w), acc)
+        a_ptrs += BK
+        w_ptrs += BK // 2
+        s_ptrs += BK // 16
+    route = tl.load(sorted_route_ptr + rows, mask=rmask, other=0)
+    scale2 = tl.load(w_scale2_ptr + expert)
+    if MODE == 0:
+        alpha = tl.full([BM], 1.0, tl.float32) * scale2
+    else:
+        alpha_a4 = tl.math.div_rn(scale2, tl.load(gs2_ptr + expert))
+        if MODE == 1:
+            alpha = tl.full([BM], 1.0, tl.float32) * alpha_a4
+        else:
+            is_a4 = tl.load(flag_ptr + route // TOPK, mask=rmask, other=0) != 0
+            alpha = tl.where(is_a4, alpha_a4, scale2)
+    y = (acc * alpha[:, None]).to(dtype)
+    y_ptrs = y_ptr + route.to(tl.int64)[:, None] * H + n[None, :]
+    tl.store(y_ptrs, y, mask=rmask[:, None] & nmask[None, :])
+
+
+@triton.jit
+def combine_kernel(y_ptr, topk_w_ptr, topk_ids_ptr, out_ptr, H, E, TOPK, BH: tl.constexpr):
+    """``out[t] = io(sum_j fp32(topk_w[t, j]) * fp32(y[t * TOPK + j]))`` over valid ids only."""
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BH + tl.arange(0, BH)
+    cmask = cols < H
+    acc = tl.zeros([BH], dtype=tl.float32)
+    for j in range(TOPK):
+        expert = tl.load(topk_ids_ptr + t * TOPK + j)
+        weight = tl.load(topk_w_ptr + t * TOPK + j).to(tl.float32)
+        expert_vec = tl.zeros([BH], dtype=tl.int32) + expert
+        valid = (expert_vec >= 0) & (expert_vec < E)
+        y = tl.load(y_ptr + (t * TOPK + j) * H + cols, mask=cmask & valid, other=0.0)
+        acc += weight * y.to(tl.float32)
+    tl.store(out_ptr + t * H + cols, acc.to(out_ptr.dtype.element_ty), mask=cmask)

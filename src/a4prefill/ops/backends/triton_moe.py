@@ -1,0 +1,356 @@
+"""The ``triton`` backend: grouped NVFP4 MoE GEMMs in Triton on any CUDA GPU.
+
+Per call (``T`` tokens, top-k ``k``, ``R = T * k`` routes, weights as loaded, no second copy):
+
+1. routing on the GPU (:func:`build_routing`): routes sorted by expert id, per-expert segments
+   and a tile table sized by an upper bound (``cdiv(R, BLOCK_M) + min(E, R)`` tiles); one Triton
+   program for ``R <= 4096``, torch ops (``sort``, ``scatter_add_``, ``cumsum``) above;
+2. A4 rows only: one pass quantizes ``hidden_states`` with the shared ``gs1`` to
+   ``e2m1 * block_scale`` (bit-exact with :func:`a4prefill.ops.nvfp4.quantize_codes`);
+3. FC1 + SwiGLU (+ per-expert re-quantization of A4 rows with ``gs2[e]``) -> ``h [R, I]``;
+4. FC2 -> ``y [R, H]`` (one row per route), then a weighted top-k sum -> ``[T, H]``.
+
+Weights are dequantized inside the kernels (``e2m1 * e4m3`` is exact in bf16/fp16), ``tl.dot``
+accumulates in fp32 and the global scales (``alpha1``, ``alpha2``) are applied in the epilogue
+with the io-dtype rounding points of :mod:`a4prefill.ops.reference`. Everything is launched
+without a host sync and with sizes that depend only on input sizes, so it is CUDA-graph safe.
+
+Out-of-range expert ids (``< 0`` or ``>= E``): those routes are ignored (they contribute
+nothing to the output); no error is raised, since checking would need a host sync.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from a4prefill.ops.backends.base import MoEBackend
+from a4prefill.ops.modelopt import NvFp4MoEWeights
+from a4prefill.ops.rows import RowTypes
+from a4prefill.ops.scales import A4Scales
+
+SMALL_ROUTING_MAX = 4096  # routes sorted by the one-program Triton kernel
+MODE_W4A16, MODE_A4, MODE_SPLIT = 0, 1, 2
+
+
+def _kernels() -> Any:
+    from a4prefill.ops.backends import triton_kernels
+
+    return triton_kernels
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _block_k(k: int, preferred: int) -> int:
+    """The largest power of two <= ``preferred`` dividing ``k`` (``k % 16 == 0``)."""
+    block = preferred
+    while k % block:
+        block //= 2
+    return block
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Tile sizes of one call: ``block_m`` rows per tile (shared by FC1 and FC2)."""
+
+    block_m: int
+    fc1_n: int
+    fc1_k: int
+    fc2_n: int
+    fc2_k: int
+    warps: int
+    stages: int
+
+
+def choose_config(routes: int, experts: int, hidden: int, intermediate: int) -> GemmConfig:
+    """Tile sizes by the mean number of rows per active expert (decode: few, prefill: many)."""
+    rows_per_expert = routes / max(1, min(experts, routes))
+    if rows_per_expert <= 24:
+        return GemmConfig(16, 32, _block_k(hidden, 256), 64, _block_k(intermediate, 256), 4, 3)
+    if rows_per_expert <= 96:
+        return GemmConfig(64, 64, _block_k(hidden, 64), 128, _block_k(intermediate, 64), 4, 3)
+    return GemmConfig(128, 64, _block_k(hidden, 64), 128, _block_k(intermediate, 64), 8, 3)
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Routes sorted by expert on the device (all int32); see :mod:`triton_kernels`."""
+
+    sorted_route: torch.Tensor  # [R]
+    seg_start: torch.Tensor  # [E]
+    seg_count: torch.Tensor  # [E]
+    tile_expert: torch.Tensor  # [max_tiles + 1]
+    tile_row: torch.Tensor  # [max_tiles + 1]
+    num_tiles: torch.Tensor  # [1]
+    max_tiles: int
+
+
+def _routing_torch(ids: torch.Tensor, experts: int, block_m: int, max_tiles: int) -> Routing:
+    device = ids.device
+    routes = ids.numel()
+    key = torch.where((ids >= 0) & (ids < experts), ids, experts).to(torch.int64)
+    sorted_key, order = torch.sort(key, stable=True)
+    hist = torch.zeros(experts + 1, dtype=torch.int64, device=device)
+    hist.scatter_add_(0, key, torch.ones_like(key))
+    count = hist[:experts]
+    start = torch.cumsum(count, 0) - count
+    tiles = (count + block_m - 1) // block_m
+    tile_start = torch.cumsum(tiles, 0) - tiles
+    position = torch.arange(routes, device=device)
+    safe = sorted_key.clamp(max=experts - 1)
+    local = position - start[safe]
+    tile = tile_start[safe] + local // block_m
+    is_start = (sorted_key < experts) & (local % block_m == 0)
+    tile = torch.where(is_start, tile, max_tiles)
+    tile_expert = torch.zeros(max_tiles + 1, dtype=torch.int64, device=device).scatter_(0, tile, sorted_key)
+    tile_row = torch.zeros(max_tiles + 1, dtype=torch.int64, device=device).scatter_(0, tile, position)
+    i32 = torch.int32
+    return Routing(
+        order.to(i32),
+        start.to(i32),
+        count.to(i32),
+        tile_expert.to(i32),
+        tile_row.to(i32),
+        tiles.sum().reshape(1).to(i32),
+        max_tiles,
+    )
+
+
+def build_routing(topk_ids: torch.Tensor, experts: int, block_m: int, force_torch: bool = False) -> Routing:
+    """Sort the routes of ``topk_ids [T, k]`` by expert on the device (no host sync)."""
+    ids = topk_ids.reshape(-1)
+    routes = ids.numel()
+    max_tiles = _cdiv(routes, block_m) + min(experts, routes)
+    if force_torch or routes > SMALL_ROUTING_MAX:
+        return _routing_torch(ids, experts, block_m, max_tiles)
+    device = ids.device
+    i32 = torch.int32
+    routing = Routing(
+        torch.empty(routes, dtype=i32, device=device),
+        torch.empty(experts, dtype=i32, device=device),
+        torch.empty(experts, dtype=i32, device=device),
+        torch.empty(max_tiles + 1, dtype=i32, device=device),
+        torch.empty(max_tiles + 1, dtype=i32, device=device),
+        torch.empty(1, dtype=i32, device=device),
+        max_tiles,
+    )
+    _kernels().route_prep_kernel[(1,)](
+        ids,
+        routing.sorted_route,
+        routing.seg_start,
+        routing.seg_count,
+        routing.tile_expert,
+        routing.tile_row,
+        routing.num_tiles,
+        routes,
+        experts,
+        BLOCK_M=block_m,
+        R_BLOCK=max(16, _next_pow2(routes)),
+        E_BLOCK=_next_pow2(experts + 1),
+        num_warps=4,
+    )
+    return routing
+
+
+def quantize_rows(
+    x: torch.Tensor,
+    encode_scale: torch.Tensor,
+    row_flags: torch.Tensor | None = None,
+    write_codes: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Quantize ``x [T, H]`` (bf16/fp16) with the one-element fp32 ``encode_scale`` on the GPU.
+
+    Returns ``e2m1 * block_scale`` in ``x.dtype`` ([T, H]; rows whose ``row_flags`` [T] entry is
+    0 are copied unchanged) and, with ``write_codes``, packed codes uint8 [T, H/2] and block
+    scales float8_e4m3fn [T, H/16] (bit-exact with :func:`a4prefill.ops.nvfp4.quantize`).
+    """
+    tokens, hidden = x.shape
+    out = torch.empty_like(x)
+    codes = scales = None
+    if write_codes:
+        codes = torch.empty(tokens, hidden // 2, dtype=torch.uint8, device=x.device)
+        scales = torch.empty(tokens, hidden // 16, dtype=torch.uint8, device=x.device)
+    if tokens:
+        block_h = min(256, _next_pow2(hidden))
+        grid = (_cdiv(tokens, 16), _cdiv(hidden, block_h))
+        _kernels().quantize_rows_kernel[grid](
+            x,
+            out,
+            codes if codes is not None else out,
+            scales if scales is not None else out,
+            row_flags if row_flags is not None else out,
+            encode_scale,
+            tokens,
+            hidden,
+            MODE=MODE_A4 if row_flags is None else MODE_SPLIT,
+            WRITE_CODES=write_codes,
+            BT=16,
+            BH=block_h,
+            num_warps=4,
+        )
+    return out, codes, None if scales is None else scales.view(torch.float8_e4m3fn)
+
+
+def fused_moe(
+    hidden_states: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    weights: NvFp4MoEWeights,
+    a4_scales: A4Scales | None,
+    swiglu_limit: float | None,
+    row_flags: torch.Tensor | None = None,
+    config: GemmConfig | None = None,
+) -> torch.Tensor:
+    """The MoE on ``hidden_states [T, H]``: W4A16 (``a4_scales`` None), A4, or per row
+    (``row_flags`` uint8 [T], 1 = A4) when both are given. Returns ``[T, H]`` in the io dtype."""
+    tokens, hidden = hidden_states.shape
+    experts, two_i, _ = weights.w13_weight.shape
+    inter = two_i // 2
+    top_k = topk_ids.shape[1]
+    routes = tokens * top_k
+    output = torch.empty_like(hidden_states)
+    if tokens == 0:
+        return output
+    kernels = _kernels()
+    cfg = config or choose_config(routes, experts, hidden, inter)
+    routing = build_routing(topk_ids, experts, cfg.block_m)
+    if a4_scales is None:
+        mode, fc1_input = MODE_W4A16, hidden_states
+        gs1 = gs2 = weights.w2_weight_scale_2  # unused
+    else:
+        mode = MODE_A4 if row_flags is None else MODE_SPLIT
+        gs1, gs2 = a4_scales.fc1_encode_scale, a4_scales.fc2_encode_scales
+        fc1_input, _, _ = quantize_rows(hidden_states, gs1, row_flags)
+    flags = row_flags if row_flags is not None else routing.seg_count  # unused unless MODE_SPLIT
+    w13_scale = weights.w13_weight_scale.view(torch.uint8)
+    w2_scale = weights.w2_weight_scale.view(torch.uint8)
+    h = torch.empty(routes, inter, dtype=hidden_states.dtype, device=hidden_states.device)
+    common = (
+        routing.sorted_route,
+        routing.tile_expert,
+        routing.tile_row,
+        routing.seg_start,
+        routing.seg_count,
+        routing.num_tiles,
+    )
+    kernels.fc1_kernel[(routing.max_tiles, _cdiv(inter, cfg.fc1_n))](
+        fc1_input,
+        weights.w13_weight,
+        w13_scale,
+        weights.w13_weight_scale_2,
+        gs1,
+        gs2,
+        flags,
+        *common,
+        h,
+        hidden,
+        inter,
+        top_k,
+        float(swiglu_limit or 0.0),
+        HAS_LIMIT=swiglu_limit is not None,
+        MODE=mode,
+        BM=cfg.block_m,
+        BN=cfg.fc1_n,
+        BK=cfg.fc1_k,
+        num_warps=cfg.warps,
+        num_stages=cfg.stages,
+    )
+    y = torch.empty(routes, hidden, dtype=hidden_states.dtype, device=hidden_states.device)
+    kernels.fc2_kernel[(routing.max_tiles, _cdiv(hidden, cfg.fc2_n))](
+        h,
+        weights.w2_weight,
+        w2_scale,
+        weights.w2_weight_scale_2,
+        gs2,
+        flags,
+        *common,
+        y,
+        hidden,
+        inter,
+        top_k,
+        MODE=mode,
+        BM=cfg.block_m,
+        BN=cfg.fc2_n,
+        BK=cfg.fc2_k,
+        num_warps=cfg.warps,
+        num_stages=cfg.stages,
+    )
+    block_h = min(1024, _next_pow2(hidden))
+    kernels.combine_kernel[(tokens, _cdiv(hidden, block_h))](
+        y, topk_weights, topk_ids, output, hidden, experts, top_k, BH=block_h, num_warps=4
+    )
+    return output
+
+
+def row_flags_for(row_types: RowTypes, device: torch.device) -> torch.Tensor:
+    """uint8 [T] on ``device``: 1 for prefill rows (A4), 0 otherwise; no host sync.
+
+    A few spans are filled on the device; many spans go through one pinned host-to-device copy.
+    """
+    spans = row_types.prefill
+    if len(spans) <= 8 or device.type != "cuda":
+        flags = torch.zeros(row_types.num_rows, dtype=torch.uint8, device=device)
+        for start, end in spans:
+            flags[start:end] = 1
+        return flags
+    host = torch.zeros(row_types.num_rows, dtype=torch.uint8)
+    for start, end in spans:
+        host[start:end] = 1
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+class TritonBackend(MoEBackend):
+    """Grouped NVFP4 MoE in Triton (any CUDA GPU). Capture-safe, no host syncs.
+
+    ``run_split`` runs every row in one set of launches with a per-row precision flag (decode
+    and padding rows W4A16, prefill rows A4) into one output, without gathers.
+    Out-of-range expert ids: those routes are ignored (see the module docstring).
+    """
+
+    name = "triton"
+
+    def unsupported_reason(self, device: torch.device) -> str | None:
+        if torch.device(device).type != "cuda":
+            return f"needs a CUDA device, got {device}"
+        if not torch.cuda.is_available():
+            return "CUDA is not available"
+        if importlib.util.find_spec("triton") is None:
+            return "triton is not installed"
+        try:
+            _kernels()
+        except Exception as error:  # pragma: no cover - depends on the triton install
+            return f"triton kernels do not import: {error}"
+        return None
+
+    def run(
+        self,
+        hidden_states: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        weights: NvFp4MoEWeights,
+        a4_scales: A4Scales | None,
+        swiglu_limit: float | None,
+    ) -> torch.Tensor:
+        return fused_moe(hidden_states, topk_weights, topk_ids, weights, a4_scales, swiglu_limit)
+
+    def run_split(
+        self,
+        hidden_states: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        weights: NvFp4MoEWeights,
+        a4_scales: A4Scales,
+        swiglu_limit: float | None,
+        row_types: RowTypes,
+    ) -> torch.Tensor:
+        flags = row_flags_for(row_types, hidden_states.device)
+        return fused_moe(hidden_states, topk_weights, topk_ids, weights, a4_scales, swiglu_limit, flags)
