@@ -1,7 +1,7 @@
 """The ``b12x`` backend: b12x 1.5.1's fused NVFP4 MoE on SM120/SM121 GPUs (RTX PRO 6000, DGX Spark).
 
 Selected only where ``b12x.moe.fused_moe.is_supported()`` is True (b12x imported lazily).
-Registered by ``register_backend("b12x", B12xBackend, priority=20)``.
+Registration (in ``backends/__init__.py``): ``register_backend("b12x", B12xBackend, priority=20)``.
 
 Per layer (cached on the storage and version of the eight ModelOpt tensors, like
 ``scales.LayerScaleCache``), once, before any CUDA-graph capture (vLLM's profile run does it):
@@ -167,6 +167,11 @@ class B12xBackend(MoEBackend):
             layer = self._layers.get(slot)
             if layer is not None and layer.key == key:
                 return layer
+        if weights.w13_weight.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "a4prefill b12x: a layer must be prepared before CUDA-graph capture: run it once "
+                "eagerly (vLLM's profile run does) or call B12xBackend.prepare_layer first"
+            )
         geometry = b12x_plans.check_geometry(weights.w13_weight, weights.w2_weight, top_k, self.max_tokens)
         reason = invalid_scales_reason(weights.w13_input_scale, weights.w2_input_scale)
         a4_scales = None if reason else derive_a4_scales(weights.w13_input_scale, weights.w2_input_scale)
