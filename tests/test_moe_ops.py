@@ -19,8 +19,8 @@ from a4prefill.ops.backends.reference import ReferenceBackend
 from a4prefill.ops.counters import A4, W4A16
 from a4prefill.ops.modelopt import QuantizedStack, dequantize_expert_stack
 from a4prefill.ops.reference import swiglu
+from a4prefill.tiny_layer import TinyMoEModel
 from conftest import HIDDEN, make_inputs
-from moe_module import TinyMoE
 
 OPS = [ops.moe_w4a16, ops.moe_a4, ops.moe_split]
 
@@ -183,7 +183,7 @@ def test_ops_are_functional_they_mutate_and_alias_no_input(layer, op):
 def test_compiled_module_has_no_graph_breaks_and_matches_eager(layer, op):
     torch._dynamo.reset()
     torch.manual_seed(0)
-    module = TinyMoE(layer.quantized, op)
+    module = TinyMoEModel([layer.quantized], op)
     compiled = torch.compile(module, fullgraph=True, dynamic=True)
     torch._dynamo.utils.counters.clear()
     for tokens in (13, 29):

@@ -16,8 +16,8 @@ import torch
 from a4prefill import SplitPrefillPass, ops
 from a4prefill.ops.counters import A4
 from a4prefill.settings import A4PrefillSettings
+from a4prefill.tiny_layer import TinyMoEModel
 from conftest import make_inputs
-from moe_module import TinyMoE
 
 LIMIT = 16
 
@@ -58,14 +58,13 @@ def test_rewrites_exactly_the_graphs_that_can_run_uncaptured(
     layer, tokens, dynamic, bounds, rewritten, expected_range
 ):
     split_pass = SplitPrefillPass(A4PrefillSettings(captured_limit=LIMIT))
-    module = TinyMoE(layer.quantized, ops.moe_w4a16)
+    module = TinyMoEModel([layer.quantized], ops.moe_w4a16)
     hidden, out = compile_and_run(module, split_pass, tokens, dynamic, bounds)
     (record,) = split_pass.records
     assert (record.moe_nodes, len(record.rewritten), record.token_range) == (1, rewritten, expected_range)
     eager_op = ops.moe_split if rewritten else ops.moe_w4a16
     with ops.step_row_types(ops.row_types_from_query_lens([1, tokens - 1], 1)):
-        expected = TinyMoE(layer.quantized, eager_op).load_state_dict(module.state_dict()) and None
-        eager = TinyMoE(layer.quantized, eager_op)
+        eager = TinyMoEModel([layer.quantized], eager_op)
         eager.load_state_dict(module.state_dict())
         expected = eager(hidden)
     assert torch.equal(out, expected)
@@ -73,9 +72,9 @@ def test_rewrites_exactly_the_graphs_that_can_run_uncaptured(
 
 
 def test_excluded_and_disabled_layers_are_left_alone(layer):
-    module = TinyMoE(layer.quantized, ops.moe_w4a16, layer_name="model.layers.3.mtp.experts")
+    module = TinyMoEModel([layer.quantized], ops.moe_w4a16)
     for settings, reason in [
-        (A4PrefillSettings(captured_limit=LIMIT, excluded_layers=("mtp",)), "excluded"),
+        (A4PrefillSettings(captured_limit=LIMIT, excluded_layers=(r"layers\.0\.",)), "excluded"),
         (A4PrefillSettings(enabled=False, captured_limit=LIMIT), "disabled"),
     ]:
         split_pass = SplitPrefillPass(settings)
@@ -94,7 +93,7 @@ def _post_grad_graph(layer, tokens=40):
             graphs.append(copy.deepcopy(graph.owning_module).graph)
 
     compile_and_run(
-        TinyMoE(layer.quantized, ops.moe_w4a16), Recorder(A4PrefillSettings(enabled=False)), tokens
+        TinyMoEModel([layer.quantized], ops.moe_w4a16), Recorder(A4PrefillSettings(enabled=False)), tokens
     )
     return graphs[0]
 
@@ -153,14 +152,13 @@ CACHE_CHILD = textwrap.dedent(
     import sys, torch
     sys.path.insert(0, {tests!r})
     from conftest import make_inputs, EXPERTS, HIDDEN, INTERMEDIATE, TOP_K
-    from moe_module import TinyMoE
     from a4prefill import SplitPrefillPass, ops
     from a4prefill.settings import A4PrefillSettings
-    from a4prefill.tiny_layer import make_tiny_layer
+    from a4prefill.tiny_layer import TinyMoEModel, make_tiny_layer
     low, high = int(sys.argv[1]), int(sys.argv[2])
     layer = make_tiny_layer(EXPERTS, HIDDEN, INTERMEDIATE, TOP_K, seed=3, calibration_tokens=128)
     torch.manual_seed(0)
-    module = TinyMoE(layer.quantized, ops.moe_w4a16)
+    module = TinyMoEModel([layer.quantized], ops.moe_w4a16)
     split_pass = SplitPrefillPass(A4PrefillSettings(captured_limit={limit}))
     hidden, _, _ = make_inputs(12)
     torch._dynamo.mark_dynamic(hidden, 0, min=low, max=high)

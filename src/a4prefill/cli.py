@@ -30,6 +30,17 @@ def _e2e(args: argparse.Namespace) -> int:
     return run_e2e_cli(args)
 
 
+def _inspect(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from a4prefill.passes.inspect_graphs import format_rows, inspect_model
+
+    specs = [spec for spec in args.sizes.split(",") if spec]
+    print(f"a4prefill inspect: built-in 2-block NVFP4 MoE model, captured limit {args.captured_limit}")
+    print(format_rows(inspect_model(Path(args.out), specs, args.captured_limit)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="a4prefill", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -47,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     e2e.add_argument("--no-pass", action="store_true", help="run without the split pass")
     e2e.add_argument("--json", default=None, help="also write the full result as JSON here")
     e2e.set_defaults(handler=_e2e)
+    inspect = commands.add_parser("inspect", help="compile the built-in model under depyf; show the rewrites")
+    inspect.add_argument("--sizes", default="8,512,2:256,2:8192", help="comma list of N (static) or LO:HI")
+    inspect.add_argument("--captured-limit", type=int, default=256)
+    inspect.add_argument("--out", default="a4prefill-dump", help="dump folder (one sub-folder per graph)")
+    inspect.set_defaults(handler=_inspect)
     return parser
 
 

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from a4prefill.ops.modelopt import NvFp4MoEWeights, quantize_moe_weights
+from a4prefill.ops.moe import call_moe
 
 
 @dataclass(frozen=True)
@@ -90,3 +91,46 @@ def dense_moe_fp32(
             y = (F.silu(gate) * up) @ w2[expert].float().T
             output[rows] += topk_weights[rows, slot, None].float() * y
     return output
+
+
+class TinyMoEModel(torch.nn.Module):
+    """Router + NVFP4 MoE blocks (residual), for compile demos and tests (inference only).
+
+    ``layers``: one ``NvFp4MoEWeights`` per block, named ``model.layers.{i}.mlp.experts``.
+    ``op``: the MoE op the blocks call (``moe_w4a16`` for the pass to rewrite). Input
+    ``hidden [T, H]`` bf16; output ``[T, H]`` bf16.
+    """
+
+    def __init__(
+        self, layers: list[NvFp4MoEWeights], op: torch._ops.OpOverload, top_k: int = 2, seed: int = 0
+    ):
+        super().__init__()
+        torch.manual_seed(seed)
+        experts, _, packed_hidden = layers[0].w13_weight.shape
+        self.op = op
+        self.top_k = top_k
+        self.routers = torch.nn.ModuleList(
+            torch.nn.Linear(packed_hidden * 2, experts, dtype=torch.bfloat16) for _ in layers
+        )
+        self.weight_names = list(layers[0].named_tensors())
+        for index, weights in enumerate(layers):
+            for name, tensor in weights.named_tensors().items():
+                self.register_buffer(f"layer{index}_{name}", tensor)
+        self.requires_grad_(False)  # an inference model: the MoE ops have no autograd formula
+
+    def layer_name(self, index: int) -> str:
+        return f"model.layers.{index}.mlp.experts"
+
+    def block(self, index: int, hidden: torch.Tensor) -> torch.Tensor:
+        """Route ``hidden`` and run MoE block ``index`` (returns the MoE output, no residual)."""
+        logits = self.routers[index](hidden).float()
+        topk_weights, topk_ids = torch.softmax(logits, dim=-1).topk(self.top_k, dim=-1)
+        weights = NvFp4MoEWeights(*[getattr(self, f"layer{index}_{name}") for name in self.weight_names])
+        return call_moe(
+            self.op, hidden, topk_weights, topk_ids.to(torch.int32), weights, self.layer_name(index)
+        )
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        for index in range(len(self.routers)):
+            hidden = hidden + self.block(index, hidden)
+        return hidden

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch._dynamo.utils import lazy_format_graph_code
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch.fx.operator_schemas import normalize_function
 
@@ -92,7 +93,8 @@ def _argument(node: fx.Node, op: torch._ops.OpOverload, name: str, auto_function
     if auto_functionalized:
         base_index = node.kwargs.get(f"_{name}_base_index")  # auto_functionalized_v2
         if base_index is not None:
-            return node.kwargs["_all_bases"][base_index]
+            bases: Any = node.kwargs["_all_bases"]
+            return bases[base_index]
         return node.kwargs.get(name)
     normalized = normalize_function(
         op, tuple(node.args), dict(node.kwargs), normalize_to_only_use_kwargs=True
@@ -109,6 +111,12 @@ def _layer_name(value: Any) -> str | None:
     value = getattr(value, "real_obj", value)
     name = getattr(value, "value", None)
     return name if isinstance(name, str) else None
+
+
+def _log_graph(name: str, graph: fx.Graph) -> None:
+    """Log the graph's code at debug level; depyf dumps every graph logged this way."""
+    if graph.owning_module is not None:
+        logger.debug("%s", lazy_format_graph_code(name, graph.owning_module))
 
 
 class SplitPrefillPass(CustomGraphPass):
@@ -182,6 +190,7 @@ class SplitPrefillPass(CustomGraphPass):
             return
         settings, limit = self.effective_settings()
         tokens = self._graph_range(moe_nodes)
+        _log_graph("before_a4prefill_split_pass", graph)
         record = PassRecord(f"#{len(self.records)}", str(tokens), limit)
         for moe in moe_nodes:
             reason = self._reason_to_keep(moe, settings, tokens, limit)
@@ -192,6 +201,7 @@ class SplitPrefillPass(CustomGraphPass):
                 record.kept.append((moe.node.name, reason))
         if record.rewritten:
             graph.lint()
+        _log_graph("after_a4prefill_split_pass", graph)
         self.records.append(record)
         logger.info("%s", record.summary())
         if record.rewritten:
