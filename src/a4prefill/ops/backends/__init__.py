@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import torch
 
+from a4prefill.ops.backends.b12x_moe import B12xBackend
 from a4prefill.ops.backends.base import MoEBackend
 from a4prefill.ops.backends.reference import ReferenceBackend
 from a4prefill.ops.backends.triton_moe import TritonBackend
@@ -77,3 +78,4 @@ def backend_for(device: torch.device) -> MoEBackend:
 
 register_backend("reference", ReferenceBackend, priority=0)
 register_backend("triton", TritonBackend, priority=10)  # imports triton only when first used on CUDA
+register_backend("b12x", B12xBackend, priority=20)  # imports b12x only when asked about a device
