@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/python -m a4prefill demo "$@"
+.venv/bin/python -m a4prefill e2e "$@"
