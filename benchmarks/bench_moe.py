@@ -137,13 +137,16 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() / seconds / 1e9
 
 
-SWEEP = {
-    "bm16_n32_k256": (16, 32, 256, 64, 256, 4, 3),
-    "bm16_n64_k128": (16, 64, 128, 64, 128, 4, 4),
-    "bm16_n16_k512": (16, 16, 512, 32, 256, 4, 3),
-    "bm64_n64_k64": (64, 64, 64, 128, 64, 4, 3),
-    "bm128_n64_k64_w8": (128, 64, 64, 128, 64, 8, 3),
-    "bm128_n128_k64_w8": (128, 128, 64, 128, 64, 8, 4),
+SWEEP = {  # block_m, fc1_n, fc1_k, fc2_n, fc2_k, warps, stages, dequant (3: FMA, no MMA), split_k
+    "bm16_n32_k128": (16, 32, 128, 64, 128, 4, 4, 0, 1),
+    "bm16_n32_k128_sk2": (16, 32, 128, 64, 128, 4, 4, 0, 2),
+    "bm16_n32_k128_sk4": (16, 32, 128, 64, 128, 4, 4, 0, 4),
+    "bm16_n32_k128_sk8": (16, 32, 128, 64, 128, 4, 4, 0, 8),
+    "bm16_n64_k128_sk4": (16, 64, 128, 64, 128, 4, 4, 0, 4),
+    "bm16_n32_k256_sk4": (16, 32, 256, 64, 256, 4, 3, 0, 4),
+    "bm16_n32_k128_w2_sk4": (16, 32, 128, 32, 128, 2, 4, 0, 4),
+    "bm128_n64_k64_w8": (128, 64, 64, 128, 64, 8, 3, 0, 1),
+    "bm64_n64_k64_w4": (64, 64, 64, 128, 64, 4, 3, 0, 1),
 }
 
 
@@ -153,7 +156,7 @@ def sweep_configs(fn: Callable[..., Any], routes: int, experts: int, flush: torc
 
     times: dict[str, Any] = {}
     for label, sizes in SWEEP.items():
-        if sizes[0] > 16 and routes < 2 * experts:
+        if (sizes[0] > 16 and routes < 2 * experts) or (sizes[0] <= 16 and routes > 8 * experts):
             continue
         try:
             times[label] = time_graph(functools.partial(fn, config=GemmConfig(*sizes)), 20, flush)
@@ -287,6 +290,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tokens 1, 64, 4096 only")
     parser.add_argument("--sweep", action="store_true", help="also time a few tile configs (W4A16)")
     parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--tokens", help="comma-separated token counts (overrides --quick)")
     parser.add_argument("--plot", help="only plot this JSON result next to it")
     args = parser.parse_args()
     if args.plot:
@@ -295,6 +299,8 @@ def main() -> None:
         return
     os.makedirs(args.out, exist_ok=True)
     tokens = [1, 64, 4096] if args.quick else TOKENS
+    if args.tokens:
+        tokens = [int(t) for t in args.tokens.split(",")]
     results: dict[str, Any] = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,

@@ -123,6 +123,27 @@ def test_matches_the_reference(gpu_layer, precision, limit, tokens):
     assert_close_to_reference(result, expected, precision)
 
 
+@pytest.mark.parametrize(
+    ("dequant", "block_m", "split_k"),
+    [(0, 16, 1), (0, 64, 1), (1, 16, 1), (2, 64, 1), (3, 4, 1), (3, 2, 1), (0, 16, 4), (1, 16, 2)],
+)
+def test_every_kernel_variant_matches_the_reference(gpu_layer, dequant, block_m, split_k):
+    from a4prefill.ops.backends.triton_moe import GemmConfig, fused_moe
+
+    cpu_weights, weights, scales = gpu_layer
+    config = GemmConfig(block_m, 32, 64, 64, 64, 4, 3, dequant, split_k)
+    hidden, topk_weights, topk_ids = inputs(90, seed=dequant)
+    for a4_scales, precision in ((None, "w4a16"), (scales, "a4")):
+        result = fused_moe(*cuda(hidden, topk_weights, topk_ids), weights, a4_scales, None, config=config)
+        cpu_scales = (
+            None
+            if a4_scales is None
+            else derive_a4_scales(cpu_weights.w13_input_scale, cpu_weights.w2_input_scale)
+        )
+        expected = moe_reference(hidden, topk_weights, topk_ids, cpu_weights, cpu_scales, None)
+        assert_close_to_reference(result, expected, precision)
+
+
 def test_fp16_activations_match_the_reference(gpu_layer):
     cpu_weights, weights, scales = gpu_layer
     hidden, topk_weights, topk_ids = inputs(50, seed=1, dtype=torch.float16)

@@ -98,6 +98,79 @@ def _dequant_tile(w_ptrs, s_ptrs, mask_n, BN: tl.constexpr, BK: tl.constexpr, DT
 
 
 @triton.jit
+def _scales_f32(s_ptrs, mask_n):
+    """Load e4m3 block-scale bytes ``[BN, G]`` and decode them to fp32 (exact)."""
+    sbyte = tl.load(s_ptrs, mask=mask_n[:, None], other=0).to(tl.int32)
+    sbits = ((sbyte & 0x7F) << 7) | ((sbyte & 0x80) << 8)
+    return sbits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * 256.0
+
+
+@triton.jit
+def _dequant_half(codes, scale, BN: tl.constexpr, BK: tl.constexpr, DTYPE: tl.constexpr, DEQ: tl.constexpr):
+    """Nibble codes ``[BN, BK/2]`` (one parity of K) times per-8 scales ``[BN, BK/16]``.
+
+    DEQ 1: bf16 bits ``e2m1 * 2**-126`` times ``bf16(scale * 2**119)``: ``w * 2**-7`` (bf16 only);
+    DEQ 2: fp16 bits ``e2m1 * 2**-14`` in fp32 times ``scale * 2**14``: ``w`` exactly.
+    """
+    if DEQ == 1:
+        bits = ((codes & 7) << 6) | ((codes & 8) << 12)
+        values = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+        factor = (scale * 6.646139978924579e35).to(tl.bfloat16)
+        w = tl.reshape(values, [BN, BK // 16, 8]) * factor[:, :, None]
+    else:
+        bits = ((codes & 7) << 9) | ((codes & 8) << 12)
+        values = bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        w = tl.reshape(values, [BN, BK // 16, 8]) * (scale * 16384.0)[:, :, None]
+    return tl.reshape(w, [BN, BK // 2]).to(DTYPE)
+
+
+@triton.jit
+def _mma_step(
+    acc,
+    a_base,
+    rmask,
+    w_ptrs,
+    s_ptrs,
+    nmask,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    DTYPE: tl.constexpr,
+    DEQ: tl.constexpr,
+):
+    """``acc += A[:, k0:k0+BK] @ W[:, k0:k0+BK]^T`` with ``a_base [BM, 1]`` pointing at column k0.
+
+    DEQ 0 interleaves the two nibbles of each byte (join + reshape); DEQ 1/2 keep them apart and
+    multiply the even and odd K columns of A separately (two MMAs, no interleave); DEQ 3 (tiles of
+    a few rows: decode) skips the tensor cores: fp32 weights, CUDA-core FMAs, fp32 sums.
+    """
+    if DEQ == 0:
+        a = tl.load(a_base + tl.arange(0, BK)[None, :], mask=rmask[:, None], other=0.0)
+        w = _dequant_tile(w_ptrs, s_ptrs, nmask, BN, BK, DTYPE)
+        acc = tl.dot(a, tl.trans(w), acc)
+    elif DEQ == 3:
+        offs = 2 * tl.arange(0, BK // 2)[None, :]
+        a_even = tl.load(a_base + offs, mask=rmask[:, None], other=0.0).to(tl.float32)
+        a_odd = tl.load(a_base + offs + 1, mask=rmask[:, None], other=0.0).to(tl.float32)
+        packed = tl.load(w_ptrs, mask=nmask[:, None], other=0).to(tl.int32)
+        scale = _scales_f32(s_ptrs, nmask)
+        w_even = _dequant_half(packed & 0xF, scale, BN, BK, tl.float32, 2)
+        acc += tl.sum(a_even[:, None, :] * w_even[None, :, :], axis=2)
+        w_odd = _dequant_half(packed >> 4, scale, BN, BK, tl.float32, 2)
+        acc += tl.sum(a_odd[:, None, :] * w_odd[None, :, :], axis=2)
+    else:
+        offs = 2 * tl.arange(0, BK // 2)[None, :]
+        a_even = tl.load(a_base + offs, mask=rmask[:, None], other=0.0)
+        a_odd = tl.load(a_base + offs + 1, mask=rmask[:, None], other=0.0)
+        packed = tl.load(w_ptrs, mask=nmask[:, None], other=0).to(tl.int32)
+        scale = _scales_f32(s_ptrs, nmask)
+        w_even = _dequant_half(packed & 0xF, scale, BN, BK, DTYPE, DEQ)
+        acc = tl.dot(a_even, tl.trans(w_even), acc)
+        w_odd = _dequant_half(packed >> 4, scale, BN, BK, DTYPE, DEQ)
+        acc = tl.dot(a_odd, tl.trans(w_odd), acc)
+    return acc
+
+
+@triton.jit
 def quantize_rows_kernel(
     x_ptr,
     out_ptr,
@@ -200,67 +273,34 @@ def _tile_rows(tile_expert_ptr, tile_row_ptr, seg_start_ptr, seg_count_ptr, pid_
 
 
 @triton.jit
-def fc1_kernel(
-    x_ptr,
-    w_ptr,
-    ws_ptr,
+def _fc1_epilogue(
+    acc_g,
+    acc_u,
+    expert,
+    rows,
+    rmask,
+    token,
+    n,
+    nmask,
     w_scale2_ptr,
     gs1_ptr,
     gs2_ptr,
     flag_ptr,
-    sorted_route_ptr,
-    tile_expert_ptr,
-    tile_row_ptr,
-    seg_start_ptr,
-    seg_count_ptr,
-    num_tiles_ptr,
     out_ptr,
-    H,
     INTER,
-    TOPK,
     limit,
     HAS_LIMIT: tl.constexpr,
     MODE: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
-    BK: tl.constexpr,
+    DEQ: tl.constexpr,
 ):
-    """Grouped FC1 + SwiGLU: ``out[p, n] = io(io(silu(gate)) * up)`` for sorted position p.
-
-    ``x [T, H]`` io dtype (A4 rows already ``e2m1 * block_scale``), ``w [E, 2I, H/2]`` uint8,
-    ``ws [E, 2I, H/16]`` e4m3 bytes, ``w_scale2 [E, 2]`` fp32, ``out [R, INTER]`` io dtype. A4 rows are
-    re-quantized per 16 columns with ``gs2[e]`` before the store (FC2 input of the A4 path).
-    """
-    pid_m = tl.program_id(0)
-    if pid_m >= tl.load(num_tiles_ptr):
-        return
-    pid_n = tl.program_id(1)
-    expert, rows, rmask = _tile_rows(tile_expert_ptr, tile_row_ptr, seg_start_ptr, seg_count_ptr, pid_m, BM)
-    token = tl.load(sorted_route_ptr + rows, mask=rmask, other=0) // TOPK
+    """alpha1, io rounding, clamp, SwiGLU, A4 re-quantization with gs2[e]; stores ``h`` rows."""
     dtype = out_ptr.dtype.element_ty
-    n = pid_n * BN + tl.arange(0, BN)
-    nmask = n < INTER
-    ek = expert.to(tl.int64)
-    half = H // 2
-    a_ptrs = x_ptr + token.to(tl.int64)[:, None] * H + tl.arange(0, BK)[None, :]
-    wg_ptrs = w_ptr + ek * (2 * INTER * half) + n[:, None] * half + tl.arange(0, BK // 2)[None, :]
-    wu_ptrs = wg_ptrs + INTER * half
-    sg_ptrs = ws_ptr + ek * (2 * INTER * (H // 16)) + n[:, None] * (H // 16) + tl.arange(0, BK // 16)[None, :]
-    su_ptrs = sg_ptrs + INTER * (H // 16)
-    acc_g = tl.zeros([BM, BN], dtype=tl.float32)
-    acc_u = tl.zeros([BM, BN], dtype=tl.float32)
-    for _ in range(0, H, BK):
-        a = tl.load(a_ptrs, mask=rmask[:, None], other=0.0)
-        wg = _dequant_tile(wg_ptrs, sg_ptrs, nmask, BN, BK, dtype)
-        acc_g = tl.dot(a, tl.trans(wg), acc_g)
-        wu = _dequant_tile(wu_ptrs, su_ptrs, nmask, BN, BK, dtype)
-        acc_u = tl.dot(a, tl.trans(wu), acc_u)
-        a_ptrs += BK
-        wg_ptrs += BK // 2
-        wu_ptrs += BK // 2
-        sg_ptrs += BK // 16
-        su_ptrs += BK // 16
     scale2 = tl.load(w_scale2_ptr + expert * 2)
+    if DEQ == 1:  # the MMA saw w * 2**-7
+        acc_g = acc_g * 128.0
+        acc_u = acc_u * 128.0
     if MODE == 0:
         alpha = tl.full([BM], 1.0, tl.float32) * scale2
     else:
@@ -290,6 +330,166 @@ def fc1_kernel(
 
 
 @triton.jit
+def fc1_kernel(
+    x_ptr,
+    w_ptr,
+    ws_ptr,
+    w_scale2_ptr,
+    gs1_ptr,
+    gs2_ptr,
+    flag_ptr,
+    sorted_route_ptr,
+    tile_expert_ptr,
+    tile_row_ptr,
+    seg_start_ptr,
+    seg_count_ptr,
+    num_tiles_ptr,
+    out_ptr,
+    H,
+    INTER,
+    TOPK,
+    limit,
+    HAS_LIMIT: tl.constexpr,
+    MODE: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    DEQ: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    acc_ptr,
+):
+    """Grouped FC1 + SwiGLU: ``out[p, n] = io(io(silu(gate)) * up)`` for sorted position p.
+
+    ``x [T, H]`` io dtype (A4 rows already ``e2m1 * block_scale``), ``w [E, 2I, H/2]`` uint8,
+    ``ws [E, 2I, H/16]`` e4m3 bytes, ``w_scale2 [E, 2]`` fp32, ``out [R, INTER]`` io dtype. A4 rows are
+    re-quantized per 16 columns with ``gs2[e]`` before the store (FC2 input of the A4 path).
+    With ``SPLIT_K > 1`` program axis 2 takes one K slice and adds its fp32 partial sums into
+    ``acc [R, 2I]`` (zeroed; gate then up); :func:`fc1_finalize_kernel` applies the epilogue.
+    """
+    pid_m = tl.program_id(0)
+    if pid_m >= tl.load(num_tiles_ptr):
+        return
+    pid_n = tl.program_id(1)
+    expert, rows, rmask = _tile_rows(tile_expert_ptr, tile_row_ptr, seg_start_ptr, seg_count_ptr, pid_m, BM)
+    token = tl.load(sorted_route_ptr + rows, mask=rmask, other=0) // TOPK
+    dtype = out_ptr.dtype.element_ty
+    n = pid_n * BN + tl.arange(0, BN)
+    nmask = n < INTER
+    ek = expert.to(tl.int64)
+    half = H // 2
+    a_ptrs = x_ptr + token.to(tl.int64)[:, None] * H
+    wg_ptrs = w_ptr + ek * (2 * INTER * half) + n[:, None] * half + tl.arange(0, BK // 2)[None, :]
+    wu_ptrs = wg_ptrs + INTER * half
+    sg_ptrs = ws_ptr + ek * (2 * INTER * (H // 16)) + n[:, None] * (H // 16) + tl.arange(0, BK // 16)[None, :]
+    su_ptrs = sg_ptrs + INTER * (H // 16)
+    k_len = H // SPLIT_K
+    if SPLIT_K > 1:
+        k0 = tl.program_id(2) * k_len
+        a_ptrs += k0
+        wg_ptrs += k0 // 2
+        wu_ptrs += k0 // 2
+        sg_ptrs += k0 // 16
+        su_ptrs += k0 // 16
+    acc_g = tl.zeros([BM, BN], dtype=tl.float32)
+    acc_u = tl.zeros([BM, BN], dtype=tl.float32)
+    for _ in range(0, k_len, BK):
+        acc_g = _mma_step(acc_g, a_ptrs, rmask, wg_ptrs, sg_ptrs, nmask, BN, BK, dtype, DEQ)
+        acc_u = _mma_step(acc_u, a_ptrs, rmask, wu_ptrs, su_ptrs, nmask, BN, BK, dtype, DEQ)
+        a_ptrs += BK
+        wg_ptrs += BK // 2
+        wu_ptrs += BK // 2
+        sg_ptrs += BK // 16
+        su_ptrs += BK // 16
+    if SPLIT_K > 1:
+        store_mask = rmask[:, None] & nmask[None, :]
+        acc_ptrs = acc_ptr + rows.to(tl.int64)[:, None] * (2 * INTER) + n[None, :]
+        tl.atomic_add(acc_ptrs, acc_g, mask=store_mask, sem="relaxed")
+        tl.atomic_add(acc_ptrs + INTER, acc_u, mask=store_mask, sem="relaxed")
+    else:
+        _fc1_epilogue(
+            acc_g,
+            acc_u,
+            expert,
+            rows,
+            rmask,
+            token,
+            n,
+            nmask,
+            w_scale2_ptr,
+            gs1_ptr,
+            gs2_ptr,
+            flag_ptr,
+            out_ptr,
+            INTER,
+            limit,
+            HAS_LIMIT,
+            MODE,
+            BM,
+            BN,
+            DEQ,
+        )
+
+
+@triton.jit
+def fc1_finalize_kernel(
+    acc_ptr,
+    w_scale2_ptr,
+    gs1_ptr,
+    gs2_ptr,
+    flag_ptr,
+    sorted_route_ptr,
+    tile_expert_ptr,
+    tile_row_ptr,
+    seg_start_ptr,
+    seg_count_ptr,
+    num_tiles_ptr,
+    out_ptr,
+    INTER,
+    TOPK,
+    limit,
+    HAS_LIMIT: tl.constexpr,
+    MODE: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    DEQ: tl.constexpr,
+):
+    """The FC1 epilogue over split-K sums ``acc [R, 2I]`` fp32 (same tiles as FC1)."""
+    pid_m = tl.program_id(0)
+    if pid_m >= tl.load(num_tiles_ptr):
+        return
+    expert, rows, rmask = _tile_rows(tile_expert_ptr, tile_row_ptr, seg_start_ptr, seg_count_ptr, pid_m, BM)
+    token = tl.load(sorted_route_ptr + rows, mask=rmask, other=0) // TOPK
+    n = tl.program_id(1) * BN + tl.arange(0, BN)
+    nmask = n < INTER
+    mask = rmask[:, None] & nmask[None, :]
+    acc_ptrs = acc_ptr + rows.to(tl.int64)[:, None] * (2 * INTER) + n[None, :]
+    acc_g = tl.load(acc_ptrs, mask=mask, other=0.0)
+    acc_u = tl.load(acc_ptrs + INTER, mask=mask, other=0.0)
+    _fc1_epilogue(
+        acc_g,
+        acc_u,
+        expert,
+        rows,
+        rmask,
+        token,
+        n,
+        nmask,
+        w_scale2_ptr,
+        gs1_ptr,
+        gs2_ptr,
+        flag_ptr,
+        out_ptr,
+        INTER,
+        limit,
+        HAS_LIMIT,
+        MODE,
+        BM,
+        BN,
+        DEQ,
+    )
+
+
+@triton.jit
 def fc2_kernel(
     h_ptr,
     w_ptr,
@@ -311,6 +511,9 @@ def fc2_kernel(
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
+    DEQ: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    acc_ptr,
 ):
     """Grouped FC2: ``y[route(p), n] = io(acc * alpha2)`` with ``h [R, INTER]`` (sorted positions),
     ``w [E, H, INTER/2]`` uint8, ``ws [E, H, INTER/16]`` e4m3 bytes, ``w_scale2 [E]``, ``y [R, H]``."""
@@ -319,24 +522,34 @@ def fc2_kernel(
         return
     pid_n = tl.program_id(1)
     expert, rows, rmask = _tile_rows(tile_expert_ptr, tile_row_ptr, seg_start_ptr, seg_count_ptr, pid_m, BM)
-    dtype = y_ptr.dtype.element_ty
+    dtype = h_ptr.dtype.element_ty
     n = pid_n * BN + tl.arange(0, BN)
     nmask = n < H
     ek = expert.to(tl.int64)
     half = INTER // 2
-    a_ptrs = h_ptr + rows.to(tl.int64)[:, None] * INTER + tl.arange(0, BK)[None, :]
+    a_ptrs = h_ptr + rows.to(tl.int64)[:, None] * INTER
     w_ptrs = w_ptr + ek * (H * half) + n[:, None] * half + tl.arange(0, BK // 2)[None, :]
     s_ptrs = ws_ptr + ek * (H * (INTER // 16)) + n[:, None] * (INTER // 16) + tl.arange(0, BK // 16)[None, :]
+    k_len = INTER // SPLIT_K
+    if SPLIT_K > 1:
+        k0 = tl.program_id(2) * k_len
+        a_ptrs += k0
+        w_ptrs += k0 // 2
+        s_ptrs += k0 // 16
     acc = tl.zeros([BM, BN], dtype=tl.float32)
-    for _ in range(0, INTER, BK):
-        a = tl.load(a_ptrs, mask=rmask[:, None], other=0.0)
-        w = _dequant_tile(w_ptrs, s_ptrs, nmask, BN, BK, dtype)
-        acc = tl.dot(a, tl.trans(w), acc)
+    for _ in range(0, k_len, BK):
+        acc = _mma_step(acc, a_ptrs, rmask, w_ptrs, s_ptrs, nmask, BN, BK, dtype, DEQ)
         a_ptrs += BK
         w_ptrs += BK // 2
         s_ptrs += BK // 16
     route = tl.load(sorted_route_ptr + rows, mask=rmask, other=0)
+    if SPLIT_K > 1:
+        acc_ptrs = acc_ptr + route.to(tl.int64)[:, None] * H + n[None, :]
+        tl.atomic_add(acc_ptrs, acc, mask=rmask[:, None] & nmask[None, :], sem="relaxed")
+        return
     scale2 = tl.load(w_scale2_ptr + expert)
+    if DEQ == 1:  # the MMA saw w * 2**-7
+        acc = acc * 128.0
     if MODE == 0:
         alpha = tl.full([BM], 1.0, tl.float32) * scale2
     else:
@@ -352,17 +565,48 @@ def fc2_kernel(
 
 
 @triton.jit
-def combine_kernel(y_ptr, topk_w_ptr, topk_ids_ptr, out_ptr, H, E, TOPK, BH: tl.constexpr):
-    """``out[t] = io(sum_j fp32(topk_w[t, j]) * fp32(y[t * TOPK + j]))`` over valid ids only."""
+def combine_kernel(
+    y_ptr,
+    topk_w_ptr,
+    topk_ids_ptr,
+    out_ptr,
+    w_scale2_ptr,
+    gs2_ptr,
+    flag_ptr,
+    H,
+    E,
+    TOPK,
+    FROM_ACC: tl.constexpr,
+    MODE: tl.constexpr,
+    DEQ: tl.constexpr,
+    BH: tl.constexpr,
+):
+    """``out[t] = io(sum_j fp32(topk_w[t, j]) * fp32(y[t * TOPK + j]))`` over valid ids only.
+
+    ``FROM_ACC``: ``y`` holds FC2 split-K fp32 sums; ``y = io(acc * alpha2[e])`` is formed here.
+    """
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BH + tl.arange(0, BH)
     cmask = cols < H
     acc = tl.zeros([BH], dtype=tl.float32)
+    dtype = out_ptr.dtype.element_ty
     for j in range(TOPK):
         expert = tl.load(topk_ids_ptr + t * TOPK + j)
         weight = tl.load(topk_w_ptr + t * TOPK + j).to(tl.float32)
         expert_vec = tl.zeros([BH], dtype=tl.int32) + expert
         valid = (expert_vec >= 0) & (expert_vec < E)
         y = tl.load(y_ptr + (t * TOPK + j) * H + cols, mask=cmask & valid, other=0.0)
+        if FROM_ACC:
+            safe = tl.where((expert >= 0) & (expert < E), expert, 0)
+            alpha = tl.load(w_scale2_ptr + safe)
+            if DEQ == 1:
+                y = y * 128.0
+            if MODE != 0:
+                alpha_a4 = tl.math.div_rn(alpha, tl.load(gs2_ptr + safe))
+                if MODE == 1:  # noqa: SIM108 (constexpr branch)
+                    alpha = alpha_a4
+                else:
+                    alpha = tl.where(tl.load(flag_ptr + t) != 0, alpha_a4, alpha)
+            y = (y * alpha).to(dtype)
         acc += weight * y.to(tl.float32)
-    tl.store(out_ptr + t * H + cols, acc.to(out_ptr.dtype.element_ty), mask=cmask)
+    tl.store(out_ptr + t * H + cols, acc.to(dtype), mask=cmask)

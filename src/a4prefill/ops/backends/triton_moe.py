@@ -69,13 +69,27 @@ class GemmConfig:
     fc2_k: int
     warps: int
     stages: int
+    dequant: int = 0  # 0: interleaved nibbles; 1/2: split K parity (bf16 / fp32 math); 3: FMA, no MMA
+    split_k: int = 1  # > 1: K slices summed with fp32 atomics (few-route calls: more programs)
+
+
+def _split_k(k: int, block_k: int, wanted: int) -> int:
+    split = wanted
+    while split > 1 and k % (split * block_k):
+        split //= 2
+    return split
 
 
 def choose_config(routes: int, experts: int, hidden: int, intermediate: int) -> GemmConfig:
-    """Tile sizes by the mean number of rows per active expert (decode: few, prefill: many)."""
+    """Tile sizes by the mean number of rows per active expert (decode: few, prefill: many).
+
+    Calls with few routes (active experts x N tiles too few to fill the GPU) split K in 4.
+    """
     rows_per_expert = routes / max(1, min(experts, routes))
     if rows_per_expert <= 24:
-        return GemmConfig(16, 32, _block_k(hidden, 256), 64, _block_k(intermediate, 256), 4, 3)
+        k1, k2 = _block_k(hidden, 128), _block_k(intermediate, 128)
+        split = 4 if routes <= 32 else 1
+        return GemmConfig(16, 32, k1, 64, k2, 4, 4, 0, split)
     if rows_per_expert <= 96:
         return GemmConfig(64, 64, _block_k(hidden, 64), 128, _block_k(intermediate, 64), 4, 3)
     return GemmConfig(128, 64, _block_k(hidden, 64), 128, _block_k(intermediate, 64), 8, 3)
@@ -223,6 +237,8 @@ def fused_moe(
     kernels = _kernels()
     cfg = config or choose_config(routes, experts, hidden, inter)
     routing = build_routing(topk_ids, experts, cfg.block_m)
+    # bf16 bit tricks need the bf16 exponent range; fp16 io uses the fp32 variant.
+    dequant = 2 if cfg.dequant == 1 and hidden_states.dtype != torch.bfloat16 else cfg.dequant
     if a4_scales is None:
         mode, fc1_input = MODE_W4A16, hidden_states
         gs1 = gs2 = weights.w2_weight_scale_2  # unused
@@ -234,6 +250,7 @@ def fused_moe(
     w13_scale = weights.w13_weight_scale.view(torch.uint8)
     w2_scale = weights.w2_weight_scale.view(torch.uint8)
     h = torch.empty(routes, inter, dtype=hidden_states.dtype, device=hidden_states.device)
+    limit = float(swiglu_limit or 0.0)
     common = (
         routing.sorted_route,
         routing.tile_expert,
@@ -242,30 +259,58 @@ def fused_moe(
         routing.seg_count,
         routing.num_tiles,
     )
-    kernels.fc1_kernel[(routing.max_tiles, _cdiv(inter, cfg.fc1_n))](
+    split1 = _split_k(hidden, cfg.fc1_k, cfg.split_k)
+    split2 = _split_k(inter, cfg.fc2_k, cfg.split_k)
+    f32 = torch.float32
+    device = hidden_states.device
+    acc1 = torch.zeros(routes, two_i, dtype=f32, device=device) if split1 > 1 else h
+    scalars = (gs1, gs2, flags)
+    fc1_grid = (routing.max_tiles, _cdiv(inter, cfg.fc1_n), split1)
+    kernels.fc1_kernel[fc1_grid](
         fc1_input,
         weights.w13_weight,
         w13_scale,
         weights.w13_weight_scale_2,
-        gs1,
-        gs2,
-        flags,
+        *scalars,
         *common,
         h,
         hidden,
         inter,
         top_k,
-        float(swiglu_limit or 0.0),
+        limit,
         HAS_LIMIT=swiglu_limit is not None,
         MODE=mode,
         BM=cfg.block_m,
         BN=cfg.fc1_n,
         BK=cfg.fc1_k,
+        DEQ=dequant,
+        SPLIT_K=split1,
+        acc_ptr=acc1,
         num_warps=cfg.warps,
         num_stages=cfg.stages,
     )
-    y = torch.empty(routes, hidden, dtype=hidden_states.dtype, device=hidden_states.device)
-    kernels.fc2_kernel[(routing.max_tiles, _cdiv(hidden, cfg.fc2_n))](
+    if split1 > 1:
+        kernels.fc1_finalize_kernel[fc1_grid[:2]](
+            acc1,
+            weights.w13_weight_scale_2,
+            *scalars,
+            *common,
+            h,
+            inter,
+            top_k,
+            limit,
+            HAS_LIMIT=swiglu_limit is not None,
+            MODE=mode,
+            BM=cfg.block_m,
+            BN=cfg.fc1_n,
+            DEQ=dequant,
+            num_warps=4,
+        )
+    if split2 > 1:
+        y = torch.zeros(routes, hidden, dtype=f32, device=device)
+    else:
+        y = torch.empty(routes, hidden, dtype=hidden_states.dtype, device=device)
+    kernels.fc2_kernel[(routing.max_tiles, _cdiv(hidden, cfg.fc2_n), split2)](
         h,
         weights.w2_weight,
         w2_scale,
@@ -281,12 +326,29 @@ def fused_moe(
         BM=cfg.block_m,
         BN=cfg.fc2_n,
         BK=cfg.fc2_k,
+        DEQ=dequant,
+        SPLIT_K=split2,
+        acc_ptr=y,
         num_warps=cfg.warps,
         num_stages=cfg.stages,
     )
     block_h = min(1024, _next_pow2(hidden))
     kernels.combine_kernel[(tokens, _cdiv(hidden, block_h))](
-        y, topk_weights, topk_ids, output, hidden, experts, top_k, BH=block_h, num_warps=4
+        y,
+        topk_weights,
+        topk_ids,
+        output,
+        weights.w2_weight_scale_2,
+        gs2,
+        flags,
+        hidden,
+        experts,
+        top_k,
+        FROM_ACC=split2 > 1,
+        MODE=mode,
+        DEQ=dequant,
+        BH=block_h,
+        num_warps=4,
     )
     return output
 
