@@ -130,6 +130,11 @@ class SplitPrefillPass(CustomGraphPass):
         self.settings = settings
         self.records: list[PassRecord] = []
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> SplitPrefillPass:
+        # Configs holding the pass get deep-copied (vLLM does); keep one instance so that its
+        # records stay where the user looks for them. The settings are immutable.
+        return self
+
     def effective_settings(self) -> tuple[A4PrefillSettings, int]:
         """The settings in force and the captured limit (settings, else vLLM's, else 0)."""
         vllm_config = current_vllm_config()

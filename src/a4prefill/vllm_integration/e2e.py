@@ -136,8 +136,10 @@ def run_e2e(
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     # A warm compile cache skips the passes (no records): compile afresh unless told otherwise.
     os.environ.setdefault("VLLM_DISABLE_COMPILE_CACHE", "1")
-    # vllm-cpu compiles with stock Inductor, whose FX-graph cache would skip the passes too.
+    # vllm-cpu compiles with stock Inductor; its caches and vLLM's saved compiled artifacts
+    # would also skip the passes: compile in a fresh cache folder.
     os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
+    os.environ.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="a4prefill-vllm-cache-"))
     from vllm import LLM, SamplingParams
 
     from a4prefill.ops import ROW_COUNTERS
