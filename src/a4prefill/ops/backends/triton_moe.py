@@ -83,12 +83,13 @@ def _split_k(k: int, block_k: int, wanted: int) -> int:
 def choose_config(routes: int, experts: int, hidden: int, intermediate: int) -> GemmConfig:
     """Tile sizes by the mean number of rows per active expert (decode: few, prefill: many).
 
-    Calls with few routes (active experts x N tiles too few to fill the GPU) split K in 4.
+    Calls with very few routes (about one token) split K in 2 (measured on the H200: 96 -> 82 us
+    at one token for the GLM shape; more slices or more routes lose).
     """
     rows_per_expert = routes / max(1, min(experts, routes))
     if rows_per_expert <= 24:
         k1, k2 = _block_k(hidden, 128), _block_k(intermediate, 128)
-        split = 4 if routes <= 32 else 1
+        split = 2 if routes <= 16 else 1
         return GemmConfig(16, 32, k1, 64, k2, 4, 4, 0, split)
     if rows_per_expert <= 96:
         return GemmConfig(64, 64, _block_k(hidden, 64), 128, _block_k(intermediate, 64), 4, 3)
