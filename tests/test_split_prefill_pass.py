@@ -39,8 +39,11 @@ def compile_and_run(module, split_pass, tokens, dynamic=None, bounds=None):
 
 
 @pytest.fixture(autouse=True)
-def _no_inductor_cache(monkeypatch):
-    monkeypatch.setenv("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
+def _no_inductor_cache():
+    # A cache hit skips the passes (no records). Inductor reads the environment only when it is
+    # first imported, so patch its config rather than the variable.
+    with torch._inductor.config.patch(force_disable_caches=True):
+        yield
 
 
 @pytest.mark.parametrize(
