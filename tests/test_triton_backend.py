@@ -125,7 +125,19 @@ def test_matches_the_reference(gpu_layer, precision, limit, tokens):
 
 @pytest.mark.parametrize(
     ("dequant", "block_m", "split_k"),
-    [(0, 16, 1), (0, 64, 1), (1, 16, 1), (2, 64, 1), (3, 4, 1), (3, 2, 1), (0, 16, 4), (1, 16, 2)],
+    [
+        (0, 16, 1),
+        (0, 64, 1),
+        (1, 16, 1),
+        (2, 64, 1),
+        (3, 4, 1),
+        (3, 2, 1),
+        (0, 16, 4),
+        (1, 16, 2),
+        (4, 16, 1),
+        (4, 64, 1),
+        (4, 16, 2),
+    ],
 )
 def test_every_kernel_variant_matches_the_reference(gpu_layer, dequant, block_m, split_k):
     from a4prefill.ops.backends.triton_moe import GemmConfig, fused_moe
@@ -142,6 +154,29 @@ def test_every_kernel_variant_matches_the_reference(gpu_layer, dequant, block_m,
         )
         expected = moe_reference(hidden, topk_weights, topk_ids, cpu_weights, cpu_scales, None)
         assert_close_to_reference(result, expected, precision)
+
+
+@pytest.mark.parametrize("block_m", [16, 64])
+def test_ptx_dequantization_equals_the_triton_bf16_one_bit_for_bit(gpu_layer, block_m):
+    """DEQ 4 (inline PTX) and DEQ 1 form the same exact bf16 weights for the same MMAs."""
+    from a4prefill.ops.backends.triton_moe import GemmConfig, fused_moe
+
+    _, weights, scales = gpu_layer
+    hidden, topk_weights, topk_ids = cuda(*inputs(120, seed=block_m))
+    for a4_scales in (None, scales):
+        outputs = [
+            fused_moe(
+                hidden,
+                topk_weights,
+                topk_ids,
+                weights,
+                a4_scales,
+                0.5,
+                config=GemmConfig(block_m, 32, 64, 64, 64, 4, 3, dequant),
+            )
+            for dequant in (1, 4)
+        ]
+        assert torch.equal(outputs[0], outputs[1])
 
 
 def test_fp16_activations_match_the_reference(gpu_layer):

@@ -125,6 +125,55 @@ def _dequant_half(codes, scale, BN: tl.constexpr, BK: tl.constexpr, DTYPE: tl.co
 
 
 @triton.jit
+def _dequant_pairs_ptx(packed, factor, BN: tl.constexpr, BK: tl.constexpr):
+    """Packed bytes ``[BN, BK/2]`` (uint8, low nibble = even K) and per-16 factors
+    ``bf16(scale * 2**119)`` ``[BN, BK/16]`` -> bf16 ``w * 2**-7`` for the even and the odd K
+    columns (each ``[BN, BK/2]``), four bytes per PTX block (sm_80+): each nibble's sign and
+    e2m1 bits are moved to the bf16 bits of ``e2m1 * 2**-126`` (a ``prmt`` and a few logic ops per
+    pair) and scaled with one ``fma.rn.bf16x2`` per pair (exact: at most 5 significant bits)."""
+    groups: tl.constexpr = BK // 16
+    codes = tl.reshape(packed, [BN, groups, 8])
+    scale = tl.broadcast_to(factor[:, :, None], [BN, groups, 8])
+    even, odd = tl.inline_asm_elementwise(
+        """
+        {
+        .reg .b32 t0, t1, m, s, zero, nz, e0, e1, o0, o1;
+        mov.b32 zero, 0;
+        mov.b32 nz, 0x80008000;
+        prmt.b32 t0, $4, zero, 0x1404;
+        prmt.b32 t1, $4, zero, 0x3424;
+        shr.b32 m, t0, 2; and.b32 m, m, 0x01C001C0; shl.b32 s, t0, 4; and.b32 s, s, 0x80008000;
+        or.b32 e0, m, s;
+        shr.b32 m, t1, 2; and.b32 m, m, 0x01C001C0; shl.b32 s, t1, 4; and.b32 s, s, 0x80008000;
+        or.b32 e1, m, s;
+        shr.b32 m, t0, 6; and.b32 m, m, 0x01C001C0; and.b32 s, t0, 0x80008000;
+        or.b32 o0, m, s;
+        shr.b32 m, t1, 6; and.b32 m, m, 0x01C001C0; and.b32 s, t1, 0x80008000;
+        or.b32 o1, m, s;
+        fma.rn.bf16x2 $0, e0, $5, nz;
+        fma.rn.bf16x2 $1, e1, $6, nz;
+        fma.rn.bf16x2 $2, o0, $5, nz;
+        fma.rn.bf16x2 $3, o1, $6, nz;
+        }
+        """,
+        "=r,=r,=r,=r,r,r,r",
+        [codes, scale],
+        dtype=(tl.bfloat16, tl.bfloat16),
+        is_pure=True,
+        pack=4,
+    )
+    return tl.reshape(even, [BN, BK // 2]), tl.reshape(odd, [BN, BK // 2])
+
+
+@triton.jit
+def _unscale(acc, DEQ: tl.constexpr):
+    """Undo the ``2**-7`` that DEQ 1 and 4 fold into the dequantized weights."""
+    if DEQ == 1 or DEQ == 4:
+        acc = acc * 128.0
+    return acc
+
+
+@triton.jit
 def _mma_step(
     acc,
     a_base,
@@ -140,8 +189,9 @@ def _mma_step(
     """``acc += A[:, k0:k0+BK] @ W[:, k0:k0+BK]^T`` with ``a_base [BM, 1]`` pointing at column k0.
 
     DEQ 0 interleaves the two nibbles of each byte (join + reshape); DEQ 1/2 keep them apart and
-    multiply the even and odd K columns of A separately (two MMAs, no interleave); DEQ 3 (tiles of
-    a few rows: decode) skips the tensor cores: fp32 weights, CUDA-core FMAs, fp32 sums.
+    multiply the even and odd K columns of A separately (two MMAs, no interleave); DEQ 4 does the
+    same with the bf16 math of DEQ 1 in inline PTX (bf16 io only); DEQ 3 (tiles of a few rows:
+    decode) skips the tensor cores: fp32 weights, CUDA-core FMAs, fp32 sums.
     """
     if DEQ == 0:
         a = tl.load(a_base + tl.arange(0, BK)[None, :], mask=rmask[:, None], other=0.0)
@@ -161,11 +211,15 @@ def _mma_step(
         offs = 2 * tl.arange(0, BK // 2)[None, :]
         a_even = tl.load(a_base + offs, mask=rmask[:, None], other=0.0)
         a_odd = tl.load(a_base + offs + 1, mask=rmask[:, None], other=0.0)
-        packed = tl.load(w_ptrs, mask=nmask[:, None], other=0).to(tl.int32)
+        packed = tl.load(w_ptrs, mask=nmask[:, None], other=0)
         scale = _scales_f32(s_ptrs, nmask)
-        w_even = _dequant_half(packed & 0xF, scale, BN, BK, DTYPE, DEQ)
+        if DEQ == 4:
+            factor = (scale * 6.646139978924579e35).to(tl.bfloat16)
+            w_even, w_odd = _dequant_pairs_ptx(packed, factor, BN, BK)
+        else:
+            w_even = _dequant_half(packed.to(tl.int32) & 0xF, scale, BN, BK, DTYPE, DEQ)
+            w_odd = _dequant_half(packed.to(tl.int32) >> 4, scale, BN, BK, DTYPE, DEQ)
         acc = tl.dot(a_even, tl.trans(w_even), acc)
-        w_odd = _dequant_half(packed >> 4, scale, BN, BK, DTYPE, DEQ)
         acc = tl.dot(a_odd, tl.trans(w_odd), acc)
     return acc
 
@@ -298,9 +352,8 @@ def _fc1_epilogue(
     """alpha1, io rounding, clamp, SwiGLU, A4 re-quantization with gs2[e]; stores ``h`` rows."""
     dtype = out_ptr.dtype.element_ty
     scale2 = tl.load(w_scale2_ptr + expert * 2)
-    if DEQ == 1:  # the MMA saw w * 2**-7
-        acc_g = acc_g * 128.0
-        acc_u = acc_u * 128.0
+    acc_g = _unscale(acc_g, DEQ)
+    acc_u = _unscale(acc_u, DEQ)
     if MODE == 0:
         alpha = tl.full([BM], 1.0, tl.float32) * scale2
     else:
@@ -548,8 +601,7 @@ def fc2_kernel(
         tl.atomic_add(acc_ptrs, acc, mask=rmask[:, None] & nmask[None, :], sem="relaxed")
         return
     scale2 = tl.load(w_scale2_ptr + expert)
-    if DEQ == 1:  # the MMA saw w * 2**-7
-        acc = acc * 128.0
+    acc = _unscale(acc, DEQ)
     if MODE == 0:
         alpha = tl.full([BM], 1.0, tl.float32) * scale2
     else:
@@ -599,8 +651,7 @@ def combine_kernel(
         if FROM_ACC:
             safe = tl.where((expert >= 0) & (expert < E), expert, 0)
             alpha = tl.load(w_scale2_ptr + safe)
-            if DEQ == 1:
-                y = y * 128.0
+            y = _unscale(y, DEQ)
             if MODE != 0:
                 alpha_a4 = tl.math.div_rn(alpha, tl.load(gs2_ptr + safe))
                 if MODE == 1:  # noqa: SIM108 (constexpr branch)

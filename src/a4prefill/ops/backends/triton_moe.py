@@ -69,7 +69,9 @@ class GemmConfig:
     fc2_k: int
     warps: int
     stages: int
-    dequant: int = 0  # 0: interleaved nibbles; 1/2: split K parity (bf16 / fp32 math); 3: FMA, no MMA
+    # 0: interleaved nibbles; 1/2: split K parity (bf16 / fp32 math); 3: FMA, no MMA;
+    # 4: split K parity, bf16 math in inline PTX (bf16 io; fp16 io runs 2 instead of 1 and 4)
+    dequant: int = 0
     split_k: int = 1  # > 1: K slices summed with fp32 atomics (few-route calls: more programs)
 
 
@@ -239,7 +241,7 @@ def fused_moe(
     cfg = config or choose_config(routes, experts, hidden, inter)
     routing = build_routing(topk_ids, experts, cfg.block_m)
     # bf16 bit tricks need the bf16 exponent range; fp16 io uses the fp32 variant.
-    dequant = 2 if cfg.dequant == 1 and hidden_states.dtype != torch.bfloat16 else cfg.dequant
+    dequant = 2 if cfg.dequant in (1, 4) and hidden_states.dtype != torch.bfloat16 else cfg.dequant
     if a4_scales is None:
         mode, fc1_input = MODE_W4A16, hidden_states
         gs1 = gs2 = weights.w2_weight_scale_2  # unused
