@@ -85,12 +85,12 @@ def _quantize_groups(v, gs, inv_gs, ROWS: tl.constexpr, COLS: tl.constexpr):
 
 
 @triton.jit
-def _dequant_tile(w_ptrs, scale_bytes, mask_n, BN: tl.constexpr, BK: tl.constexpr, DTYPE: tl.constexpr):
-    """Load packed e2m1 ``[BN, BK/2]``; with e4m3 scale bytes ``[BN, BK/16]`` return ``[BN, BK]``."""
+def _dequant_tile(w_ptrs, s_ptrs, mask_n, BN: tl.constexpr, BK: tl.constexpr, DTYPE: tl.constexpr):
+    """Load packed e2m1 ``[BN, BK/2]`` and e4m3 scales ``[BN, BK/16]``; return ``[BN, BK]`` in DTYPE."""
     packed = tl.load(w_ptrs, mask=mask_n[:, None], other=0).to(tl.int32)
     codes = tl.reshape(tl.join(packed & 0xF, packed >> 4), [BN, BK])
     values = (((codes & 7) << 9) | ((codes & 8) << 12)).to(tl.int16).to(tl.float16, bitcast=True)
-    sbyte = scale_bytes.to(tl.int32)
+    sbyte = tl.load(s_ptrs, mask=mask_n[:, None], other=0).to(tl.int32)
     sbits = ((sbyte & 0x7F) << 7) | ((sbyte & 0x80) << 8)
     scales = sbits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * 4194304.0
     w = tl.reshape(values.to(tl.float32), [BN, BK // 16, 16]) * scales[:, :, None]
@@ -98,9 +98,9 @@ def _dequant_tile(w_ptrs, scale_bytes, mask_n, BN: tl.constexpr, BK: tl.constexp
 
 
 @triton.jit
-def _scales_f32(scale_bytes):
-    """Decode e4m3 block-scale bytes ``[BN, G]`` to fp32 (exact)."""
-    sbyte = scale_bytes.to(tl.int32)
+def _scales_f32(s_ptrs, mask_n):
+    """Load e4m3 block-scale bytes ``[BN, G]`` and decode them to fp32 (exact)."""
+    sbyte = tl.load(s_ptrs, mask=mask_n[:, None], other=0).to(tl.int32)
     sbits = ((sbyte & 0x7F) << 7) | ((sbyte & 0x80) << 8)
     return sbits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * 256.0
 
@@ -179,15 +179,14 @@ def _mma_step(
     a_base,
     rmask,
     w_ptrs,
-    scale_bytes,
+    s_ptrs,
     nmask,
     BN: tl.constexpr,
     BK: tl.constexpr,
     DTYPE: tl.constexpr,
     DEQ: tl.constexpr,
 ):
-    """``acc += A[:, k0:k0+BK] @ W[:, k0:k0+BK]^T`` with ``a_base [BM, 1]`` pointing at column k0
-    and ``scale_bytes`` the e4m3 block-scale bytes ``[BN, BK/16]`` of W's columns (loaded ahead).
+    """``acc += A[:, k0:k0+BK] @ W[:, k0:k0+BK]^T`` with ``a_base [BM, 1]`` pointing at column k0.
 
     DEQ 0 interleaves the two nibbles of each byte (join + reshape); DEQ 1/2 keep them apart and
     multiply the even and odd K columns of A separately (two MMAs, no interleave); DEQ 4 does the
@@ -196,14 +195,14 @@ def _mma_step(
     """
     if DEQ == 0:
         a = tl.load(a_base + tl.arange(0, BK)[None, :], mask=rmask[:, None], other=0.0)
-        w = _dequant_tile(w_ptrs, scale_bytes, nmask, BN, BK, DTYPE)
+        w = _dequant_tile(w_ptrs, s_ptrs, nmask, BN, BK, DTYPE)
         acc = tl.dot(a, tl.trans(w), acc)
     elif DEQ == 3:
         offs = 2 * tl.arange(0, BK // 2)[None, :]
         a_even = tl.load(a_base + offs, mask=rmask[:, None], other=0.0).to(tl.float32)
         a_odd = tl.load(a_base + offs + 1, mask=rmask[:, None], other=0.0).to(tl.float32)
         packed = tl.load(w_ptrs, mask=nmask[:, None], other=0).to(tl.int32)
-        scale = _scales_f32(scale_bytes)
+        scale = _scales_f32(s_ptrs, nmask)
         w_even = _dequant_half(packed & 0xF, scale, BN, BK, tl.float32, 2)
         acc += tl.sum(a_even[:, None, :] * w_even[None, :, :], axis=2)
         w_odd = _dequant_half(packed >> 4, scale, BN, BK, tl.float32, 2)
@@ -213,7 +212,7 @@ def _mma_step(
         a_even = tl.load(a_base + offs, mask=rmask[:, None], other=0.0)
         a_odd = tl.load(a_base + offs + 1, mask=rmask[:, None], other=0.0)
         packed = tl.load(w_ptrs, mask=nmask[:, None], other=0)
-        scale = _scales_f32(scale_bytes)
+        scale = _scales_f32(s_ptrs, nmask)
         if DEQ == 4:
             factor = (scale * 6.646139978924579e35).to(tl.bfloat16)
             w_even, w_odd = _dequant_pairs_ptx(packed, factor, BN, BK)
@@ -446,16 +445,9 @@ def fc1_kernel(
         su_ptrs += k0 // 16
     acc_g = tl.zeros([BM, BN], dtype=tl.float32)
     acc_u = tl.zeros([BM, BN], dtype=tl.float32)
-    sg = tl.load(sg_ptrs, mask=nmask[:, None], other=0)
-    su = tl.load(su_ptrs, mask=nmask[:, None], other=0)
-    for k in range(0, k_len, BK):
-        # Scale bytes are too narrow for the pipeliner's async copies: fetch one step ahead.
-        ahead = nmask[:, None] & (k + BK < k_len)
-        sg_next = tl.load(sg_ptrs + BK // 16, mask=ahead, other=0)
-        su_next = tl.load(su_ptrs + BK // 16, mask=ahead, other=0)
-        acc_g = _mma_step(acc_g, a_ptrs, rmask, wg_ptrs, sg, nmask, BN, BK, dtype, DEQ)
-        acc_u = _mma_step(acc_u, a_ptrs, rmask, wu_ptrs, su, nmask, BN, BK, dtype, DEQ)
-        sg, su = sg_next, su_next
+    for _ in range(0, k_len, BK):
+        acc_g = _mma_step(acc_g, a_ptrs, rmask, wg_ptrs, sg_ptrs, nmask, BN, BK, dtype, DEQ)
+        acc_u = _mma_step(acc_u, a_ptrs, rmask, wu_ptrs, su_ptrs, nmask, BN, BK, dtype, DEQ)
         a_ptrs += BK
         wg_ptrs += BK // 2
         wu_ptrs += BK // 2
@@ -598,12 +590,8 @@ def fc2_kernel(
         w_ptrs += k0 // 2
         s_ptrs += k0 // 16
     acc = tl.zeros([BM, BN], dtype=tl.float32)
-    scale_bytes = tl.load(s_ptrs, mask=nmask[:, None], other=0)
-    for k in range(0, k_len, BK):
-        ahead = nmask[:, None] & (k + BK < k_len)  # scale bytes one step ahead (see fc1_kernel)
-        next_bytes = tl.load(s_ptrs + BK // 16, mask=ahead, other=0)
-        acc = _mma_step(acc, a_ptrs, rmask, w_ptrs, scale_bytes, nmask, BN, BK, dtype, DEQ)
-        scale_bytes = next_bytes
+    for _ in range(0, k_len, BK):
+        acc = _mma_step(acc, a_ptrs, rmask, w_ptrs, s_ptrs, nmask, BN, BK, dtype, DEQ)
         a_ptrs += BK
         w_ptrs += BK // 2
         s_ptrs += BK // 16
