@@ -137,6 +137,9 @@ def test_matches_the_reference(gpu_layer, precision, limit, tokens):
         (4, 16, 1),
         (4, 64, 1),
         (4, 16, 2),
+        (5, 16, 1),
+        (5, 64, 1),
+        (5, 16, 2),
     ],
 )
 def test_every_kernel_variant_matches_the_reference(gpu_layer, dequant, block_m, split_k):
@@ -157,8 +160,9 @@ def test_every_kernel_variant_matches_the_reference(gpu_layer, dequant, block_m,
 
 
 @pytest.mark.parametrize("block_m", [16, 64])
-def test_ptx_dequantization_equals_the_triton_bf16_one_bit_for_bit(gpu_layer, block_m):
-    """DEQ 4 (inline PTX) and DEQ 1 form the same exact bf16 weights for the same MMAs."""
+@pytest.mark.parametrize("variants", [(1, 4), (0, 5)])
+def test_ptx_dequantization_equals_the_triton_one_bit_for_bit(gpu_layer, block_m, variants):
+    """DEQ 4/5 (inline PTX) form the same exact weights (times 2**-7) as DEQ 1/0 for the same MMAs."""
     from a4prefill.ops.backends.triton_moe import GemmConfig, fused_moe
 
     _, weights, scales = gpu_layer
@@ -174,7 +178,7 @@ def test_ptx_dequantization_equals_the_triton_bf16_one_bit_for_bit(gpu_layer, bl
                 0.5,
                 config=GemmConfig(block_m, 32, 64, 64, 64, 4, 3, dequant),
             )
-            for dequant in (1, 4)
+            for dequant in variants
         ]
         assert torch.equal(outputs[0], outputs[1])
 

@@ -167,8 +167,8 @@ def _dequant_pairs_ptx(packed, factor, BN: tl.constexpr, BK: tl.constexpr):
 
 @triton.jit
 def _unscale(acc, DEQ: tl.constexpr):
-    """Undo the ``2**-7`` that DEQ 1 and 4 fold into the dequantized weights."""
-    if DEQ == 1 or DEQ == 4:
+    """Undo the ``2**-7`` that DEQ 1, 4 and 5 fold into the dequantized weights."""
+    if DEQ == 1 or DEQ == 4 or DEQ == 5:
         acc = acc * 128.0
     return acc
 
@@ -196,6 +196,13 @@ def _mma_step(
     if DEQ == 0:
         a = tl.load(a_base + tl.arange(0, BK)[None, :], mask=rmask[:, None], other=0.0)
         w = _dequant_tile(w_ptrs, s_ptrs, nmask, BN, BK, DTYPE)
+        acc = tl.dot(a, tl.trans(w), acc)
+    elif DEQ == 5:
+        a = tl.load(a_base + tl.arange(0, BK)[None, :], mask=rmask[:, None], other=0.0)
+        packed = tl.load(w_ptrs, mask=nmask[:, None], other=0)
+        factor = (_scales_f32(s_ptrs, nmask) * 6.646139978924579e35).to(tl.bfloat16)
+        w_even, w_odd = _dequant_pairs_ptx(packed, factor, BN, BK)
+        w = tl.reshape(tl.join(w_even, w_odd), [BN, BK])
         acc = tl.dot(a, tl.trans(w), acc)
     elif DEQ == 3:
         offs = 2 * tl.arange(0, BK // 2)[None, :]

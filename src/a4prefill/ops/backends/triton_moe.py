@@ -241,7 +241,9 @@ def fused_moe(
     cfg = config or choose_config(routes, experts, hidden, inter)
     routing = build_routing(topk_ids, experts, cfg.block_m)
     # bf16 bit tricks need the bf16 exponent range; fp16 io uses the fp32 variant.
-    dequant = 2 if cfg.dequant in (1, 4) and hidden_states.dtype != torch.bfloat16 else cfg.dequant
+    dequant = cfg.dequant
+    if hidden_states.dtype != torch.bfloat16:
+        dequant = {1: 2, 4: 2, 5: 0}.get(dequant, dequant)
     if a4_scales is None:
         mode, fc1_input = MODE_W4A16, hidden_states
         gs1 = gs2 = weights.w2_weight_scale_2  # unused
