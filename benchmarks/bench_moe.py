@@ -137,21 +137,28 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() / seconds / 1e9
 
 
-SWEEP = {  # block_m, fc1_n, fc1_k, fc2_n, fc2_k, warps, stages, dequant (see GemmConfig), split_k
-    "bm16_n32_k128_d0": (16, 32, 128, 64, 128, 4, 4, 0, 1),
-    "bm16_n32_k128_d4": (16, 32, 128, 64, 128, 4, 4, 4, 1),
-    "bm16_n32_k128_d5": (16, 32, 128, 64, 128, 4, 4, 5, 1),
-    "bm16_n32_k128_d5_sk2": (16, 32, 128, 64, 128, 4, 4, 5, 2),
-    "bm16_n64_k128_d5": (16, 64, 128, 64, 128, 4, 4, 5, 1),
-    "bm16_n32_k256_d5": (16, 32, 256, 64, 256, 4, 3, 5, 1),
-    "bm16_n64_k64_d5": (16, 64, 64, 64, 64, 4, 4, 5, 1),
-    "bm16_n32_k128_d5_w2": (16, 32, 128, 64, 128, 2, 4, 5, 1),
-    "bm64_n64_k64_w4_d0": (64, 64, 64, 128, 64, 4, 3, 0, 1),
-    "bm64_n64_k64_w4_d5": (64, 64, 64, 128, 64, 4, 3, 5, 1),
-    "bm128_n64_k64_w8_d0": (128, 64, 64, 128, 64, 8, 3, 0, 1),
-    "bm128_n64_k64_w8_d5": (128, 64, 64, 128, 64, 8, 3, 5, 1),
-    "bm128_n128_k64_w8_d5": (128, 128, 64, 128, 64, 8, 3, 5, 1),
+SWEEP = {  # block_m, fc1_n, fc1_k, fc2_n, fc2_k, warps, stages, ptx_dequant, split_k
+    "bm16_n32_k128_w4_triton": (16, 32, 128, 64, 128, 4, 4, False, 1),
+    "bm16_n32_k128_w4": (16, 32, 128, 64, 128, 4, 4, True, 1),
+    "bm16_n32_k128_w2": (16, 32, 128, 64, 128, 2, 4, True, 1),
+    "bm16_n64_k128_w2": (16, 64, 128, 64, 128, 2, 4, True, 1),
+    "bm16_n64_k128_w4": (16, 64, 128, 64, 128, 4, 4, True, 1),
+    "bm16_n32_k256_w4": (16, 32, 256, 64, 256, 4, 3, True, 1),
+    "bm16_n32_k256_w4_sk2": (16, 32, 256, 64, 256, 4, 3, True, 2),
+    "bm16_n32_k256_w2": (16, 32, 256, 64, 256, 2, 3, True, 1),
+    "bm32_n64_k128_w4": (32, 64, 128, 64, 128, 4, 3, True, 1),
+    "bm64_n64_k64_w4_triton": (64, 64, 64, 128, 64, 4, 3, False, 1),
+    "bm64_n64_k64_w4": (64, 64, 64, 128, 64, 4, 3, True, 1),
+    "bm64_n64_k128_w4": (64, 64, 128, 128, 128, 4, 3, True, 1),
+    "bm128_n64_k64_w8_triton": (128, 64, 64, 128, 64, 8, 3, False, 1),
+    "bm128_n64_k64_w8": (128, 64, 64, 128, 64, 8, 3, True, 1),
+    "bm128_n64_k128_w8": (128, 64, 128, 128, 128, 8, 3, True, 1),
 }
+
+
+def config_fits(sizes: tuple[Any, ...], routes: int, experts: int) -> bool:
+    """Sweep only plausible tiles: 16-row tiles for decode-like calls, bigger ones for prefill."""
+    return (sizes[0] <= 16 and routes <= 8 * experts) or (sizes[0] > 16 and routes >= 2 * experts)
 
 
 def sweep_configs(fn: Callable[..., Any], routes: int, experts: int, flush: torch.Tensor) -> dict[str, Any]:
@@ -160,7 +167,7 @@ def sweep_configs(fn: Callable[..., Any], routes: int, experts: int, flush: torc
 
     times: dict[str, Any] = {}
     for label, sizes in SWEEP.items():
-        if (sizes[0] > 16 and routes < 2 * experts) or (sizes[0] <= 16 and routes > 8 * experts):
+        if not config_fits(sizes, routes, experts):
             continue
         try:
             times[label] = time_graph(functools.partial(fn, config=GemmConfig(*sizes)), 20, flush)

@@ -65,7 +65,7 @@ def main() -> None:
         default = choose_config(routes, experts, hidden, inter)
         configs = {"default": default}
         for label, sizes in bench_moe.SWEEP.items():
-            if (sizes[0] > 16) == (routes >= 2 * experts):
+            if bench_moe.config_fits(sizes, routes, experts):
                 configs[label] = GemmConfig(*sizes)
         for label, config in configs.items():
             for jit_function in (triton_kernels.fc1_kernel, triton_kernels.fc2_kernel):

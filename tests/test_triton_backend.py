@@ -124,30 +124,15 @@ def test_matches_the_reference(gpu_layer, precision, limit, tokens):
 
 
 @pytest.mark.parametrize(
-    ("dequant", "block_m", "split_k"),
-    [
-        (0, 16, 1),
-        (0, 64, 1),
-        (1, 16, 1),
-        (2, 64, 1),
-        (3, 4, 1),
-        (3, 2, 1),
-        (0, 16, 4),
-        (1, 16, 2),
-        (4, 16, 1),
-        (4, 64, 1),
-        (4, 16, 2),
-        (5, 16, 1),
-        (5, 64, 1),
-        (5, 16, 2),
-    ],
+    ("ptx", "block_m", "split_k"),
+    [(False, 16, 1), (False, 64, 1), (False, 16, 4), (True, 16, 1), (True, 64, 1), (True, 16, 2)],
 )
-def test_every_kernel_variant_matches_the_reference(gpu_layer, dequant, block_m, split_k):
+def test_every_kernel_variant_matches_the_reference(gpu_layer, ptx, block_m, split_k):
     from a4prefill.ops.backends.triton_moe import GemmConfig, fused_moe
 
     cpu_weights, weights, scales = gpu_layer
-    config = GemmConfig(block_m, 32, 64, 64, 64, 4, 3, dequant, split_k)
-    hidden, topk_weights, topk_ids = inputs(90, seed=dequant)
+    config = GemmConfig(block_m, 32, 64, 64, 64, 4, 3, ptx, split_k)
+    hidden, topk_weights, topk_ids = inputs(90, seed=block_m + split_k)
     for a4_scales, precision in ((None, "w4a16"), (scales, "a4")):
         result = fused_moe(*cuda(hidden, topk_weights, topk_ids), weights, a4_scales, None, config=config)
         cpu_scales = (
@@ -159,10 +144,9 @@ def test_every_kernel_variant_matches_the_reference(gpu_layer, dequant, block_m,
         assert_close_to_reference(result, expected, precision)
 
 
-@pytest.mark.parametrize("block_m", [16, 64])
-@pytest.mark.parametrize("variants", [(1, 4), (0, 5)])
-def test_ptx_dequantization_equals_the_triton_one_bit_for_bit(gpu_layer, block_m, variants):
-    """DEQ 4/5 (inline PTX) form the same exact weights (times 2**-7) as DEQ 1/0 for the same MMAs."""
+@pytest.mark.parametrize(("block_m", "split_k"), [(16, 1), (64, 1), (16, 2)])
+def test_ptx_dequantization_equals_the_triton_one_bit_for_bit(gpu_layer, block_m, split_k):
+    """The PTX path forms the same exact weights (times 2**-7, undone in fp32) for the same MMAs."""
     from a4prefill.ops.backends.triton_moe import GemmConfig, fused_moe
 
     _, weights, scales = gpu_layer
@@ -176,9 +160,9 @@ def test_ptx_dequantization_equals_the_triton_one_bit_for_bit(gpu_layer, block_m
                 weights,
                 a4_scales,
                 0.5,
-                config=GemmConfig(block_m, 32, 64, 64, 64, 4, 3, dequant),
+                config=GemmConfig(block_m, 32, 64, 64, 64, 4, 3, ptx, split_k),
             )
-            for dequant in variants
+            for ptx in (False, True)
         ]
         assert torch.equal(outputs[0], outputs[1])
 

@@ -7,7 +7,8 @@ Numerics (FACTS.md sections 2 and 3, reference: :mod:`a4prefill.ops.reference`):
 - e2m1 and e4m3 are decoded with bit tricks through fp16 (no fp8 dtype, no table): a code ``c``
   placed as fp16 bits ``(c & 7) << 9 | (c & 8) << 12`` is ``e2m1 * 2**-14``; an e4m3 byte ``b``
   placed as ``(b & 0x7f) << 7 | (b & 0x80) << 8`` is ``e4m3 * 2**-8``; their fp32 product times
-  ``2**22`` is exact;
+  ``2**22`` is exact. With bf16 io the ``PTX`` variant does this in inline PTX with bf16x2 math
+  (about 2 instructions per weight instead of about 10; see :func:`_dequant_tile_ptx`);
 - activations are quantized with the operation order of :func:`a4prefill.ops.nvfp4.quantize_codes`
   (IEEE divisions via ``div_rn``, e4m3 round-to-nearest-even by bit manipulation), so codes and
   block scales are bit-exact with it.
@@ -90,10 +91,8 @@ def _dequant_tile(w_ptrs, s_ptrs, mask_n, BN: tl.constexpr, BK: tl.constexpr, DT
     packed = tl.load(w_ptrs, mask=mask_n[:, None], other=0).to(tl.int32)
     codes = tl.reshape(tl.join(packed & 0xF, packed >> 4), [BN, BK])
     values = (((codes & 7) << 9) | ((codes & 8) << 12)).to(tl.int16).to(tl.float16, bitcast=True)
-    sbyte = tl.load(s_ptrs, mask=mask_n[:, None], other=0).to(tl.int32)
-    sbits = ((sbyte & 0x7F) << 7) | ((sbyte & 0x80) << 8)
-    scales = sbits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * 4194304.0
-    w = tl.reshape(values.to(tl.float32), [BN, BK // 16, 16]) * scales[:, :, None]
+    scales = _scales_f32(s_ptrs, mask_n)
+    w = tl.reshape(values.to(tl.float32), [BN, BK // 16, 16]) * (scales * 16384.0)[:, :, None]
     return tl.reshape(w, [BN, BK]).to(DTYPE)
 
 
@@ -106,32 +105,17 @@ def _scales_f32(s_ptrs, mask_n):
 
 
 @triton.jit
-def _dequant_half(codes, scale, BN: tl.constexpr, BK: tl.constexpr, DTYPE: tl.constexpr, DEQ: tl.constexpr):
-    """Nibble codes ``[BN, BK/2]`` (one parity of K) times per-8 scales ``[BN, BK/16]``.
+def _dequant_tile_ptx(w_ptrs, s_ptrs, mask_n, BN: tl.constexpr, BK: tl.constexpr):
+    """Like :func:`_dequant_tile` for bf16, in inline PTX (sm_80+), returning ``w * 2**-7``.
 
-    DEQ 1: bf16 bits ``e2m1 * 2**-126`` times ``bf16(scale * 2**119)``: ``w * 2**-7`` (bf16 only);
-    DEQ 2: fp16 bits ``e2m1 * 2**-14`` in fp32 times ``scale * 2**14``: ``w`` exactly.
+    Four packed bytes per PTX block: a ``prmt`` spreads two bytes over a bf16 pair, a few logic
+    ops move each nibble's sign and e2m1 bits to the bf16 bits of ``e2m1 * 2**-126``, and one
+    ``fma.rn.bf16x2`` per pair multiplies by ``bf16(scale * 2**119)`` (exact: at most 5
+    significant bits). The even (low nibble) and odd K columns are joined back into K order.
     """
-    if DEQ == 1:
-        bits = ((codes & 7) << 6) | ((codes & 8) << 12)
-        values = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
-        factor = (scale * 6.646139978924579e35).to(tl.bfloat16)
-        w = tl.reshape(values, [BN, BK // 16, 8]) * factor[:, :, None]
-    else:
-        bits = ((codes & 7) << 9) | ((codes & 8) << 12)
-        values = bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-        w = tl.reshape(values, [BN, BK // 16, 8]) * (scale * 16384.0)[:, :, None]
-    return tl.reshape(w, [BN, BK // 2]).to(DTYPE)
-
-
-@triton.jit
-def _dequant_pairs_ptx(packed, factor, BN: tl.constexpr, BK: tl.constexpr):
-    """Packed bytes ``[BN, BK/2]`` (uint8, low nibble = even K) and per-16 factors
-    ``bf16(scale * 2**119)`` ``[BN, BK/16]`` -> bf16 ``w * 2**-7`` for the even and the odd K
-    columns (each ``[BN, BK/2]``), four bytes per PTX block (sm_80+): each nibble's sign and
-    e2m1 bits are moved to the bf16 bits of ``e2m1 * 2**-126`` (a ``prmt`` and a few logic ops per
-    pair) and scaled with one ``fma.rn.bf16x2`` per pair (exact: at most 5 significant bits)."""
     groups: tl.constexpr = BK // 16
+    packed = tl.load(w_ptrs, mask=mask_n[:, None], other=0)
+    factor = (_scales_f32(s_ptrs, mask_n) * 6.646139978924579e35).to(tl.bfloat16)
     codes = tl.reshape(packed, [BN, groups, 8])
     scale = tl.broadcast_to(factor[:, :, None], [BN, groups, 8])
     even, odd = tl.inline_asm_elementwise(
@@ -162,13 +146,15 @@ def _dequant_pairs_ptx(packed, factor, BN: tl.constexpr, BK: tl.constexpr):
         is_pure=True,
         pack=4,
     )
-    return tl.reshape(even, [BN, BK // 2]), tl.reshape(odd, [BN, BK // 2])
+    even = tl.reshape(even, [BN, BK // 2])
+    odd = tl.reshape(odd, [BN, BK // 2])
+    return tl.reshape(tl.join(even, odd), [BN, BK])
 
 
 @triton.jit
-def _unscale(acc, DEQ: tl.constexpr):
-    """Undo the ``2**-7`` that DEQ 1, 4 and 5 fold into the dequantized weights."""
-    if DEQ == 1 or DEQ == 4 or DEQ == 5:
+def _unscale(acc, PTX: tl.constexpr):
+    """Undo the ``2**-7`` that the PTX dequantization folds into the weights."""
+    if PTX:
         acc = acc * 128.0
     return acc
 
@@ -184,51 +170,16 @@ def _mma_step(
     BN: tl.constexpr,
     BK: tl.constexpr,
     DTYPE: tl.constexpr,
-    DEQ: tl.constexpr,
+    PTX: tl.constexpr,
 ):
-    """``acc += A[:, k0:k0+BK] @ W[:, k0:k0+BK]^T`` with ``a_base [BM, 1]`` pointing at column k0.
-
-    DEQ 0 interleaves the two nibbles of each byte (join + reshape); DEQ 1/2 keep them apart and
-    multiply the even and odd K columns of A separately (two MMAs, no interleave); DEQ 4 does the
-    same with the bf16 math of DEQ 1 in inline PTX (bf16 io only); DEQ 3 (tiles of a few rows:
-    decode) skips the tensor cores: fp32 weights, CUDA-core FMAs, fp32 sums.
-    """
-    if DEQ == 0:
-        a = tl.load(a_base + tl.arange(0, BK)[None, :], mask=rmask[:, None], other=0.0)
-        w = _dequant_tile(w_ptrs, s_ptrs, nmask, BN, BK, DTYPE)
-        acc = tl.dot(a, tl.trans(w), acc)
-    elif DEQ == 5:
-        a = tl.load(a_base + tl.arange(0, BK)[None, :], mask=rmask[:, None], other=0.0)
-        packed = tl.load(w_ptrs, mask=nmask[:, None], other=0)
-        factor = (_scales_f32(s_ptrs, nmask) * 6.646139978924579e35).to(tl.bfloat16)
-        w_even, w_odd = _dequant_pairs_ptx(packed, factor, BN, BK)
-        w = tl.reshape(tl.join(w_even, w_odd), [BN, BK])
-        acc = tl.dot(a, tl.trans(w), acc)
-    elif DEQ == 3:
-        offs = 2 * tl.arange(0, BK // 2)[None, :]
-        a_even = tl.load(a_base + offs, mask=rmask[:, None], other=0.0).to(tl.float32)
-        a_odd = tl.load(a_base + offs + 1, mask=rmask[:, None], other=0.0).to(tl.float32)
-        packed = tl.load(w_ptrs, mask=nmask[:, None], other=0).to(tl.int32)
-        scale = _scales_f32(s_ptrs, nmask)
-        w_even = _dequant_half(packed & 0xF, scale, BN, BK, tl.float32, 2)
-        acc += tl.sum(a_even[:, None, :] * w_even[None, :, :], axis=2)
-        w_odd = _dequant_half(packed >> 4, scale, BN, BK, tl.float32, 2)
-        acc += tl.sum(a_odd[:, None, :] * w_odd[None, :, :], axis=2)
+    """``acc += A[:, k0:k0+BK] @ W[:, k0:k0+BK]^T`` with ``a_base [BM, 1]`` pointing at column k0
+    (``acc`` holds ``2**-7`` times that with ``PTX``, bf16 io only)."""
+    a = tl.load(a_base + tl.arange(0, BK)[None, :], mask=rmask[:, None], other=0.0)
+    if PTX:
+        w = _dequant_tile_ptx(w_ptrs, s_ptrs, nmask, BN, BK)
     else:
-        offs = 2 * tl.arange(0, BK // 2)[None, :]
-        a_even = tl.load(a_base + offs, mask=rmask[:, None], other=0.0)
-        a_odd = tl.load(a_base + offs + 1, mask=rmask[:, None], other=0.0)
-        packed = tl.load(w_ptrs, mask=nmask[:, None], other=0)
-        scale = _scales_f32(s_ptrs, nmask)
-        if DEQ == 4:
-            factor = (scale * 6.646139978924579e35).to(tl.bfloat16)
-            w_even, w_odd = _dequant_pairs_ptx(packed, factor, BN, BK)
-        else:
-            w_even = _dequant_half(packed.to(tl.int32) & 0xF, scale, BN, BK, DTYPE, DEQ)
-            w_odd = _dequant_half(packed.to(tl.int32) >> 4, scale, BN, BK, DTYPE, DEQ)
-        acc = tl.dot(a_even, tl.trans(w_even), acc)
-        acc = tl.dot(a_odd, tl.trans(w_odd), acc)
-    return acc
+        w = _dequant_tile(w_ptrs, s_ptrs, nmask, BN, BK, DTYPE)
+    return tl.dot(a, tl.trans(w), acc)
 
 
 @triton.jit
@@ -354,13 +305,13 @@ def _fc1_epilogue(
     MODE: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
-    DEQ: tl.constexpr,
+    PTX: tl.constexpr,
 ):
     """alpha1, io rounding, clamp, SwiGLU, A4 re-quantization with gs2[e]; stores ``h`` rows."""
     dtype = out_ptr.dtype.element_ty
     scale2 = tl.load(w_scale2_ptr + expert * 2)
-    acc_g = _unscale(acc_g, DEQ)
-    acc_u = _unscale(acc_u, DEQ)
+    acc_g = _unscale(acc_g, PTX)
+    acc_u = _unscale(acc_u, PTX)
     if MODE == 0:
         alpha = tl.full([BM], 1.0, tl.float32) * scale2
     else:
@@ -414,7 +365,7 @@ def fc1_kernel(
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
-    DEQ: tl.constexpr,
+    PTX: tl.constexpr,
     SPLIT_K: tl.constexpr,
     acc_ptr,
 ):
@@ -453,8 +404,8 @@ def fc1_kernel(
     acc_g = tl.zeros([BM, BN], dtype=tl.float32)
     acc_u = tl.zeros([BM, BN], dtype=tl.float32)
     for _ in range(0, k_len, BK):
-        acc_g = _mma_step(acc_g, a_ptrs, rmask, wg_ptrs, sg_ptrs, nmask, BN, BK, dtype, DEQ)
-        acc_u = _mma_step(acc_u, a_ptrs, rmask, wu_ptrs, su_ptrs, nmask, BN, BK, dtype, DEQ)
+        acc_g = _mma_step(acc_g, a_ptrs, rmask, wg_ptrs, sg_ptrs, nmask, BN, BK, dtype, PTX)
+        acc_u = _mma_step(acc_u, a_ptrs, rmask, wu_ptrs, su_ptrs, nmask, BN, BK, dtype, PTX)
         a_ptrs += BK
         wg_ptrs += BK // 2
         wu_ptrs += BK // 2
@@ -486,7 +437,7 @@ def fc1_kernel(
             MODE,
             BM,
             BN,
-            DEQ,
+            PTX,
         )
 
 
@@ -511,7 +462,7 @@ def fc1_finalize_kernel(
     MODE: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
-    DEQ: tl.constexpr,
+    PTX: tl.constexpr,
 ):
     """The FC1 epilogue over split-K sums ``acc [R, 2I]`` fp32 (same tiles as FC1)."""
     pid_m = tl.program_id(0)
@@ -545,7 +496,7 @@ def fc1_finalize_kernel(
         MODE,
         BM,
         BN,
-        DEQ,
+        PTX,
     )
 
 
@@ -571,7 +522,7 @@ def fc2_kernel(
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
-    DEQ: tl.constexpr,
+    PTX: tl.constexpr,
     SPLIT_K: tl.constexpr,
     acc_ptr,
 ):
@@ -598,7 +549,7 @@ def fc2_kernel(
         s_ptrs += k0 // 16
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for _ in range(0, k_len, BK):
-        acc = _mma_step(acc, a_ptrs, rmask, w_ptrs, s_ptrs, nmask, BN, BK, dtype, DEQ)
+        acc = _mma_step(acc, a_ptrs, rmask, w_ptrs, s_ptrs, nmask, BN, BK, dtype, PTX)
         a_ptrs += BK
         w_ptrs += BK // 2
         s_ptrs += BK // 16
@@ -608,7 +559,7 @@ def fc2_kernel(
         tl.atomic_add(acc_ptrs, acc, mask=rmask[:, None] & nmask[None, :], sem="relaxed")
         return
     scale2 = tl.load(w_scale2_ptr + expert)
-    acc = _unscale(acc, DEQ)
+    acc = _unscale(acc, PTX)
     if MODE == 0:
         alpha = tl.full([BM], 1.0, tl.float32) * scale2
     else:
@@ -637,7 +588,7 @@ def combine_kernel(
     TOPK,
     FROM_ACC: tl.constexpr,
     MODE: tl.constexpr,
-    DEQ: tl.constexpr,
+    PTX: tl.constexpr,
     BH: tl.constexpr,
 ):
     """``out[t] = io(sum_j fp32(topk_w[t, j]) * fp32(y[t * TOPK + j]))`` over valid ids only.
@@ -658,7 +609,7 @@ def combine_kernel(
         if FROM_ACC:
             safe = tl.where((expert >= 0) & (expert < E), expert, 0)
             alpha = tl.load(w_scale2_ptr + safe)
-            y = _unscale(y, DEQ)
+            y = _unscale(y, PTX)
             if MODE != 0:
                 alpha_a4 = tl.math.div_rn(alpha, tl.load(gs2_ptr + safe))
                 if MODE == 1:  # noqa: SIM108 (constexpr branch)

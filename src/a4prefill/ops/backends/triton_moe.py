@@ -69,9 +69,7 @@ class GemmConfig:
     fc2_k: int
     warps: int
     stages: int
-    # 0: interleaved nibbles; 1/2: split K parity (bf16 / fp32 math); 3: FMA, no MMA;
-    # 4: split K parity, bf16 math in inline PTX (bf16 io; fp16 io runs 2 instead of 1 and 4)
-    dequant: int = 0
+    ptx_dequant: bool = True  # bf16 io: dequantize in inline PTX (fp16 io always uses Triton ops)
     split_k: int = 1  # > 1: K slices summed with fp32 atomics (few-route calls: more programs)
 
 
@@ -85,14 +83,13 @@ def _split_k(k: int, block_k: int, wanted: int) -> int:
 def choose_config(routes: int, experts: int, hidden: int, intermediate: int) -> GemmConfig:
     """Tile sizes by the mean number of rows per active expert (decode: few, prefill: many).
 
-    Calls with very few routes (about one token) split K in 2 (measured on the H200: 96 -> 82 us
-    at one token for the GLM shape; more slices or more routes lose).
+    Chosen from the H200 sweeps in ``benchmarks/results`` (GLM-5.3-Flash TP2 shape).
     """
     rows_per_expert = routes / max(1, min(experts, routes))
     if rows_per_expert <= 24:
-        k1, k2 = _block_k(hidden, 128), _block_k(intermediate, 128)
-        split = 2 if routes <= 16 else 1
-        return GemmConfig(16, 32, k1, 64, k2, 4, 4, 0, split)
+        if routes <= 16:  # about one token: longer K steps keep more bytes in flight
+            return GemmConfig(16, 32, _block_k(hidden, 256), 64, _block_k(intermediate, 256), 4, 3)
+        return GemmConfig(16, 32, _block_k(hidden, 128), 64, _block_k(intermediate, 128), 2, 4)
     if rows_per_expert <= 96:
         return GemmConfig(64, 64, _block_k(hidden, 64), 128, _block_k(intermediate, 64), 4, 3)
     return GemmConfig(128, 64, _block_k(hidden, 64), 128, _block_k(intermediate, 64), 8, 3)
@@ -241,9 +238,7 @@ def fused_moe(
     cfg = config or choose_config(routes, experts, hidden, inter)
     routing = build_routing(topk_ids, experts, cfg.block_m)
     # bf16 bit tricks need the bf16 exponent range; fp16 io uses the fp32 variant.
-    dequant = cfg.dequant
-    if hidden_states.dtype != torch.bfloat16:
-        dequant = {1: 2, 4: 2, 5: 0}.get(dequant, dequant)
+    ptx = cfg.ptx_dequant and hidden_states.dtype == torch.bfloat16
     if a4_scales is None:
         mode, fc1_input = MODE_W4A16, hidden_states
         gs1 = gs2 = weights.w2_weight_scale_2  # unused
@@ -288,7 +283,7 @@ def fused_moe(
         BM=cfg.block_m,
         BN=cfg.fc1_n,
         BK=cfg.fc1_k,
-        DEQ=dequant,
+        PTX=ptx,
         SPLIT_K=split1,
         acc_ptr=acc1,
         num_warps=cfg.warps,
@@ -308,7 +303,7 @@ def fused_moe(
             MODE=mode,
             BM=cfg.block_m,
             BN=cfg.fc1_n,
-            DEQ=dequant,
+            PTX=ptx,
             num_warps=4,
         )
     if split2 > 1:
@@ -331,7 +326,7 @@ def fused_moe(
         BM=cfg.block_m,
         BN=cfg.fc2_n,
         BK=cfg.fc2_k,
-        DEQ=dequant,
+        PTX=ptx,
         SPLIT_K=split2,
         acc_ptr=y,
         num_warps=cfg.warps,
@@ -351,7 +346,7 @@ def fused_moe(
         top_k,
         FROM_ACC=split2 > 1,
         MODE=mode,
-        DEQ=dequant,
+        PTX=ptx,
         BH=block_h,
         num_warps=4,
     )
