@@ -1,7 +1,8 @@
 """Benchmark the ``triton`` NVFP4 MoE backend against a bf16 grouped-GEMM baseline (a script).
 
 Usage (CUDA GPU): ``PYTHONPATH=src python benchmarks/bench_moe.py --out DIR [--quick] [--sweep]``;
-plot an existing result anywhere: ``python benchmarks/bench_moe.py --plot DIR/bench_moe.json``.
+plot an existing result anywhere: ``python benchmarks/bench_moe.py --plot DIR/bench_moe.json``;
+print it as markdown tables: ``python benchmarks/bench_moe.py --table DIR/bench_moe.json``.
 
 For each shape and token count, with random top-k routing (one routing per token count, shared
 by every variant): W4A16, A4 (emulated: FP4 activations dequantized for a bf16 MMA), split (first
@@ -142,6 +143,13 @@ SWEEP = {  # block_m, fc1_n, fc1_k, fc2_n, fc2_k, warps, stages, ptx_dequant, sp
     "bm16_n32_k128_w4": (16, 32, 128, 64, 128, 4, 4, True, 1),
     "bm16_n32_k128_w2": (16, 32, 128, 64, 128, 2, 4, True, 1),
     "bm16_n64_k128_w2": (16, 64, 128, 64, 128, 2, 4, True, 1),
+    "bm16_n32_k128_w1": (16, 32, 128, 64, 128, 1, 4, True, 1),
+    "bm16_n16_k128_w1": (16, 16, 128, 32, 128, 1, 4, True, 1),
+    "bm16_n32_k128_w2_s3": (16, 32, 128, 64, 128, 2, 3, True, 1),
+    "bm16_n32_k128_w2_s6": (16, 32, 128, 64, 128, 2, 6, True, 1),
+    "bm16_n32_k128_w2_fc2n128": (16, 32, 128, 128, 128, 2, 4, True, 1),
+    "bm16_n32_k128_w2_fc2n32": (16, 32, 128, 32, 128, 2, 4, True, 1),
+    "bm16_n32_k64_w1_s8": (16, 32, 64, 64, 64, 1, 8, True, 1),
     "bm16_n64_k128_w4": (16, 64, 128, 64, 128, 4, 4, True, 1),
     "bm16_n32_k256_w4": (16, 32, 256, 64, 256, 4, 3, True, 1),
     "bm16_n32_k256_w4_sk2": (16, 32, 256, 64, 256, 4, 3, True, 2),
@@ -295,6 +303,37 @@ def plot(results: dict[str, Any], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def markdown_table(results: dict[str, Any]) -> str:
+    """The results as markdown tables, one per shape (what ``benchmarks/results/README.md`` shows)."""
+
+    def cell(row: dict[str, Any], key: str, digits: int = 1) -> str:
+        value = row.get(key)
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    lines = []
+    for name, shape_result in results["shapes"].items():
+        shape = shape_result["shape"]
+        lines += [
+            f"### {name} (H={shape['hidden']}, I={shape['intermediate']}, E={shape['experts']}, "
+            f"top-{shape['top_k']})",
+            "",
+            "| tokens | experts hit | W4A16 us | A4 us | split us | bf16 us | W4A16 GB/s (% copy) "
+            "| W4A16 TFLOP/s | bf16/W4A16 | A4/W4A16 | split/(parts) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for row in shape_result["rows"]:
+            share = row.get("w4a16_GBps", 0) / results["copy_GBps"] * 100
+            lines.append(
+                f"| {row['tokens']} | {row['experts_hit']} | {cell(row, 'w4a16_us')} | {cell(row, 'a4_us')} "
+                f"| {cell(row, 'split_us')} | {cell(row, 'bf16_us')} "
+                f"| {cell(row, 'w4a16_GBps', 0)} ({share:.0f}%) | {cell(row, 'w4a16_TFLOPs')} "
+                f"| {cell(row, 'w4a16_speedup_vs_bf16', 2)} | {cell(row, 'a4_over_w4a16', 2)} "
+                f"| {cell(row, 'split_over_parts', 2)} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -303,7 +342,12 @@ def main() -> None:
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--tokens", help="comma-separated token counts (overrides --quick)")
     parser.add_argument("--plot", help="only plot this JSON result next to it")
+    parser.add_argument("--table", help="only print this JSON result as markdown tables")
     args = parser.parse_args()
+    if args.table:
+        with open(args.table) as handle:
+            print(markdown_table(json.load(handle)))
+        return
     if args.plot:
         with open(args.plot) as handle:
             plot(json.load(handle), args.plot.removesuffix(".json") + ".png")
