@@ -2,9 +2,7 @@
 quantization, the split, no host syncs, CUDA-graph capture and replay. No speed assertions.
 
 Tolerance (fp32 accumulation in a different order than the reference, then io-dtype rounding):
-relative Frobenius error below ``REL_FROB`` and at most ``FLIP_FRACTION`` of the elements off
-by more than two bf16 ulps of the reference value. A4 rounding flips can move an FC2 input by
-one FP4 code, so A4 gets a looser bound.
+``conftest.assert_close_to_reference`` with the per-precision ``conftest.BOUNDS``.
 """
 
 from __future__ import annotations
@@ -18,6 +16,7 @@ from a4prefill.ops.counters import A4, W4A16
 from a4prefill.ops.reference import moe_reference
 from a4prefill.ops.scales import derive_a4_scales
 from a4prefill.tiny_layer import make_tiny_layer, random_routing
+from conftest import assert_close_to_reference
 
 pytestmark = [
     pytest.mark.gpu,
@@ -27,7 +26,6 @@ pytestmark = [
 ]
 
 EXPERTS, HIDDEN, INTERMEDIATE, TOP_K = 24, 256, 128, 4
-BOUNDS = {"w4a16": (5e-3, 0.01), "a4": (2e-2, 0.05)}  # (REL_FROB, FLIP_FRACTION)
 
 
 @pytest.fixture(scope="module")
@@ -51,17 +49,6 @@ def cuda(*tensors):
 
 def triton_backend():
     return backends.get_backend("triton")
-
-
-def assert_close_to_reference(result: torch.Tensor, expected: torch.Tensor, precision: str) -> None:
-    rel_frob, flip_fraction = BOUNDS[precision]
-    result, expected = result.float().cpu(), expected.float().cpu()
-    assert torch.isfinite(result).all()
-    error = float((result - expected).norm() / expected.norm().clamp(min=1e-30))
-    ulp = torch.exp2(torch.floor(torch.log2(expected.abs().clamp(min=2**-60))) - 7)
-    flips = float(((result - expected).abs() > 2 * ulp).float().mean())
-    assert error < rel_frob, f"{precision}: relative Frobenius error {error:.2e} >= {rel_frob}"
-    assert flips <= flip_fraction, f"{precision}: {flips:.2%} of elements off by > 2 ulps"
 
 
 def test_backend_is_auto_selected_on_cuda():
