@@ -138,16 +138,11 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() / seconds / 1e9
 
 
-SWEEP = {  # block_m, fc1_n, fc1_k, fc2_n, fc2_k, warps, stages, ptx_dequant, split_k[, max_registers]
+SWEEP = {  # block_m, fc1_n, fc1_k, fc2_n, fc2_k, warps, stages, ptx_dequant, split_k
     "bm16_n32_k128_w4_triton": (16, 32, 128, 64, 128, 4, 4, False, 1),
     "bm16_n32_k128_w4": (16, 32, 128, 64, 128, 4, 4, True, 1),
     "bm16_n32_k128_w2": (16, 32, 128, 64, 128, 2, 4, True, 1),
     "bm16_n64_k128_w2": (16, 64, 128, 64, 128, 2, 4, True, 1),
-    "bm16_n32_k128_w4_r96": (16, 32, 128, 64, 128, 4, 4, True, 1, 96),
-    "bm16_n32_k128_w4_r80": (16, 32, 128, 64, 128, 4, 4, True, 1, 80),
-    "bm16_n32_k128_w2_r128": (16, 32, 128, 64, 128, 2, 4, True, 1, 128),
-    "bm16_n32_k128_w2_r96": (16, 32, 128, 64, 128, 2, 4, True, 1, 96),
-    "bm16_n64_k128_w4_r128": (16, 64, 128, 64, 128, 4, 4, True, 1, 128),
     "bm16_n32_k128_w1": (16, 32, 128, 64, 128, 1, 4, True, 1),
     "bm16_n16_k128_w1": (16, 16, 128, 32, 128, 1, 4, True, 1),
     "bm16_n32_k128_w2_s3": (16, 32, 128, 64, 128, 2, 3, True, 1),

@@ -71,7 +71,6 @@ class GemmConfig:
     stages: int
     ptx_dequant: bool = True  # bf16 io: dequantize in inline PTX (fp16 io always uses Triton ops)
     split_k: int = 1  # > 1: K slices summed with fp32 atomics (few-route calls: more programs)
-    max_registers: int | None = None  # cap per thread for the GEMMs (more resident warps)
 
 
 def _split_k(k: int, block_k: int, wanted: int) -> int:
@@ -289,7 +288,6 @@ def fused_moe(
         acc_ptr=acc1,
         num_warps=cfg.warps,
         num_stages=cfg.stages,
-        maxnreg=cfg.max_registers,
     )
     if split1 > 1:
         kernels.fc1_finalize_kernel[fc1_grid[:2]](
@@ -333,7 +331,6 @@ def fused_moe(
         acc_ptr=y,
         num_warps=cfg.warps,
         num_stages=cfg.stages,
-        maxnreg=cfg.max_registers,
     )
     block_h = min(1024, _next_pow2(hidden))
     kernels.combine_kernel[(tokens, _cdiv(hidden, block_h))](
