@@ -47,6 +47,12 @@ def cuda(*tensors):
     return tuple(t.cuda() for t in tensors)
 
 
+def reference_on_cpu(cpu_weights, hidden, topk_weights, topk_ids, a4: bool, limit=None) -> torch.Tensor:
+    """The torch reference MoE on the CPU copy of the layer, W4A16 or A4."""
+    scales = derive_a4_scales(cpu_weights.w13_input_scale, cpu_weights.w2_input_scale) if a4 else None
+    return moe_reference(hidden, topk_weights, topk_ids, cpu_weights, scales, limit)
+
+
 def triton_backend():
     return backends.get_backend("triton")
 
@@ -100,12 +106,7 @@ def test_matches_the_reference(gpu_layer, precision, limit, tokens):
     hidden, topk_weights, topk_ids = inputs(tokens, seed=tokens)
     a4_scales = scales if precision == "a4" else None
     result = triton_backend().run(*cuda(hidden, topk_weights, topk_ids), weights, a4_scales, limit)
-    cpu_scales = (
-        None
-        if a4_scales is None
-        else derive_a4_scales(cpu_weights.w13_input_scale, cpu_weights.w2_input_scale)
-    )
-    expected = moe_reference(hidden, topk_weights, topk_ids, cpu_weights, cpu_scales, limit)
+    expected = reference_on_cpu(cpu_weights, hidden, topk_weights, topk_ids, precision == "a4", limit)
     assert result.dtype == hidden.dtype and result.shape == hidden.shape
     assert_close_to_reference(result, expected, precision)
 
@@ -122,12 +123,7 @@ def test_every_kernel_variant_matches_the_reference(gpu_layer, ptx, block_m, spl
     hidden, topk_weights, topk_ids = inputs(90, seed=block_m + split_k)
     for a4_scales, precision in ((None, "w4a16"), (scales, "a4")):
         result = fused_moe(*cuda(hidden, topk_weights, topk_ids), weights, a4_scales, None, config=config)
-        cpu_scales = (
-            None
-            if a4_scales is None
-            else derive_a4_scales(cpu_weights.w13_input_scale, cpu_weights.w2_input_scale)
-        )
-        expected = moe_reference(hidden, topk_weights, topk_ids, cpu_weights, cpu_scales, None)
+        expected = reference_on_cpu(cpu_weights, hidden, topk_weights, topk_ids, a4_scales is not None)
         assert_close_to_reference(result, expected, precision)
 
 
@@ -159,12 +155,7 @@ def test_fp16_activations_match_the_reference(gpu_layer):
     hidden, topk_weights, topk_ids = inputs(50, seed=1, dtype=torch.float16)
     for a4_scales in (None, scales):
         result = triton_backend().run(*cuda(hidden, topk_weights, topk_ids), weights, a4_scales, None)
-        cpu_scales = (
-            None
-            if a4_scales is None
-            else derive_a4_scales(cpu_weights.w13_input_scale, cpu_weights.w2_input_scale)
-        )
-        expected = moe_reference(hidden, topk_weights, topk_ids, cpu_weights, cpu_scales, None)
+        expected = reference_on_cpu(cpu_weights, hidden, topk_weights, topk_ids, a4_scales is not None)
         assert_close_to_reference(result, expected, "w4a16" if a4_scales is None else "a4")
 
 
