@@ -212,7 +212,7 @@ def bench_shape(
         flags = torch.zeros(tokens, dtype=torch.uint8, device="cuda")
         flags[half:] = 1
         result: dict[str, Any] = {"tokens": tokens, "experts_hit": hit}
-        run = functools.partial(fused_moe, weights=weights, swiglu_limit=None)
+        run = functools.partial(fused_moe, experts=weights.experts(), swiglu_limit=None)
         variants: dict[str, Callable[[], Any]] = {
             "w4a16": functools.partial(run, x, topk_w, topk_ids, a4_scales=None),
             "a4": functools.partial(run, x, topk_w, topk_ids, a4_scales=scales),

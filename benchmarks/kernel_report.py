@@ -70,7 +70,9 @@ def main() -> None:
         for label, config in configs.items():
             for jit_function in (triton_kernels.fc1_kernel, triton_kernels.fc2_kernel):
                 jit_function.device_caches.clear()
-            run = functools.partial(fused_moe, x, topk_w, topk_ids, weights, None, None, config=config)
+            run = functools.partial(
+                fused_moe, x, topk_w, topk_ids, weights.experts(), None, None, config=config
+            )
             row: dict[str, Any] = {"tokens": tokens, "config": label, **config.__dict__}
             try:
                 row["w4a16_us"] = bench_moe.time_graph(run, 20, flush)

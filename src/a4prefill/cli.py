@@ -57,6 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     e2e.add_argument("--pass", dest="split_pass", default="a4prefill.split_prefill_pass")
     e2e.add_argument("--no-pass", action="store_true", help="run without the split pass")
     e2e.add_argument("--json", default=None, help="also write the full result as JSON here")
+    e2e.add_argument(
+        "--additional-config",
+        default=None,
+        metavar="JSON",
+        help="a4prefill settings as JSON, what --additional-config's a4prefill entry holds",
+    )
     e2e.set_defaults(handler=_e2e)
     inspect = commands.add_parser("inspect", help="compile the built-in model under depyf; show the rewrites")
     inspect.add_argument("--sizes", default="8,512,2:256,2:8192", help="comma list of N (static) or LO:HI")

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import torch
 
 from a4prefill import ops
-from a4prefill.ops.modelopt import QuantizedStack, dequantize_expert_stack
+from a4prefill.ops.modelopt import dequantize_experts
+from a4prefill.ops.scales import derive_a4_scales
 from a4prefill.tiny_layer import dense_moe_fp32, make_tiny_layer, random_routing
 
 
@@ -32,15 +33,12 @@ def relative_error(result: torch.Tensor, expected: torch.Tensor) -> float:
 def run_demo(tokens: int = 96, seed: int = 0, device: str = "cpu") -> list[NumericsRow]:
     """Run the three ops on a random layer; return one numerics row per op."""
     layer = make_tiny_layer(seed=seed)
-    weights = layer.quantized.to(device)
+    experts = layer.experts.to(device)
+    scales = derive_a4_scales(layer.quantized.w13_input_scale, layer.quantized.w2_input_scale).to(device)
     generator = torch.Generator().manual_seed(seed + 1)
     hidden = torch.randn(tokens, layer.hidden_size, generator=generator).to(torch.bfloat16)
     topk_weights, topk_ids = random_routing(tokens, layer.num_experts, layer.top_k, generator)
-    q = layer.quantized
-    w13_dq = dequantize_expert_stack(
-        QuantizedStack(q.w13_weight, q.w13_weight_scale, q.w13_weight_scale_2[:, 0])
-    )
-    w2_dq = dequantize_expert_stack(QuantizedStack(q.w2_weight, q.w2_weight_scale, q.w2_weight_scale_2))
+    w13_dq, w2_dq = dequantize_experts(layer.experts)
     float_ref = dense_moe_fp32(hidden, topk_weights, topk_ids, layer.w13, layer.w2)
     dequant_ref = dense_moe_fp32(hidden, topk_weights, topk_ids, w13_dq, w2_dq)
     # A quarter of the rows are decode requests (one row each), the rest three prompts.
@@ -51,7 +49,7 @@ def run_demo(tokens: int = 96, seed: int = 0, device: str = "cpu") -> list[Numer
         prompt_rows - 2 * (prompt_rows // 3),
     ]
     row_types = ops.row_types_from_query_lens(query_lens, max_decode_len=1)
-    args = (hidden.to(device), topk_weights.to(device), topk_ids.to(device), weights, "demo.layer0")
+    args = (hidden.to(device), topk_weights.to(device), topk_ids.to(device), experts, scales, "demo.layer0")
     results = {"W4A16": ops.call_moe(ops.moe_w4a16, *args), "A4": ops.call_moe(ops.moe_a4, *args)}
     with ops.step_row_types(row_types):
         results[f"split ({row_types.num_decode_rows} decode + {row_types.num_prefill_rows} prefill rows)"] = (

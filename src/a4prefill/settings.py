@@ -1,54 +1,72 @@
-"""The package's user settings (``--additional-config '{"a4prefill": {...}}'`` under vLLM).
+"""The package's user settings and their one resolution (``--additional-config '{"a4prefill": {...}}'``
+under vLLM, the :class:`~a4prefill.SplitPrefillPass` constructor with plain torch.compile).
 
 Keys (all optional):
 
-- ``enabled`` (bool, default true): false keeps every layer W4A16 (the pass rewrites nothing);
+- ``enabled`` (bool): false keeps every layer W4A16 (the pass rewrites nothing, layers get no A4
+  scales). Not given: the legacy variable decides if it is set, else true;
 - ``captured_limit`` (int >= 0 or null): the largest token count that may run inside a captured
-  CUDA graph. Graphs whose whole token range is within it keep W4A16. null: under vLLM the
-  engine's ``max_cudagraph_capture_size``, elsewhere 0 (no captured graphs);
+  CUDA graph; graphs (MoE nodes) whose whole token range is within it keep W4A16. null: the
+  engine's, from the CUDA-graph modes it actually captures (under vLLM), else 0;
 - ``excluded_layers`` (list of regular expressions, default []): layers whose name matches one
-  (``re.search``) are never rewritten, e.g. ``["mtp"]`` for speculative draft layers.
+  (``re.search``) never run A4, e.g. ``["mtp"]`` for speculative draft layers.
 
-Invalid settings raise ``ValueError`` naming the key. Who may call: the pass, the vLLM plugin.
+The legacy variable ``B12X_W4A16_A4_PREFILL_MIN_TOKENS`` (deprecated) is an on/off switch: a
+valid integer >= 0 means on (one deprecation warning; its threshold is ignored: precision is
+decided per row, never by call size), set but empty or malformed means off (one warning), unset
+means no opinion. An explicit ``enabled`` wins over it.
+
+:func:`resolve_settings` is the only place these rules live; the pass and the vLLM plugin both
+call it. Invalid settings raise ``ValueError`` naming the key. Nothing here imports vLLM.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import re
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from a4prefill.ops.process_state import warn_once
+
+logger = logging.getLogger(__name__)
+
 SETTINGS_KEY = "a4prefill"
+LEGACY_THRESHOLD_ENV = "B12X_W4A16_A4_PREFILL_MIN_TOKENS"
+_KNOWN_KEYS = ("enabled", "captured_limit", "excluded_layers")
 
 
 @dataclass(frozen=True)
 class A4PrefillSettings:
-    """Validated settings; see the module docstring for the meaning of each field."""
+    """Settings as the user gave them (None: not given); see the module docstring."""
 
-    enabled: bool = True
+    enabled: bool | None = None
     captured_limit: int | None = None
     excluded_layers: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.enabled, bool):
+        if self.enabled is not None and not isinstance(self.enabled, bool):
             raise ValueError(f"{SETTINGS_KEY}.enabled must be true or false, got {self.enabled!r}")
         limit = self.captured_limit
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
             raise ValueError(f"{SETTINGS_KEY}.captured_limit must be an integer >= 0 or null, got {limit!r}")
-        if isinstance(self.excluded_layers, str) or not all(isinstance(p, str) for p in self.excluded_layers):
+        patterns = self.excluded_layers
+        if isinstance(patterns, str) or not isinstance(patterns, tuple | list):
             raise ValueError(
-                f"{SETTINGS_KEY}.excluded_layers must be a list of regular expressions, "
-                f"got {self.excluded_layers!r}"
+                f"{SETTINGS_KEY}.excluded_layers must be a list of regular expressions, got {patterns!r}"
             )
-        for pattern in self.excluded_layers:
+        for pattern in patterns:
+            if not isinstance(pattern, str):
+                raise ValueError(f"{SETTINGS_KEY}.excluded_layers: {pattern!r} is not a string")
             try:
                 re.compile(pattern)
             except re.error as error:
                 raise ValueError(
                     f"{SETTINGS_KEY}.excluded_layers: {pattern!r} is not a regex: {error}"
                 ) from None
+        object.__setattr__(self, "excluded_layers", tuple(patterns))
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any] | None) -> A4PrefillSettings:
@@ -57,27 +75,17 @@ class A4PrefillSettings:
             return cls()
         if not isinstance(raw, Mapping):
             raise ValueError(f"{SETTINGS_KEY} settings must be a JSON object, got {raw!r}")
-        known = {"enabled", "captured_limit", "excluded_layers"}
-        unknown = sorted(set(raw) - known)
+        unknown = sorted(set(raw) - set(_KNOWN_KEYS))
         if unknown:
-            raise ValueError(f"unknown {SETTINGS_KEY} setting(s) {unknown}; known: {sorted(known)}")
-        excluded = raw.get("excluded_layers", ())
-        if isinstance(excluded, str) or not isinstance(excluded, list | tuple):
-            raise ValueError(
-                f"{SETTINGS_KEY}.excluded_layers must be a list of regular expressions, got {excluded!r}"
-            )
+            raise ValueError(f"unknown {SETTINGS_KEY} setting(s) {unknown}; known: {sorted(_KNOWN_KEYS)}")
         return cls(
-            enabled=raw.get("enabled", True),
+            enabled=raw.get("enabled"),
             captured_limit=raw.get("captured_limit"),
-            excluded_layers=tuple(excluded),
+            excluded_layers=raw.get("excluded_layers", ()),
         )
 
-    def is_layer_excluded(self, layer_name: str) -> bool:
-        """True when ``layer_name`` matches one of ``excluded_layers``."""
-        return any(re.search(pattern, layer_name) for pattern in self.excluded_layers)
-
     def as_dict(self) -> dict[str, Any]:
-        """JSON-serialisable form (part of the pass uuid)."""
+        """JSON-serialisable form (None where not given)."""
         return {
             "enabled": self.enabled,
             "captured_limit": self.captured_limit,
@@ -85,27 +93,74 @@ class A4PrefillSettings:
         }
 
 
-def current_vllm_config() -> Any | None:
-    """The current vLLM config if vLLM is already imported and one is set, else None.
+@dataclass(frozen=True)
+class ResolvedSettings:
+    """The settings in force for one engine (or one plain-torch pass): every field decided."""
 
-    Never imports vLLM: plain torch.compile users pay nothing.
-    """
-    if "vllm.config" not in sys.modules:
+    enabled: bool
+    captured_limit: int
+    excluded_layers: tuple[str, ...]
+
+    def excluded_by(self, layer_name: str) -> str | None:
+        """The first ``excluded_layers`` pattern that matches ``layer_name``, or None."""
+        return next((p for p in self.excluded_layers if re.search(p, layer_name)), None)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-serialisable form (part of the pass uuid, printed in reports)."""
+        return {
+            "enabled": self.enabled,
+            "captured_limit": self.captured_limit,
+            "excluded_layers": list(self.excluded_layers),
+        }
+
+
+def legacy_switch(environ: Mapping[str, str]) -> bool | None:
+    """The legacy variable as an on/off switch (None: unset); warns once per process and value."""
+    raw = environ.get(LEGACY_THRESHOLD_ENV)
+    if raw is None:
         return None
-    from vllm.config import get_current_vllm_config_or_none
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = -1
+    if value >= 0:
+        warn_once(
+            logger,
+            (LEGACY_THRESHOLD_ENV, raw),
+            "a4prefill: %s=%r is deprecated: it now only switches A4 prefill on (its token threshold "
+            "is ignored: prefill rows run A4 whatever the step size). Use --additional-config "
+            '\'{"%s": {"enabled": true}}\' instead.',
+            LEGACY_THRESHOLD_ENV,
+            raw,
+            SETTINGS_KEY,
+        )
+        return True
+    warn_once(
+        logger,
+        (LEGACY_THRESHOLD_ENV, raw),
+        "a4prefill: %s=%r is not an integer >= 0: A4 prefill is off (the variable is deprecated; "
+        'use --additional-config \'{"%s": {"enabled": true|false}}\')',
+        LEGACY_THRESHOLD_ENV,
+        raw,
+        SETTINGS_KEY,
+    )
+    return False
 
-    return get_current_vllm_config_or_none()
 
+def resolve_settings(
+    settings: A4PrefillSettings,
+    engine_captured_limit: int = 0,
+    environ: Mapping[str, str] | None = None,
+) -> ResolvedSettings:
+    """The one rule: explicit settings, else the legacy variable (``enabled`` only), else defaults.
 
-def settings_from_vllm_config(vllm_config: Any) -> A4PrefillSettings:
-    """The ``a4prefill`` entry of a vLLM config's ``additional_config`` (validated)."""
-    additional = getattr(vllm_config, "additional_config", None) or {}
-    return A4PrefillSettings.from_mapping(additional.get(SETTINGS_KEY))
-
-
-def vllm_captured_limit(vllm_config: Any) -> int:
-    """The largest CUDA-graph capture size of a vLLM config (0 when CUDA graphs are off)."""
-    compilation = vllm_config.compilation_config
-    if not getattr(compilation, "cudagraph_capture_sizes", None):
-        return 0
-    return int(compilation.max_cudagraph_capture_size or 0)
+    ``engine_captured_limit``: the largest token count the engine runs inside a captured CUDA
+    graph (0 without an engine or without captured mixed batches). ``environ`` defaults to
+    ``os.environ``.
+    """
+    legacy = legacy_switch(os.environ if environ is None else environ)
+    enabled = settings.enabled
+    if enabled is None:
+        enabled = True if legacy is None else legacy
+    limit = settings.captured_limit if settings.captured_limit is not None else engine_captured_limit
+    return ResolvedSettings(enabled, limit, settings.excluded_layers)

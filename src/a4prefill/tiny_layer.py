@@ -10,8 +10,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from a4prefill.ops.modelopt import NvFp4MoEWeights, quantize_moe_weights
+from a4prefill.ops.modelopt import NvFp4Experts, NvFp4MoEWeights, quantize_moe_weights
 from a4prefill.ops.moe import call_moe
+from a4prefill.ops.scales import A4Scales, a4_calibration
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,16 @@ class TinyMoELayer:
     w2: torch.Tensor
     quantized: NvFp4MoEWeights
     top_k: int
+
+    @property
+    def experts(self) -> NvFp4Experts:
+        """The op's expert tensors."""
+        return self.quantized.experts()
+
+    @property
+    def a4_scales(self) -> A4Scales | None:
+        """The layer's A4 scales as load time derives them (None: uncalibrated)."""
+        return a4_calibration(self.quantized.w13_input_scale, self.quantized.w2_input_scale).scales
 
     @property
     def num_experts(self) -> int:
@@ -96,9 +107,10 @@ def dense_moe_fp32(
 class TinyMoEModel(torch.nn.Module):
     """Router + NVFP4 MoE blocks (residual), for compile demos and tests (inference only).
 
-    ``layers``: one ``NvFp4MoEWeights`` per block, named ``model.layers.{i}.mlp.experts``.
-    ``op``: the MoE op the blocks call (``moe_w4a16`` for the pass to rewrite). Input
-    ``hidden [T, H]`` bf16; output ``[T, H]`` bf16.
+    ``layers``: one ``NvFp4MoEWeights`` per block, named ``model.layers.{i}.mlp.experts``; their
+    A4 scales are derived here, once (load time), and kept as buffers beside the experts (a block
+    without valid input scales has none and runs W4A16 only). ``op``: the MoE op the blocks call
+    (``moe_w4a16`` for the pass to rewrite). Input ``hidden [T, H]`` bf16; output ``[T, H]`` bf16.
     """
 
     def __init__(
@@ -106,16 +118,22 @@ class TinyMoEModel(torch.nn.Module):
     ):
         super().__init__()
         torch.manual_seed(seed)
-        experts, _, packed_hidden = layers[0].w13_weight.shape
+        num_experts, _, packed_hidden = layers[0].w13_weight.shape
         self.op = op
         self.top_k = top_k
         self.routers = torch.nn.ModuleList(
-            torch.nn.Linear(packed_hidden * 2, experts, dtype=torch.bfloat16) for _ in layers
+            torch.nn.Linear(packed_hidden * 2, num_experts, dtype=torch.bfloat16) for _ in layers
         )
-        self.weight_names = list(layers[0].named_tensors())
+        self.expert_names = list(layers[0].experts().named_tensors())
+        self.has_a4_scales = []
         for index, weights in enumerate(layers):
-            for name, tensor in weights.named_tensors().items():
+            for name, tensor in weights.experts().named_tensors().items():
                 self.register_buffer(f"layer{index}_{name}", tensor)
+            scales = a4_calibration(weights.w13_input_scale, weights.w2_input_scale).scales
+            self.has_a4_scales.append(scales is not None)
+            if scales is not None:
+                self.register_buffer(f"layer{index}_fc1_encode_scale", scales.fc1_encode_scale)
+                self.register_buffer(f"layer{index}_fc2_encode_scales", scales.fc2_encode_scales)
         self.requires_grad_(False)  # an inference model: the MoE ops have no autograd formula
 
     def layer_name(self, index: int) -> str:
@@ -125,9 +143,15 @@ class TinyMoEModel(torch.nn.Module):
         """Route ``hidden`` and run MoE block ``index`` (returns the MoE output, no residual)."""
         logits = self.routers[index](hidden).float()
         topk_weights, topk_ids = torch.softmax(logits, dim=-1).topk(self.top_k, dim=-1)
-        weights = NvFp4MoEWeights(*[getattr(self, f"layer{index}_{name}") for name in self.weight_names])
+        experts = NvFp4Experts(*[getattr(self, f"layer{index}_{name}") for name in self.expert_names])
+        scales = None
+        if self.has_a4_scales[index]:
+            scales = A4Scales(
+                getattr(self, f"layer{index}_fc1_encode_scale"),
+                getattr(self, f"layer{index}_fc2_encode_scales"),
+            )
         return call_moe(
-            self.op, hidden, topk_weights, topk_ids.to(torch.int32), weights, self.layer_name(index)
+            self.op, hidden, topk_weights, topk_ids.to(torch.int32), experts, scales, self.layer_name(index)
         )
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from a4prefill.ops.modelopt import NvFp4MoEWeights
+from a4prefill.ops.modelopt import NvFp4Experts
 from a4prefill.ops.nvfp4 import BLOCK_SIZE
+from a4prefill.ops.scales import A4Scales
 
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
 ROUTER_WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -46,23 +47,30 @@ def check_moe_inputs(
     hidden_states: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
-    weights: NvFp4MoEWeights,
+    experts: NvFp4Experts,
+    a4_scales: A4Scales | None,
     swiglu_limit: float | None,
 ) -> MoEGeometry:
-    """Validate one MoE call against vLLM's ModelOpt parameter set; return its geometry.
+    """Validate one MoE call against vLLM's ModelOpt expert tensors; return its geometry.
 
     Works on real and fake tensors (no data is read).
     """
     if not isinstance(hidden_states, torch.Tensor) or hidden_states.ndim != 2:
         shape = list(hidden_states.shape) if isinstance(hidden_states, torch.Tensor) else type(hidden_states)
         raise ValueError(f"hidden_states must be 2-D [T, H], got {shape}")
-    if topk_ids.ndim != 2:
-        raise ValueError(f"topk_ids must be 2-D [T, top_k], got shape {list(topk_ids.shape)}")
-    w13 = weights.w13_weight
+    for name, routing in (("topk_ids", topk_ids), ("topk_weights", topk_weights)):
+        if routing.ndim != 2:
+            raise ValueError(f"{name} must be 2-D [T, top_k], got shape {list(routing.shape)}")
+    if topk_weights.shape[1] != topk_ids.shape[1]:
+        raise ValueError(
+            f"topk_weights has top_k={topk_weights.shape[1]} columns but topk_ids has "
+            f"top_k={topk_ids.shape[1]}; both must be [T, top_k] with the same top_k"
+        )
+    w13 = experts.w13_weight
     if w13.ndim != 3:
         raise ValueError(f"w13_weight must be 3-D [E, 2I, H/2], got shape {list(w13.shape)}")
     tokens, hidden = hidden_states.shape
-    experts, two_i, _ = w13.shape
+    num_experts, two_i, _ = w13.shape
     top_k = topk_ids.shape[1]
     intermediate = two_i // 2
     if hidden % BLOCK_SIZE or intermediate % BLOCK_SIZE or two_i % 2:
@@ -74,24 +82,43 @@ def check_moe_inputs(
     _expect(topk_weights, "topk_weights", (tokens, top_k), ROUTER_WEIGHT_DTYPES)
     _expect(topk_ids, "topk_ids", (tokens, top_k), EXPERT_ID_DTYPES)
     u8, e4m3, f32 = (torch.uint8,), (torch.float8_e4m3fn,), (torch.float32,)
-    _expect(weights.w13_weight, "w13_weight", (experts, two_i, hidden // 2), u8)
-    _expect(weights.w13_weight_scale, "w13_weight_scale", (experts, two_i, hidden // BLOCK_SIZE), e4m3)
-    _expect(weights.w13_weight_scale_2, "w13_weight_scale_2", (experts, 2), f32)
-    _expect(weights.w13_input_scale, "w13_input_scale", (experts, 2), f32)
-    _expect(weights.w2_weight, "w2_weight", (experts, hidden, intermediate // 2), u8)
-    _expect(weights.w2_weight_scale, "w2_weight_scale", (experts, hidden, intermediate // BLOCK_SIZE), e4m3)
-    _expect(weights.w2_weight_scale_2, "w2_weight_scale_2", (experts,), f32)
-    _expect(weights.w2_input_scale, "w2_input_scale", (experts,), f32)
-    if top_k < 1 or top_k > experts:
-        raise ValueError(f"topk_ids: top_k={top_k} must be in [1, E={experts}]")
+    _expect(experts.w13_weight, "w13_weight", (num_experts, two_i, hidden // 2), u8)
+    _expect(experts.w13_weight_scale, "w13_weight_scale", (num_experts, two_i, hidden // BLOCK_SIZE), e4m3)
+    _expect(experts.w13_weight_scale_2, "w13_weight_scale_2", (num_experts, 2), f32)
+    _expect(experts.w2_weight, "w2_weight", (num_experts, hidden, intermediate // 2), u8)
+    _expect(
+        experts.w2_weight_scale, "w2_weight_scale", (num_experts, hidden, intermediate // BLOCK_SIZE), e4m3
+    )
+    _expect(experts.w2_weight_scale_2, "w2_weight_scale_2", (num_experts,), f32)
+    named = {"topk_weights": topk_weights, "topk_ids": topk_ids, **experts.named_tensors()}
+    if a4_scales is not None:
+        _expect(a4_scales.fc1_encode_scale, "a4_fc1_encode_scale", (1,), f32)
+        _expect(a4_scales.fc2_encode_scales, "a4_fc2_encode_scales", (num_experts,), f32)
+        named["a4_fc1_encode_scale"] = a4_scales.fc1_encode_scale
+        named["a4_fc2_encode_scales"] = a4_scales.fc2_encode_scales
+    if top_k < 1 or top_k > num_experts:
+        raise ValueError(f"topk_ids: top_k={top_k} must be in [1, E={num_experts}]")
     device = hidden_states.device
-    named = {"topk_weights": topk_weights, "topk_ids": topk_ids, **weights.named_tensors()}
     for name, tensor in named.items():
         if tensor.device != device:
             raise ValueError(f"{name} is on {tensor.device}, expected hidden_states' device {device}")
     if swiglu_limit is not None and not swiglu_limit > 0:
         raise ValueError(f"swiglu_limit must be None or a number > 0, got {swiglu_limit}")
-    return MoEGeometry(tokens, hidden, intermediate, experts, top_k)
+    return MoEGeometry(tokens, hidden, intermediate, num_experts, top_k)
+
+
+def a4_scales_argument(
+    fc1_encode_scale: torch.Tensor | None, fc2_encode_scales: torch.Tensor | None
+) -> A4Scales | None:
+    """The ops' two optional scale arguments as :class:`A4Scales` (both) or None (neither)."""
+    if fc1_encode_scale is None and fc2_encode_scales is None:
+        return None
+    if fc1_encode_scale is None or fc2_encode_scales is None:
+        given = "a4_fc1_encode_scale" if fc1_encode_scale is not None else "a4_fc2_encode_scales"
+        raise ValueError(
+            f"a4_fc1_encode_scale and a4_fc2_encode_scales are given together or not at all; got only {given}"
+        )
+    return A4Scales(fc1_encode_scale, fc2_encode_scales)
 
 
 def check_expert_ids(topk_ids: torch.Tensor, num_experts: int) -> None:

@@ -9,6 +9,7 @@ The parameter names and shapes below are exactly vLLM's ModelOpt NVFP4 MoE param
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Self
 
 import torch
 
@@ -69,16 +70,53 @@ def dequantize_expert_stack(stack: QuantizedStack) -> torch.Tensor:
     return nvfp4.dequantize_blocks(stack.weight, stack.weight_scale) * stack.weight_scale_2.reshape(-1, 1, 1)
 
 
+class _TensorBundle:
+    """Named tensors of a frozen dataclass whose fields are all tensors, in field order."""
+
+    def named_tensors(self) -> dict[str, torch.Tensor]:
+        """Field name -> tensor, in field order (the op argument order)."""
+        return {field.name: getattr(self, field.name) for field in fields(self)}  # type: ignore[arg-type]
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The tensors in field order."""
+        return tuple(self.named_tensors().values())
+
+    def to(self, device: torch.device | str) -> Self:
+        """A copy with every tensor moved to ``device``."""
+        return type(self)(*(t.to(device) for t in self.tensors()))
+
+
 @dataclass(frozen=True)
-class NvFp4MoEWeights:
-    """vLLM's ModelOpt NVFP4 MoE parameters of one layer (E experts, hidden H, intermediate I).
+class NvFp4Experts(_TensorBundle):
+    """The NVFP4 expert weights of one layer as the ops take them (E experts, hidden H, inter. I).
 
     - ``w13_weight`` uint8 [E, 2I, H/2]; rows [0, I) gate (w1), rows [I, 2I) up (w3)
     - ``w13_weight_scale`` float8_e4m3fn [E, 2I, H/16]
-    - ``w13_weight_scale_2`` fp32 [E, 2] (gate and up must agree)
-    - ``w13_input_scale`` fp32 [E, 2] (0 = not calibrated)
+    - ``w13_weight_scale_2`` fp32 [E, 2]: decode multiplier of the gate half (column 0) and of the
+      up half (column 1); every backend applies each to its own half
     - ``w2_weight`` uint8 [E, H, I/2]; ``w2_weight_scale`` float8_e4m3fn [E, H, I/16]
-    - ``w2_weight_scale_2`` fp32 [E]; ``w2_input_scale`` fp32 [E] (0 = not calibrated)
+    - ``w2_weight_scale_2`` fp32 [E]
+
+    No activation scales: whether a layer may run A4 is load-time data
+    (:class:`a4prefill.ops.scales.A4Scales`), passed to the ops separately.
+    """
+
+    w13_weight: torch.Tensor
+    w13_weight_scale: torch.Tensor
+    w13_weight_scale_2: torch.Tensor
+    w2_weight: torch.Tensor
+    w2_weight_scale: torch.Tensor
+    w2_weight_scale_2: torch.Tensor
+
+
+@dataclass(frozen=True)
+class NvFp4MoEWeights(_TensorBundle):
+    """vLLM's ModelOpt NVFP4 MoE parameters of one layer: the experts plus the checkpoint's
+    activation input scales (FACTS.md section 4).
+
+    Expert fields as in :class:`NvFp4Experts`; ``w13_input_scale`` fp32 [E, 2] and
+    ``w2_input_scale`` fp32 [E] are ModelOpt decode-side scales (0 = not calibrated). Turn them
+    into A4 encode scales once with :func:`a4prefill.ops.scales.a4_calibration`.
     """
 
     w13_weight: torch.Tensor
@@ -90,17 +128,28 @@ class NvFp4MoEWeights:
     w2_weight_scale_2: torch.Tensor
     w2_input_scale: torch.Tensor
 
-    def named_tensors(self) -> dict[str, torch.Tensor]:
-        """Parameter name -> tensor, in the op argument order (the order of the fields)."""
-        return {field.name: getattr(self, field.name) for field in fields(self)}
+    def experts(self) -> NvFp4Experts:
+        """The expert weights (no activation scales), as the ops take them."""
+        return NvFp4Experts(
+            self.w13_weight,
+            self.w13_weight_scale,
+            self.w13_weight_scale_2,
+            self.w2_weight,
+            self.w2_weight_scale,
+            self.w2_weight_scale_2,
+        )
 
-    def tensors(self) -> tuple[torch.Tensor, ...]:
-        """The eight tensors in the op argument order."""
-        return tuple(self.named_tensors().values())
 
-    def to(self, device: torch.device | str) -> NvFp4MoEWeights:
-        """A copy with every tensor moved to ``device``."""
-        return NvFp4MoEWeights(*(t.to(device) for t in self.tensors()))
+def dequantize_experts(experts: NvFp4Experts) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 ``w13 [E, 2I, H]`` and ``w2 [E, H, I]``: ``e2m1 * block_scale * weight_scale_2``,
+    the gate half of ``w13`` with column 0 of ``w13_weight_scale_2``, the up half with column 1."""
+    num_experts, two_i, _ = experts.w13_weight.shape
+    half_scale = experts.w13_weight_scale_2.reshape(num_experts, 2).repeat_interleave(two_i // 2, dim=1)
+    w13 = nvfp4.dequantize_blocks(experts.w13_weight, experts.w13_weight_scale) * half_scale.unsqueeze(2)
+    w2 = dequantize_expert_stack(
+        QuantizedStack(experts.w2_weight, experts.w2_weight_scale, experts.w2_weight_scale_2)
+    )
+    return w13, w2
 
 
 def quantize_moe_weights(

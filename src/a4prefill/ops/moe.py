@@ -1,36 +1,44 @@
 """The custom ops ``torch.ops.a4prefill.{moe_w4a16, moe_a4, moe_split}`` and their fake impls.
 
-All three share one schema: hidden states, router outputs, vLLM's ModelOpt NVFP4 MoE
-parameter set (see :class:`~a4prefill.ops.modelopt.NvFp4MoEWeights`), the layer name (for
-counters, warnings and the per-layer scale cache) and the optional swiglu clamp limit. They are
-functional: each returns a new ``[T, H]`` tensor in the dtype of ``hidden_states``.
+One schema for all three (:data:`SCHEMA`): hidden states, router outputs, the six NVFP4 expert
+tensors (:class:`~a4prefill.ops.modelopt.NvFp4Experts`), the layer name (counters, messages, the
+row provider), the layer's A4 encode scales as two optional tensors, the optional swiglu clamp.
+They are functional: each returns a new ``[T, H]`` tensor in the dtype of ``hidden_states``.
 
-- ``moe_w4a16``: every row W4A16 (input scales are ignored);
-- ``moe_a4``: every row A4; an invalid calibration is an error;
-- ``moe_split``: decode and padding rows W4A16, prefill rows A4, rows typed at run time by
-  :func:`a4prefill.ops.rows.current_row_types`; every row W4A16 while a CUDA stream is
-  capturing and for a layer without a valid calibration (one warning per layer).
+The ops execute; they decide nothing. Precision comes from exactly three places:
+
+- the graph pass picks the op (``moe_split`` only where a graph may run uncaptured);
+- load time gives or withholds the A4 scales (absent = the layer has no valid calibration);
+- the row provider types each row of a split call (decode, prefill, padding).
+
+Semantics:
+
+- ``moe_w4a16``: every row W4A16; A4 scales, if given, are carried for the pass and ignored;
+- ``moe_a4``: every row A4; without A4 scales, or while a CUDA stream captures, an error;
+- ``moe_split``: decode and padding rows W4A16, prefill rows A4. Every row W4A16 when the call
+  has no A4 scales, and while a CUDA stream captures (the capture guard: a second line of
+  defence behind the pass, documented in the README).
+
+Who may call: anyone through :func:`call_moe` or ``torch.ops.a4prefill.*`` directly.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from a4prefill.ops.backends import backend_for
-from a4prefill.ops.checks import check_expert_ids, check_moe_inputs
+from a4prefill.ops.checks import a4_scales_argument, check_expert_ids, check_moe_inputs
 from a4prefill.ops.counters import A4, ROW_COUNTERS, W4A16
-from a4prefill.ops.modelopt import NvFp4MoEWeights
+from a4prefill.ops.modelopt import NvFp4Experts
 from a4prefill.ops.rows import current_row_types
-from a4prefill.ops.scales import LAYER_SCALES
+from a4prefill.ops.scales import A4Scales
 
 NAMESPACE = "a4prefill"
 SCHEMA = (
     "(Tensor hidden_states, Tensor topk_weights, Tensor topk_ids, Tensor w13_weight, "
-    "Tensor w13_weight_scale, Tensor w13_weight_scale_2, Tensor w13_input_scale, "
-    "Tensor w2_weight, Tensor w2_weight_scale, Tensor w2_weight_scale_2, Tensor w2_input_scale, "
-    "str layer_name, float? swiglu_limit=None) -> Tensor"
+    "Tensor w13_weight_scale, Tensor w13_weight_scale_2, Tensor w2_weight, Tensor w2_weight_scale, "
+    "Tensor w2_weight_scale_2, str layer_name, Tensor? a4_fc1_encode_scale=None, "
+    "Tensor? a4_fc2_encode_scales=None, float? swiglu_limit=None) -> Tensor"
 )
 OP_NAMES = ("moe_w4a16", "moe_a4", "moe_split")
 
@@ -39,46 +47,51 @@ for _name in OP_NAMES:
     _library.define(_name + SCHEMA)
 
 
-_Unpacked = tuple[torch.Tensor, torch.Tensor, torch.Tensor, NvFp4MoEWeights, str, "float | None"]
+class _Call:
+    """One op call's arguments, validated (see :func:`check_moe_inputs`)."""
 
+    def __init__(
+        self,
+        hidden_states: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        w13_weight: torch.Tensor,
+        w13_weight_scale: torch.Tensor,
+        w13_weight_scale_2: torch.Tensor,
+        w2_weight: torch.Tensor,
+        w2_weight_scale: torch.Tensor,
+        w2_weight_scale_2: torch.Tensor,
+        layer_name: str,
+        a4_fc1_encode_scale: torch.Tensor | None = None,
+        a4_fc2_encode_scales: torch.Tensor | None = None,
+        swiglu_limit: float | None = None,
+    ) -> None:
+        self.hidden_states, self.topk_weights, self.topk_ids = hidden_states, topk_weights, topk_ids
+        self.experts = NvFp4Experts(
+            w13_weight, w13_weight_scale, w13_weight_scale_2, w2_weight, w2_weight_scale, w2_weight_scale_2
+        )
+        self.layer_name = layer_name
+        self.a4_scales = a4_scales_argument(a4_fc1_encode_scale, a4_fc2_encode_scales)
+        self.swiglu_limit = swiglu_limit
+        geometry = check_moe_inputs(
+            hidden_states, topk_weights, topk_ids, self.experts, self.a4_scales, swiglu_limit
+        )
+        self.num_experts = geometry.experts
 
-def _unpack(
-    hidden_states: torch.Tensor,
-    topk_weights: torch.Tensor,
-    topk_ids: torch.Tensor,
-    w13_weight: torch.Tensor,
-    w13_weight_scale: torch.Tensor,
-    w13_weight_scale_2: torch.Tensor,
-    w13_input_scale: torch.Tensor,
-    w2_weight: torch.Tensor,
-    w2_weight_scale: torch.Tensor,
-    w2_weight_scale_2: torch.Tensor,
-    w2_input_scale: torch.Tensor,
-    layer_name: str,
-    swiglu_limit: float | None = None,
-) -> _Unpacked:
-    """The schema's arguments with the parameter set bundled (the dispatcher may drop the
-    trailing default)."""
-    weights = NvFp4MoEWeights(
-        w13_weight,
-        w13_weight_scale,
-        w13_weight_scale_2,
-        w13_input_scale,
-        w2_weight,
-        w2_weight_scale,
-        w2_weight_scale_2,
-        w2_input_scale,
-    )
-    return hidden_states, topk_weights, topk_ids, weights, layer_name, swiglu_limit
+    @classmethod
+    def real(cls, *args: object, **kwargs: object) -> _Call:
+        """A call of a real (not fake) impl; expert ids are checked too where that reads no device."""
+        call = cls(*args, **kwargs)  # type: ignore[arg-type]
+        if call.topk_ids.device.type == "cpu":
+            check_expert_ids(call.topk_ids, call.num_experts)
+        return call
 
-
-def _validated(*args: Any, **kwargs: Any) -> _Unpacked:
-    unpacked = _unpack(*args, **kwargs)
-    hidden_states, topk_weights, topk_ids, weights, _, swiglu_limit = unpacked
-    geometry = check_moe_inputs(hidden_states, topk_weights, topk_ids, weights, swiglu_limit)
-    if topk_ids.device.type == "cpu":
-        check_expert_ids(topk_ids, geometry.experts)
-    return unpacked
+    def run(self, a4_scales: A4Scales | None) -> torch.Tensor:
+        """Every row in one precision: W4A16 (``a4_scales`` None) or A4."""
+        backend = backend_for(self.hidden_states.device)
+        return backend.run(
+            self.hidden_states, self.topk_weights, self.topk_ids, self.experts, a4_scales, self.swiglu_limit
+        )
 
 
 def is_capturing(tensor: torch.Tensor) -> bool:
@@ -86,50 +99,57 @@ def is_capturing(tensor: torch.Tensor) -> bool:
     return tensor.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-def _moe_w4a16(*args: Any, **kwargs: Any) -> torch.Tensor:
-    hidden_states, topk_weights, topk_ids, weights, layer_name, limit = _validated(*args, **kwargs)
-    ROW_COUNTERS.record(layer_name, W4A16, hidden_states.shape[0])
-    backend = backend_for(hidden_states.device)
-    return backend.run(hidden_states, topk_weights, topk_ids, weights, None, limit)
+def _moe_w4a16(*args: object, **kwargs: object) -> torch.Tensor:
+    call = _Call.real(*args, **kwargs)
+    ROW_COUNTERS.record(call.layer_name, W4A16, call.hidden_states.shape[0])
+    return call.run(None)
 
 
-def _moe_a4(*args: Any, **kwargs: Any) -> torch.Tensor:
-    hidden_states, topk_weights, topk_ids, weights, layer_name, limit = _validated(*args, **kwargs)
-    scales = LAYER_SCALES.lookup(layer_name, weights.w13_input_scale, weights.w2_input_scale)
-    if scales is None:
-        reason = LAYER_SCALES.uncalibrated_layers().get(layer_name, "invalid input scales")
-        raise ValueError(f"moe_a4 on layer {layer_name!r} needs calibrated input scales: {reason}")
-    ROW_COUNTERS.record(layer_name, A4, hidden_states.shape[0])
-    backend = backend_for(hidden_states.device)
-    return backend.run(hidden_states, topk_weights, topk_ids, weights, scales, limit)
+def _moe_a4(*args: object, **kwargs: object) -> torch.Tensor:
+    call = _Call.real(*args, **kwargs)
+    if call.a4_scales is None:
+        raise ValueError(
+            f"moe_a4 on layer {call.layer_name!r} needs A4 scales (a4_fc1_encode_scale, "
+            "a4_fc2_encode_scales): this layer has none, so it runs W4A16 only"
+        )
+    if is_capturing(call.hidden_states):
+        raise RuntimeError(
+            f"moe_a4 on layer {call.layer_name!r} was called while a CUDA stream is capturing: a "
+            "captured CUDA graph never runs A4 (use moe_split, which runs W4A16 under capture)"
+        )
+    ROW_COUNTERS.record(call.layer_name, A4, call.hidden_states.shape[0])
+    return call.run(call.a4_scales)
 
 
-def _moe_split(*args: Any, **kwargs: Any) -> torch.Tensor:
-    hidden_states, topk_weights, topk_ids, weights, layer_name, limit = _validated(*args, **kwargs)
-    num_rows = hidden_states.shape[0]
-    backend = backend_for(hidden_states.device)
-    if is_capturing(hidden_states):
-        ROW_COUNTERS.record(layer_name, W4A16, num_rows)
-        return backend.run(hidden_states, topk_weights, topk_ids, weights, None, limit)
-    row_types = current_row_types(num_rows)
+def _moe_split(*args: object, **kwargs: object) -> torch.Tensor:
+    call = _Call.real(*args, **kwargs)
+    num_rows = call.hidden_states.shape[0]
+    if call.a4_scales is None or is_capturing(call.hidden_states):
+        ROW_COUNTERS.record(call.layer_name, W4A16, num_rows)
+        return call.run(None)
+    row_types = current_row_types(num_rows, call.layer_name)
     prefill_rows = row_types.num_prefill_rows
-    scales = None
-    if prefill_rows:
-        scales = LAYER_SCALES.lookup(layer_name, weights.w13_input_scale, weights.w2_input_scale)
-    if scales is None or prefill_rows == 0:
-        ROW_COUNTERS.record(layer_name, W4A16, num_rows)
-        return backend.run(hidden_states, topk_weights, topk_ids, weights, None, limit)
-    ROW_COUNTERS.record(layer_name, W4A16, num_rows - prefill_rows)
-    ROW_COUNTERS.record(layer_name, A4, prefill_rows)
+    ROW_COUNTERS.record(call.layer_name, W4A16, num_rows - prefill_rows)
+    ROW_COUNTERS.record(call.layer_name, A4, prefill_rows)
+    if prefill_rows == 0:
+        return call.run(None)
     if prefill_rows == num_rows:
-        return backend.run(hidden_states, topk_weights, topk_ids, weights, scales, limit)
-    return backend.run_split(hidden_states, topk_weights, topk_ids, weights, scales, limit, row_types)
+        return call.run(call.a4_scales)
+    backend = backend_for(call.hidden_states.device)
+    return backend.run_split(
+        call.hidden_states,
+        call.topk_weights,
+        call.topk_ids,
+        call.experts,
+        call.a4_scales,
+        call.swiglu_limit,
+        row_types,
+    )
 
 
-def _moe_fake(*args: Any, **kwargs: Any) -> torch.Tensor:
-    hidden_states, topk_weights, topk_ids, weights, _, swiglu_limit = _unpack(*args, **kwargs)
-    check_moe_inputs(hidden_states, topk_weights, topk_ids, weights, swiglu_limit)
-    return torch.empty_like(hidden_states)
+def _moe_fake(*args: object, **kwargs: object) -> torch.Tensor:
+    call = _Call(*args, **kwargs)  # type: ignore[arg-type]
+    return torch.empty_like(call.hidden_states)
 
 
 for _name, _impl in zip(OP_NAMES, (_moe_w4a16, _moe_a4, _moe_split), strict=True):
@@ -146,9 +166,23 @@ def call_moe(
     hidden_states: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
-    weights: NvFp4MoEWeights,
+    experts: NvFp4Experts,
+    a4_scales: A4Scales | None,
     layer_name: str,
     swiglu_limit: float | None = None,
 ) -> torch.Tensor:
-    """Call one of the ops above with the parameters bundled in ``weights``."""
-    return op(hidden_states, topk_weights, topk_ids, *weights.tensors(), layer_name, swiglu_limit)
+    """Call one of the ops above with the expert tensors bundled in ``experts`` and the layer's
+    A4 scales (None: the layer has none and runs W4A16 only)."""
+    fc1, fc2 = (
+        (None, None) if a4_scales is None else (a4_scales.fc1_encode_scale, a4_scales.fc2_encode_scales)
+    )
+    return op(
+        hidden_states,
+        topk_weights,
+        topk_ids,
+        *experts.tensors(),
+        layer_name,
+        a4_fc1_encode_scale=fc1,
+        a4_fc2_encode_scales=fc2,
+        swiglu_limit=swiglu_limit,
+    )

@@ -2,11 +2,12 @@
 
 Per route (token t, slot j, expert e), with ``io`` the activation dtype (bf16 or fp16):
 
-- FC1: ``gate_up = io(acc1 * alpha1[e])`` where ``acc1`` is the fp32 product of the FC1 input
-  and ``e2m1 * block_scale`` of ``w13_weight[e]``;
-  W4A16: input = hidden row, ``alpha1 = w13_weight_scale_2[e]``;
+- FC1: ``gate_up = io(acc1 * alpha1[e, half])`` where ``acc1`` is the fp32 product of the FC1
+  input and ``e2m1 * block_scale`` of ``w13_weight[e]``, and ``half`` is 0 for the gate columns
+  [0, I) and 1 for the up columns [I, 2I);
+  W4A16: input = hidden row, ``alpha1 = w13_weight_scale_2[e, half]``;
   A4: input = ``e2m1 * block_scale`` of the hidden row quantized with the shared ``gs1``,
-  ``alpha1 = w13_weight_scale_2[e] / gs1``;
+  ``alpha1 = w13_weight_scale_2[e, half] / gs1``;
 - activation: optional clamp (gate <= L, -L <= up <= L), ``io(io(silu(gate)) * up)``;
 - FC2: ``y = io(acc2 * alpha2[e])``; W4A16: ``alpha2 = w2_weight_scale_2[e]``;
   A4: input re-quantized with ``gs2[e]``, ``alpha2 = w2_weight_scale_2[e] / gs2[e]``;
@@ -22,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from a4prefill.ops import nvfp4
-from a4prefill.ops.modelopt import NvFp4MoEWeights
+from a4prefill.ops.modelopt import NvFp4Experts
 from a4prefill.ops.scales import A4Scales
 
 
@@ -41,7 +42,7 @@ def moe_reference(
     hidden_states: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
-    weights: NvFp4MoEWeights,
+    experts: NvFp4Experts,
     a4_scales: A4Scales | None,
     swiglu_limit: float | None = None,
 ) -> torch.Tensor:
@@ -56,7 +57,9 @@ def moe_reference(
     if tokens == 0:
         return output.to(io_dtype)
     route_weights = topk_weights.to(torch.float32)
-    fc1_scale_2 = weights.w13_weight_scale_2[:, 0]
+    intermediate = experts.w13_weight.shape[1] // 2
+    # [E, 2I]: each half's decode multiplier repeated over its columns.
+    fc1_scale_2 = experts.w13_weight_scale_2.repeat_interleave(intermediate, dim=1)
     if a4_scales is None:
         fc1_input = hidden_states.to(torch.float32)
         fc1_alpha = fc1_scale_2
@@ -65,17 +68,17 @@ def moe_reference(
         fc1_alpha = fc1_scale_2 / a4_scales.fc1_encode_scale
     for expert in torch.unique(topk_ids).tolist():
         token_index, slot_index = torch.nonzero(topk_ids == expert, as_tuple=True)
-        w13 = nvfp4.dequantize_blocks(weights.w13_weight[expert], weights.w13_weight_scale[expert])
+        w13 = nvfp4.dequantize_blocks(experts.w13_weight[expert], experts.w13_weight_scale[expert])
         gate_up = ((fc1_input[token_index] @ w13.T) * fc1_alpha[expert]).to(io_dtype)
         activated = swiglu(gate_up, swiglu_limit)
-        w2 = nvfp4.dequantize_blocks(weights.w2_weight[expert], weights.w2_weight_scale[expert])
+        w2 = nvfp4.dequantize_blocks(experts.w2_weight[expert], experts.w2_weight_scale[expert])
         if a4_scales is None:
             fc2_input = activated.to(torch.float32)
-            fc2_alpha = weights.w2_weight_scale_2[expert]
+            fc2_alpha = experts.w2_weight_scale_2[expert]
         else:
             fc2_scale = a4_scales.fc2_encode_scales[expert].reshape(1)
             fc2_input = nvfp4.quantize_dequantize_blocks(activated, fc2_scale)
-            fc2_alpha = weights.w2_weight_scale_2[expert] / fc2_scale[0]
+            fc2_alpha = experts.w2_weight_scale_2[expert] / fc2_scale[0]
         expert_out = ((fc2_input @ w2.T) * fc2_alpha).to(io_dtype)
         weighted = expert_out.to(torch.float32) * route_weights[token_index, slot_index].unsqueeze(1)
         output.index_add_(0, token_index, weighted)

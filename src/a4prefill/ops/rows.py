@@ -6,28 +6,31 @@ Pure Python on host data; nothing here reads device memory.
   speculative verify); a longer one is prefill; rows past the last request are padding.
 - :class:`RowTypes` holds the three kinds as sorted, disjoint, half-open spans that together
   cover ``[0, num_rows)`` exactly once.
-- The split op asks :func:`current_row_types` for the step's row types. An engine integration
-  installs a provider with :func:`set_row_provider`; code that knows the rows itself can use
-  :func:`step_row_types`. With no information every row runs W4A16 (one warning).
+- The split op asks :func:`current_row_types` for the row types of its call. Code that knows
+  the rows itself opens a :func:`step_row_types` block; an engine integration installs a row
+  provider with :func:`set_row_provider` (the vLLM plugin does, reading vLLM's forward context).
+  The provider is the only code that decides which rows of an engine step are prefill; it must
+  hold no state of its own (everything it needs comes from the current step and the layer).
+  With no information every row runs W4A16 (one warning per process).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
 import itertools
 import logging
-import os
+import numbers
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from a4prefill.ops.process_state import warn_once
+
 logger = logging.getLogger(__name__)
 
 Span = tuple[int, int]
-LEGACY_THRESHOLD_ENV = "B12X_W4A16_A4_PREFILL_MIN_TOKENS"
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,7 @@ def row_types_from_query_lens(
     spans: dict[str, list[Span]] = {"decode": [], "prefill": []}
     position = 0
     for length in query_lens:
-        length = int(length)
+        length = _integer(length, "query_lens")
         if length < 0:
             raise ValueError(f"query_lens must be >= 0, got {length}")
         if length:
@@ -115,6 +118,13 @@ def row_types_from_query_lens(
     return RowTypes(total, tuple(spans["decode"]), tuple(spans["prefill"]), padding)
 
 
+def _integer(value: object, name: str) -> int:
+    """``value`` as an int; non-integers (floats, bools, strings) are an error, never truncated."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must hold integers, got {value!r} ({type(value).__name__})")
+    return int(value)
+
+
 def row_types_from_query_start_loc(
     query_start_loc: Sequence[int] | torch.Tensor, max_decode_len: int, num_rows: int | None = None
 ) -> RowTypes:
@@ -122,8 +132,10 @@ def row_types_from_query_start_loc(
     if isinstance(query_start_loc, torch.Tensor):
         if query_start_loc.device.type != "cpu":
             raise ValueError("query_start_loc must be a CPU tensor (no device reads here)")
+        if query_start_loc.is_floating_point() or query_start_loc.is_complex():
+            raise TypeError(f"query_start_loc must be an integer tensor, got {query_start_loc.dtype}")
         query_start_loc = query_start_loc.tolist()
-    starts = [int(v) for v in query_start_loc]
+    starts = [_integer(v, "query_start_loc") for v in query_start_loc]
     if not starts or starts[0] != 0:
         raise ValueError(f"query_start_loc must start at 0, got {starts[:4]}")
     lengths = [b - a for a, b in itertools.pairwise(starts)]
@@ -157,20 +169,19 @@ def shard_row_types(global_rows: RowTypes, rank: int, world_size: int) -> RowTyp
 
 
 # ---------------------------------------------------------------------------------------------
-# Step context: where the split op learns the row types of the current step.
+# Step context: where the split op learns the row types of its call.
 
-RowProvider = Callable[[int], "RowTypes | None"]
-"""Called with the op's row count; returns that call's row types, or None if unknown."""
+RowProvider = Callable[[int, str], "RowTypes | None"]
+"""Called with the op's row count and layer name; returns that call's row types, or None."""
 
 _provider: RowProvider | None = None
 _step_rows: contextvars.ContextVar[RowTypes | None] = contextvars.ContextVar(
     "a4prefill_step_rows", default=None
 )
-_warned_no_information = False
 
 
 def set_row_provider(provider: RowProvider | None) -> RowProvider | None:
-    """Install the process-wide row provider (engine integrations); returns the previous one."""
+    """Install the row provider hook (engine integrations); returns the previous one."""
     global _provider
     previous, _provider = _provider, provider
     return previous
@@ -186,59 +197,23 @@ def step_row_types(row_types: RowTypes) -> Iterator[RowTypes]:
         _step_rows.reset(token)
 
 
-def current_row_types(num_rows: int) -> RowTypes:
-    """The row types for a split call of ``num_rows`` rows.
+def current_row_types(num_rows: int, layer_name: str) -> RowTypes:
+    """The row types for a split call of ``num_rows`` rows of layer ``layer_name``.
 
     A :func:`step_row_types` block wins over the provider. A size mismatch is an error; with no
     information at all every row is decode (W4A16) and one warning is logged per process.
     """
-    global _warned_no_information
     row_types = _step_rows.get()
     if row_types is None and _provider is not None:
-        row_types = _provider(num_rows)
+        row_types = _provider(num_rows, layer_name)
     if row_types is None:
-        if not _warned_no_information:
-            _warned_no_information = True
-            logger.warning(
-                "a4prefill: no row types for this step (no step_row_types block, no provider "
-                "answer): every row runs W4A16"
-            )
+        warn_once(
+            logger,
+            ("no row types",),
+            "a4prefill: no row types for this step (no step_row_types block, no provider answer): "
+            "every row runs W4A16",
+        )
         return RowTypes.all_decode(num_rows)
     if row_types.num_rows != num_rows:
         raise ValueError(f"row types describe {row_types.num_rows} rows but the split op got {num_rows} rows")
     return row_types
-
-
-# ---------------------------------------------------------------------------------------------
-# The legacy environment switch.
-
-
-@dataclass(frozen=True)
-class LegacyThreshold:
-    """The parsed ``B12X_W4A16_A4_PREFILL_MIN_TOKENS``: ``enabled`` is None when unset."""
-
-    enabled: bool | None
-    min_tokens: int | None
-
-
-def parse_legacy_threshold(raw: str | None) -> LegacyThreshold:
-    """Parse the legacy variable: an integer >= 0 enables the feature; anything else disables
-    it with one warning; unset (None or empty) means no opinion."""
-    if raw is None or raw.strip() == "":
-        return LegacyThreshold(None, None)
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        value = -1
-    if value < 0:
-        logger.warning(
-            "a4prefill: %s=%r is not an integer >= 0; A4 prefill is off", LEGACY_THRESHOLD_ENV, raw
-        )
-        return LegacyThreshold(False, None)
-    return LegacyThreshold(True, value)
-
-
-@functools.cache
-def legacy_threshold() -> LegacyThreshold:
-    """The legacy variable of this process, parsed once."""
-    return parse_legacy_threshold(os.environ.get(LEGACY_THRESHOLD_ENV))

@@ -1,104 +1,110 @@
-"""Activation encode scales of the A4 path (FACTS.md section 3) and their per-layer cache.
+"""A4 activation encode scales (FACTS.md section 3): derived once, at load time, handed on as data.
 
 - FC1: one shared encode scale ``gs1 = 1 / max_e(w13_input_scale[e])`` (fp32 [1]);
 - FC2: per-expert encode scales ``gs2[e] = 1 / w2_input_scale[e]`` (fp32 [E]).
 
-A layer whose input scales are not all finite and > 0 has no valid calibration: it never
-runs A4. Deriving reads the scales on the host, so it happens once per layer (and again only
-when the scale tensors are replaced or modified in place), never once per step.
+This module is one of the three places that decide precision: *whether a layer has A4 scales*.
+A layer has them only when every input scale is finite and > 0 and every encode scale derived from
+them is finite (a tiny positive ``w2_input_scale`` would give an infinite ``gs2`` and silently zero
+that expert's A4 output). Anything else is "no calibration": the layer carries no
+:class:`A4Scales` and every op runs it W4A16.
+
+Who may call: weight processing (the vLLM MoE method's ``process_weights_after_loading``), plain
+torch users preparing a layer, tests. Reads the scales on the host: never call it per step.
+Nothing here caches; re-running it after a weight reload re-derives the scales.
 """
 
 from __future__ import annotations
 
-import logging
 import math
-import threading
 from dataclasses import dataclass
 
 import torch
 
-logger = logging.getLogger(__name__)
+A4_READY = "A4 scales"
+"""The status reports give a layer that has A4 scales (otherwise: the reason it has none)."""
 
 
 @dataclass(frozen=True)
 class A4Scales:
-    """Prepared encode scales of one layer, on the layer's device.
+    """A layer's A4 encode scales, on the layer's device.
 
-    ``fc1_encode_scale``: fp32 [1]; ``fc2_encode_scales``: fp32 [E].
+    ``fc1_encode_scale``: fp32 [1], shared by all experts; ``fc2_encode_scales``: fp32 [E].
+    Passed to the ops as ``a4_fc1_encode_scale`` / ``a4_fc2_encode_scales``; absent = W4A16 only.
     """
 
     fc1_encode_scale: torch.Tensor
     fc2_encode_scales: torch.Tensor
 
+    def to(self, device: torch.device | str) -> A4Scales:
+        """A copy on ``device``."""
+        return A4Scales(self.fc1_encode_scale.to(device), self.fc2_encode_scales.to(device))
 
-def invalid_scales_reason(w13_input_scale: torch.Tensor, w2_input_scale: torch.Tensor) -> str | None:
-    """Why these input scales are not a valid calibration, or ``None`` if they are (host read)."""
-    for name, scale in (("w13_input_scale", w13_input_scale), ("w2_input_scale", w2_input_scale)):
-        values = scale.detach().to("cpu", torch.float32)
-        if values.numel() == 0:
-            return f"{name} is empty"
-        if not bool(torch.isfinite(values).all()):
-            return f"{name} has non-finite values"
-        smallest = float(values.min())
-        if smallest <= 0.0:
-            kind = "zero (not calibrated)" if smallest == 0.0 else "negative"
-            return f"{name} has {kind} entries"
+
+@dataclass(frozen=True)
+class A4Calibration:
+    """The load-time verdict on a layer's activation scales: ``scales`` or the ``reason`` why not."""
+
+    scales: A4Scales | None
+    reason: str | None
+
+    def __post_init__(self) -> None:
+        if (self.scales is None) == (self.reason is None):
+            raise ValueError("A4Calibration holds either scales or a reason, not both or neither")
+
+
+def _invalid_input_scale(name: str, values: torch.Tensor) -> str | None:
+    if values.numel() == 0:
+        return f"{name} is empty"
+    if not bool(torch.isfinite(values).all()):
+        return f"{name} has non-finite entries"
+    smallest = float(values.min())
+    if smallest == 0.0:
+        return f"{name} has zero entries (not calibrated)"
+    if smallest < 0.0:
+        return f"{name} has negative entries"
     return None
 
 
-def derive_a4_scales(w13_input_scale: torch.Tensor, w2_input_scale: torch.Tensor) -> A4Scales:
-    """Encode scales for the A4 path; raise ``ValueError`` if the calibration is invalid.
+def a4_calibration(w13_input_scale: torch.Tensor, w2_input_scale: torch.Tensor) -> A4Calibration:
+    """Derive a layer's :class:`A4Scales` from ModelOpt input scales, or say why it has none.
 
-    ``w13_input_scale`` fp32 [E, 2] or [E]; ``w2_input_scale`` fp32 [E]. Host read: call once per
-    layer at preparation time.
+    ``w13_input_scale`` float [E, 2] or [E]; ``w2_input_scale`` float [E] (decode-side ModelOpt
+    scales, ``amax / (6 * 448)``). The scales come back fp32 on the inputs' device. One host read.
     """
-    reason = invalid_scales_reason(w13_input_scale, w2_input_scale)
-    if reason is not None:
-        raise ValueError(f"activation scales are not a valid calibration: {reason}")
-    fc1 = 1.0 / w13_input_scale.detach().to(torch.float32).amax().reshape(1)
-    fc2 = 1.0 / w2_input_scale.detach().to(torch.float32).reshape(-1)
-    if not math.isfinite(float(fc1)):
-        raise ValueError("w13_input_scale is too small: its encode scale overflows fp32")
-    return A4Scales(fc1, fc2)
-
-
-class LayerScaleCache:
-    """Per-layer cache of :func:`derive_a4_scales`, keyed on the scale tensors' storage/version.
-
-    ``lookup`` returns the layer's ``A4Scales`` or ``None`` (no valid calibration: W4A16 only);
-    it logs one warning per layer name the first time a layer is found uncalibrated.
-    """
-
-    def __init__(self) -> None:
-        self._entries: dict[str, tuple[tuple[object, ...], A4Scales | None, str | None]] = {}
-        self._lock = threading.Lock()
-
-    @staticmethod
-    def _key(w13_input_scale: torch.Tensor, w2_input_scale: torch.Tensor) -> tuple[object, ...]:
-        return tuple(
-            (t.data_ptr(), t._version, t.device, tuple(t.shape)) for t in (w13_input_scale, w2_input_scale)
+    for name, scale in (("w13_input_scale", w13_input_scale), ("w2_input_scale", w2_input_scale)):
+        if not isinstance(scale, torch.Tensor) or not scale.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {scale!r:.80}")
+    num_experts = w13_input_scale.shape[0] if w13_input_scale.ndim else 0
+    if w13_input_scale.ndim not in (1, 2) or w2_input_scale.shape != (num_experts,):
+        raise ValueError(
+            f"w13_input_scale must be [E, 2] or [E] and w2_input_scale [E]; got "
+            f"{list(w13_input_scale.shape)} and {list(w2_input_scale.shape)}"
         )
-
-    def lookup(
-        self, layer_name: str, w13_input_scale: torch.Tensor, w2_input_scale: torch.Tensor
-    ) -> A4Scales | None:
-        key = self._key(w13_input_scale, w2_input_scale)
-        with self._lock:
-            entry = self._entries.get(layer_name)
-            if entry is not None and entry[0] == key:
-                return entry[1]
-            reason = invalid_scales_reason(w13_input_scale, w2_input_scale)
-            scales = None if reason else derive_a4_scales(w13_input_scale, w2_input_scale)
-            already_warned = entry is not None and entry[2] == reason
-            self._entries[layer_name] = (key, scales, reason)
-        if reason and not already_warned:
-            logger.warning("a4prefill: layer %r runs W4A16 for every row: %s", layer_name, reason)
-        return scales
-
-    def uncalibrated_layers(self) -> dict[str, str]:
-        """Layer name -> reason, for every layer seen without a valid calibration."""
-        with self._lock:
-            return {name: entry[2] for name, entry in self._entries.items() if entry[2]}
+    fc1_input = w13_input_scale.detach().to(torch.float32)
+    fc2_input = w2_input_scale.detach().to(torch.float32)
+    for name, values in (("w13_input_scale", fc1_input), ("w2_input_scale", fc2_input)):
+        reason = _invalid_input_scale(name, values.cpu())
+        if reason is not None:
+            return A4Calibration(None, reason)
+    fc1 = (1.0 / fc1_input.amax()).reshape(1)
+    fc2 = 1.0 / fc2_input.reshape(-1)
+    if not math.isfinite(float(fc1)):
+        return A4Calibration(None, "w13_input_scale is so small that its FC1 encode scale is not finite")
+    finite = torch.isfinite(fc2.cpu())
+    if not bool(finite.all()):
+        expert = int((~finite).nonzero()[0])
+        return A4Calibration(
+            None,
+            f"w2_input_scale[{expert}]={float(fc2_input[expert]):.3g} is so small that its FC2 encode "
+            "scale is not finite",
+        )
+    return A4Calibration(A4Scales(fc1.contiguous(), fc2.contiguous()), None)
 
 
-LAYER_SCALES = LayerScaleCache()
+def derive_a4_scales(w13_input_scale: torch.Tensor, w2_input_scale: torch.Tensor) -> A4Scales:
+    """:func:`a4_calibration` for plain torch users: the scales, or ``ValueError`` with the reason."""
+    calibration = a4_calibration(w13_input_scale, w2_input_scale)
+    if calibration.scales is None:
+        raise ValueError(f"activation scales are not a valid A4 calibration: {calibration.reason}")
+    return calibration.scales

@@ -1,17 +1,33 @@
 """The post-grad pass that lets prefill rows run A4: W4A16 MoE nodes -> split nodes.
 
-What it rewrites, in graphs whose token range reaches beyond the captured limit:
+This pass is one of the three places that decide precision: *which graphs may run A4*. It
+rewrites, per MoE node whose token range reaches beyond the captured limit:
 
 - ``a4prefill::moe_w4a16`` -> ``a4prefill::moe_split`` (same arguments);
-- ``auto_functionalized[_v2](vllm::moe_forward, ...)`` -> the same node around
-  ``a4prefill::moe_forward_split``, and ``vllm::moe_forward_shared`` ->
-  ``a4prefill::moe_forward_shared_split`` (only where vLLM registered those ops).
+- an engine's opaque MoE op -> its split-enabled twin (:mod:`.rewrite_targets`; under vLLM
+  ``auto_functionalized[_v2](vllm::moe_forward, ...)`` -> the same node around
+  ``a4prefill::moe_forward_split``), registered by the integration in every process.
 
-A graph whose whole token range fits in the captured limit (CUDA-graph sizes) is left as it is;
-layers matching ``excluded_layers`` are left alone. The pass is idempotent and keeps
-``meta['val']`` valid (the replacement has the same outputs). Its ``uuid()`` covers the pass
-source, the effective settings and the value ranges of the graph being compiled, so Inductor's
-and vLLM's caches never serve a graph rewritten under another decision.
+Invariants:
+
+- The token range is decided per MoE node, from that node's ``hidden_states`` size (a static
+  8-row node in a dynamic graph is its own range), intersected with vLLM's compile range when the
+  pass runs under vLLM's pass manager. A node whose whole range fits in the captured limit keeps
+  W4A16 (it may run inside a captured CUDA graph); so do layers matching ``excluded_layers`` and
+  every node while ``enabled`` is false.
+- The captured limit is the user's ``captured_limit`` or the engine's (the largest capture size
+  of the CUDA-graph modes that capture mixed batches; 0 where only uniform decode is captured).
+  The split op's capture guard (W4A16 while a stream captures) is the second line of defence.
+- The pass is idempotent, keeps ``meta['val']`` valid (the replacement has the same outputs)
+  and installs no guards (ranges are read with ``bound_sympy``).
+- ``uuid()`` covers the pass source, the resolved settings and the value ranges of the graph
+  being compiled, so Inductor's and vLLM's caches never serve a graph rewritten under another
+  decision. A graph loaded from a cache skips the pass (no record is added).
+
+Settings: the constructor's, resolved by :func:`a4prefill.settings.resolve_settings`. Under
+vLLM the plugin replaces the configured pass with :meth:`SplitPrefillPass.for_engine`, a pass
+bound to that engine's settings (``--additional-config``) and captured limit; bound passes share
+their parent's ``records``.
 
 Usable as ``post_grad_custom_post_pass`` of plain torch.compile (see :func:`inductor_options`)
 and, once the vLLM plugin registered it as a virtual ``InductorPass``, in vLLM's pass manager.
@@ -33,16 +49,9 @@ from torch._dynamo.utils import lazy_format_graph_code
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch.fx.operator_schemas import normalize_function
 
-from a4prefill.ops import moe as moe_ops
-from a4prefill.ops.rows import legacy_threshold
-from a4prefill.passes import token_range, vllm_ops
+from a4prefill.passes import rewrite_targets, token_range
 from a4prefill.passes.token_range import TokenRange
-from a4prefill.settings import (
-    A4PrefillSettings,
-    current_vllm_config,
-    settings_from_vllm_config,
-    vllm_captured_limit,
-)
+from a4prefill.settings import A4PrefillSettings, ResolvedSettings, resolve_settings
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +74,7 @@ class PassRecord:
     captured_limit: int
     rewritten: list[str] = field(default_factory=list)
     kept: list[tuple[str, str]] = field(default_factory=list)
+    node_ranges: dict[str, str] = field(default_factory=dict)
 
     @property
     def moe_nodes(self) -> int:
@@ -120,48 +130,48 @@ def _log_graph(name: str, graph: fx.Graph) -> None:
 
 
 class SplitPrefillPass(CustomGraphPass):
-    """Rewrite W4A16 MoE nodes into split nodes in graphs that may run uncaptured.
+    """Rewrite W4A16 MoE nodes into split nodes where they may run uncaptured.
 
-    ``settings`` None: read lazily from the current vLLM config's ``additional_config`` (or the
-    defaults without vLLM). ``records`` lists what each call did; reset it with ``records.clear()``.
+    ``settings``: the user's settings (None: all defaults); ``engine_captured_limit``: the
+    captured limit of the engine this pass is bound to (0 without one). ``records`` lists what
+    each call did (shared with the passes bound from this one); reset it with ``records.clear()``.
     """
 
-    def __init__(self, settings: A4PrefillSettings | None = None) -> None:
+    def __init__(
+        self,
+        settings: A4PrefillSettings | None = None,
+        *,
+        engine_captured_limit: int = 0,
+        records: list[PassRecord] | None = None,
+    ) -> None:
         self.settings = settings
-        self.records: list[PassRecord] = []
+        self.engine_captured_limit = engine_captured_limit
+        self.records: list[PassRecord] = [] if records is None else records
 
     def __deepcopy__(self, memo: dict[int, Any]) -> SplitPrefillPass:
         # Configs holding the pass get deep-copied (vLLM does); keep one instance so that its
         # records stay where the user looks for them. The settings are immutable.
         return self
 
-    def effective_settings(self) -> tuple[A4PrefillSettings, int]:
-        """The settings in force and the captured limit (settings, else vLLM's, else 0)."""
-        vllm_config = current_vllm_config()
-        settings = self.settings
-        if settings is None:
-            settings = settings_from_vllm_config(vllm_config) if vllm_config else A4PrefillSettings()
-        if legacy_threshold().enabled is False:
-            settings = A4PrefillSettings(False, settings.captured_limit, settings.excluded_layers)
-        limit = settings.captured_limit
-        if limit is None:
-            limit = vllm_captured_limit(vllm_config) if vllm_config else 0
-        return settings, limit
+    def for_engine(self, settings: A4PrefillSettings, engine_captured_limit: int) -> SplitPrefillPass:
+        """A pass bound to one engine's settings and captured limit, sharing these records."""
+        return SplitPrefillPass(settings, engine_captured_limit=engine_captured_limit, records=self.records)
+
+    def resolved(self) -> ResolvedSettings:
+        """The settings in force (one resolution, :func:`a4prefill.settings.resolve_settings`)."""
+        return resolve_settings(self.settings or A4PrefillSettings(), self.engine_captured_limit)
 
     def is_applicable_for_range(self, compile_range: Any) -> bool:
-        """vLLM's pass-manager hook: rewrite only ranges that reach beyond the captured limit."""
-        settings, limit = self.effective_settings()
-        return settings.enabled and not TokenRange(int(compile_range.start), int(compile_range.end)).within(
-            limit
-        )
+        """vLLM's pass-manager hook: run only on ranges that reach beyond the captured limit."""
+        settings = self.resolved()
+        compiled = TokenRange(int(compile_range.start), int(compile_range.end))
+        return settings.enabled and not compiled.within(settings.captured_limit)
 
     def uuid(self) -> str:
-        settings, limit = self.effective_settings()
         vllm_range = token_range.vllm_compile_range()
         state = {
             "source": hashlib.sha256(inspect.getsource(sys.modules[__name__]).encode()).hexdigest(),
-            "settings": settings.as_dict(),
-            "captured_limit": limit,
+            "settings": self.resolved().as_dict(),
             "symbol_ranges": token_range.shape_env_ranges(),
             "compile_range": str(vllm_range) if vllm_range else None,
         }
@@ -169,8 +179,7 @@ class SplitPrefillPass(CustomGraphPass):
 
     @staticmethod
     def _moe_nodes(graph: fx.Graph) -> list[_MoENode]:
-        rewritable = {moe_ops.moe_w4a16, *vllm_ops.vllm_moe_ops().values()}
-        split = {moe_ops.moe_split, *vllm_ops.registered_twins()}
+        rewritable, split = rewrite_targets.rewritable_ops(), rewrite_targets.split_ops()
         found = []
         for node in graph.nodes:
             if node.op != "call_function":
@@ -183,22 +192,30 @@ class SplitPrefillPass(CustomGraphPass):
                 found.append(_MoENode(node, op, hidden, name, auto, already_split=op in split))
         return found
 
-    def _graph_range(self, moe_nodes: list[_MoENode]) -> TokenRange:
-        vllm_range = token_range.vllm_compile_range()
-        if vllm_range is not None:
-            return vllm_range
-        return token_range.size_range(moe_nodes[0].hidden_states.meta["val"].shape[0])
+    @staticmethod
+    def _node_range(moe: _MoENode, compile_range: TokenRange | None) -> TokenRange:
+        own = token_range.size_range(moe.hidden_states.meta["val"].shape[0])
+        if compile_range is None or own.lower == own.upper:
+            return own
+        return own.intersect(compile_range)
 
     def __call__(self, graph: fx.Graph) -> None:
         moe_nodes = self._moe_nodes(graph)
         if not moe_nodes:
             return
-        settings, limit = self.effective_settings()
-        tokens = self._graph_range(moe_nodes)
+        settings = self.resolved()
+        compile_range = token_range.vllm_compile_range()
+        ranges = {moe.node.name: self._node_range(moe, compile_range) for moe in moe_nodes}
+        distinct = sorted({str(r) for r in ranges.values()})
         _log_graph("before_a4prefill_split_pass", graph)
-        record = PassRecord(f"#{len(self.records)}", str(tokens), limit)
+        record = PassRecord(
+            f"#{len(self.records)}",
+            distinct[0] if len(distinct) == 1 else ", ".join(distinct),
+            settings.captured_limit,
+            node_ranges={name: str(r) for name, r in ranges.items()},
+        )
         for moe in moe_nodes:
-            reason = self._reason_to_keep(moe, settings, tokens, limit)
+            reason = self._reason_to_keep(moe, settings, ranges[moe.node.name])
             if reason is None:
                 self._rewrite(moe)
                 record.rewritten.append(moe.node.name)
@@ -217,38 +234,28 @@ class SplitPrefillPass(CustomGraphPass):
             )
 
     @staticmethod
-    def _reason_to_keep(
-        moe: _MoENode, settings: A4PrefillSettings, tokens: TokenRange, limit: int
-    ) -> str | None:
+    def _reason_to_keep(moe: _MoENode, settings: ResolvedSettings, tokens: TokenRange) -> str | None:
         if moe.already_split:
             return "already split"
         if not settings.enabled:
             return "a4prefill disabled"
-        if tokens.within(limit):
-            return f"token range {tokens} within captured limit {limit}"
+        if tokens.within(settings.captured_limit):
+            return f"token range {tokens} within captured limit {settings.captured_limit}"
         if settings.excluded_layers:
             if moe.layer_name is None:
                 return "layer name unknown while excluded_layers is set"
-            if settings.is_layer_excluded(moe.layer_name):
-                return f"layer {moe.layer_name} excluded"
+            pattern = settings.excluded_by(moe.layer_name)
+            if pattern is not None:
+                return f"layer {moe.layer_name} excluded by {pattern!r}"
         return None
 
     @staticmethod
     def _rewrite(moe: _MoENode) -> None:
-        if moe.op is moe_ops.moe_w4a16:
-            moe.node.target = moe_ops.moe_split
-        elif moe.auto_functionalized:
-            moe.node.args = (vllm_ops.split_twin(moe.op), *moe.node.args[1:])
+        twin = rewrite_targets.split_twin(moe.op)
+        if moe.auto_functionalized:
+            moe.node.args = (twin, *moe.node.args[1:])
         else:
-            moe.node.target = vllm_ops.split_twin(moe.op)
-
-
-def register_with_vllm() -> None:
-    """Make :class:`SplitPrefillPass` a (virtual) vLLM ``InductorPass`` so vLLM's pass manager
-    accepts it. Imports vLLM: only the vLLM plugin and vLLM tests call it."""
-    from vllm.compilation.passes.inductor_pass import InductorPass
-
-    InductorPass.register(SplitPrefillPass)
+            moe.node.target = twin
 
 
 def inductor_options(split_pass: SplitPrefillPass | None = None) -> dict[str, Any]:

@@ -24,6 +24,20 @@ class TokenRange:
         """True when every size of the range is <= ``limit`` (the graph only runs captured)."""
         return self.upper is not None and self.upper <= limit
 
+    def intersect(self, other: TokenRange) -> TokenRange:
+        """The sizes in both ranges (``other`` wins where they do not overlap)."""
+        upper = (
+            self.upper
+            if other.upper is None
+            else other.upper
+            if self.upper is None
+            else min(self.upper, other.upper)
+        )
+        lower = max(self.lower, other.lower)
+        if upper is not None and lower > upper:
+            return other
+        return TokenRange(lower, upper)
+
     def __str__(self) -> str:
         if self.upper == self.lower:
             return str(self.lower)

@@ -1,48 +1,44 @@
 """vLLM integration of ``a4prefill`` (the only package that imports vLLM).
 
 ``register()`` is the ``vllm.general_plugins`` entry point (run in every vLLM process). It
-registers the ``a4prefill_nvfp4`` quantization method (opt-in: ``--quantization
-a4prefill_nvfp4``) and, when the split pass module exists, declares
-``a4prefill.passes.split_prefill.SplitPrefillPass`` a virtual subclass of vLLM's
-``InductorPass`` so vLLM's compilation config accepts the pass object as it is.
+registers, in every process:
 
-Modules: ``quant_config`` (checkpoint claim, layer dispatch), ``moe_method`` (parameters, scale
-preparation, the op call), ``row_provider`` (row types from the forward context), ``settings``
-(``additional_config`` and the legacy switch), ``e2e`` (an end-to-end run on the real engine).
+- the ``a4prefill_nvfp4`` quantization method (opt-in: ``--quantization a4prefill_nvfp4``);
+- ``a4prefill.passes.split_prefill.SplitPrefillPass`` as a virtual subclass of vLLM's
+  ``InductorPass``, so vLLM's compilation config accepts the pass object as it is;
+- the split-enabled twins of vLLM's MoE ops (:mod:`.twin_ops`), so that a graph loaded from a
+  warm compile cache finds them without the pass having run;
+- the forward-context row provider (:func:`.row_provider.forward_context_row_types`).
+
+Modules: ``quant_config`` (checkpoint claim, layer dispatch), ``engine`` (one engine's settings,
+row policy and bound pass), ``moe_method`` (parameters, A4 scales at load time, the op call),
+``row_provider`` (row types from the forward context), ``twin_ops``, ``e2e`` (an end-to-end run
+on the real engine).
 """
 
 from __future__ import annotations
 
 QUANTIZATION_NAME = "a4prefill_nvfp4"
-_registered = False
 
 
 def register() -> None:
-    """Register the quantization config and the pass class with vLLM (idempotent)."""
-    global _registered
-    if _registered:
-        return
-    from vllm.model_executor.layers.quantization import register_quantization_config
-
-    from a4prefill.vllm_integration.quant_config import A4PrefillNvFp4Config
-
-    register_quantization_config(QUANTIZATION_NAME)(A4PrefillNvFp4Config)
-    register_split_pass()
-    _registered = True
-
-
-def register_split_pass() -> bool:
-    """Make vLLM treat ``SplitPrefillPass`` as an ``InductorPass``; False if the pass module is
-    not installed (it is optional for the quantization method)."""
-    try:
-        from a4prefill.passes.split_prefill import SplitPrefillPass
-    except ImportError:
-        return False
+    """Register the quantization config, the pass class, the twin ops and the row provider
+    with this process (idempotent)."""
     from vllm.compilation.passes.inductor_pass import InductorPass
+    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS, register_quantization_config
 
+    from a4prefill.ops import set_row_provider
+    from a4prefill.passes.split_prefill import SplitPrefillPass
+    from a4prefill.vllm_integration.quant_config import A4PrefillNvFp4Config
+    from a4prefill.vllm_integration.row_provider import forward_context_row_types
+    from a4prefill.vllm_integration.twin_ops import register_twins
+
+    if QUANTIZATION_NAME not in QUANTIZATION_METHODS:
+        register_quantization_config(QUANTIZATION_NAME)(A4PrefillNvFp4Config)
     if not issubclass(SplitPrefillPass, InductorPass):
         InductorPass.register(SplitPrefillPass)
-    return True
+    register_twins()
+    set_row_provider(forward_context_row_types)
 
 
-__all__ = ["QUANTIZATION_NAME", "register", "register_split_pass"]
+__all__ = ["QUANTIZATION_NAME", "register"]

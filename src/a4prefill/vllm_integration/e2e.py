@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from a4prefill.ops.scales import A4_READY
+
 DEFAULT_PASS = "a4prefill.split_prefill_pass"
 FIRST_PROMPTS = (
     "once upon a time there lived a little cat who loved the sea",
@@ -66,7 +68,8 @@ class E2EResult:
     max_decode_len: int
     steps: list[StepRecord]
     outputs: dict[str, list[int]]
-    uncalibrated_layers: dict[str, str]
+    layer_status: dict[str, str]  # layer -> "A4 scales" or why it runs W4A16 only
+    additional_config: dict[str, Any] = field(default_factory=dict)
     pass_records: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> str:
@@ -115,6 +118,7 @@ def _records_of(split_pass: Any) -> list[dict[str, Any]]:
         out.append(
             {
                 "token_range": str(getattr(record, "token_range", "")),
+                "captured_limit": getattr(record, "captured_limit", None),
                 "rewritten": [str(n) for n in getattr(record, "rewritten", [])],
                 "kept": [[str(n), str(r)] for n, r in getattr(record, "kept", [])],
             }
@@ -148,9 +152,9 @@ def run_e2e(
     from vllm import LLM, SamplingParams
 
     from a4prefill.ops import ROW_COUNTERS
-    from a4prefill.ops.scales import LAYER_SCALES
     from a4prefill.vllm_integration import QUANTIZATION_NAME, register
-    from a4prefill.vllm_integration.settings import max_decode_len
+    from a4prefill.vllm_integration.engine import max_decode_len
+    from a4prefill.vllm_integration.moe_method import layer_statuses
 
     register()
     model = ensure_tiny_model(Path(model_dir) if model_dir else None)
@@ -221,7 +225,8 @@ def run_e2e(
         max_decode_len=decode_len,
         steps=steps,
         outputs=outputs,
-        uncalibrated_layers=LAYER_SCALES.uncalibrated_layers(),
+        layer_status=llm.apply_model(layer_statuses)[0],
+        additional_config=additional_config or {},
         pass_records=_records_of(_pass_instance(engine.vllm_config)) if split_pass else [],
     )
 
@@ -262,12 +267,13 @@ def format_report(result: E2EResult) -> str:
             f"{row['kind']:<13}{row['steps']:>6}{row['decode']:>12}{row['prefill']:>13}"
             f"{row['w4a16']:>12}{row['a4']:>9}"
         )
-    for layer, reason in sorted(result.uncalibrated_layers.items()):
-        lines.append(f"skipped (W4A16 only): {layer}: {reason}")
+    for layer, status in sorted(result.layer_status.items()):
+        if status != A4_READY:
+            lines.append(f"W4A16 only: {layer}: {status}")
     for record in result.pass_records:
         lines.append(
-            f"pass graph {record['token_range']}: rewrote {len(record['rewritten'])} node(s), "
-            f"kept {len(record['kept'])}"
+            f"pass graph {record['token_range']} (captured limit {record['captured_limit']}): rewrote "
+            f"{len(record['rewritten'])} node(s), kept {len(record['kept'])}"
         )
         for node, reason in record["kept"]:
             lines.append(f"  kept {node}: {reason}")
@@ -278,7 +284,10 @@ def format_report(result: E2EResult) -> str:
 
 def run_e2e_cli(args: Any) -> int:
     """``python -m a4prefill e2e``: run, print :func:`format_report`, optionally write JSON."""
-    result = run_e2e(args.model, split_pass=None if args.no_pass else args.split_pass)
+    settings = json.loads(args.additional_config) if args.additional_config else None
+    result = run_e2e(
+        args.model, split_pass=None if args.no_pass else args.split_pass, additional_config=settings
+    )
     print(format_report(result))
     if args.json:
         Path(args.json).write_text(result.to_json())

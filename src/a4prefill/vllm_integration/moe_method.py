@@ -5,14 +5,21 @@ Contract:
 - ``create_weights`` registers exactly vLLM's ModelOpt NVFP4 MoE parameter set (FACTS.md
   section 4, :class:`a4prefill.ops.NvFp4MoEWeights`); the input-scale parameters start at zero
   ("not calibrated"), so a checkpoint without them (an MTP draft layer) never runs A4.
-- ``process_weights_after_loading`` makes the tensors contiguous, checks gate/up global scales,
-  and derives the layer's A4 encode scales once (:data:`a4prefill.ops.scales.LAYER_SCALES`).
-- ``apply`` calls ``torch.ops.a4prefill.moe_w4a16`` with the layer's prefix as ``layer_name``.
-  The split pass rewrites that node into ``moe_split`` in graphs that may run uncaptured;
-  without the pass every row runs W4A16.
-- Layers whose rows are dispatched across data-parallel ranks (DP / all2all / PCP) cannot have
-  their rows typed per step: they get zero input scales in the op call (split disabled, one
-  warning), i.e. W4A16 for every row even where the pass rewrote the node.
+- ``process_weights_after_loading`` is the load-time decider: it decides whether the layer has A4
+  scales and stores them as layer buffers (``a4prefill_fc1_encode_scale`` [1],
+  ``a4prefill_fc2_encode_scales`` [E], fp32, not persistent), or records why not in
+  ``layer.a4prefill_status``. Layers switched off for another reason than calibration
+  (``enabled`` false, excluded by name, data-parallel dispatch) carry no scales and say so. One
+  warning per layer that runs W4A16 only. Running it again (weights reloaded in place, e.g. an RL
+  weight sync through ``param.data[...] = ...``) re-derives the scales into the same buffers; a
+  reload that would change whether the layer has scales is an error (compiled graphs carry the
+  answer).
+- ``apply`` calls ``torch.ops.a4prefill.moe_w4a16`` with the layer's prefix as ``layer_name`` and
+  its A4 scales (or none). The split pass rewrites that node into ``moe_split`` in graphs that may
+  run uncaptured; inside vLLM's opaque ``moe_forward`` (CUDA) the pass's split-enabled twin makes
+  ``apply`` call ``moe_split`` instead. Without the pass every row runs W4A16.
+- ``row_policy`` (the engine's decode length, sequence-parallel rank) is what the row provider
+  reads for this layer.
 
 The class name contains ``ModelOpt`` on purpose: vLLM's expert weight loader picks the ModelOpt
 per-tensor-scale loading path by that substring.
@@ -30,29 +37,40 @@ from vllm.model_executor.layers.fused_moe.routed_experts import FusedMoeWeightSc
 from vllm.model_executor.parameter import ModelWeightParameter, PerTensorScaleParameter
 from vllm.model_executor.utils import set_weight_attrs
 
-from a4prefill.ops import NvFp4MoEWeights, call_moe, moe_split, moe_w4a16
-from a4prefill.ops.scales import LAYER_SCALES
+from a4prefill.ops import NvFp4Experts, NvFp4MoEWeights, call_moe, moe_split, moe_w4a16
+from a4prefill.ops.scales import A4_READY, A4Scales, a4_calibration
 from a4prefill.ops.split_scope import is_split_enabled
+from a4prefill.vllm_integration.engine import EngineSetup
+from a4prefill.vllm_integration.row_provider import RowPolicy
 
 logger = logging.getLogger(__name__)
 
 GROUP_SIZE = 16
 
 
-def dispatch_reason(moe: FusedMoEConfig) -> str | None:
-    """Why this layer's rows mix several ranks' batches (split disabled), or None."""
+FC1_SCALE_BUFFER = "a4prefill_fc1_encode_scale"
+FC2_SCALES_BUFFER = "a4prefill_fc2_encode_scales"
+
+
+def switched_off_reason(moe: FusedMoEConfig, layer_name: str, setup: EngineSetup) -> str | None:
+    """Why this layer never runs A4 whatever its calibration (None: calibration decides)."""
+    if not setup.settings.enabled:
+        return "a4prefill disabled (enabled: false)"
+    pattern = setup.settings.excluded_by(layer_name)
+    if pattern is not None:
+        return f"excluded by excluded_layers pattern {pattern!r}"
     parallel = moe.moe_parallel_config
     if parallel.dp_size > 1:
-        return f"data-parallel dispatch (dp_size={parallel.dp_size})"
+        return f"data-parallel dispatch (dp_size={parallel.dp_size}) mixes rows of several ranks"
     if parallel.pcp_size > 1:
-        return f"prefill context parallel (pcp_size={parallel.pcp_size})"
+        return f"prefill context parallel (pcp_size={parallel.pcp_size}) mixes rows of several ranks"
     return None
 
 
 class A4PrefillModelOptNvFp4MoEMethod(FusedMoEMethodBase):
     """ModelOpt NVFP4 MoE experts served by ``a4prefill`` ops (W4A16 decode, A4 prefill)."""
 
-    def __init__(self, moe: FusedMoEConfig, layer_name: str) -> None:
+    def __init__(self, moe: FusedMoEConfig, layer_name: str, setup: EngineSetup) -> None:
         super().__init__(moe)
         if moe.activation != MoEActivation.SILU or not moe.is_act_and_mul:
             raise ValueError(
@@ -61,13 +79,14 @@ class A4PrefillModelOptNvFp4MoEMethod(FusedMoEMethodBase):
             )
         if moe.has_bias:
             raise ValueError(f"a4prefill_nvfp4: layer {layer_name!r} has expert biases (unsupported)")
-        self.layer_name = layer_name
-        self.split_disabled_reason = dispatch_reason(moe)
         if moe.moe_parallel_config.use_ep:
             raise ValueError(
                 f"a4prefill_nvfp4: layer {layer_name!r}: expert parallelism is not supported "
                 "(the ops take all experts of the layer)"
             )
+        self.layer_name = layer_name
+        self.row_policy: RowPolicy = setup.row_policy
+        self.switched_off = switched_off_reason(moe, layer_name, setup)
 
     def uses_weight_scale_2_pattern(self) -> bool:
         return True
@@ -120,43 +139,56 @@ class A4PrefillModelOptNvFp4MoEMethod(FusedMoEMethodBase):
             param = getattr(layer, name)
             if not param.data.is_contiguous():
                 param.data = param.data.contiguous()
-        scale_2 = layer.w13_weight_scale_2.data
-        if not torch.equal(scale_2[:, 0], scale_2[:, 1]):
-            logger.warning(
-                "a4prefill_nvfp4: layer %r: gate and up weight_scale_2 differ; using them per half",
-                self.layer_name,
-            )
-        if self.split_disabled_reason:
-            logger.warning(
-                "a4prefill_nvfp4: layer %r runs W4A16 for every row: %s mixes rows of several "
-                "ranks, so prefill rows cannot be identified (A4 split disabled)",
-                self.layer_name,
-                self.split_disabled_reason,
-            )
-            layer.register_buffer("a4prefill_zero_w13_input_scale", torch.zeros_like(layer.w13_input_scale))
-            layer.register_buffer("a4prefill_zero_w2_input_scale", torch.zeros_like(layer.w2_input_scale))
+            # Loaders write through ``param.data``, which does not bump the version that caches
+            # of prepared weights (the b12x backend's) compare: bump it here, once per processing.
+            torch.autograd.graph.increment_version(param)
+        if self.switched_off is not None:
+            scales, status = None, self.switched_off
         else:
-            LAYER_SCALES.lookup(self.layer_name, layer.w13_input_scale.data, layer.w2_input_scale.data)
+            calibration = a4_calibration(layer.w13_input_scale.data, layer.w2_input_scale.data)
+            scales, status = calibration.scales, calibration.reason or A4_READY
+        self._store_a4_scales(layer, scales, status)
+        layer.a4prefill_status = status
+        if scales is None:
+            logger.warning("a4prefill_nvfp4: layer %r runs W4A16 for every row: %s", self.layer_name, status)
+
+    def _store_a4_scales(self, layer: Any, scales: A4Scales | None, status: str) -> None:
+        current = getattr(layer, FC1_SCALE_BUFFER, None)
+        if hasattr(layer, "a4prefill_status") and (current is None) != (scales is None):
+            raise ValueError(
+                f"a4prefill_nvfp4: layer {self.layer_name!r}: reloaded weights change whether the layer "
+                f"has A4 scales (was: {layer.a4prefill_status}; now: {status}); compiled graphs carry "
+                "that decision: restart the engine to change it"
+            )
+        if scales is None:
+            return
+        if current is None:
+            layer.register_buffer(FC1_SCALE_BUFFER, scales.fc1_encode_scale, persistent=False)
+            layer.register_buffer(FC2_SCALES_BUFFER, scales.fc2_encode_scales, persistent=False)
+        else:  # in place: compiled graphs and captured CUDA graphs keep reading the same buffers
+            current.copy_(scales.fc1_encode_scale)
+            getattr(layer, FC2_SCALES_BUFFER).copy_(scales.fc2_encode_scales)
 
     def get_fused_moe_quant_config(self, layer: torch.nn.Module) -> None:
         return None
 
-    def layer_weights(self, layer: Any) -> NvFp4MoEWeights:
-        """The op arguments of ``layer`` (zero input scales where the split is disabled)."""
-        w13_input_scale, w2_input_scale = layer.w13_input_scale, layer.w2_input_scale
-        if self.split_disabled_reason:
-            w13_input_scale = layer.a4prefill_zero_w13_input_scale
-            w2_input_scale = layer.a4prefill_zero_w2_input_scale
-        return NvFp4MoEWeights(
+    @staticmethod
+    def experts(layer: Any) -> NvFp4Experts:
+        """The op's expert tensors of ``layer``."""
+        return NvFp4Experts(
             layer.w13_weight,
             layer.w13_weight_scale,
             layer.w13_weight_scale_2,
-            w13_input_scale,
             layer.w2_weight,
             layer.w2_weight_scale,
             layer.w2_weight_scale_2,
-            w2_input_scale,
         )
+
+    @staticmethod
+    def a4_scales(layer: Any) -> A4Scales | None:
+        """The layer's A4 scales as weight processing left them (None: W4A16 only)."""
+        fc1 = getattr(layer, FC1_SCALE_BUFFER, None)
+        return None if fc1 is None else A4Scales(fc1, getattr(layer, FC2_SCALES_BUFFER))
 
     def apply(
         self,
@@ -176,7 +208,19 @@ class A4PrefillModelOptNvFp4MoEMethod(FusedMoEMethodBase):
             x,
             topk_weights,
             topk_ids,
-            self.layer_weights(layer),
+            self.experts(layer),
+            self.a4_scales(layer),
             self.layer_name,
             None if limit is None else float(limit),
         )
+
+
+def layer_statuses(model: torch.nn.Module) -> dict[str, str]:
+    """Layer name -> A4 status (``"A4 scales"`` or why the layer runs W4A16 only) of every
+    a4prefill MoE layer of ``model``; for ``LLM.apply_model`` and reports."""
+    statuses = {}
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, A4PrefillModelOptNvFp4MoEMethod):
+            statuses[method.layer_name] = str(getattr(module, "a4prefill_status", "not processed"))
+    return statuses

@@ -10,9 +10,9 @@ Contract:
   excluded layers are vLLM's (KV-cache method, unquantized linear); quantized NVFP4 linear layers
   go to vLLM's ModelOpt linear method where the platform has NVFP4 linear kernels (not on CPU:
   clear error naming the layer).
-- The first ``get_quant_method`` call of a process (model construction, a vLLM config is
-  current) validates ``additional_config["a4prefill"]`` and installs the forward-context row
-  provider; invalid settings fail there, before any weight is loaded.
+- The first ``get_quant_method`` call of a config instance (one per engine; model construction,
+  a vLLM config is current) sets the engine up (:func:`.engine.engine_setup`: settings resolved,
+  split pass bound, row policy); invalid settings fail there, before any weight is loaded.
 """
 
 from __future__ import annotations
@@ -29,10 +29,8 @@ from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBa
 from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4Config
 from vllm.platforms import current_platform
 
-from a4prefill.ops.rows import set_row_provider
+from a4prefill.vllm_integration.engine import EngineSetup, engine_setup
 from a4prefill.vllm_integration.moe_method import A4PrefillModelOptNvFp4MoEMethod
-from a4prefill.vllm_integration.row_provider import ForwardContextRowProvider
-from a4prefill.vllm_integration.settings import effective_settings, max_decode_len
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +42,7 @@ SUPPORTED_ALGOS = ("NVFP4", "W4A16_NVFP4")
 class A4PrefillNvFp4Config(ModelOptNvFp4Config):
     """ModelOpt NVFP4 config whose MoE experts run through the ``a4prefill`` ops."""
 
-    _process_ready = False
+    _setup: EngineSetup | None = None
 
     def get_name(self) -> Any:
         return QUANTIZATION_NAME
@@ -63,11 +61,11 @@ class A4PrefillNvFp4Config(ModelOptNvFp4Config):
         return QUANTIZATION_NAME
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> QuantizeMethodBase | None:
-        self._prepare_process()
+        setup = self.engine()  # the first call validates the settings, before any weight is loaded
         if isinstance(layer, Attention | MLAAttention) or self.is_layer_excluded(prefix):
             return super().get_quant_method(layer, prefix)
         if isinstance(layer, RoutedExperts):
-            return A4PrefillModelOptNvFp4MoEMethod(layer.moe_config, prefix)
+            return A4PrefillModelOptNvFp4MoEMethod(layer.moe_config, prefix, setup)
         if isinstance(layer, LinearBase) and current_platform.is_cpu():
             raise ValueError(
                 f"{QUANTIZATION_NAME}: layer {prefix!r} is an NVFP4-quantized linear layer, and "
@@ -76,33 +74,11 @@ class A4PrefillNvFp4Config(ModelOptNvFp4Config):
             )
         return super().get_quant_method(layer, prefix)
 
-    @classmethod
-    def _prepare_process(cls) -> None:
-        """Validate the settings and install the row provider, once per process."""
-        if cls._process_ready:
-            return
-        vllm_config = get_current_vllm_config_or_none()
-        settings = effective_settings(vllm_config)  # raises ValueError naming the bad key
-        parallel = getattr(vllm_config, "parallel_config", None)
-        sp = bool(getattr(parallel, "use_sequence_parallel_moe", False))
-        tp_size = int(getattr(parallel, "tensor_parallel_size", 1) or 1)
-        sp_rank = 0
-        if sp and tp_size > 1:
-            from vllm.distributed import get_tensor_model_parallel_rank
-
-            sp_rank = get_tensor_model_parallel_rank()
-        set_row_provider(
-            ForwardContextRowProvider(
-                max_decode_len=max_decode_len(vllm_config),
-                enabled=settings.enabled,
-                sp_rank=sp_rank,
-                sp_size=tp_size if sp else 1,
-            )
-        )
-        cls._process_ready = True
-        logger.info(
-            "a4prefill: %s ready (A4 prefill %s, decode rows: query_len <= %d)",
-            QUANTIZATION_NAME,
-            "enabled" if settings.enabled else "disabled",
-            max_decode_len(vllm_config),
-        )
+    def engine(self) -> EngineSetup:
+        """This engine's setup, made on first use (model construction: a vLLM config is current)."""
+        if self._setup is None:
+            vllm_config = get_current_vllm_config_or_none()
+            if vllm_config is None:
+                raise RuntimeError(f"{QUANTIZATION_NAME}: layers must be built under a current vLLM config")
+            self._setup = engine_setup(vllm_config)
+        return self._setup

@@ -1,113 +1,126 @@
-"""Row types of the current vLLM step, read from the forward context (host data only).
+"""Which rows of a vLLM step are prefill: the row provider, from host query lengths only.
 
-Contract (who may call: :func:`a4prefill.ops.rows.current_row_types`, through
-:func:`a4prefill.ops.set_row_provider`; the plugin installs :class:`ForwardContextRowProvider`):
+This module is one of the three places that decide precision: *which rows of a step are
+prefill*. The rule (FACTS.md sections 4 and 9):
 
-- A request with ``0 < query_len <= max_decode_len`` (``1 + num_speculative_tokens`` of the
+- a request with ``0 < query_len <= max_decode_len`` (``1 + num_speculative_tokens`` of the
   engine's speculative config) is decode or speculative verify; a longer one is prefill; rows
-  past the scheduled tokens are padding.
-- Host data only. In order of preference per attention-metadata entry: backend counts
-  (``num_decodes``/``num_decode_tokens``/``num_prefills``: decodes come first there), a host
-  ``max_query_len <= max_decode_len`` (decode-only step, nothing read), a CPU
-  ``query_start_loc`` / ``query_start_loc_cpu``; a device-only ``query_start_loc`` costs one
-  host read, at most once per step (the result is cached on the forward context object).
-- Several metadata entries (one per KV-cache group, or the list of two dicts under dual-batch
-  overlap) are merged row by row: a row is prefill only if every entry says prefill; a row any
-  entry calls decode is decode.
-- No forward context, no attention metadata, or a captured step (``cudagraph_runtime_mode``
-  not NONE): every row is decode (W4A16).
-- Sequence-parallel MoE: when the op sees only this rank's slice of the padded rows, the step's
+  past the scheduled tokens are padding;
+- query lengths come from a host ``query_start_loc`` (``query_start_loc_cpu``, or a CPU
+  ``query_start_loc``), else from one host read of a device ``query_start_loc`` per uncaptured
+  step (cached on the forward context object);
+- attention backends' own counts (``num_decodes``, ``num_decode_tokens``, ``num_prefills``)
+  follow each backend's ``reorder_batch_threshold`` / ``require_uniform`` rules, not this rule:
+  together with a host ``max_query_len <= max_decode_len`` they may confirm a decode-only step
+  (nothing is read then), but they never mark a row prefill;
+- several metadata entries of one step (one per KV-cache group) must agree; where they do not,
+  a row is prefill only if every entry says so;
+- dual-batch overlap: ``attn_metadata`` is a list of one dict per micro-batch; micro-batch ``i``'s
+  rows are placed at its own token slice (``ubatch_slices[i].token_slice`` when the context has
+  them, else one after the other);
+- a captured step (``cudagraph_runtime_mode`` not NONE), no attention metadata (profile and dummy
+  runs), or no usable metadata: every row decode (W4A16);
+- sequence-parallel MoE: when the op sees only this rank's slice of the padded rows, the step's
   row types are sliced with :func:`a4prefill.ops.shard_row_types`.
+
+The provider keeps no state: :func:`forward_context_row_types` finds the layer's
+:class:`RowPolicy` (the engine's decode length and sequence-parallel rank, set when the layer was
+built) through the forward context's ``no_compile_layers``, so every engine in a process uses its
+own. Who may call: :func:`a4prefill.ops.rows.current_row_types`, through
+:func:`a4prefill.ops.set_row_provider` (the plugin installs it when it registers); tests.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from a4prefill.ops.process_state import warn_once
 from a4prefill.ops.rows import RowTypes, row_types_from_query_start_loc, shard_row_types
 
 logger = logging.getLogger(__name__)
 
 CACHE_ATTRIBUTE = "_a4prefill_row_types"
-"""Attribute set on the forward context object: ``{num_rows: RowTypes | None}`` for this step."""
+"""Attribute set on the forward context object: ``{(num_rows, policy): RowTypes | None}``."""
 
 _LABEL_RANK = {"prefill": 0, "padding": 1, "decode": 2}
 
 
-def metadata_entries(attn_metadata: Any) -> list[Any]:
-    """Distinct backend metadata objects of a forward context's ``attn_metadata``.
+@dataclass(frozen=True)
+class RowPolicy:
+    """What an engine's steps need to be typed: ``max_decode_len`` (1 + speculative tokens) and
+    the sequence-parallel MoE rank and size (``sp_size`` 1: off). Set per layer at build time."""
 
-    Accepts a dict (layer name -> metadata), a list of such dicts (dual-batch overlap) or None.
-    """
-    if attn_metadata is None:
-        return []
-    groups: Iterable[Any]
-    if isinstance(attn_metadata, Mapping):
-        groups = [attn_metadata]
-    elif isinstance(attn_metadata, Sequence):
-        groups = attn_metadata
-    else:
-        groups = [{"": attn_metadata}]
-    entries: dict[int, Any] = {}
-    for group in groups:
-        values = group.values() if isinstance(group, Mapping) else [group]
-        for value in values:
-            if value is not None:
-                entries.setdefault(id(value), value)
-    return list(entries.values())
+    max_decode_len: int = 1
+    sp_rank: int = 0
+    sp_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.max_decode_len < 1:
+            raise ValueError(f"max_decode_len must be >= 1, got {self.max_decode_len}")
+        if not 0 <= self.sp_rank < self.sp_size:
+            raise ValueError(f"need 0 <= sp_rank < sp_size, got {self.sp_rank}, {self.sp_size}")
+
+    def row_types(
+        self, attn_metadata: Any, num_rows: int, ubatch_slices: Sequence[Any] | None = None
+    ) -> RowTypes | None:
+        """Row types of ``num_rows`` rows for this step's metadata; None when it says nothing."""
+        if attn_metadata is None:
+            return None
+        global_rows = num_rows
+        if self.sp_size > 1 and not _covers_step(attn_metadata, num_rows):
+            global_rows = num_rows * self.sp_size
+        if isinstance(attn_metadata, Mapping):
+            rows = _dict_row_types(attn_metadata, global_rows, self.max_decode_len)
+        else:
+            rows = _micro_batch_row_types(attn_metadata, global_rows, self.max_decode_len, ubatch_slices)
+        if rows is not None and global_rows != num_rows:
+            rows = shard_row_types(rows, self.sp_rank, self.sp_size)
+        return rows
 
 
-def _int_attr(metadata: Any, name: str) -> int | None:
+def _host_int(metadata: Any, name: str) -> int | None:
     value = getattr(metadata, name, None)
     if value is None or isinstance(value, torch.Tensor):
         return None
     return int(value)
 
 
-def row_types_from_metadata(metadata: Any, num_rows: int, max_decode_len: int) -> RowTypes | None:
-    """Row types of ``num_rows`` rows from one backend metadata object, or None if unknown.
+def _starts(metadata: Any, allow_device_read: bool) -> list[int] | None:
+    """``query_start_loc`` of one metadata object as host ints (a device tensor only if allowed)."""
+    for name in ("query_start_loc_cpu", "query_start_loc"):
+        value = getattr(metadata, name, None)
+        if isinstance(value, torch.Tensor) and (value.device.type == "cpu" or allow_device_read):
+            return [int(v) for v in value.tolist()]  # one host read for a device tensor
+    return None
 
-    Reads host fields only, except a device-only ``query_start_loc`` (one ``tolist()``).
-    """
-    num_prefills = _int_attr(metadata, "num_prefills")
-    num_decode_tokens = _int_attr(metadata, "num_decode_tokens")
-    num_actual = _int_attr(metadata, "num_actual_tokens")
-    if num_prefills is not None and num_decode_tokens is not None:
-        # FlashInfer / MLA style: decodes are reordered to the front.
-        num_prefill_tokens = _int_attr(metadata, "num_prefill_tokens")
-        if num_prefill_tokens is None:
-            num_prefill_tokens = 0 if num_prefills == 0 else (num_actual or num_rows) - num_decode_tokens
-        used = num_decode_tokens + num_prefill_tokens
-        if used > num_rows:
-            return None
-        decode = ((0, num_decode_tokens),) if num_decode_tokens else ()
-        prefill = ((num_decode_tokens, used),) if num_prefill_tokens else ()
-        padding = ((used, num_rows),) if num_rows > used else ()
-        return RowTypes(num_rows, decode, prefill, padding)
-    max_query_len = _int_attr(metadata, "max_query_len")
-    if max_query_len is not None and max_query_len <= max_decode_len:
-        used = num_actual if num_actual is not None else num_rows
-        if used > num_rows:
-            return None
-        return RowTypes(
-            num_rows, ((0, used),) if used else (), (), ((used, num_rows),) if used < num_rows else ()
-        )
-    query_start_loc = getattr(metadata, "query_start_loc_cpu", None)
-    if query_start_loc is None:
-        query_start_loc = getattr(metadata, "query_start_loc", None)
-    if not isinstance(query_start_loc, torch.Tensor):
-        return None
-    starts = query_start_loc.tolist()  # host copy; one device read at most per step (cached)
+
+def _from_starts(starts: list[int], metadata: Any, num_rows: int, max_decode_len: int) -> RowTypes | None:
+    num_actual = _host_int(metadata, "num_actual_tokens")
     if num_actual is not None:
-        starts = [min(int(s), num_actual) for s in starts]
-    if not starts or int(starts[-1]) > num_rows:
+        starts = [min(s, num_actual) for s in starts]
+    if not starts or starts[-1] > num_rows:
         return None
     return row_types_from_query_start_loc(starts, max_decode_len, num_rows)
+
+
+def _confirmed_decode_only(metadata: Any, num_rows: int, max_decode_len: int) -> RowTypes | None:
+    """All decode when the backend's host counts say so under this rule; else None."""
+    max_query_len = _host_int(metadata, "max_query_len")
+    num_prefills = _host_int(metadata, "num_prefills")
+    if max_query_len is None or max_query_len > max_decode_len or (num_prefills or 0) > 0:
+        return None
+    used = _host_int(metadata, "num_actual_tokens")
+    used = num_rows if used is None else used
+    if used > num_rows:
+        return None
+    return RowTypes(
+        num_rows, ((0, used),) if used else (), (), ((used, num_rows),) if used < num_rows else ()
+    )
 
 
 def merge_row_types(candidates: Sequence[RowTypes]) -> RowTypes:
@@ -119,58 +132,106 @@ def merge_row_types(candidates: Sequence[RowTypes]) -> RowTypes:
     return RowTypes.from_labels(merged)
 
 
-@dataclass
-class ForwardContextRowProvider:
-    """The plugin's row provider (see the module docstring).
+def _dict_row_types(group: Mapping[str, Any], num_rows: int, max_decode_len: int) -> RowTypes | None:
+    """Row types from one dict of metadata (layer name -> metadata) describing ``num_rows`` rows."""
+    entries = list({id(m): m for m in group.values() if m is not None}.values())
+    host = [(m, s) for m in entries if (s := _starts(m, allow_device_read=False)) is not None]
+    if host:
+        typed = [_from_starts(s, m, num_rows, max_decode_len) for m, s in host]
+        return None if any(t is None for t in typed) else merge_row_types(typed)  # type: ignore[arg-type]
+    for metadata in entries:
+        confirmed = _confirmed_decode_only(metadata, num_rows, max_decode_len)
+        if confirmed is not None:
+            return confirmed
+    for metadata in entries:
+        starts = _starts(metadata, allow_device_read=True)
+        if starts is not None:
+            return _from_starts(starts, metadata, num_rows, max_decode_len)
+    return None
 
-    ``max_decode_len``: 1 + speculative tokens; ``enabled``: False types every row decode;
-    ``sp_rank``/``sp_size``: sequence-parallel MoE rank and size (1 = off).
-    """
 
-    max_decode_len: int = 1
-    enabled: bool = True
-    sp_rank: int = 0
-    sp_size: int = 1
+def _micro_batch_row_types(
+    groups: Sequence[Any], num_rows: int, max_decode_len: int, ubatch_slices: Sequence[Any] | None
+) -> RowTypes | None:
+    """Dual-batch overlap: one dict per micro-batch, each typed over its own token slice."""
+    labels = ["padding"] * num_rows
+    position = 0
+    for index, group in enumerate(groups):
+        if not isinstance(group, Mapping):
+            return None
+        if ubatch_slices is not None and index < len(ubatch_slices):
+            token_slice = ubatch_slices[index].token_slice
+            start, stop = int(token_slice.start), int(token_slice.stop)
+        else:
+            start = position
+            stop = start + _micro_batch_tokens(group)
+        if stop > num_rows:
+            return None
+        rows = _dict_row_types(group, stop - start, max_decode_len)
+        if rows is None:
+            return None
+        labels[start:stop] = rows.labels()
+        position = stop
+    return RowTypes.from_labels(labels)
 
-    def __call__(self, num_rows: int) -> RowTypes | None:
-        from vllm.config import CUDAGraphMode
-        from vllm.forward_context import get_forward_context, is_forward_context_available
 
-        if not self.enabled or not is_forward_context_available():
-            return RowTypes.all_decode(num_rows)
-        context = get_forward_context()
-        if context.cudagraph_runtime_mode != CUDAGraphMode.NONE:
-            return RowTypes.all_decode(num_rows)
-        cache = getattr(context, CACHE_ATTRIBUTE, None)
-        if cache is None:
-            cache = {}
-            setattr(context, CACHE_ATTRIBUTE, cache)
-        if num_rows not in cache:
-            cache[num_rows] = self.row_types_for(context.attn_metadata, num_rows)
-        return cache[num_rows]
+def _micro_batch_tokens(group: Mapping[str, Any]) -> int:
+    for metadata in group.values():
+        actual = _host_int(metadata, "num_actual_tokens")
+        if actual is not None:
+            return actual
+        starts = _starts(metadata, allow_device_read=False)
+        if starts:
+            return starts[-1]
+    return 0
 
-    def row_types_for(self, attn_metadata: Any, num_rows: int) -> RowTypes:
-        """Row types of ``num_rows`` rows for this metadata (all decode when unknown)."""
-        entries = metadata_entries(attn_metadata)
-        if not entries:
-            return RowTypes.all_decode(num_rows)
-        global_rows = num_rows
-        if self.sp_size > 1 and not self._is_global(entries, num_rows):
-            global_rows = num_rows * self.sp_size
-        candidates = []
-        for metadata in entries:
-            row_types = row_types_from_metadata(metadata, global_rows, self.max_decode_len)
-            if row_types is None:
-                return RowTypes.all_decode(num_rows)
-            candidates.append(row_types)
-        merged = merge_row_types(candidates)
-        if global_rows != num_rows:
-            merged = shard_row_types(merged, self.sp_rank, self.sp_size)
-        return merged
 
-    @staticmethod
-    def _is_global(entries: Sequence[Any], num_rows: int) -> bool:
-        """True when ``num_rows`` covers the step's scheduled tokens (not a rank's slice)."""
-        actual = [_int_attr(m, "num_actual_tokens") for m in entries]
-        known = [a for a in actual if a is not None]
-        return not known or max(known) <= num_rows
+def _covers_step(attn_metadata: Any, num_rows: int) -> bool:
+    """True when ``num_rows`` covers the step's scheduled tokens (not one rank's slice)."""
+    groups = [attn_metadata] if isinstance(attn_metadata, Mapping) else list(attn_metadata)
+    tokens = sum(_micro_batch_tokens(g) for g in groups if isinstance(g, Mapping))
+    return tokens <= num_rows
+
+
+def row_policy_of(layer: Any) -> RowPolicy | None:
+    """The :class:`RowPolicy` of the a4prefill MoE method behind a ``no_compile_layers`` entry."""
+    experts = getattr(layer, "routed_experts", layer)
+    policy = getattr(getattr(experts, "quant_method", None), "row_policy", None)
+    return policy if isinstance(policy, RowPolicy) else None
+
+
+def forward_context_row_types(num_rows: int, layer_name: str) -> RowTypes | None:
+    """The row provider the plugin installs (see the module docstring)."""
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    if not is_forward_context_available():
+        return None
+    context = get_forward_context()
+    if context.cudagraph_runtime_mode != CUDAGraphMode.NONE or context.attn_metadata is None:
+        return RowTypes.all_decode(num_rows)
+    policy = row_policy_of(context.no_compile_layers.get(layer_name))
+    if policy is None:
+        warn_once(
+            logger,
+            ("no row policy", layer_name),
+            "a4prefill: layer %r is not an a4prefill MoE layer of this engine: its rows run W4A16",
+            layer_name,
+        )
+        return RowTypes.all_decode(num_rows)
+    cache = getattr(context, CACHE_ATTRIBUTE, None)
+    if cache is None:
+        cache = {}
+        setattr(context, CACHE_ATTRIBUTE, cache)
+    key = (num_rows, policy)
+    if key not in cache:
+        cache[key] = policy.row_types(context.attn_metadata, num_rows, context.ubatch_slices)
+    rows = cache[key]
+    if rows is None:
+        warn_once(
+            logger,
+            ("no query lengths",),
+            "a4prefill: this step's attention metadata gives no query lengths: its rows run W4A16",
+        )
+        return RowTypes.all_decode(num_rows)
+    return rows

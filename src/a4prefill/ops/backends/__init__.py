@@ -34,6 +34,12 @@ def register_backend(name: str, factory: Callable[[], MoEBackend], priority: int
     _selected.clear()
 
 
+def reset_backends() -> None:
+    """Forget backend instances (and what they prepared) and the per-device selection."""
+    _instances.clear()
+    _selected.clear()
+
+
 def registered_backends() -> list[str]:
     """Registered backend names, highest priority first."""
     return sorted(_factories, key=lambda name: -_factories[name][0])

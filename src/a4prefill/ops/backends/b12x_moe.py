@@ -3,8 +3,8 @@
 Selected only where ``b12x.moe.fused_moe.is_supported()`` is True (b12x imported lazily).
 Registration (in ``backends/__init__.py``): ``register_backend("b12x", B12xBackend, priority=20)``.
 
-Per layer (cached on the storage and version of the eight ModelOpt tensors, like
-``scales.LayerScaleCache``), once, before any CUDA-graph capture (vLLM's profile run does it):
+Per layer (cached on the identity and version of the six expert tensors and the two A4 scale
+tensors it is called with), once, before any CUDA-graph capture (vLLM's profile run does it):
 the tensors are translated into one b12x copy (:mod:`.b12x_weights`; the caller's tensors are
 never modified), weight plans are prepared and execution plans are compiled for a token
 capacity ``max_tokens`` (the engine's ``max_num_batched_tokens``), and the scratch is sized.
@@ -50,6 +50,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -60,9 +61,9 @@ from a4prefill.ops.backends import b12x_plans
 from a4prefill.ops.backends.b12x_plans import A4, W4A16, B12xGeometry
 from a4prefill.ops.backends.b12x_weights import B12xTensors, translate_weights
 from a4prefill.ops.backends.base import MoEBackend
-from a4prefill.ops.modelopt import NvFp4MoEWeights
+from a4prefill.ops.modelopt import NvFp4Experts
 from a4prefill.ops.rows import RowTypes, Span
-from a4prefill.ops.scales import A4Scales, derive_a4_scales, invalid_scales_reason
+from a4prefill.ops.scales import A4Scales
 
 logger = logging.getLogger(__name__)
 
@@ -83,8 +84,31 @@ def b12x_unsupported_reason(device: torch.device) -> str | None:
     return None
 
 
-def _tensor_key(tensor: torch.Tensor) -> tuple[object, ...]:
-    return (tensor.data_ptr(), tensor._version, tensor.device, tuple(tensor.shape), tensor.dtype)
+def _layer_tensors(experts: NvFp4Experts, a4_scales: A4Scales | None) -> tuple[torch.Tensor, ...]:
+    scales = () if a4_scales is None else (a4_scales.fc1_encode_scale, a4_scales.fc2_encode_scales)
+    return (*experts.tensors(), *scales)
+
+
+@dataclass(frozen=True)
+class _TensorsSeen:
+    """The tensors a layer was prepared from: weak references and their versions at the time.
+
+    Matches only the very same tensor objects, unmodified since (a freed tensor whose address is
+    reused never matches). Weight processing bumps the versions after an in-place reload.
+    """
+
+    refs: tuple[weakref.ref, ...]
+    versions: tuple[int, ...]
+
+    @classmethod
+    def of(cls, tensors: tuple[torch.Tensor, ...]) -> _TensorsSeen:
+        return cls(tuple(weakref.ref(t) for t in tensors), tuple(t._version for t in tensors))
+
+    def matches(self, tensors: tuple[torch.Tensor, ...]) -> bool:
+        return len(tensors) == len(self.refs) and all(
+            ref() is t and t._version == version
+            for ref, t, version in zip(self.refs, tensors, self.versions, strict=True)
+        )
 
 
 @dataclass(frozen=True)
@@ -101,7 +125,7 @@ class PreparedPlan:
 class PreparedLayer:
     """Everything one layer needs at run time; ``a4`` is None for an uncalibrated layer."""
 
-    key: tuple[object, ...]
+    seen: _TensorsSeen
     geometry: B12xGeometry
     io_dtype: torch.dtype
     w4a16: PreparedPlan
@@ -133,7 +157,7 @@ class B12xBackend(MoEBackend):
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         self.max_tokens = max_tokens
-        self._layers: dict[tuple[object, ...], PreparedLayer] = {}
+        self._layers: dict[tuple, PreparedLayer] = {}
         self._scratch: dict[str, torch.Tensor] = {}
         self._lock = threading.Lock()
         self._logged: set[str] = set()
@@ -147,54 +171,56 @@ class B12xBackend(MoEBackend):
 
     # -- preparation -------------------------------------------------------------------------
 
-    def _slot(self, weights: NvFp4MoEWeights, io_dtype: torch.dtype, swiglu_limit: float | None) -> tuple:
-        return (weights.w13_weight.data_ptr(), str(weights.w13_weight.device), io_dtype, swiglu_limit)
+    def _slot(
+        self, experts: NvFp4Experts, top_k: int, io_dtype: torch.dtype, swiglu_limit: float | None
+    ) -> tuple:
+        return (id(experts.w13_weight), str(experts.w13_weight.device), top_k, io_dtype, swiglu_limit)
 
     def prepare_layer(
         self,
-        weights: NvFp4MoEWeights,
+        experts: NvFp4Experts,
+        a4_scales: A4Scales | None,
         top_k: int,
         io_dtype: torch.dtype = torch.bfloat16,
         swiglu_limit: float | None = None,
     ) -> PreparedLayer:
         """Translate, prepare and compile one layer (cached; call before CUDA-graph capture).
 
-        Reads scales on the host and allocates: never call it while a stream is capturing.
+        ``a4_scales`` is the layer's load-time verdict: None prepares the W4A16 plan only. Reads
+        scales on the host and allocates: never call it while a stream is capturing.
         """
-        slot = self._slot(weights, io_dtype, swiglu_limit)
-        key = (*(_tensor_key(t) for t in weights.tensors()), top_k)
+        slot = self._slot(experts, top_k, io_dtype, swiglu_limit)
+        tensors = _layer_tensors(experts, a4_scales)
         with self._lock:
             layer = self._layers.get(slot)
-            if layer is not None and layer.key == key:
+            if layer is not None and layer.seen.matches(tensors):
                 return layer
-        if weights.w13_weight.is_cuda and torch.cuda.is_current_stream_capturing():
+        if experts.w13_weight.is_cuda and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(
                 "a4prefill b12x: a layer must be prepared before CUDA-graph capture: run it once "
                 "eagerly (vLLM's profile run does) or call B12xBackend.prepare_layer first"
             )
-        geometry = b12x_plans.check_geometry(weights.w13_weight, weights.w2_weight, top_k, self.max_tokens)
-        reason = invalid_scales_reason(weights.w13_input_scale, weights.w2_input_scale)
-        a4_scales = None if reason else derive_a4_scales(weights.w13_input_scale, weights.w2_input_scale)
-        tensors = translate_weights(weights, a4_scales)
+        geometry = b12x_plans.check_geometry(experts.w13_weight, experts.w2_weight, top_k, self.max_tokens)
+        translated = translate_weights(experts, a4_scales)
         flag = b12x_plans.per_call_a4_parameter()
-        name = f"a4prefill.b12x.{weights.w13_weight.data_ptr():x}"
-        w4a16 = self._prepare_plan(W4A16, geometry, io_dtype, swiglu_limit, tensors, name)
+        name = f"a4prefill.b12x.{experts.w13_weight.data_ptr():x}"
+        w4a16 = self._prepare_plan(W4A16, geometry, io_dtype, swiglu_limit, translated, name)
         a4 = None
         if a4_scales is not None and flag is None:
-            a4 = self._prepare_plan(A4, geometry, io_dtype, swiglu_limit, tensors, name)
+            a4 = self._prepare_plan(A4, geometry, io_dtype, swiglu_limit, translated, name)
         elif a4_scales is not None:
             a4 = w4a16
         scratch = max(b12x_plans.scratch_nbytes(p.declaration) for p in (w4a16, a4) if p is not None)
-        layer = PreparedLayer(key, geometry, io_dtype, w4a16, a4, flag, scratch)
-        self._ensure_scratch(weights.w13_weight.device, scratch)
+        layer = PreparedLayer(_TensorsSeen.of(tensors), geometry, io_dtype, w4a16, a4, flag, scratch)
+        self._ensure_scratch(experts.w13_weight.device, scratch)
         with self._lock:
             self._layers[slot] = layer
         logger.info(
-            "a4prefill: b12x layer prepared (E=%d H=%d I=%d, A4 %s, %.1f MiB of weights)",
+            "a4prefill: b12x layer prepared (E=%d H=%d I=%d, A4 plan %s, %.1f MiB of weights)",
             geometry.num_experts,
             geometry.hidden_size,
             geometry.intermediate_size,
-            "on" if a4 is not None else f"off: {reason}",
+            "prepared" if a4 is not None else "not prepared (no A4 scales)",
             layer.weight_nbytes() / 2**20,
         )
         return layer
@@ -256,7 +282,8 @@ class B12xBackend(MoEBackend):
         hidden_states: torch.Tensor,
         topk_weights: torch.Tensor,
         topk_ids: torch.Tensor,
-        weights: NvFp4MoEWeights,
+        experts: NvFp4Experts,
+        a4_scales: A4Scales | None,
         swiglu_limit: float | None,
         row_types: RowTypes,
     ) -> torch.Tensor:
@@ -265,9 +292,9 @@ class B12xBackend(MoEBackend):
         Decode and padding spans run the W4A16 plan, prefill spans the A4 plan, each span (cut
         at ``max_tokens``) as one bind + run on views; no allocation once the layer is prepared.
         """
-        layer = self.prepare_layer(weights, topk_ids.shape[1], hidden_states.dtype, swiglu_limit)
-        if row_types.prefill and layer.a4 is None:
-            raise ValueError("prefill rows need A4, but this layer has no valid activation calibration")
+        if row_types.prefill and a4_scales is None:
+            raise ValueError("prefill rows need A4, but no A4 scales were given for this layer")
+        layer = self.prepare_layer(experts, a4_scales, topk_ids.shape[1], hidden_states.dtype, swiglu_limit)
         call = (hidden_states, topk_weights, topk_ids, output)
         w4a16_spans = tuple(sorted(row_types.decode + row_types.padding))
         for rows in _chunks(w4a16_spans, layer.geometry.max_tokens):
@@ -282,7 +309,7 @@ class B12xBackend(MoEBackend):
         hidden_states: torch.Tensor,
         topk_weights: torch.Tensor,
         topk_ids: torch.Tensor,
-        weights: NvFp4MoEWeights,
+        experts: NvFp4Experts,
         a4_scales: A4Scales | None,
         swiglu_limit: float | None,
     ) -> torch.Tensor:
@@ -294,17 +321,19 @@ class B12xBackend(MoEBackend):
         row_types = (
             RowTypes(tokens, (), spans, ()) if a4_scales is not None else RowTypes(tokens, spans, (), ())
         )
-        return self.run_into(output, hidden_states, topk_weights, topk_ids, weights, swiglu_limit, row_types)
+        args = (hidden_states, topk_weights, topk_ids, experts, a4_scales, swiglu_limit)
+        return self.run_into(output, *args, row_types)
 
     def run_split(
         self,
         hidden_states: torch.Tensor,
         topk_weights: torch.Tensor,
         topk_ids: torch.Tensor,
-        weights: NvFp4MoEWeights,
+        experts: NvFp4Experts,
         a4_scales: A4Scales,
         swiglu_limit: float | None,
         row_types: RowTypes,
     ) -> torch.Tensor:
         output = torch.empty_like(hidden_states)
-        return self.run_into(output, hidden_states, topk_weights, topk_ids, weights, swiglu_limit, row_types)
+        args = (hidden_states, topk_weights, topk_ids, experts, a4_scales, swiglu_limit)
+        return self.run_into(output, *args, row_types)

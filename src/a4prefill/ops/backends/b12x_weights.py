@@ -15,6 +15,11 @@ b12x conventions (read in ``b12x/moe/fused_moe`` 1.5.1; FACTS.md section 5):
   ``r = 128*m + 32*a + b`` and ``c = 4*k + j`` lands at ``[m, k, b, a, j]`` of the
   ``[E, R/128, C/4, 32, 4, 4]`` view.
 - Weight global scales: ModelOpt's ``weight_scale_2`` as-is (decode multipliers, fp32 [E]).
+  b12x has one FC1 global scale per expert; vLLM's ``w13_weight_scale_2`` has one per half
+  (gate, up). Where the halves differ, the larger is b12x's global scale and the other half's
+  ratio to it is folded into that half's e4m3 block scales. That is exact, and done, only when
+  the ratio is a power of two and every scaled block scale is an e4m3 value
+  (:func:`fold_half_scales`); otherwise the translation raises (no silent approximation).
 - Activation scales are *encode* scales ``1 / input_scale``: FC1 uses one shared scale for all
   experts, ``gs1 = 1 / max_e(w13_input_scale)`` (given as a uniform [E] vector so b12x can
   quantize each token once), FC2 the per-expert ``gs2[e] = 1 / w2_input_scale[e]``.
@@ -28,7 +33,7 @@ from typing import Any
 
 import torch
 
-from a4prefill.ops.modelopt import NvFp4MoEWeights
+from a4prefill.ops.modelopt import NvFp4Experts
 from a4prefill.ops.nvfp4 import BLOCK_SIZE
 from a4prefill.ops.scales import A4Scales
 
@@ -122,63 +127,89 @@ class B12xTensors:
         )
 
 
-def translate_weights(weights: NvFp4MoEWeights, a4_scales: A4Scales | None) -> B12xTensors:
+def fold_half_scales(
+    w13_weight_scale: torch.Tensor, w13_weight_scale_2: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One FC1 global scale per expert from per-half ones, exactly.
+
+    ``w13_weight_scale`` float8_e4m3fn [E, 2I, H/16] (gate rows first), ``w13_weight_scale_2``
+    fp32 [E, 2]. Returns new block scales (same layout) and fp32 [E] global scales
+    ``max(gate, up)`` such that ``e2m1 * block' * global == e2m1 * block * weight_scale_2[half]``
+    for every element. Raises ``ValueError`` naming the expert where that cannot be exact.
+    """
+    scale_2 = w13_weight_scale_2.detach().to(torch.float32)
+    global_scale = scale_2.amax(dim=1)
+    ratio = scale_2 / global_scale.unsqueeze(1)  # [E, 2], 1 for the larger half
+    mantissa, _ = torch.frexp(ratio)
+    not_power_of_two = ((mantissa != 0.5) | (ratio * global_scale.unsqueeze(1) != scale_2)).any(dim=1)
+    intermediate = w13_weight_scale.shape[1] // 2
+    per_row = ratio.repeat_interleave(intermediate, dim=1).unsqueeze(2)  # [E, 2I, 1]
+    scaled = w13_weight_scale.to(torch.float32) * per_row
+    folded = scaled.to(torch.float8_e4m3fn)
+    inexact = (folded.to(torch.float32) != scaled).flatten(1).any(dim=1) | not_power_of_two
+    if bool(inexact.any()):
+        expert = int(inexact.nonzero()[0])
+        raise ValueError(
+            f"w13_weight_scale_2: expert {expert} has gate/up global scales "
+            f"{scale_2[expert].tolist()} whose ratio b12x cannot absorb exactly (b12x 1.5.1 has one "
+            "FC1 global scale per expert; folding works only for power-of-two ratios that keep every "
+            "block scale an e4m3 value). Serve this layer with another backend (A4PREFILL_BACKEND)."
+        )
+    return folded, global_scale.contiguous()
+
+
+def translate_weights(experts: NvFp4Experts, a4_scales: A4Scales | None) -> B12xTensors:
     """Build :class:`B12xTensors` from validated ModelOpt tensors (see ``checks``) on their device.
 
-    ``a4_scales`` None (no valid calibration) gives unit activation scales. Raises ``ValueError``
-    if gate and up of an expert have different ``weight_scale_2`` (one alpha per expert in b12x).
-    Reads ``w13_weight_scale_2`` on the host: call at preparation time.
+    ``a4_scales`` None (the layer has no A4 scales) gives unit activation scales. Gate and up
+    global scales that differ are folded exactly into the block scales (:func:`fold_half_scales`),
+    or the translation raises. Reads scales on the host: call at preparation time.
     """
-    experts = weights.w13_weight.shape[0]
-    device = weights.w13_weight.device
-    scale_2 = weights.w13_weight_scale_2.detach().to(torch.float32)
-    if not bool(torch.equal(scale_2[:, 0], scale_2[:, 1])):
-        raise ValueError(
-            "w13_weight_scale_2: gate and up global scales must agree per expert (column 0 == 1)"
-        )
+    num_experts = experts.w13_weight.shape[0]
+    device = experts.w13_weight.device
+    w13_block_scales, w13_global = fold_half_scales(experts.w13_weight_scale, experts.w13_weight_scale_2)
     if a4_scales is None:
-        fc1 = torch.ones(experts, dtype=torch.float32, device=device)
-        fc2 = torch.ones(experts, dtype=torch.float32, device=device)
+        fc1 = torch.ones(num_experts, dtype=torch.float32, device=device)
+        fc2 = torch.ones(num_experts, dtype=torch.float32, device=device)
     else:
-        fc1 = a4_scales.fc1_encode_scale.to(device, torch.float32).reshape(1).repeat(experts).contiguous()
-        fc2 = a4_scales.fc2_encode_scales.to(device, torch.float32).reshape(experts).clone()
+        fc1 = a4_scales.fc1_encode_scale.to(device, torch.float32).reshape(1).repeat(num_experts).contiguous()
+        fc2 = a4_scales.fc2_encode_scales.to(device, torch.float32).reshape(num_experts).clone()
     return B12xTensors(
-        w13=swap_gate_up(weights.w13_weight),
-        w2=weights.w2_weight.detach().clone().contiguous(),
-        w13_block_scales=swizzle_block_scales(swap_gate_up(weights.w13_weight_scale)),
-        w2_block_scales=swizzle_block_scales(weights.w2_weight_scale),
-        w13_global_scales=scale_2[:, 0].clone().contiguous(),
-        w2_global_scales=weights.w2_weight_scale_2.detach().to(torch.float32).clone().contiguous(),
+        w13=swap_gate_up(experts.w13_weight),
+        w2=experts.w2_weight.detach().clone().contiguous(),
+        w13_block_scales=swizzle_block_scales(swap_gate_up(w13_block_scales)),
+        w2_block_scales=swizzle_block_scales(experts.w2_weight_scale),
+        w13_global_scales=w13_global,
+        w2_global_scales=experts.w2_weight_scale_2.detach().to(torch.float32).clone().contiguous(),
         input_scale=fc1,
         intermediate_scale=fc2,
         calibrated=a4_scales is not None,
     )
 
 
-def untranslate_weights(tensors: B12xTensors) -> NvFp4MoEWeights:
-    """Back to vLLM's layout (gate first, unswizzled scales); input scales from the encode scales.
+def untranslate_weights(tensors: B12xTensors) -> tuple[NvFp4Experts, A4Scales | None]:
+    """Back to vLLM's layout (gate first, unswizzled scales, one global scale used for both halves)
+    and the A4 scales (None if the translation had none).
 
-    For tests: ``untranslate_weights(translate_weights(w, s))`` reproduces ``w``'s weights and
-    scales bit-exactly (input scales as ``1 / gs``: the FC1 one becomes ``max_e`` for every expert).
+    For tests: the result dequantizes to exactly what the translated experts dequantize to.
     """
-    experts, two_i, hidden_half = tensors.w13.shape
+    _, two_i, hidden_half = tensors.w13.shape
     hidden = hidden_half * 2
     intermediate = two_i // 2
     w13_scale = unswizzle_block_scales(tensors.w13_block_scales, two_i, hidden // BLOCK_SIZE)
     w2_scale = unswizzle_block_scales(tensors.w2_block_scales, hidden, intermediate // BLOCK_SIZE)
-    zeros = torch.zeros(experts, dtype=torch.float32, device=tensors.w13.device)
-    fc1_input = 1.0 / tensors.input_scale if tensors.calibrated else zeros
-    fc2_input = 1.0 / tensors.intermediate_scale if tensors.calibrated else zeros
-    return NvFp4MoEWeights(
+    experts = NvFp4Experts(
         w13_weight=swap_gate_up(tensors.w13),
         w13_weight_scale=swap_gate_up(w13_scale),
         w13_weight_scale_2=tensors.w13_global_scales.unsqueeze(1).repeat(1, 2),
-        w13_input_scale=fc1_input.unsqueeze(1).repeat(1, 2),
         w2_weight=tensors.w2.clone(),
         w2_weight_scale=w2_scale,
         w2_weight_scale_2=tensors.w2_global_scales.clone(),
-        w2_input_scale=fc2_input,
     )
+    scales = None
+    if tensors.calibrated:
+        scales = A4Scales(tensors.input_scale[:1].clone(), tensors.intermediate_scale.clone())
+    return experts, scales
 
 
 def to_packed_weights(tensors: B12xTensors) -> Any:

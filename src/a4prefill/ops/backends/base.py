@@ -6,7 +6,7 @@ import abc
 
 import torch
 
-from a4prefill.ops.modelopt import NvFp4MoEWeights
+from a4prefill.ops.modelopt import NvFp4Experts
 from a4prefill.ops.rows import RowTypes, Span
 from a4prefill.ops.scales import A4Scales
 
@@ -25,7 +25,7 @@ class MoEBackend(abc.ABC):
     """One implementation of the NVFP4 MoE. Arguments are validated before they reach it.
 
     Shapes: ``hidden_states [T, H]`` bf16/fp16, ``topk_weights [T, k]``, ``topk_ids [T, k]``,
-    weights as :class:`NvFp4MoEWeights`. Returns a new ``[T, H]`` tensor in the input dtype.
+    ``experts`` as :class:`NvFp4Experts`. Returns a new ``[T, H]`` tensor in the input dtype.
     """
 
     name: str
@@ -40,7 +40,7 @@ class MoEBackend(abc.ABC):
         hidden_states: torch.Tensor,
         topk_weights: torch.Tensor,
         topk_ids: torch.Tensor,
-        weights: NvFp4MoEWeights,
+        experts: NvFp4Experts,
         a4_scales: A4Scales | None,
         swiglu_limit: float | None,
     ) -> torch.Tensor:
@@ -51,7 +51,7 @@ class MoEBackend(abc.ABC):
         hidden_states: torch.Tensor,
         topk_weights: torch.Tensor,
         topk_ids: torch.Tensor,
-        weights: NvFp4MoEWeights,
+        experts: NvFp4Experts,
         a4_scales: A4Scales,
         swiglu_limit: float | None,
         row_types: RowTypes,
@@ -65,6 +65,6 @@ class MoEBackend(abc.ABC):
                 continue
             rows = _row_selector(spans, hidden_states.device)
             output[rows] = self.run(
-                hidden_states[rows], topk_weights[rows], topk_ids[rows], weights, scales, swiglu_limit
+                hidden_states[rows], topk_weights[rows], topk_ids[rows], experts, scales, swiglu_limit
             )
         return output

@@ -6,7 +6,7 @@ import torch
 
 from a4prefill.ops.backends.base import MoEBackend
 from a4prefill.ops.checks import check_expert_ids
-from a4prefill.ops.modelopt import NvFp4MoEWeights
+from a4prefill.ops.modelopt import NvFp4Experts
 from a4prefill.ops.reference import moe_reference
 from a4prefill.ops.scales import A4Scales
 
@@ -24,9 +24,9 @@ class ReferenceBackend(MoEBackend):
         hidden_states: torch.Tensor,
         topk_weights: torch.Tensor,
         topk_ids: torch.Tensor,
-        weights: NvFp4MoEWeights,
+        experts: NvFp4Experts,
         a4_scales: A4Scales | None,
         swiglu_limit: float | None,
     ) -> torch.Tensor:
-        check_expert_ids(topk_ids, weights.w13_weight.shape[0])
-        return moe_reference(hidden_states, topk_weights, topk_ids, weights, a4_scales, swiglu_limit)
+        check_expert_ids(topk_ids, experts.w13_weight.shape[0])
+        return moe_reference(hidden_states, topk_weights, topk_ids, experts, a4_scales, swiglu_limit)

@@ -285,6 +285,21 @@ def _tile_rows(tile_expert_ptr, tile_row_ptr, seg_start_ptr, seg_count_ptr, pid_
 
 
 @triton.jit
+def _fc1_alpha(scale2, gs1_ptr, is_a4, MODE: tl.constexpr, BM: tl.constexpr):
+    """Per-row FC1 epilogue multiplier [BM] of one half: ``scale2`` (W4A16) or ``scale2 / gs1`` (A4);
+    ``is_a4`` [BM] picks per row in ``MODE`` 2."""
+    if MODE == 0:
+        alpha = tl.full([BM], 1.0, tl.float32) * scale2
+    else:
+        alpha_a4 = tl.math.div_rn(scale2, tl.load(gs1_ptr))
+        if MODE == 1:  # noqa: SIM108 (constexpr branch)
+            alpha = tl.full([BM], 1.0, tl.float32) * alpha_a4
+        else:
+            alpha = tl.where(is_a4, alpha_a4, scale2)
+    return alpha
+
+
+@triton.jit
 def _fc1_epilogue(
     acc_g,
     acc_u,
@@ -307,22 +322,18 @@ def _fc1_epilogue(
     BN: tl.constexpr,
     PTX: tl.constexpr,
 ):
-    """alpha1, io rounding, clamp, SwiGLU, A4 re-quantization with gs2[e]; stores ``h`` rows."""
+    """alpha1 per half (gate: ``w_scale2[e, 0]``, up: ``w_scale2[e, 1]``), io rounding, clamp,
+    SwiGLU, A4 re-quantization with gs2[e]; stores ``h`` rows."""
     dtype = out_ptr.dtype.element_ty
-    scale2 = tl.load(w_scale2_ptr + expert * 2)
     acc_g = _unscale(acc_g, PTX)
     acc_u = _unscale(acc_u, PTX)
-    if MODE == 0:
-        alpha = tl.full([BM], 1.0, tl.float32) * scale2
-    else:
-        alpha_a4 = tl.math.div_rn(scale2, tl.load(gs1_ptr))
-        if MODE == 1:
-            alpha = tl.full([BM], 1.0, tl.float32) * alpha_a4
-        else:
-            is_a4 = tl.load(flag_ptr + token, mask=rmask, other=0) != 0
-            alpha = tl.where(is_a4, alpha_a4, scale2)
-    gate = (acc_g * alpha[:, None]).to(dtype).to(tl.float32)
-    up = (acc_u * alpha[:, None]).to(dtype).to(tl.float32)
+    is_a4 = rmask  # per-row A4 flags in MODE 2; unused otherwise
+    if MODE == 2:
+        is_a4 = tl.load(flag_ptr + token, mask=rmask, other=0) != 0
+    alpha_g = _fc1_alpha(tl.load(w_scale2_ptr + expert * 2), gs1_ptr, is_a4, MODE, BM)
+    alpha_u = _fc1_alpha(tl.load(w_scale2_ptr + expert * 2 + 1), gs1_ptr, is_a4, MODE, BM)
+    gate = (acc_g * alpha_g[:, None]).to(dtype).to(tl.float32)
+    up = (acc_u * alpha_u[:, None]).to(dtype).to(tl.float32)
     if HAS_LIMIT:
         gate = tl.minimum(gate, limit)
         up = tl.minimum(tl.maximum(up, -limit), limit)

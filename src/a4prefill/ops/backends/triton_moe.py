@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from a4prefill.ops.backends.base import MoEBackend
-from a4prefill.ops.modelopt import NvFp4MoEWeights
+from a4prefill.ops.modelopt import NvFp4Experts
 from a4prefill.ops.rows import RowTypes
 from a4prefill.ops.scales import A4Scales
 
@@ -218,7 +218,7 @@ def fused_moe(
     hidden_states: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
-    weights: NvFp4MoEWeights,
+    experts: NvFp4Experts,
     a4_scales: A4Scales | None,
     swiglu_limit: float | None,
     row_flags: torch.Tensor | None = None,
@@ -227,7 +227,7 @@ def fused_moe(
     """The MoE on ``hidden_states [T, H]``: W4A16 (``a4_scales`` None), A4, or per row
     (``row_flags`` uint8 [T], 1 = A4) when both are given. Returns ``[T, H]`` in the io dtype."""
     tokens, hidden = hidden_states.shape
-    experts, two_i, _ = weights.w13_weight.shape
+    num_experts, two_i, _ = experts.w13_weight.shape
     inter = two_i // 2
     top_k = topk_ids.shape[1]
     routes = tokens * top_k
@@ -235,20 +235,20 @@ def fused_moe(
     if tokens == 0:
         return output
     kernels = _kernels()
-    cfg = config or choose_config(routes, experts, hidden, inter)
-    routing = build_routing(topk_ids, experts, cfg.block_m)
+    cfg = config or choose_config(routes, num_experts, hidden, inter)
+    routing = build_routing(topk_ids, num_experts, cfg.block_m)
     # bf16 bit tricks need the bf16 exponent range; fp16 io uses the fp32 variant.
     ptx = cfg.ptx_dequant and hidden_states.dtype == torch.bfloat16
     if a4_scales is None:
         mode, fc1_input = MODE_W4A16, hidden_states
-        gs1 = gs2 = weights.w2_weight_scale_2  # unused
+        gs1 = gs2 = experts.w2_weight_scale_2  # unused
     else:
         mode = MODE_A4 if row_flags is None else MODE_SPLIT
         gs1, gs2 = a4_scales.fc1_encode_scale, a4_scales.fc2_encode_scales
         fc1_input, _, _ = quantize_rows(hidden_states, gs1, row_flags)
     flags = row_flags if row_flags is not None else routing.seg_count  # unused unless MODE_SPLIT
-    w13_scale = weights.w13_weight_scale.view(torch.uint8)
-    w2_scale = weights.w2_weight_scale.view(torch.uint8)
+    w13_scale = experts.w13_weight_scale.view(torch.uint8)
+    w2_scale = experts.w2_weight_scale.view(torch.uint8)
     h = torch.empty(routes, inter, dtype=hidden_states.dtype, device=hidden_states.device)
     limit = float(swiglu_limit or 0.0)
     common = (
@@ -268,9 +268,9 @@ def fused_moe(
     fc1_grid = (routing.max_tiles, _cdiv(inter, cfg.fc1_n), split1)
     kernels.fc1_kernel[fc1_grid](
         fc1_input,
-        weights.w13_weight,
+        experts.w13_weight,
         w13_scale,
-        weights.w13_weight_scale_2,
+        experts.w13_weight_scale_2,
         *scalars,
         *common,
         h,
@@ -292,7 +292,7 @@ def fused_moe(
     if split1 > 1:
         kernels.fc1_finalize_kernel[fc1_grid[:2]](
             acc1,
-            weights.w13_weight_scale_2,
+            experts.w13_weight_scale_2,
             *scalars,
             *common,
             h,
@@ -312,9 +312,9 @@ def fused_moe(
         y = torch.empty(routes, hidden, dtype=hidden_states.dtype, device=device)
     kernels.fc2_kernel[(routing.max_tiles, _cdiv(hidden, cfg.fc2_n), split2)](
         h,
-        weights.w2_weight,
+        experts.w2_weight,
         w2_scale,
-        weights.w2_weight_scale_2,
+        experts.w2_weight_scale_2,
         gs2,
         flags,
         *common,
@@ -338,11 +338,11 @@ def fused_moe(
         topk_weights,
         topk_ids,
         output,
-        weights.w2_weight_scale_2,
+        experts.w2_weight_scale_2,
         gs2,
         flags,
         hidden,
-        experts,
+        num_experts,
         top_k,
         FROM_ACC=split2 > 1,
         MODE=mode,
@@ -398,21 +398,21 @@ class TritonBackend(MoEBackend):
         hidden_states: torch.Tensor,
         topk_weights: torch.Tensor,
         topk_ids: torch.Tensor,
-        weights: NvFp4MoEWeights,
+        experts: NvFp4Experts,
         a4_scales: A4Scales | None,
         swiglu_limit: float | None,
     ) -> torch.Tensor:
-        return fused_moe(hidden_states, topk_weights, topk_ids, weights, a4_scales, swiglu_limit)
+        return fused_moe(hidden_states, topk_weights, topk_ids, experts, a4_scales, swiglu_limit)
 
     def run_split(
         self,
         hidden_states: torch.Tensor,
         topk_weights: torch.Tensor,
         topk_ids: torch.Tensor,
-        weights: NvFp4MoEWeights,
+        experts: NvFp4Experts,
         a4_scales: A4Scales,
         swiglu_limit: float | None,
         row_types: RowTypes,
     ) -> torch.Tensor:
         flags = row_flags_for(row_types, hidden_states.device)
-        return fused_moe(hidden_states, topk_weights, topk_ids, weights, a4_scales, swiglu_limit, flags)
+        return fused_moe(hidden_states, topk_weights, topk_ids, experts, a4_scales, swiglu_limit, flags)

