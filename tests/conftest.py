@@ -1,16 +1,29 @@
-"""Shared fixtures: a tiny calibrated layer, an uncalibrated one, random inputs."""
+"""Shared fixtures and strategies: a tiny calibrated layer, an uncalibrated one, inputs.
+
+Hypothesis: the ``dev`` profile explores fresh examples on every run; the ``ci`` profile (loaded
+when the ``CI`` environment variable is set, as ``.ci/run`` is run) is derandomized so CI is
+repeatable. Strategies draw the values under test (activations, routing, lengths, scale
+bytes), never seeds.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import os
+
+import numpy as np
 import pytest
 import torch
 from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
-from a4prefill.ops import ROW_COUNTERS
+from a4prefill.ops import reset_process_state
 from a4prefill.tiny_layer import TinyMoELayer, make_tiny_layer, random_routing
 
-settings.register_profile("default", deadline=None, max_examples=40, derandomize=True)
-settings.load_profile("default")
+settings.register_profile("dev", deadline=None, max_examples=40)
+settings.register_profile("ci", deadline=None, max_examples=40, derandomize=True)
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 HIDDEN, INTERMEDIATE, EXPERTS, TOP_K = 64, 32, 6, 2
 # GPU backends vs the reference, per precision: (relative Frobenius error, fraction of elements
@@ -29,17 +42,56 @@ def uncalibrated_layer() -> TinyMoELayer:
 
 
 def make_inputs(tokens: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """bf16 hidden states [T, HIDDEN] and random routing for the tiny layer."""
+    """bf16 hidden states [T, HIDDEN] and random routing for the tiny layer (example tests)."""
     generator = torch.Generator().manual_seed(seed)
     hidden = (2 * torch.randn(tokens, HIDDEN, generator=generator)).to(torch.bfloat16)
     topk_weights, topk_ids = random_routing(tokens, EXPERTS, TOP_K, generator)
     return hidden, topk_weights, topk_ids
 
 
+@st.composite
+def moe_inputs(draw: st.DrawFn, tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Drawn bf16 hidden states [T, HIDDEN] and routing (top-k of drawn router logits)."""
+    values = draw(
+        hnp.arrays(np.float32, (tokens, HIDDEN), elements=st.floats(-8, 8, width=32, allow_subnormal=False))
+    )
+    logits = draw(
+        hnp.arrays(np.float32, (tokens, EXPERTS), elements=st.floats(-4, 4, width=32), unique=False)
+    )
+    hidden = torch.from_numpy(values).to(torch.bfloat16)
+    # Ties between drawn logits are broken by a tiny per-expert offset: top-k ids stay distinct.
+    scores = torch.from_numpy(logits) + torch.arange(EXPERTS) * 1e-3
+    top, ids = scores.topk(TOP_K, dim=1)
+    return hidden, torch.softmax(top, dim=1), ids.to(torch.int32)
+
+
+def halves_case(layer, ratio: float):
+    """Two parameter sets that dequantize identically: (a) gate and up global scales differ by
+    ``ratio`` (a power of two) with the up block scales divided by it, (b) one global scale per
+    expert with the original up block scales. Block scales are kept in [2**-5, 224] so that
+    halving or doubling them stays an exact e4m3 value."""
+    experts = layer.experts
+    intermediate = experts.w13_weight.shape[1] // 2
+    blocks = experts.w13_weight_scale.float().clamp(min=2**-5, max=224)
+    uniform = dataclasses.replace(experts, w13_weight_scale=blocks.to(torch.float8_e4m3fn))
+    up_blocks = blocks.clone()
+    up_blocks[:, intermediate:] /= ratio
+    assert torch.equal(up_blocks.to(torch.float8_e4m3fn).float(), up_blocks)  # exact
+    scale_2 = experts.w13_weight_scale_2.clone()
+    scale_2[:, 1] *= ratio
+    halves = dataclasses.replace(
+        experts, w13_weight_scale=up_blocks.to(torch.float8_e4m3fn), w13_weight_scale_2=scale_2
+    )
+    return halves, uniform
+
+
 @pytest.fixture(autouse=True)
-def _reset_counters():
-    ROW_COUNTERS.reset()
+def _fresh_process_state():
+    """Every test starts from the package's empty process state (counters, logged warnings,
+    backend instances, row provider): the one place that resets it."""
+    reset_process_state()
     yield
+    reset_process_state()
 
 
 def assert_close_to_reference(result: torch.Tensor, expected: torch.Tensor, precision: str) -> None:

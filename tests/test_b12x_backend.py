@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 pytest.importorskip("b12x.moe.fused_moe", reason="b12x is installed by scripts/setup.sh")
 
-from a4prefill.ops import backends, modelopt, nvfp4
+from a4prefill.ops import backends, dequantize_experts, nvfp4
 from a4prefill.ops.backends import b12x_plans
 from a4prefill.ops.backends.b12x_moe import B12xBackend, b12x_unsupported_reason
 from a4prefill.ops.backends.b12x_weights import (
@@ -18,9 +20,8 @@ from a4prefill.ops.backends.b12x_weights import (
 )
 from a4prefill.ops.reference import moe_reference
 from a4prefill.ops.rows import RowTypes
-from a4prefill.ops.scales import derive_a4_scales
 from a4prefill.tiny_layer import make_tiny_layer, random_routing
-from conftest import EXPERTS, HIDDEN, INTERMEDIATE, TOP_K, make_inputs
+from conftest import EXPERTS, HIDDEN, INTERMEDIATE, TOP_K, halves_case, make_inputs
 
 # (experts, hidden, intermediate, top_k): conftest's layer, make_tiny_layer's default, and the
 # expert shapes of a tiny Qwen3-MoE (hidden 128-256, 8 experts, top-2).
@@ -60,31 +61,35 @@ def test_swizzle_round_trip_and_layout(rows: int, cols: int) -> None:
 
 
 def test_translation_round_trips_bit_exactly(shaped_layer) -> None:
-    weights = shaped_layer.quantized
-    scales = derive_a4_scales(weights.w13_input_scale, weights.w2_input_scale)
-    tensors = translate_weights(weights, scales)
-    back = untranslate_weights(tensors)
-    for name in ("w13_weight", "w13_weight_scale", "w13_weight_scale_2", "w2_weight", "w2_weight_scale"):
-        assert torch.equal(_bytes(getattr(back, name)), _bytes(getattr(weights, name))), name
-    assert torch.equal(back.w2_weight_scale_2, weights.w2_weight_scale_2)
-    for stack in ("w13", "w2"):
-        original = modelopt.QuantizedStack(
-            getattr(weights, f"{stack}_weight"),
-            getattr(weights, f"{stack}_weight_scale"),
-            getattr(weights, f"{stack}_weight_scale_2").reshape(weights.w13_weight.shape[0], -1)[:, 0],
-        )
-        again = modelopt.QuantizedStack(
-            getattr(back, f"{stack}_weight"),
-            getattr(back, f"{stack}_weight_scale"),
-            getattr(back, f"{stack}_weight_scale_2").reshape(weights.w13_weight.shape[0], -1)[:, 0],
-        )
-        assert torch.equal(
-            modelopt.dequantize_expert_stack(again), modelopt.dequantize_expert_stack(original)
-        )
+    experts, scales = shaped_layer.experts, shaped_layer.a4_scales
+    back, back_scales = untranslate_weights(translate_weights(experts, scales))
+    for name, tensor in experts.named_tensors().items():
+        assert torch.equal(_bytes(getattr(back, name)), _bytes(tensor)), name
+    assert torch.equal(back_scales.fc1_encode_scale, scales.fc1_encode_scale)
+    assert torch.equal(back_scales.fc2_encode_scales, scales.fc2_encode_scales)
+
+
+@pytest.mark.parametrize("ratio", [2.0, 0.5])
+def test_per_half_global_scales_are_folded_exactly(layer, ratio) -> None:
+    """b12x has one FC1 global scale per expert: a power-of-two gate/up ratio goes into the block
+    scales of one half, and the translated experts dequantize to exactly the per-half weights."""
+    halves, uniform = halves_case(layer, ratio)
+    back, _ = untranslate_weights(translate_weights(halves, None))
+    assert torch.equal(dequantize_experts(back)[0], dequantize_experts(halves)[0])
+    assert torch.equal(dequantize_experts(back)[0], dequantize_experts(uniform)[0])
+
+
+def test_a_ratio_b12x_cannot_absorb_exactly_is_an_error(layer) -> None:
+    experts = layer.experts
+    scale_2 = experts.w13_weight_scale_2.clone()
+    scale_2[3, 1] *= 0.7
+    bad = dataclasses.replace(experts, w13_weight_scale_2=scale_2)
+    with pytest.raises(ValueError, match="w13_weight_scale_2: expert 3 has gate/up global scales"):
+        translate_weights(bad, None)
 
 
 def test_b12x_layout_is_up_first_with_swizzled_scales(shaped_layer) -> None:
-    weights = shaped_layer.quantized
+    weights = shaped_layer.experts
     experts, two_i, hidden_half = weights.w13_weight.shape
     intermediate, hidden = two_i // 2, 2 * hidden_half
     tensors = translate_weights(weights, None)
@@ -107,41 +112,30 @@ def test_b12x_layout_is_up_first_with_swizzled_scales(shaped_layer) -> None:
 
 def test_scale_conventions(layer, uncalibrated_layer) -> None:
     weights = layer.quantized
-    scales = derive_a4_scales(weights.w13_input_scale, weights.w2_input_scale)
-    tensors = translate_weights(weights, scales)
+    tensors = translate_weights(layer.experts, layer.a4_scales)
     assert tensors.calibrated
     assert torch.equal(tensors.w13_global_scales, weights.w13_weight_scale_2[:, 0])  # decode multiplier as-is
     assert torch.equal(tensors.w2_global_scales, weights.w2_weight_scale_2)
     shared = 1.0 / weights.w13_input_scale.max()
     assert torch.equal(tensors.input_scale, torch.full((EXPERTS,), float(shared)))  # one FC1 scale
     assert torch.equal(tensors.intermediate_scale, 1.0 / weights.w2_input_scale)  # per-expert FC2
-    plain = translate_weights(uncalibrated_layer.quantized, None)
+    plain = translate_weights(uncalibrated_layer.experts, None)
     assert not plain.calibrated
     assert torch.equal(plain.input_scale, torch.ones(EXPERTS))
     assert torch.equal(plain.intermediate_scale, torch.ones(EXPERTS))
 
 
 def test_translation_never_touches_the_callers_tensors(layer) -> None:
-    weights = layer.quantized
-    before = [t.clone() for t in weights.tensors()]
-    versions = [t._version for t in weights.tensors()]
-    scales = derive_a4_scales(weights.w13_input_scale, weights.w2_input_scale)
-    tensors = translate_weights(weights, scales)
-    geometry = b12x_plans.check_geometry(weights.w13_weight, weights.w2_weight, TOP_K, 64)
+    experts = layer.experts
+    before = [t.clone() for t in experts.tensors()]
+    versions = [t._version for t in experts.tensors()]
+    tensors = translate_weights(experts, layer.a4_scales)
+    geometry = b12x_plans.check_geometry(experts.w13_weight, experts.w2_weight, TOP_K, 64)
     b12x_plans.prepare_weights(b12x_plans.plan_weights(geometry, "a4", torch.bfloat16, None), tensors)
     ours = {t.untyped_storage().data_ptr() for t in vars(tensors).values() if isinstance(t, torch.Tensor)}
-    assert not ours & {t.untyped_storage().data_ptr() for t in weights.tensors()}
-    for old, new, version in zip(before, weights.tensors(), versions, strict=True):
+    assert not ours & {t.untyped_storage().data_ptr() for t in experts.tensors()}
+    for old, new, version in zip(before, experts.tensors(), versions, strict=True):
         assert torch.equal(_bytes(old), _bytes(new)) and new._version == version
-
-
-def test_gate_and_up_global_scales_must_agree(layer) -> None:
-    weights = layer.quantized
-    scale_2 = weights.w13_weight_scale_2.clone()
-    scale_2[0, 1] *= 2
-    bad = modelopt.NvFp4MoEWeights(**{**weights.named_tensors(), "w13_weight_scale_2": scale_2})
-    with pytest.raises(ValueError, match="w13_weight_scale_2"):
-        translate_weights(bad, None)
 
 
 # -- plans -----------------------------------------------------------------------------------------
@@ -175,7 +169,7 @@ def test_weight_plans_for_both_precisions(shaped_layer) -> None:
 def test_a4_weights_and_execution_plan_on_cpu(shaped_layer) -> None:
     weights = shaped_layer.quantized
     geometry = _geometry(shaped_layer)
-    tensors = translate_weights(weights, derive_a4_scales(weights.w13_input_scale, weights.w2_input_scale))
+    tensors = translate_weights(shaped_layer.experts, shaped_layer.a4_scales)
     experts = b12x_plans.prepare_weights(
         b12x_plans.plan_weights(geometry, "a4", torch.bfloat16, None), tensors
     )
@@ -235,17 +229,27 @@ def b12x_registered():
     yield
     backends._factories.clear()
     backends._factories.update(saved)
-    backends._instances.pop("b12x", None)
-    backends._selected.clear()
+    backends.reset_backends()
 
 
-def test_not_selected_on_this_machine(b12x_registered) -> None:
+def test_selected_exactly_where_b12x_supports_the_device(b12x_registered) -> None:
+    """Holds on every machine: never on a CPU; on a CUDA device exactly when b12x's own
+    ``is_supported()`` says so (SM120/SM121), with the reason shown otherwise."""
+    from b12x.moe import fused_moe
+
     assert backends.registered_backends()[0] == "b12x"
     assert backends.backend_for(torch.device("cpu")).name != "b12x"
     reason = B12xBackend().unsupported_reason(torch.device("cpu"))
     assert reason is not None and "SM120" in reason
-    cuda_reason = b12x_unsupported_reason(torch.device("cuda", 0))
-    assert cuda_reason is not None and ("is_supported() is False" in cuda_reason or "SM120" in cuda_reason)
+    cuda = torch.device("cuda", 0)
+    supported = torch.cuda.is_available() and bool(fused_moe.is_supported(cuda))
+    cuda_reason = b12x_unsupported_reason(cuda)
+    if supported:
+        assert cuda_reason is None and backends.backend_for(cuda).name == "b12x"
+    else:
+        assert cuda_reason is not None and (
+            "is_supported() is False" in cuda_reason or "SM120" in cuda_reason
+        )
 
 
 # -- SM120/SM121 ---------------------------------------------------------------------------------------
@@ -266,12 +270,10 @@ def _relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def _gpu_case(tokens: int, seed: int = 0):
     layer = make_tiny_layer(8, 256, 128, 2, seed=7, calibration_tokens=256)
-    weights = layer.quantized.to("cuda")
     generator = torch.Generator().manual_seed(seed)
     hidden = (2 * torch.randn(tokens, 256, generator=generator)).to(torch.bfloat16).cuda()
     topk_weights, topk_ids = random_routing(tokens, 8, 2, generator)
-    scales = derive_a4_scales(weights.w13_input_scale, weights.w2_input_scale)
-    return weights, hidden, topk_weights.cuda(), topk_ids.cuda(), scales
+    return layer.experts.to("cuda"), hidden, topk_weights.cuda(), topk_ids.cuda(), layer.a4_scales.to("cuda")
 
 
 @pytest.mark.sm120
@@ -310,8 +312,8 @@ def test_sm120_split_runs_each_row_in_its_precision() -> None:
 @sm120
 def test_sm120_conftest_layer_and_inputs(layer) -> None:
     hidden, topk_weights, topk_ids = make_inputs(33)
-    weights = layer.quantized.to("cuda")
-    scales = derive_a4_scales(weights.w13_input_scale, weights.w2_input_scale)
+    weights = layer.experts.to("cuda")
+    scales = layer.a4_scales.to("cuda")
     backend = B12xBackend(max_tokens=64)
     args = (hidden.cuda(), topk_weights.cuda(), topk_ids.cuda(), weights)
     for a4 in (None, scales):

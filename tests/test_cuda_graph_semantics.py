@@ -23,9 +23,7 @@ from conftest import assert_close_to_reference
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(
-        not torch.cuda.is_available(), reason="needs a CUDA GPU: ran on the H200 through the device tool"
-    ),
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
 EXPERTS, HIDDEN, INTERMEDIATE, TOP_K, BLOCKS = 16, 256, 128, 2, 2

