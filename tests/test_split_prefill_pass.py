@@ -169,9 +169,12 @@ def test_token_range_is_decided_per_moe_node(layer):
     assert len(record.rewritten) == 1 and len(record.kept) == 1, record.summary()
     assert sorted(record.node_ranges.values()) == ["8", "[2, 64]"]
     assert "token range 8 within captured limit 16" in record.kept[0][1]
-    assert torch.equal(out_tokens, expected_tokens)
-    assert torch.equal(out_fixed, module.model.block(0, fixed))
+    # The 39 prompt rows ran A4 and nothing else did: the fixed node kept moe_w4a16 (a split op
+    # there would have failed on the 40-row step types). Outputs match eager up to Inductor's
+    # own router arithmetic.
     assert a4_rows == 39
+    torch.testing.assert_close(out_tokens, expected_tokens, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(out_fixed, module.model.block(0, fixed), rtol=2e-2, atol=2e-2)
 
 
 CACHE_CHILD = textwrap.dedent(
