@@ -114,8 +114,11 @@ def test_vllm_pass_manager_rewrites_only_the_non_captured_range(shared, v2):
     name = "moe_forward_shared" if shared else "moe_forward"
     assert f"vllm.{name}.default" in captured and not any("a4prefill" in t for t in captured)
     assert f"a4prefill.{name}_split.default" in uncaptured and f"vllm.{name}.default" not in uncaptured
-    assert [len(r.rewritten) for r in split_pass.records] == [1]
-    assert split_pass.records[0].token_range == f"[{LIMIT + 1}, 8192]"
+    assert [(r.token_range, len(r.rewritten)) for r in split_pass.records] == [
+        (f"[2, {LIMIT}]", 0),  # the graph's own range [2, inf] within the compile range [1, 64]
+        (f"[{LIMIT + 1}, 8192]", 1),
+    ]
+    assert split_pass.records[0].kept[0][1] == f"token range [2, {LIMIT}] within captured limit {LIMIT}"
 
 
 def test_vllm_pass_manager_accepts_the_pass_and_its_range_hook():
@@ -127,8 +130,8 @@ def test_vllm_pass_manager_accepts_the_pass_and_its_range_hook():
     assert split_pass.records is a4prefill.split_prefill_pass.records  # where users look
     with set_current_vllm_config(config):
         assert isinstance(split_pass, InductorPass)
-        assert not split_pass.is_applicable_for_range(Range(1, LIMIT))
-        assert split_pass.is_applicable_for_range(Range(LIMIT, LIMIT + 1))
+        # The pass runs on every range and decides (and records) per node.
+        assert split_pass.is_applicable_for_range(Range(1, LIMIT))
         with pass_context(Range(1, LIMIT)):
             within = split_pass.uuid()
         with pass_context(Range(LIMIT + 1, 4096)):

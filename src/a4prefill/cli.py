@@ -42,6 +42,8 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from a4prefill.vllm_integration.e2e import PROMPT_SETS
+
     parser = argparse.ArgumentParser(prog="a4prefill", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="run a random NVFP4 MoE layer through the ops; print numerics")
@@ -63,6 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="JSON",
         help="a4prefill settings as JSON, what --additional-config's a4prefill entry holds",
     )
+    e2e.add_argument("--compilation-config", default=None, metavar="JSON", help="vLLM's -cc, as JSON")
+    e2e.add_argument("--speculative-config", default=None, metavar="JSON", help="vLLM's speculative config")
+    e2e.add_argument(
+        "--compile-cache", action="store_true", help="keep vLLM's default compile cache on (VLLM_CACHE_ROOT)"
+    )
+    e2e.add_argument("--prompts", choices=sorted(PROMPT_SETS), default="default", help="second prompt group")
+    e2e.add_argument("--steps", action="store_true", help="also print one line per engine step")
     e2e.set_defaults(handler=_e2e)
     inspect = commands.add_parser("inspect", help="compile the built-in model under depyf; show the rewrites")
     inspect.add_argument("--sizes", default="8,512,2:256,2:8192", help="comma list of N (static) or LO:HI")

@@ -9,7 +9,11 @@ Keys (all optional):
   CUDA graph; graphs (MoE nodes) whose whole token range is within it keep W4A16. null: the
   engine's, from the CUDA-graph modes it actually captures (under vLLM), else 0;
 - ``excluded_layers`` (list of regular expressions, default []): layers whose name matches one
-  (``re.search``) never run A4, e.g. ``["mtp"]`` for speculative draft layers.
+  (``re.search``) never run A4, e.g. ``["mtp"]`` for speculative draft layers;
+- ``count_rows`` (bool, default false): count each layer's W4A16 and A4 rows on its device, inside
+  the op, so that replays of captured CUDA graphs count too
+  (:data:`a4prefill.ops.DEVICE_ROW_COUNTERS`); costs two tiny kernels per MoE call. Evidence
+  only: it changes no precision.
 
 The legacy variable ``B12X_W4A16_A4_PREFILL_MIN_TOKENS`` (deprecated) is an on/off switch: a
 valid integer >= 0 means on (one deprecation warning; its threshold is ignored: precision is
@@ -35,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 SETTINGS_KEY = "a4prefill"
 LEGACY_THRESHOLD_ENV = "B12X_W4A16_A4_PREFILL_MIN_TOKENS"
-_KNOWN_KEYS = ("enabled", "captured_limit", "excluded_layers")
+_KNOWN_KEYS = ("enabled", "captured_limit", "excluded_layers", "count_rows")
 
 
 @dataclass(frozen=True)
@@ -45,10 +49,13 @@ class A4PrefillSettings:
     enabled: bool | None = None
     captured_limit: int | None = None
     excluded_layers: tuple[str, ...] = field(default_factory=tuple)
+    count_rows: bool = False
 
     def __post_init__(self) -> None:
         if self.enabled is not None and not isinstance(self.enabled, bool):
             raise ValueError(f"{SETTINGS_KEY}.enabled must be true or false, got {self.enabled!r}")
+        if not isinstance(self.count_rows, bool):
+            raise ValueError(f"{SETTINGS_KEY}.count_rows must be true or false, got {self.count_rows!r}")
         limit = self.captured_limit
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
             raise ValueError(f"{SETTINGS_KEY}.captured_limit must be an integer >= 0 or null, got {limit!r}")
@@ -82,6 +89,7 @@ class A4PrefillSettings:
             enabled=raw.get("enabled"),
             captured_limit=raw.get("captured_limit"),
             excluded_layers=raw.get("excluded_layers", ()),
+            count_rows=raw.get("count_rows", False),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -90,6 +98,7 @@ class A4PrefillSettings:
             "enabled": self.enabled,
             "captured_limit": self.captured_limit,
             "excluded_layers": list(self.excluded_layers),
+            "count_rows": self.count_rows,
         }
 
 
@@ -100,6 +109,7 @@ class ResolvedSettings:
     enabled: bool
     captured_limit: int
     excluded_layers: tuple[str, ...]
+    count_rows: bool = False
 
     def excluded_by(self, layer_name: str) -> str | None:
         """The first ``excluded_layers`` pattern that matches ``layer_name``, or None."""
@@ -111,6 +121,7 @@ class ResolvedSettings:
             "enabled": self.enabled,
             "captured_limit": self.captured_limit,
             "excluded_layers": list(self.excluded_layers),
+            "count_rows": self.count_rows,
         }
 
 
@@ -163,4 +174,4 @@ def resolve_settings(
     if enabled is None:
         enabled = True if legacy is None else legacy
     limit = settings.captured_limit if settings.captured_limit is not None else engine_captured_limit
-    return ResolvedSettings(enabled, limit, settings.excluded_layers)
+    return ResolvedSettings(enabled, limit, settings.excluded_layers, settings.count_rows)

@@ -1,7 +1,16 @@
-"""Row counters: how many rows each layer ran in each precision (host ints, no device reads).
+"""Row counters: how many rows each layer ran in each precision. What ran, never what may run.
 
-The split and single-precision ops record into :data:`ROW_COUNTERS`. Under CUDA-graph capture
-an op body runs once at capture and not on replay, so a captured graph counts once.
+Two kinds, both recorded by the ops (``moe_w4a16``, ``moe_a4``, ``moe_split``) for every call:
+
+- :data:`ROW_COUNTERS`: host ints, always on. Under CUDA-graph capture an op body runs once at
+  capture and not on replay, so a captured graph counts once (its capture), never its replays.
+- :data:`DEVICE_ROW_COUNTERS`: opt-in, per layer, an int64 ``[2]`` tensor (W4A16 rows, A4 rows)
+  on the layer's device, incremented inside the op by two small kernels that are captured with
+  it: every replay of a captured graph counts too. Attached at load time
+  (:meth:`DeviceRowCounters.attach`; the vLLM plugin does it under ``count_rows: true``) and read
+  on the host only when a report asks (:meth:`DeviceRowCounters.snapshot`, one sync).
+
+Neither decides anything: they are the evidence of what the three deciders made the ops run.
 """
 
 from __future__ import annotations
@@ -9,12 +18,15 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
+import torch
+
 W4A16 = "w4a16"
 A4 = "a4"
+PRECISIONS = (W4A16, A4)
 
 
 class RowCounters:
-    """Thread-safe ``(layer_name, precision) -> rows`` counter."""
+    """Thread-safe ``(layer_name, precision) -> rows`` counter (host ints)."""
 
     def __init__(self) -> None:
         self._rows: Counter[tuple[str, str]] = Counter()
@@ -39,4 +51,73 @@ class RowCounters:
             self._rows.clear()
 
 
+class DeviceRowCounters:
+    """Per-layer device counters keyed by the storage of the layer's ``w13_weight``.
+
+    The key is the weight's device and data pointer, which the ops see whether they are called
+    eagerly, from a compiled graph or from a captured CUDA graph; two engines in one process have
+    different weights and so different counters.
+    """
+
+    def __init__(self) -> None:
+        self._counters: dict[tuple[str, int], tuple[str, torch.Tensor]] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _key(w13_weight: torch.Tensor) -> tuple[str, int]:
+        return str(w13_weight.device), w13_weight.data_ptr()
+
+    def attach(self, w13_weight: torch.Tensor, layer_name: str) -> torch.Tensor:
+        """Count the rows of every later op call on this layer; returns its int64 [2] counter.
+
+        Allocates: call at load time, never while a stream captures. Re-attaching (weights
+        processed again) keeps the existing counter.
+        """
+        key = self._key(w13_weight)
+        with self._lock:
+            entry = self._counters.get(key)
+            if entry is None or entry[0] != layer_name:
+                entry = (layer_name, torch.zeros(2, dtype=torch.int64, device=w13_weight.device))
+                self._counters[key] = entry
+            return entry[1]
+
+    def record(self, w13_weight: torch.Tensor, w4a16_rows: int, a4_rows: int) -> None:
+        """Add one call's rows on the device (no host sync; captured with the call)."""
+        entry = self._counters.get(self._key(w13_weight))
+        if entry is None:
+            return
+        counter = entry[1]
+        if w4a16_rows:
+            counter[0].add_(w4a16_rows)
+        if a4_rows:
+            counter[1].add_(a4_rows)
+
+    def snapshot(self) -> dict[tuple[str, str], int]:
+        """``(layer_name, precision) -> rows`` summed over the attached layers (host read)."""
+        with self._lock:
+            entries = list(self._counters.values())
+        rows: Counter[tuple[str, str]] = Counter()
+        for layer_name, counter in entries:
+            for precision, value in zip(PRECISIONS, counter.tolist(), strict=True):
+                rows[(layer_name, precision)] += value
+        return dict(rows)
+
+    def attached(self) -> bool:
+        """True when at least one layer counts on its device."""
+        return bool(self._counters)
+
+    def reset(self) -> None:
+        """Forget every counter (layers must be attached again to count)."""
+        with self._lock:
+            self._counters.clear()
+
+
 ROW_COUNTERS = RowCounters()
+DEVICE_ROW_COUNTERS = DeviceRowCounters()
+
+
+def record_rows(layer_name: str, w13_weight: torch.Tensor, w4a16_rows: int, a4_rows: int) -> None:
+    """What the ops call once per call: both kinds of counters."""
+    ROW_COUNTERS.record(layer_name, W4A16, w4a16_rows)
+    ROW_COUNTERS.record(layer_name, A4, a4_rows)
+    DEVICE_ROW_COUNTERS.record(w13_weight, w4a16_rows, a4_rows)

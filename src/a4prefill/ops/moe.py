@@ -28,7 +28,7 @@ import torch
 
 from a4prefill.ops.backends import backend_for
 from a4prefill.ops.checks import a4_scales_argument, check_expert_ids, check_moe_inputs
-from a4prefill.ops.counters import A4, ROW_COUNTERS, W4A16
+from a4prefill.ops.counters import record_rows
 from a4prefill.ops.modelopt import NvFp4Experts
 from a4prefill.ops.rows import current_row_types
 from a4prefill.ops.scales import A4Scales
@@ -86,6 +86,10 @@ class _Call:
             check_expert_ids(call.topk_ids, call.num_experts)
         return call
 
+    def count(self, w4a16_rows: int, a4_rows: int) -> None:
+        """Record this call's rows (host counters; device counters where attached)."""
+        record_rows(self.layer_name, self.experts.w13_weight, w4a16_rows, a4_rows)
+
     def run(self, a4_scales: A4Scales | None) -> torch.Tensor:
         """Every row in one precision: W4A16 (``a4_scales`` None) or A4."""
         backend = backend_for(self.hidden_states.device)
@@ -101,7 +105,7 @@ def is_capturing(tensor: torch.Tensor) -> bool:
 
 def _moe_w4a16(*args: object, **kwargs: object) -> torch.Tensor:
     call = _Call.real(*args, **kwargs)
-    ROW_COUNTERS.record(call.layer_name, W4A16, call.hidden_states.shape[0])
+    call.count(call.hidden_states.shape[0], 0)
     return call.run(None)
 
 
@@ -117,7 +121,7 @@ def _moe_a4(*args: object, **kwargs: object) -> torch.Tensor:
             f"moe_a4 on layer {call.layer_name!r} was called while a CUDA stream is capturing: a "
             "captured CUDA graph never runs A4 (use moe_split, which runs W4A16 under capture)"
         )
-    ROW_COUNTERS.record(call.layer_name, A4, call.hidden_states.shape[0])
+    call.count(0, call.hidden_states.shape[0])
     return call.run(call.a4_scales)
 
 
@@ -125,12 +129,11 @@ def _moe_split(*args: object, **kwargs: object) -> torch.Tensor:
     call = _Call.real(*args, **kwargs)
     num_rows = call.hidden_states.shape[0]
     if call.a4_scales is None or is_capturing(call.hidden_states):
-        ROW_COUNTERS.record(call.layer_name, W4A16, num_rows)
+        call.count(num_rows, 0)
         return call.run(None)
     row_types = current_row_types(num_rows, call.layer_name)
     prefill_rows = row_types.num_prefill_rows
-    ROW_COUNTERS.record(call.layer_name, W4A16, num_rows - prefill_rows)
-    ROW_COUNTERS.record(call.layer_name, A4, prefill_rows)
+    call.count(num_rows - prefill_rows, prefill_rows)
     if prefill_rows == 0:
         return call.run(None)
     if prefill_rows == num_rows:

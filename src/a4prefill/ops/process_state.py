@@ -2,7 +2,8 @@
 
 What the package keeps per process (none of it carries a precision decision):
 
-- :data:`a4prefill.ops.counters.ROW_COUNTERS`: host row counters (what ran, for reports);
+- :data:`a4prefill.ops.counters.ROW_COUNTERS` and ``DEVICE_ROW_COUNTERS``: row counters (what
+  ran, for reports);
 - the once-per-process warning registry below (which messages were already logged);
 - the backend registry's instances and per-device selection (:mod:`a4prefill.ops.backends`);
 - the row-provider hook (:func:`a4prefill.ops.rows.set_row_provider`), installed by the vLLM
@@ -39,6 +40,7 @@ def reset_process_state() -> None:
     from a4prefill.ops import backends, counters, rows
 
     counters.ROW_COUNTERS.reset()
+    counters.DEVICE_ROW_COUNTERS.reset()
     with _lock:
         _warned.clear()
     backends.reset_backends()

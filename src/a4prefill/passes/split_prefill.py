@@ -164,10 +164,10 @@ class SplitPrefillPass(CustomGraphPass):
         return resolve_settings(self.settings or A4PrefillSettings(), self.engine_captured_limit)
 
     def is_applicable_for_range(self, compile_range: Any) -> bool:
-        """vLLM's pass-manager hook: run only on ranges that reach beyond the captured limit."""
-        settings = self.resolved()
-        compiled = TokenRange(int(compile_range.start), int(compile_range.end))
-        return settings.enabled and not compiled.within(settings.captured_limit)
+        """vLLM's pass-manager hook: True for every range. The pass decides per MoE node (the
+        node's range within the compile range) and records what it kept and why, also for the
+        ranges it leaves W4A16."""
+        return True
 
     def uuid(self) -> str:
         vllm_range = token_range.vllm_compile_range()

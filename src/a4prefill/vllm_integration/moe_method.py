@@ -19,7 +19,8 @@ Contract:
   run uncaptured; inside vLLM's opaque ``moe_forward`` (CUDA) the pass's split-enabled twin makes
   ``apply`` call ``moe_split`` instead. Without the pass every row runs W4A16.
 - ``row_policy`` (the engine's decode length, sequence-parallel rank) is what the row provider
-  reads for this layer.
+  reads for this layer. Under ``count_rows: true`` weight processing attaches the layer's device
+  row counter (:data:`a4prefill.ops.DEVICE_ROW_COUNTERS`).
 
 The class name contains ``ModelOpt`` on purpose: vLLM's expert weight loader picks the ModelOpt
 per-tensor-scale loading path by that substring.
@@ -37,7 +38,7 @@ from vllm.model_executor.layers.fused_moe.routed_experts import FusedMoeWeightSc
 from vllm.model_executor.parameter import ModelWeightParameter, PerTensorScaleParameter
 from vllm.model_executor.utils import set_weight_attrs
 
-from a4prefill.ops import NvFp4Experts, NvFp4MoEWeights, call_moe, moe_split, moe_w4a16
+from a4prefill.ops import DEVICE_ROW_COUNTERS, NvFp4Experts, NvFp4MoEWeights, call_moe, moe_split, moe_w4a16
 from a4prefill.ops.scales import A4_READY, A4Scales, a4_calibration
 from a4prefill.ops.split_scope import is_split_enabled
 from a4prefill.vllm_integration.engine import EngineSetup
@@ -87,6 +88,7 @@ class A4PrefillModelOptNvFp4MoEMethod(FusedMoEMethodBase):
         self.layer_name = layer_name
         self.row_policy: RowPolicy = setup.row_policy
         self.switched_off = switched_off_reason(moe, layer_name, setup)
+        self.count_rows = setup.settings.count_rows
 
     def uses_weight_scale_2_pattern(self) -> bool:
         return True
@@ -149,6 +151,8 @@ class A4PrefillModelOptNvFp4MoEMethod(FusedMoEMethodBase):
             scales, status = calibration.scales, calibration.reason or A4_READY
         self._store_a4_scales(layer, scales, status)
         layer.a4prefill_status = status
+        if self.count_rows:
+            DEVICE_ROW_COUNTERS.attach(layer.w13_weight, self.layer_name)
         if scales is None:
             logger.warning("a4prefill_nvfp4: layer %r runs W4A16 for every row: %s", self.layer_name, status)
 

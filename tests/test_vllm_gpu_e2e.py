@@ -1,0 +1,188 @@
+"""End to end on the real vLLM CUDA engine: row evidence that survives CUDA graphs, a warm
+restart from vLLM's compile cache, speculative decoding.
+
+Needs a CUDA GPU and a CUDA build of vLLM (``scripts/test_gpu.sh``; verified with vLLM 0.26 on an
+H200). Every engine run is one subprocess of ``python -m a4prefill e2e --json`` on the built-in
+tiny model with the Triton backend, CUDA graphs FULL_AND_PIECEWISE, ``count_rows: true`` (device
+counters, which count replays of captured graphs too) and the long prompt set (mixed steps both
+below and above the capture size M).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU and a CUDA build of vLLM"),
+]
+
+from a4prefill.vllm_integration.e2e import E2EResult, StepRecord  # noqa: E402
+
+M = 32
+CALIBRATED = ("model.layers.0.mlp.experts", "model.layers.1.mlp.experts")
+UNCALIBRATED = "model.layers.2.mlp.experts"
+SPLIT_RANGES = {
+    "cudagraph_mode": "FULL_AND_PIECEWISE",
+    "compile_ranges_endpoints": [M],
+    "max_cudagraph_capture_size": M,
+}
+DEFAULT_RANGES = {"cudagraph_mode": "FULL_AND_PIECEWISE", "max_cudagraph_capture_size": M}
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+FIRST_TOKEN_AGREEMENT_FLOOR = 0.6
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    if "vllm" not in sys.modules:
+        pytest.importorskip("vllm", reason="needs a CUDA build of vLLM")
+    from a4prefill.tiny_model import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def run_engine(model: Path, out: Path, *args: str, cache_root: Path | None = None) -> E2EResult:
+    env = dict(os.environ)
+    env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", A4PREFILL_BACKEND="triton")
+    if cache_root is not None:
+        env["VLLM_CACHE_ROOT"] = str(cache_root)
+    command = [sys.executable, "-m", "a4prefill", "e2e", "--model", str(model), "--json", str(out)]
+    command += [
+        "--prompts",
+        "long",
+        "--steps",
+        "--additional-config",
+        json.dumps({"count_rows": True}),
+        *args,
+    ]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=500)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    print(done.stdout)
+    return E2EResult.from_json(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def cache_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("vllm-cache")
+
+
+@pytest.fixture(scope="module")
+def split_run(tiny_model, tmp_path_factory, cache_root) -> E2EResult:
+    out = tmp_path_factory.mktemp("split") / "run.json"
+    ranges = json.dumps(SPLIT_RANGES)
+    return run_engine(
+        tiny_model, out, "--compilation-config", ranges, "--compile-cache", cache_root=cache_root
+    )
+
+
+@pytest.fixture(scope="module")
+def warm_run(split_run, tiny_model, tmp_path_factory, cache_root) -> E2EResult:
+    out = tmp_path_factory.mktemp("warm") / "run.json"
+    ranges = json.dumps(SPLIT_RANGES)
+    return run_engine(
+        tiny_model, out, "--compilation-config", ranges, "--compile-cache", cache_root=cache_root
+    )
+
+
+@pytest.fixture(scope="module")
+def plain_run(tiny_model, tmp_path_factory) -> E2EResult:
+    out = tmp_path_factory.mktemp("plain") / "run.json"
+    return run_engine(tiny_model, out, "--compilation-config", json.dumps(SPLIT_RANGES), "--no-pass")
+
+
+@pytest.fixture(scope="module")
+def default_ranges_run(tiny_model, tmp_path_factory) -> E2EResult:
+    out = tmp_path_factory.mktemp("default") / "run.json"
+    return run_engine(tiny_model, out, "--compilation-config", json.dumps(DEFAULT_RANGES))
+
+
+@pytest.fixture(scope="module")
+def speculative_run(tiny_model, tmp_path_factory) -> E2EResult:
+    out = tmp_path_factory.mktemp("ngram") / "run.json"
+    ranges = json.dumps(SPLIT_RANGES)
+    return run_engine(
+        tiny_model, out, "--compilation-config", ranges, "--speculative-config", json.dumps(NGRAM)
+    )
+
+
+def step_rows(step: StepRecord) -> int:
+    """Rows of the step's forward pass (padded), from the device counters of one layer."""
+    counts = step.evidence[CALIBRATED[0]]
+    return counts["w4a16"] + counts["a4"]
+
+
+def assert_row_rule(result: E2EResult) -> None:
+    """Captured steps ran no A4 row; uncaptured steps ran exactly their prefill rows A4 and all
+    others (decode, verify, padding) W4A16; the uncalibrated layer never ran A4."""
+    assert all(step.device_rows is not None for step in result.steps)
+    for step in result.steps:
+        for layer in CALIBRATED:
+            counts = step.evidence[layer]
+            if step.captured:
+                assert counts["a4"] == 0, (step.index, layer, step.modes, counts)
+            else:
+                assert counts["a4"] == step.prefill_rows, (step.index, layer, counts)
+                assert counts["w4a16"] == step_rows(step) - step.prefill_rows >= step.decode_rows, step.index
+        assert step.evidence[UNCALIBRATED]["a4"] == 0, step.index
+        assert step_rows(step) >= step.decode_rows + step.prefill_rows, step.index
+
+
+def kinds(result: E2EResult) -> set[tuple[str, bool]]:
+    return {(step.kind, step.captured) for step in result.steps}
+
+
+def test_split_ranges_keep_the_captured_graph_w4a16_and_rewrite_the_rest(split_run):
+    ranges = {record["token_range"]: record for record in split_run.pass_records}
+    captured = [r for text, r in ranges.items() if text.endswith(f", {M}]")]
+    beyond = [r for text, r in ranges.items() if text.startswith(f"[{M + 1},")]
+    assert captured and all(not r["rewritten"] for r in captured), split_run.pass_records
+    assert beyond and all(len(r["rewritten"]) == 2 for r in beyond), split_run.pass_records
+
+
+def test_split_ranges_follow_the_row_rule_in_captured_and_uncaptured_steps(split_run):
+    assert {("decode-only", True), ("mixed", True), ("mixed", False)} <= kinds(split_run), kinds(split_run)
+    assert_row_rule(split_run)
+    assert any(s.prefill_rows and not s.captured for s in split_run.steps)
+
+
+def test_default_compile_ranges_follow_the_row_rule(default_ranges_run):
+    (record,) = default_ranges_run.pass_records
+    assert len(record["rewritten"]) == 2, record  # the one graph, captured sizes included
+    assert {("decode-only", True), ("mixed", True), ("mixed", False)} <= kinds(default_ranges_run)
+    assert_row_rule(default_ranges_run)
+
+
+def test_greedy_first_tokens_agree_with_w4a16_for_most_prompts(split_run, plain_run):
+    assert split_run.outputs.keys() == plain_run.outputs.keys()
+    agree = sum(split_run.outputs[r][0] == plain_run.outputs[r][0] for r in split_run.outputs)
+    rate = agree / len(split_run.outputs)
+    print(f"first-token agreement A4 prefill vs W4A16 (CUDA): {agree}/{len(split_run.outputs)} = {rate:.0%}")
+    assert rate >= FIRST_TOKEN_AGREEMENT_FLOOR
+    for step in plain_run.steps:
+        assert all(counts["a4"] == 0 for counts in step.evidence.values()), step.index
+
+
+def test_warm_restart_loads_the_compiled_graphs_and_runs_the_same_rows(split_run, warm_run):
+    assert split_run.pass_records and not warm_run.pass_records  # the pass ran once, cold
+    assert warm_run.compiled_artifacts_loaded > 0
+    assert [s.scheduled for s in warm_run.steps] == [s.scheduled for s in split_run.steps]
+    assert [s.modes for s in warm_run.steps] == [s.modes for s in split_run.steps]
+    assert [s.device_rows for s in warm_run.steps] == [s.device_rows for s in split_run.steps]
+    assert warm_run.outputs == split_run.outputs
+    assert_row_rule(warm_run)
+
+
+def test_speculative_verify_rows_run_w4a16(speculative_run):
+    assert speculative_run.max_decode_len == 4
+    verify = [s for s in speculative_run.steps if any(1 < n <= 4 for n in s.scheduled.values())]
+    assert verify, "n-gram speculation proposed no draft tokens: nothing was verified"
+    assert_row_rule(speculative_run)
