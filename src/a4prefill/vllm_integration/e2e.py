@@ -58,14 +58,15 @@ _LONG = (
 )
 LONG_SECOND_PROMPTS = (
     _LONG + " tell me a story",
-    "a b c d e f g h",
     _LONG + " what is the name of the river",
+    "a b c d e f g h",
     "good morning people of the world",
     _LONG + " list the colors red green blue black white",
     "how do you make a fire",
 )
-"""Long prompts (more than 32 tokens) between short ones: mixed steps both above and below a
-CUDA-graph capture size of 32. The repeated counting helps n-gram speculation find drafts."""
+"""Prompts arriving two per step: two long ones (a mixed step above a CUDA-graph capture size of
+32), two short ones (a mixed step below it), a long and a short one. The repeated counting helps
+n-gram speculation find drafts."""
 PROMPT_SETS = {"default": SECOND_PROMPTS, "long": LONG_SECOND_PROMPTS}
 
 
@@ -287,6 +288,7 @@ def run_e2e(
         scheduled: dict[str, int] = {}
         for entry in scheduled_log:
             for request, tokens in entry.items():
+                request = request.split("-", 1)[0]  # vLLM may append a random suffix to our ids
                 scheduled[request] = scheduled.get(request, 0) + tokens
         if not scheduled:
             return
