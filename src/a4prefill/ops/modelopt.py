@@ -3,7 +3,7 @@
 ModelOpt stores *decode* multipliers: ``weight_scale_2 = amax_w / (6 * 448)`` and
 ``input_scale = amax_x / (6 * 448)``. Encoding uses their reciprocal, ``gs = 1 / scale``.
 The parameter names and shapes below are exactly vLLM's ModelOpt NVFP4 MoE parameter set
-(FACTS.md section 4).
+(docs/numerics.md, section 3).
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ class NvFp4Experts(_TensorBundle):
 @dataclass(frozen=True)
 class NvFp4MoEWeights(_TensorBundle):
     """vLLM's ModelOpt NVFP4 MoE parameters of one layer: the experts plus the checkpoint's
-    activation input scales (FACTS.md section 4).
+    activation input scales (docs/numerics.md, section 3).
 
     Expert fields as in :class:`NvFp4Experts`; ``w13_input_scale`` fp32 [E, 2] and
     ``w2_input_scale`` fp32 [E] are ModelOpt decode-side scales (0 = not calibrated). Turn them

@@ -1,6 +1,6 @@
 """The NVFP4 format: quantize, dequantize, pack and unpack (pure torch, any device).
 
-Layout (FACTS.md section 2):
+Layout (docs/numerics.md, section 2):
 
 - codes: ``uint8 [M, K/2]``, two e2m1 nibbles per byte, the element with the even K index in
   the low nibble, bit 3 of a nibble is the sign; magnitudes ``{0, .5, 1, 1.5, 2, 3, 4, 6}``;

@@ -1,4 +1,4 @@
-"""The MoE in plain torch for both precisions: the numerics oracle (FACTS.md section 3).
+"""The MoE in plain torch for both precisions: the numerics oracle (docs/numerics.md, section 4).
 
 Per route (token t, slot j, expert e), with ``io`` the activation dtype (bf16 or fp16):
 

@@ -32,6 +32,7 @@ their parent's ``records``.
 
 Usable as ``post_grad_custom_post_pass`` of plain torch.compile (see :func:`inductor_options`)
 and, once the vLLM plugin registered it as a virtual ``InductorPass``, in vLLM's pass manager.
+The vLLM and Inductor behaviour this relies on: docs/vllm-internals.md, sections 1 to 4.
 """
 
 from __future__ import annotations

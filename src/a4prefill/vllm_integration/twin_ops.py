@@ -8,7 +8,8 @@ schemas of ``vllm::moe_forward`` / ``vllm::moe_forward_shared`` (hoisted ``layer
 
 :func:`register_twins` runs when the plugin registers (the ``vllm.general_plugins`` entry point,
 every process), not inside the graph pass: a graph loaded from vLLM's or Inductor's compile cache
-calls the twins without the pass ever running in that process.
+calls the twins without the pass ever running in that process (docs/vllm-internals.md, sections 3
+and 4).
 """
 
 from __future__ import annotations

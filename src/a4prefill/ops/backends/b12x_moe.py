@@ -36,7 +36,7 @@ on a device. The alternative, a pure ``mode=A16`` plan beside the A4 one, needs 
 A16 layout, which b12x repacks in place: a second copy of every weight (2x memory). That is
 what fp16 activations get, because b12x's token cutoff accepts only bf16.
 
-Remaining differences from the reference contract (FACTS.md sections 1, 3): b12x's A4 path
+Remaining differences from the reference contract (docs/numerics.md, section 7): b12x's A4 path
 quantizes with its own (approximate-reciprocal) quantizer and may fuse the top-k sum
 differently, so results match the reference within a tolerance, not bit-exactly.
 

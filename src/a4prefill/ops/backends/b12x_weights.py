@@ -3,7 +3,7 @@
 Pure torch, any device; no b12x import except in :func:`to_packed_weights`. The caller's tensors
 are never modified: every tensor of :class:`B12xTensors` is a fresh allocation.
 
-b12x conventions (read in ``b12x/moe/fused_moe`` 1.5.1; FACTS.md section 5):
+b12x conventions (read in ``b12x/moe/fused_moe`` 1.5.1; docs/numerics.md, section 6):
 
 - FC1 half order: b12x's kernels consume ``[up; gate]`` (b12x calls it ``W13Layout.W13``);
   vLLM stores ``[gate; up]`` (b12x's ``W31``). Given ``W31`` storage, b12x flips the caller's
@@ -23,7 +23,7 @@ b12x conventions (read in ``b12x/moe/fused_moe`` 1.5.1; FACTS.md section 5):
 - Activation scales are *encode* scales ``1 / input_scale``: FC1 uses one shared scale for all
   experts, ``gs1 = 1 / max_e(w13_input_scale)`` (given as a uniform [E] vector so b12x can
   quantize each token once), FC2 the per-expert ``gs2[e] = 1 / w2_input_scale[e]``.
-  b12x derives ``alpha = weight_scale_2 / gs`` itself (FACTS.md section 3).
+  b12x derives ``alpha = weight_scale_2 / gs`` itself (docs/numerics.md, section 4).
 """
 
 from __future__ import annotations

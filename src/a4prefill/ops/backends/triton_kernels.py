@@ -1,6 +1,6 @@
 """Triton kernels of the ``triton`` MoE backend (imported lazily: needs triton).
 
-Numerics (FACTS.md sections 2 and 3, reference: :mod:`a4prefill.ops.reference`):
+Numerics (docs/numerics.md, sections 2 and 4; reference: :mod:`a4prefill.ops.reference`):
 
 - NVFP4 weights are dequantized in registers to ``e2m1 * block_scale`` in the io dtype (exact),
   the MMA is ``tl.dot`` with fp32 accumulation, global scales are applied in the epilogue;
