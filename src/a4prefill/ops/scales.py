@@ -1,4 +1,4 @@
-"""A4 activation encode scales (docs/numerics.md, sections 4 and 5): derived once, at load time, handed on as data.
+"""A4 activation encode scales: derived once, at load time, handed on as data (docs/numerics.md, 4-5).
 
 - FC1: one shared encode scale ``gs1 = 1 / max_e(w13_input_scale[e])`` (fp32 [1]);
 - FC2: per-expert encode scales ``gs2[e] = 1 / w2_input_scale[e]`` (fp32 [E]).
