@@ -255,9 +255,7 @@ def test_selected_exactly_where_b12x_supports_the_device(b12x_registered) -> Non
 # -- SM120/SM121 ---------------------------------------------------------------------------------------
 
 ON_SM120 = torch.cuda.is_available() and b12x_unsupported_reason(torch.device("cuda")) is None
-sm120 = pytest.mark.skipif(
-    not ON_SM120, reason="needs an SM120/SM121 GPU (b12x kernels); not run on this machine"
-)
+sm120 = pytest.mark.skipif(not ON_SM120, reason="needs an SM120/SM121 GPU (b12x kernels)")
 # b12x quantizes A4 activations with its own quantizer and sums routes its own way; relative
 # Frobenius error against the reference of the same precision must stay below these.
 W4A16_TOLERANCE = 2e-2

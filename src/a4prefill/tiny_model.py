@@ -1,8 +1,13 @@
-"""A tiny random Qwen3-MoE checkpoint with ModelOpt NVFP4 experts (tests, demos; no hub access).
+"""A tiny random MoE checkpoint with ModelOpt NVFP4 experts (tests, demos; no hub access).
+
+Two architectures (``TinyModelSpec.architecture``): ``qwen3_moe`` (the default, the built-in
+tiny model: experts ``mlp.experts.E.{gate,up,down}_proj``) and ``mixtral`` (experts
+``block_sparse_moe.experts.E.{w1,w3,w2}``, no q/k norms), both served by vLLM as they are.
 
 ``make_tiny_model(directory)`` writes:
 
-- ``config.json`` (``Qwen3MoeForCausalLM``, ``quantization_config`` as ModelOpt writes it),
+- ``config.json`` (``Qwen3MoeForCausalLM`` / ``MixtralForCausalLM``, ``quantization_config`` as
+  ModelOpt writes it),
   ``hf_quant_config.json`` (ModelOpt's legacy file), ``generation_config.json``;
 - ``tokenizer.json`` + ``tokenizer_config.json``: a word-level tokenizer built offline with the
   ``tokenizers`` library (lower-case words, digits and punctuation; unknown words map to
@@ -12,7 +17,9 @@
   :func:`a4prefill.ops.quantize_moe_weights` (``weight``, ``weight_scale``, ``weight_scale_2``,
   ``input_scale`` per projection). Input scales are calibrated on the model's own activations
   (random tokens through the float model); the MoE layer ``uncalibrated_layer`` (default: the
-  last) has no ``input_scale`` tensors at all, like an MTP draft layer.
+  last) has no ``input_scale`` tensors at all, like an MTP draft layer;
+- ``a4prefill_tiny_model.json``: the package version, a hash of this recipe and the spec.
+  :func:`a4prefill.vllm_integration.e2e.ensure_tiny_model` rebuilds a model whose stamp differs.
 
 Who may call: the CLI (``python -m a4prefill make-tiny-model DIR``), the vLLM end-to-end run,
 tests. Needs ``safetensors``, ``tokenizers`` (both come with vLLM / transformers).
@@ -20,10 +27,14 @@ tests. Needs ``safetensors``, ``tokenizers`` (both come with vLLM / transformers
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import json
 import string
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +57,7 @@ _WORD_TEXT = (
 )
 WORDS = tuple(_WORD_TEXT.split(" "))
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")
+STAMP_FILE = "a4prefill_tiny_model.json"
 
 
 @dataclass(frozen=True)
@@ -65,10 +77,45 @@ class TinyModelSpec:
     uncalibrated_layer: int = -1
     seed: int = 0
     calibration_tokens: int = 256
+    architecture: str = "qwen3_moe"  # or "mixtral"
+
+    def __post_init__(self) -> None:
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(
+                f"architecture must be one of {sorted(ARCHITECTURES)}, got {self.architecture!r}"
+            )
 
     @property
     def uncalibrated_index(self) -> int:
         return self.uncalibrated_layer % self.num_layers
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """Checkpoint names of one architecture: the MoE block, its router, the expert projections
+    (gate, up, down), whether attention has q/k norms, the HF class and model type."""
+
+    hf_class: str
+    model_type: str
+    moe_block: str
+    projections: tuple[str, str, str]
+    qk_norm: bool
+
+
+ARCHITECTURES = {
+    "qwen3_moe": Architecture(
+        "Qwen3MoeForCausalLM", "qwen3_moe", "mlp", ("gate_proj", "up_proj", "down_proj"), True
+    ),
+    "mixtral": Architecture("MixtralForCausalLM", "mixtral", "block_sparse_moe", ("w1", "w3", "w2"), False),
+}
+
+
+def recipe_stamp(spec: TinyModelSpec) -> dict[str, Any]:
+    """What a built tiny model must match to be reused: package version, recipe hash, spec."""
+    from a4prefill import __version__
+
+    recipe = hashlib.sha256(inspect.getsource(sys.modules[__name__]).encode()).hexdigest()
+    return {"package_version": __version__, "recipe": recipe, "spec": asdict(spec)}
 
 
 def build_tokenizer(vocab_size: int) -> tuple[dict, dict]:
@@ -98,13 +145,18 @@ def build_tokenizer(vocab_size: int) -> tuple[dict, dict]:
 
 
 def _config_json(spec: TinyModelSpec, ignore: list[str]) -> dict:
+    arch = ARCHITECTURES[spec.architecture]
+    # Mixtral's experts use ``intermediate_size``; Qwen3-MoE's ``moe_intermediate_size``.
+    dense = spec.moe_intermediate_size if spec.architecture == "mixtral" else 4 * spec.hidden_size
     return {
-        "architectures": ["Qwen3MoeForCausalLM"],
-        "model_type": "qwen3_moe",
+        "architectures": [arch.hf_class],
+        "model_type": arch.model_type,
         "vocab_size": spec.vocab_size,
         "hidden_size": spec.hidden_size,
-        "intermediate_size": 4 * spec.hidden_size,
+        "intermediate_size": dense,
         "moe_intermediate_size": spec.moe_intermediate_size,
+        "num_local_experts": spec.num_experts,
+        "sliding_window": None,
         "num_hidden_layers": spec.num_layers,
         "num_attention_heads": spec.num_heads,
         "num_key_value_heads": spec.num_kv_heads,
@@ -149,6 +201,7 @@ def make_tiny_model(directory: str | Path, spec: TinyModelSpec | None = None) ->
     from safetensors.torch import save_file
 
     spec = spec or TinyModelSpec()
+    arch = ARCHITECTURES[spec.architecture]
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(spec.seed)
@@ -176,12 +229,13 @@ def make_tiny_model(directory: str | Path, spec: TinyModelSpec | None = None) ->
             tensors[f"{prefix}.self_attn.{name}.weight"] = rand(
                 out_features, in_features, scale=in_features**-0.5
             ).to(bf16)
-        tensors[f"{prefix}.self_attn.q_norm.weight"] = torch.ones(spec.head_dim, dtype=bf16)
-        tensors[f"{prefix}.self_attn.k_norm.weight"] = torch.ones(spec.head_dim, dtype=bf16)
+        if arch.qk_norm:
+            tensors[f"{prefix}.self_attn.q_norm.weight"] = torch.ones(spec.head_dim, dtype=bf16)
+            tensors[f"{prefix}.self_attn.k_norm.weight"] = torch.ones(spec.head_dim, dtype=bf16)
         tensors[f"{prefix}.input_layernorm.weight"] = torch.ones(hidden, dtype=bf16)
         tensors[f"{prefix}.post_attention_layernorm.weight"] = torch.ones(hidden, dtype=bf16)
         router = rand(experts, hidden, scale=hidden**-0.5)
-        tensors[f"{prefix}.mlp.gate.weight"] = router.to(bf16)
+        tensors[f"{prefix}.{arch.moe_block}.gate.weight"] = router.to(bf16)
         w13 = rand(experts, 2 * inter, hidden, scale=hidden**-0.5)
         w2 = rand(experts, hidden, inter, scale=inter**-0.5)
         calibrated = index != spec.uncalibrated_index
@@ -189,13 +243,12 @@ def make_tiny_model(directory: str | Path, spec: TinyModelSpec | None = None) ->
         quantized = quantize_moe_weights(
             w13, w2, fc1_amax if calibrated else None, fc2_amax if calibrated else None
         )
-        tensors.update(
-            _expert_tensors(f"{prefix}.mlp.experts", quantized, inter, with_input_scales=calibrated)
-        )
+        experts_prefix = f"{prefix}.{arch.moe_block}.experts"
+        tensors.update(_expert_tensors(experts_prefix, quantized, arch, with_input_scales=calibrated))
         # a residual stream update so later layers see different activations
         calibration = calibration + 0.1 * rand(*calibration.shape, scale=1.0)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(path / "model.safetensors"))
-    ignore = ["lm_head", "model.layers.*.self_attn*", "model.layers.*.mlp.gate"]
+    ignore = ["lm_head", "model.layers.*.self_attn*", f"model.layers.*.{arch.moe_block}.gate"]
     (path / "config.json").write_text(json.dumps(_config_json(spec, ignore), indent=2))
     legacy = {
         "producer": {"name": "modelopt", "version": "0.29.0"},
@@ -211,7 +264,7 @@ def make_tiny_model(directory: str | Path, spec: TinyModelSpec | None = None) ->
     tokenizer, tokenizer_config = build_tokenizer(spec.vocab_size)
     (path / "tokenizer.json").write_text(json.dumps(tokenizer))
     (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
-    (path / "a4prefill_tiny_model.json").write_text(json.dumps(asdict(spec), indent=2))
+    (path / STAMP_FILE).write_text(json.dumps(recipe_stamp(spec), indent=2))
     return path
 
 
@@ -233,15 +286,14 @@ def _calibrate(
 
 
 def _expert_tensors(
-    prefix: str, weights: NvFp4MoEWeights, inter: int, with_input_scales: bool
+    prefix: str, weights: NvFp4MoEWeights, arch: Architecture, with_input_scales: bool
 ) -> dict[str, torch.Tensor]:
-    """Per-expert ModelOpt tensors (``gate_proj``/``up_proj``/``down_proj``) of one layer."""
+    """Per-expert ModelOpt tensors (gate, up, down projections) of one layer."""
     out: dict[str, torch.Tensor] = {}
+    gate_name, up_name, down_name = arch.projections
+    inter = weights.w13_weight.shape[1] // 2
     for expert in range(weights.w13_weight.shape[0]):
-        halves = {
-            "gate_proj": slice(0, inter),
-            "up_proj": slice(inter, 2 * inter),
-        }
+        halves = {gate_name: slice(0, inter), up_name: slice(inter, 2 * inter)}
         for column, (name, rows) in enumerate(halves.items()):
             base = f"{prefix}.{expert}.{name}"
             out[f"{base}.weight"] = weights.w13_weight[expert, rows]
@@ -249,7 +301,7 @@ def _expert_tensors(
             out[f"{base}.weight_scale_2"] = weights.w13_weight_scale_2[expert, column].reshape(())
             if with_input_scales:
                 out[f"{base}.input_scale"] = weights.w13_input_scale[expert, column].reshape(())
-        base = f"{prefix}.{expert}.down_proj"
+        base = f"{prefix}.{expert}.{down_name}"
         out[f"{base}.weight"] = weights.w2_weight[expert]
         out[f"{base}.weight_scale"] = weights.w2_weight_scale[expert]
         out[f"{base}.weight_scale_2"] = weights.w2_weight_scale_2[expert].reshape(())

@@ -135,11 +135,18 @@ def default_model_dir() -> Path:
 
 
 def ensure_tiny_model(directory: Path | None = None) -> Path:
-    """The tiny model directory, built if it has no weights yet."""
-    from a4prefill.tiny_model import make_tiny_model
+    """The built-in tiny model directory, (re)built unless it holds this package version's recipe.
+    Never called on a user's checkpoint (a directory given with ``--model`` is used as it is)."""
+    from a4prefill.tiny_model import STAMP_FILE, TinyModelSpec, make_tiny_model, recipe_stamp
 
     directory = directory or default_model_dir()
-    if not (directory / "model.safetensors").exists():
+    stamp = directory / STAMP_FILE
+    current = recipe_stamp(TinyModelSpec())
+    if (
+        not (directory / "model.safetensors").exists()
+        or not stamp.exists()
+        or json.loads(stamp.read_text()) != current
+    ):
         make_tiny_model(directory)
     return directory
 
@@ -237,7 +244,7 @@ def run_e2e(
     from a4prefill.vllm_integration.moe_method import layer_statuses
 
     register()
-    model = ensure_tiny_model(Path(model_dir) if model_dir else None)
+    model = Path(model_dir) if model_dir else ensure_tiny_model()
     compilation_config: dict[str, Any] = dict(compilation or {})
     if split_pass is not None:
         # vLLM resolves "top_level_module.attribute" itself (the CLI form).
