@@ -33,6 +33,13 @@ def _e2e(args: argparse.Namespace) -> int:
 def _inspect(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    if args.model is not None:
+        from a4prefill.vllm_integration.inspect_engine import format_inspection, inspect_engine
+
+        print(format_inspection(inspect_engine(args.model, Path(args.out), args.vllm_args)))
+        return 0
+    if args.vllm_args:
+        raise SystemExit(f"unknown arguments {args.vllm_args} (vLLM arguments need --model)")
     from a4prefill.passes.inspect_graphs import format_rows, inspect_model
 
     specs = [spec for spec in args.sizes.split(",") if spec]
@@ -73,7 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
     e2e.add_argument("--prompts", choices=sorted(PROMPT_SETS), default="default", help="second prompt group")
     e2e.add_argument("--steps", action="store_true", help="also print one line per engine step")
     e2e.set_defaults(handler=_e2e)
-    inspect = commands.add_parser("inspect", help="compile the built-in model under depyf; show the rewrites")
+    inspect = commands.add_parser(
+        "inspect",
+        help="show which graphs the pass rewrote: of a vLLM run (--model DIR [vLLM args]) or of the "
+        "built-in model under depyf",
+    )
+    inspect.add_argument(
+        "--model", default=None, help="a checkpoint to serve with vLLM (extra args go to vLLM)"
+    )
     inspect.add_argument("--sizes", default="8,512,2:256,2:8192", help="comma list of N (static) or LO:HI")
     inspect.add_argument("--captured-limit", type=int, default=256)
     inspect.add_argument("--out", default="a4prefill-dump", help="dump folder (one sub-folder per graph)")
@@ -82,7 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args, rest = build_parser().parse_known_args(argv)
+    if args.command != "inspect" and rest:
+        build_parser().parse_args(argv)  # the usual error for unknown arguments
+    args.vllm_args = rest
     return int(args.handler(args))
 
 
