@@ -48,6 +48,29 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _numerics(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from a4prefill.numerics.report import format_table, write_outputs
+    from a4prefill.numerics.run import run_numerics
+
+    report = run_numerics(
+        Path(args.checkpoint) if args.checkpoint else None,
+        Path(args.prompts) if args.prompts else None,
+        device=args.device,
+        max_tokens_per_layer=args.max_tokens_per_layer,
+        max_model_len=args.max_model_len,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        exclude_factor=args.exclude_factor,
+    )
+    print(format_table(report))
+    written = write_outputs(report, Path(args.out))
+    print("wrote " + ", ".join(str(path) for path in written.values()))
+    if "png" not in written:
+        print("no plot: matplotlib is not installed (pip install -e '.[numerics]')")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from a4prefill.vllm_integration.e2e import PROMPT_SETS
 
@@ -80,6 +103,24 @@ def build_parser() -> argparse.ArgumentParser:
     e2e.add_argument("--prompts", choices=sorted(PROMPT_SETS), default="default", help="second prompt group")
     e2e.add_argument("--steps", action="store_true", help="also print one line per engine step")
     e2e.set_defaults(handler=_e2e)
+    numerics = commands.add_parser(
+        "numerics", help="per-layer A4 vs W4A16 numerics of a ModelOpt NVFP4 MoE checkpoint"
+    )
+    numerics.add_argument(
+        "checkpoint", nargs="?", default=None, help="checkpoint dir (default: built-in tiny model)"
+    )
+    numerics.add_argument(
+        "--prompts", default=None, help="a text file, one prompt per line (default: built-in set)"
+    )
+    numerics.add_argument("--out", default="a4prefill-numerics", help="folder for numerics.{json,csv,png}")
+    numerics.add_argument("--device", default="cpu", help="where the layers are measured (cpu, cuda)")
+    numerics.add_argument("--max-tokens-per-layer", type=int, default=4096)
+    numerics.add_argument("--max-model-len", type=int, default=1024)
+    numerics.add_argument("--gpu-memory-utilization", type=float, default=0.3)
+    numerics.add_argument(
+        "--exclude-factor", type=float, default=2.0, help="suggest layers above this x the median"
+    )
+    numerics.set_defaults(handler=_numerics)
     inspect = commands.add_parser(
         "inspect",
         help="show which graphs the pass rewrote: of a vLLM run (--model DIR [vLLM args]) or of the "

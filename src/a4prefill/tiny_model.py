@@ -244,7 +244,7 @@ def make_tiny_model(directory: str | Path, spec: TinyModelSpec | None = None) ->
             w13, w2, fc1_amax if calibrated else None, fc2_amax if calibrated else None
         )
         experts_prefix = f"{prefix}.{arch.moe_block}.experts"
-        tensors.update(_expert_tensors(experts_prefix, quantized, arch, with_input_scales=calibrated))
+        tensors.update(expert_tensors(experts_prefix, quantized, arch, with_input_scales=calibrated))
         # a residual stream update so later layers see different activations
         calibration = calibration + 0.1 * rand(*calibration.shape, scale=1.0)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(path / "model.safetensors"))
@@ -285,7 +285,7 @@ def _calibrate(
     return fc1, fc2
 
 
-def _expert_tensors(
+def expert_tensors(
     prefix: str, weights: NvFp4MoEWeights, arch: Architecture, with_input_scales: bool
 ) -> dict[str, torch.Tensor]:
     """Per-expert ModelOpt tensors (gate, up, down projections) of one layer."""
