@@ -30,7 +30,7 @@ import logging
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from a4prefill.ops.process_state import warn_once
@@ -94,12 +94,7 @@ class A4PrefillSettings:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-serialisable form (None where not given)."""
-        return {
-            "enabled": self.enabled,
-            "captured_limit": self.captured_limit,
-            "excluded_layers": list(self.excluded_layers),
-            "count_rows": self.count_rows,
-        }
+        return {**asdict(self), "excluded_layers": list(self.excluded_layers)}
 
 
 @dataclass(frozen=True)
@@ -117,12 +112,7 @@ class ResolvedSettings:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-serialisable form (part of the pass uuid, printed in reports)."""
-        return {
-            "enabled": self.enabled,
-            "captured_limit": self.captured_limit,
-            "excluded_layers": list(self.excluded_layers),
-            "count_rows": self.count_rows,
-        }
+        return {**asdict(self), "excluded_layers": list(self.excluded_layers)}
 
 
 def legacy_switch(environ: Mapping[str, str]) -> bool | None:

@@ -344,6 +344,16 @@ def _pass_instance(vllm_config: Any) -> Any:
     return vllm_config.compilation_config.inductor_compile_config.get("post_grad_custom_post_pass")
 
 
+def first_token_agreement(result: E2EResult, baseline: E2EResult) -> tuple[int, int]:
+    """``(agreeing, prompts)``: prompts whose first greedy token is the same in both runs."""
+    if result.outputs.keys() != baseline.outputs.keys():
+        raise ValueError(
+            f"the runs answered different prompts: {sorted(result.outputs)} vs {sorted(baseline.outputs)}"
+        )
+    agree = sum(result.outputs[r][0] == baseline.outputs[r][0] for r in result.outputs)
+    return agree, len(result.outputs)
+
+
 def summarize(result: E2EResult) -> list[dict[str, Any]]:
     """Per step kind and capture: steps, decode/prefill rows scheduled, rows run W4A16 and A4
     (all layers; device counters where present)."""
