@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from a4prefill.passes.split_prefill import PassRecord
+
 SPLIT_OP_NAMES = (
     "a4prefill.moe_split",
     "a4prefill.moe_forward_split",
@@ -33,27 +35,12 @@ PASS_KEY = "post_grad_custom_post_pass"
 DEFAULT_PASS = "a4prefill.split_prefill_pass"
 
 
-@dataclass(frozen=True)
-class GraphRow:
-    """One graph the pass saw: its token range, MoE nodes, what it rewrote and kept (and why)."""
-
-    graph: str
-    token_range: str
-    captured_limit: int
-    rewritten: list[str]
-    kept: list[tuple[str, str]]
-
-    @property
-    def moe_nodes(self) -> int:
-        return len(self.rewritten) + len(self.kept)
-
-
 @dataclass
 class EngineInspection:
     """Everything ``inspect --model`` reports."""
 
     model: str
-    graphs: list[GraphRow]
+    graphs: list[PassRecord]
     dump_dir: Path
     files_with_split_ops: list[str] = field(default_factory=list)
 
