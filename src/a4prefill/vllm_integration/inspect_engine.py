@@ -86,11 +86,7 @@ def inspect_engine(model: str, out_dir: Path, vllm_args: Sequence[str] = ()) -> 
     with torch._inductor.config.patch(force_disable_caches=True), own_dump or contextlib.nullcontext():
         engine = LLMEngine.from_engine_args(engine_args)
         del engine
-    graphs = [
-        GraphRow(
-            record.graph, record.token_range, record.captured_limit, list(record.rewritten), list(record.kept)
-        )
-        for record in records[first:]
+    graphs = list(records[first:])
     ]
     hits = sorted(
         str(path.relative_to(out_dir))
