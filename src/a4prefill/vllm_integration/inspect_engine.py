@@ -87,7 +87,6 @@ def inspect_engine(model: str, out_dir: Path, vllm_args: Sequence[str] = ()) -> 
         engine = LLMEngine.from_engine_args(engine_args)
         del engine
     graphs = list(records[first:])
-    ]
     hits = sorted(
         str(path.relative_to(out_dir))
         for path in out_dir.rglob("*.py")
