@@ -1,4 +1,4 @@
-"""Benchmark the ``triton`` NVFP4 MoE backend against a bf16 grouped-GEMM baseline (a script).
+"""Benchmark the ``triton`` NVFP4 MoE backend against bf16 and vLLM's Marlin NVFP4 MoE (a script).
 
 Usage (CUDA GPU): ``PYTHONPATH=src python benchmarks/bench_moe.py --out DIR [--quick] [--sweep]``;
 plot an existing result anywhere: ``python benchmarks/bench_moe.py --plot DIR/bench_moe.json``;
@@ -7,7 +7,10 @@ print it as markdown tables: ``python benchmarks/bench_moe.py --table DIR/bench_
 For each shape and token count, with random top-k routing (one routing per token count, shared
 by every variant): W4A16, A4 (emulated: FP4 activations dequantized for a bf16 MMA), split (first
 half of the rows decode/W4A16, second half prefill/A4) and bf16 (``torch._grouped_mm`` on bf16
-copies of the weights, same routing: sort, gather, two grouped GEMMs, SwiGLU, weighted sum).
+copies of the weights, same routing: sort, gather, two grouped GEMMs, SwiGLU, weighted sum) and,
+when vLLM is importable, marlin (vLLM's ``fused_marlin_moe`` on Marlin-repacked copies of the same
+weights, ``marlin_baseline.py``). Accuracy: relative L2 error of W4A16 and Marlin against the
+package's fp32 ``moe_reference`` (fp32 activations) at up to 1024 tokens.
 Every variant is captured in a CUDA graph; each replay is timed with CUDA events after the L2
 cache is flushed (a 256 MiB write), median of the repeats. Effective bandwidth counts the bytes
 of the experts actually hit (distinct experts x weights + block scales) plus the activations in
@@ -30,11 +33,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from marlin_baseline import marlin_moe
+
 SHAPES = {
     "glm53flash_tp2": {"hidden": 4096, "intermediate": 1024, "experts": 288, "top_k": 8},
     "small": {"hidden": 2048, "intermediate": 768, "experts": 128, "top_k": 8},
 }
 TOKENS = [1, 4, 16, 64, 256, 1024, 4096, 8192]
+ACCURACY_TOKENS = 1024  # relative errors against the fp32 reference up to this many tokens
 
 
 def random_weights(experts: int, hidden: int, inter: int, device: str) -> Any:
@@ -188,6 +194,7 @@ def bench_shape(
     name: str, shape: dict[str, int], tokens_list: list[int], sweep: bool, log: Any
 ) -> dict[str, Any]:
     from a4prefill.ops.backends.triton_moe import choose_config, fused_moe
+    from a4prefill.ops.reference import moe_reference
     from a4prefill.ops.scales import derive_a4_scales
 
     hidden, inter, experts, top_k = shape["hidden"], shape["intermediate"], shape["experts"], shape["top_k"]
@@ -195,6 +202,7 @@ def bench_shape(
     weights = random_weights(experts, hidden, inter, "cuda")
     scales = derive_a4_scales(weights.w13_input_scale, weights.w2_input_scale)
     w13_bf16, w2_bf16 = bf16_weights(weights)
+    marlin = marlin_moe(weights)
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     fp4_expert_bytes = 3 * inter * hidden * (0.5 + 1 / 16)
     bf16_expert_bytes = 3 * inter * hidden * 2
@@ -218,6 +226,14 @@ def bench_shape(
             "a4": functools.partial(run, x, topk_w, topk_ids, a4_scales=scales),
             "bf16": functools.partial(bf16_moe, x, topk_w, topk_ids, w13_bf16, w2_bf16),
         }
+        if marlin is not None:
+            variants["marlin"] = functools.partial(marlin, x, topk_w, topk_ids)
+        if tokens <= ACCURACY_TOKENS:
+            expected = moe_reference(x.float(), topk_w, topk_ids, weights.experts(), None)
+            for variant in ("w4a16", "marlin"):
+                if variant in variants:
+                    error = (variants[variant]().float() - expected).norm() / expected.norm()
+                    result[f"{variant}_rel_err"] = float(error)
         if half:
             first, second = slice(0, half), slice(half, tokens)
             variants["split"] = functools.partial(run, x, topk_w, topk_ids, a4_scales=scales, row_flags=flags)
@@ -236,9 +252,13 @@ def bench_shape(
         if sweep:
             result["default_config"] = choose_config(tokens * top_k, experts, hidden, inter).__dict__
             result["sweep_w4a16_us"] = sweep_configs(variants["w4a16"], tokens * top_k, experts, flush)
-        w4, bf = result.get("w4a16_us"), result.get("bf16_us")
+        w4, bf, ma = result.get("w4a16_us"), result.get("bf16_us"), result.get("marlin_us")
         if w4:
             result["w4a16_GBps"] = (hit * fp4_expert_bytes + act_bytes) / (w4 * 1e-6) / 1e9
+        if ma:
+            result["marlin_GBps"] = (hit * fp4_expert_bytes + act_bytes) / (ma * 1e-6) / 1e9
+            if w4:
+                result["w4a16_speedup_vs_marlin"] = ma / w4
             result["w4a16_TFLOPs"] = flops / (w4 * 1e-6) / 1e12
         if result.get("a4_us"):
             result["a4_TFLOPs"] = flops / (result["a4_us"] * 1e-6) / 1e12
@@ -278,7 +298,7 @@ def plot(results: dict[str, Any], path: str) -> None:
         rows = data["rows"]
         tokens = [r["tokens"] for r in rows]
         ax = axes[0][col]
-        for variant in ("bf16", "w4a16", "a4", "split"):
+        for variant in ("bf16", "marlin", "w4a16", "a4", "split"):
             points = [(r["tokens"], r[f"{variant}_us"]) for r in rows if r.get(f"{variant}_us")]
             if points:
                 ax.plot(*zip(*points, strict=True), marker="o", label=variant)
@@ -292,6 +312,10 @@ def plot(results: dict[str, Any], path: str) -> None:
         roofline = results.get("copy_GBps")
         ax.plot(tokens, [r.get("w4a16_GBps", 0) for r in rows], marker="o", label="w4a16 GB/s (experts hit)")
         ax.plot(tokens, [r.get("bf16_GBps", 0) for r in rows], marker="o", label="bf16 GB/s (experts hit)")
+        if any(r.get("marlin_GBps") for r in rows):
+            ax.plot(
+                tokens, [r.get("marlin_GBps", 0) for r in rows], marker="o", label="marlin GB/s (experts hit)"
+            )
         if roofline:
             ax.axhline(roofline, color="k", linestyle="--", label=f"copy {roofline:.0f} GB/s")
         ax.set_xscale("log", base=2)
@@ -317,18 +341,29 @@ def markdown_table(results: dict[str, Any]) -> str:
             f"### {name} (H={shape['hidden']}, I={shape['intermediate']}, E={shape['experts']}, "
             f"top-{shape['top_k']})",
             "",
-            "| tokens | experts hit | W4A16 us | A4 us | split us | bf16 us | W4A16 GB/s (% copy) "
-            "| W4A16 TFLOP/s | bf16/W4A16 | A4/W4A16 | split/(parts) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "| tokens | experts hit | W4A16 us | Marlin us | A4 us | split us | bf16 us | Marlin/W4A16 "
+            "| W4A16 GB/s (% copy) | Marlin GB/s (% copy) | W4A16 TFLOP/s | bf16/W4A16 | A4/W4A16 "
+            "| split/(parts) | rel err W4A16 | rel err Marlin |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for row in shape_result["rows"]:
-            share = row.get("w4a16_GBps", 0) / results["copy_GBps"] * 100
+
+            def bandwidth(variant: str, row: dict[str, Any] = row) -> str:
+                value = row.get(f"{variant}_GBps")
+                return "-" if value is None else f"{value:.0f} ({value / results['copy_GBps'] * 100:.0f}%)"
+
+            def error(variant: str, row: dict[str, Any] = row) -> str:
+                value = row.get(f"{variant}_rel_err")
+                return "-" if value is None else f"{value:.1e}"
+
             lines.append(
-                f"| {row['tokens']} | {row['experts_hit']} | {cell(row, 'w4a16_us')} | {cell(row, 'a4_us')} "
-                f"| {cell(row, 'split_us')} | {cell(row, 'bf16_us')} "
-                f"| {cell(row, 'w4a16_GBps', 0)} ({share:.0f}%) | {cell(row, 'w4a16_TFLOPs')} "
-                f"| {cell(row, 'w4a16_speedup_vs_bf16', 2)} | {cell(row, 'a4_over_w4a16', 2)} "
-                f"| {cell(row, 'split_over_parts', 2)} |"
+                f"| {row['tokens']} | {row['experts_hit']} | {cell(row, 'w4a16_us')} "
+                f"| {cell(row, 'marlin_us')} "
+                f"| {cell(row, 'a4_us')} | {cell(row, 'split_us')} | {cell(row, 'bf16_us')} "
+                f"| {cell(row, 'w4a16_speedup_vs_marlin', 2)} | {bandwidth('w4a16')} | {bandwidth('marlin')} "
+                f"| {cell(row, 'w4a16_TFLOPs')} | {cell(row, 'w4a16_speedup_vs_bf16', 2)} "
+                f"| {cell(row, 'a4_over_w4a16', 2)} | {cell(row, 'split_over_parts', 2)} "
+                f"| {error('w4a16')} | {error('marlin')} |"
             )
         lines.append("")
     return "\n".join(lines)

@@ -17,7 +17,8 @@ tiny model: experts ``mlp.experts.E.{gate,up,down}_proj``) and ``mixtral`` (expe
   :func:`a4prefill.ops.quantize_moe_weights` (``weight``, ``weight_scale``, ``weight_scale_2``,
   ``input_scale`` per projection). Input scales are calibrated on the model's own activations
   (random tokens through the float model); the MoE layer ``uncalibrated_layer`` (default: the
-  last) has no ``input_scale`` tensors at all, like an MTP draft layer;
+  last; ``None``: every layer calibrated) has no ``input_scale`` tensors at all, like an MTP draft
+  layer;
 - ``a4prefill_tiny_model.json``: the package version, a hash of this recipe and the spec.
   :func:`a4prefill.vllm_integration.e2e.ensure_tiny_model` rebuilds a model whose stamp differs.
 
@@ -74,7 +75,7 @@ class TinyModelSpec:
     head_dim: int = 32
     vocab_size: int = 512
     max_position_embeddings: int = 1024
-    uncalibrated_layer: int = -1
+    uncalibrated_layer: int | None = -1  # None: every MoE layer has input scales
     seed: int = 0
     calibration_tokens: int = 256
     architecture: str = "qwen3_moe"  # or "mixtral"
@@ -86,8 +87,9 @@ class TinyModelSpec:
             )
 
     @property
-    def uncalibrated_index(self) -> int:
-        return self.uncalibrated_layer % self.num_layers
+    def uncalibrated_index(self) -> int | None:
+        """The MoE layer without input scales, or ``None`` when every layer has them."""
+        return None if self.uncalibrated_layer is None else self.uncalibrated_layer % self.num_layers
 
 
 @dataclass(frozen=True)

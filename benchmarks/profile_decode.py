@@ -1,0 +1,120 @@
+"""Where decode time goes: per-kernel breakdown of the package's W4A16 and vLLM's Marlin MoE (a
+script, CUDA GPU; Marlin needs CUDA vLLM).
+
+Usage: ``PYTHONPATH=src python benchmarks/profile_decode.py --out DIR [--shape glm53flash_tp2]
+[--tokens 1,16,64,256]`` writes ``profile_decode.json``: per implementation and token count, every
+GPU kernel of one call (name, launches, microseconds, from ``torch.profiler`` over 20 calls, L2
+not flushed) and the call's total. Under Nsight Compute, ``--ncu`` runs each call once between
+``cudaProfilerStart``/``Stop`` so that ``ncu --profile-from-start off`` sees only those kernels:
+
+    ncu --profile-from-start off --section SpeedOfLight --section Occupancy \
+        --section LaunchStats --csv python benchmarks/profile_decode.py --ncu > ncu.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_moe import SHAPES, random_weights
+from marlin_baseline import marlin_moe
+
+CALLS = 20
+
+
+def implementations(shape: dict[str, int]) -> dict[str, Callable[..., torch.Tensor]]:
+    """``name -> fn(hidden, topk_weights, topk_ids)`` on the same random weights."""
+    from a4prefill.ops.backends.triton_moe import fused_moe
+
+    torch.manual_seed(0)
+    weights = random_weights(shape["experts"], shape["hidden"], shape["intermediate"], "cuda")
+    found: dict[str, Callable[..., torch.Tensor]] = {
+        "w4a16": functools.partial(fused_moe, experts=weights.experts(), a4_scales=None, swiglu_limit=None)
+    }
+    marlin = marlin_moe(weights)
+    if marlin is not None:
+        found["marlin"] = marlin
+    return found
+
+
+def inputs(tokens: int, shape: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    x = torch.randn(tokens, shape["hidden"], device="cuda").to(torch.bfloat16)
+    logits = torch.randn(tokens, shape["experts"], device="cuda")
+    topk_w, topk_ids = torch.softmax(logits, -1).topk(shape["top_k"], dim=-1)
+    return x, topk_w, topk_ids.to(torch.int32)
+
+
+def kernel_breakdown(fn: Callable[[], Any]) -> dict[str, Any]:
+    """Per GPU kernel of one call: launches and microseconds (averaged over :data:`CALLS`)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(CALLS):
+            fn()
+        torch.cuda.synchronize()
+    kernels: dict[str, list[float]] = collections.defaultdict(list)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            kernels[event.name].append(event.time_range.elapsed_us())
+    rows = [
+        {"kernel": name[:120], "launches": len(times) / CALLS, "us": sum(times) / CALLS}
+        for name, times in kernels.items()
+    ]
+    rows.sort(key=lambda row: -row["us"])
+    return {"kernels": rows, "total_us": sum(row["us"] for row in rows)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--shape", default="glm53flash_tp2", choices=sorted(SHAPES))
+    parser.add_argument("--tokens", default="1,16,64,256")
+    parser.add_argument("--ncu", action="store_true", help="one call each between profiler start/stop")
+    args = parser.parse_args()
+    shape = SHAPES[args.shape]
+    fns = implementations(shape)
+    tokens_list = [int(t) for t in args.tokens.split(",")]
+    if args.ncu:
+        for tokens in tokens_list:
+            x, w, ids = inputs(tokens, shape)
+            for fn in fns.values():
+                fn(x, w, ids)  # compile / warm up outside the profiled region
+                torch.cuda.synchronize()
+                torch.cuda.cudart().cudaProfilerStart()
+                fn(x, w, ids)
+                torch.cuda.synchronize()
+                torch.cuda.cudart().cudaProfilerStop()
+        return
+    result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "shape": shape, "rows": []}
+    for tokens in tokens_list:
+        x, w, ids = inputs(tokens, shape)
+        for name, fn in fns.items():
+            row = {
+                "implementation": name,
+                "tokens": tokens,
+                **kernel_breakdown(functools.partial(fn, x, w, ids)),
+            }
+            result["rows"].append(row)
+            top = ", ".join(
+                f"{k['kernel'][:40]} {k['us']:.1f}us x{k['launches']:.0f}" for k in row["kernels"][:6]
+            )
+            print(f"{name} tokens={tokens} total={row['total_us']:.1f}us: {top}", flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "profile_decode.json"), "w") as handle:
+        json.dump(result, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()
