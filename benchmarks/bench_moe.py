@@ -10,7 +10,8 @@ half of the rows decode/W4A16, second half prefill/A4) and bf16 (``torch._groupe
 copies of the weights, same routing: sort, gather, two grouped GEMMs, SwiGLU, weighted sum) and,
 when vLLM is importable, marlin (vLLM's ``fused_marlin_moe`` on Marlin-repacked copies of the same
 weights, ``marlin_baseline.py``). Accuracy: relative L2 error of W4A16 and Marlin against the
-package's fp32 ``moe_reference`` (fp32 activations) at up to 1024 tokens.
+package's ``moe_reference`` (fp32 math) at up to 1024 tokens, fed fp32 activations (the exact
+MoE of the NVFP4 weights) and bf16 activations (the same bf16 roundings a bf16 kernel makes).
 Every variant is captured in a CUDA graph; each replay is timed with CUDA events after the L2
 cache is flushed (a 256 MiB write), median of the repeats. Effective bandwidth counts the bytes
 of the experts actually hit (distinct experts x weights + block scales) plus the activations in
@@ -229,11 +230,15 @@ def bench_shape(
         if marlin is not None:
             variants["marlin"] = functools.partial(marlin, x, topk_w, topk_ids)
         if tokens <= ACCURACY_TOKENS:
-            expected = moe_reference(x.float(), topk_w, topk_ids, weights.experts(), None)
-            for variant in ("w4a16", "marlin"):
-                if variant in variants:
-                    error = (variants[variant]().float() - expected).norm() / expected.norm()
-                    result[f"{variant}_rel_err"] = float(error)
+            # fp32 activations: the exact MoE of the NVFP4 weights; bf16 activations: the same
+            # with the kernels' own bf16 roundings (input, FC1 output) (docs/numerics.md)
+            references = {"": x.float(), "_bf16_io": x}
+            for suffix, reference_input in references.items():
+                expected = moe_reference(reference_input, topk_w, topk_ids, weights.experts(), None).float()
+                for variant in ("w4a16", "marlin"):
+                    if variant in variants:
+                        error = (variants[variant]().float() - expected).norm() / expected.norm()
+                        result[f"{variant}_rel_err{suffix}"] = float(error)
         if half:
             first, second = slice(0, half), slice(half, tokens)
             variants["split"] = functools.partial(run, x, topk_w, topk_ids, a4_scales=scales, row_flags=flags)
@@ -343,8 +348,9 @@ def markdown_table(results: dict[str, Any]) -> str:
             "",
             "| tokens | experts hit | W4A16 us | Marlin us | A4 us | split us | bf16 us | Marlin/W4A16 "
             "| W4A16 GB/s (% copy) | Marlin GB/s (% copy) | W4A16 TFLOP/s | bf16/W4A16 | A4/W4A16 "
-            "| split/(parts) | rel err W4A16 | rel err Marlin |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| split/(parts) | rel err W4A16 | rel err Marlin | rel err W4A16 (bf16 io) "
+            "| rel err Marlin (bf16 io) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for row in shape_result["rows"]:
 
@@ -352,8 +358,8 @@ def markdown_table(results: dict[str, Any]) -> str:
                 value = row.get(f"{variant}_GBps")
                 return "-" if value is None else f"{value:.0f} ({value / results['copy_GBps'] * 100:.0f}%)"
 
-            def error(variant: str, row: dict[str, Any] = row) -> str:
-                value = row.get(f"{variant}_rel_err")
+            def error(key: str, row: dict[str, Any] = row) -> str:
+                value = row.get(key)
                 return "-" if value is None else f"{value:.1e}"
 
             lines.append(
@@ -363,7 +369,8 @@ def markdown_table(results: dict[str, Any]) -> str:
                 f"| {cell(row, 'w4a16_speedup_vs_marlin', 2)} | {bandwidth('w4a16')} | {bandwidth('marlin')} "
                 f"| {cell(row, 'w4a16_TFLOPs')} | {cell(row, 'w4a16_speedup_vs_bf16', 2)} "
                 f"| {cell(row, 'a4_over_w4a16', 2)} | {cell(row, 'split_over_parts', 2)} "
-                f"| {error('w4a16')} | {error('marlin')} |"
+                f"| {error('w4a16_rel_err')} | {error('marlin_rel_err')} "
+                f"| {error('w4a16_rel_err_bf16_io')} | {error('marlin_rel_err_bf16_io')} |"
             )
         lines.append("")
     return "\n".join(lines)

@@ -28,8 +28,10 @@ Numbers per configuration:
   against ``bf16`` per prompt token;
 - prefill tokens/s: one 8192-token prompt, ``max_tokens=1`` (one engine step), median of 3 after
   a warm-up;
-- decode tokens/s at batch 1, 16, 64 (16-token prompts): ``B * 64 / (t(65 tokens) - t(1 token))``,
-  best of 2 after a warm-up; every decode step of these batches is a captured FULL graph.
+- decode tokens/s at batch 1, 16, 64 (16-token prompts): ``B * 128 / (t(129 tokens) - t(1 token))``,
+  best of 3 after a warm-up; every decode step of these batches is a captured FULL graph;
+- on CUDA, one prefill and one batch-1 decode under ``torch.profiler``: wall time against GPU
+  kernel time (how host-bound the step is) and the kernels with the most GPU time.
 
 The model is random (word-level vocabulary of 512 tokens), so the lm_head is negligible and the
 MoE layers dominate; the timings include attention, sampling and the engine's scheduling.
@@ -45,6 +47,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +75,8 @@ MODELS: dict[str, dict[str, Any]] = {
 }
 CAPTURE_LIMIT = 64
 NUMERICS_PROMPTS, NUMERICS_LENGTH = 8, 256
-DECODE_BATCHES, DECODE_TOKENS, DECODE_PROMPT = (1, 16, 64), 64, 16
+DECODE_BATCHES, DECODE_TOKENS, DECODE_PROMPT = (1, 16, 64), 128, 16
+REPEATS = 3
 RESULT_FILE = "bench_vllm_paths.json"
 
 
@@ -98,6 +102,27 @@ def _timed(llm: Any, prompts: list[Any], params: Any) -> float:
     start = time.perf_counter()
     llm.generate(prompts, params, use_tqdm=False)
     return time.perf_counter() - start
+
+
+def _gpu_profile(llm: Any, prompts: list[Any], params: Any) -> dict[str, Any]:
+    """One ``generate`` under ``torch.profiler``: wall seconds, GPU kernel seconds (CUDA-graph
+    replays included where CUPTI reports them) and the 12 kernels with the most GPU time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        wall = _timed(llm, prompts, params)
+        torch.cuda.synchronize()
+    kernels: dict[str, float] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            kernels[event.name] = kernels.get(event.name, 0.0) + event.time_range.elapsed_us() * 1e-6
+    top = sorted(kernels.items(), key=lambda item: -item[1])[:12]
+    return {
+        "wall_s": wall,
+        "gpu_kernel_s": sum(kernels.values()),
+        "top_kernels": [{"kernel": name[:100], "seconds": seconds} for name, seconds in top],
+    }
 
 
 def _moe_kernels(llm: Any) -> list[str]:
@@ -170,7 +195,7 @@ def run_config(name: str, checkpoint: Path, prefill_length: int) -> dict[str, An
     one_token = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     prefill_prompt = _token_prompts(1, prefill_length, vocab, seed=2)
     _timed(llm, prefill_prompt, one_token)
-    prefill_s = statistics.median(_timed(llm, prefill_prompt, one_token) for _ in range(3))
+    prefill_s = statistics.median(_timed(llm, prefill_prompt, one_token) for _ in range(REPEATS))
     result["prefill"] = {
         "tokens": prefill_length,
         "seconds": prefill_s,
@@ -182,11 +207,18 @@ def run_config(name: str, checkpoint: Path, prefill_length: int) -> dict[str, An
     for batch in DECODE_BATCHES:
         prompts = _token_prompts(batch, DECODE_PROMPT, vocab, seed=3 + batch)
         _timed(llm, prompts, longer)
-        short = min(_timed(llm, prompts, one_token) for _ in range(2))
-        long = min(_timed(llm, prompts, longer) for _ in range(2))
+        short = min(_timed(llm, prompts, one_token) for _ in range(REPEATS))
+        long = min(_timed(llm, prompts, longer) for _ in range(REPEATS))
         result["decode"][str(batch)] = {
             "seconds": long - short,
             "tokens_per_s": batch * DECODE_TOKENS / (long - short),
+        }
+    import torch
+
+    if torch.cuda.is_available():
+        result["profile"] = {
+            "prefill": _gpu_profile(llm, prefill_prompt, one_token),
+            "decode_batch_1": _gpu_profile(llm, _token_prompts(1, DECODE_PROMPT, vocab, seed=4), longer),
         }
     return result
 
@@ -202,6 +234,8 @@ def summarize(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "decode_tokens_per_s": {b: d["tokens_per_s"] for b, d in result["decode"].items()},
             "moe_kernels": result["moe_kernels"],
         }
+        for phase, profiled in result.get("profile", {}).items():
+            row[f"{phase}_gpu_over_wall"] = [profiled["gpu_kernel_s"], profiled["wall_s"]]
         if REFERENCE in results and name != REFERENCE:
             row["logprob_vs_bf16"] = logprob_difference(
                 results[REFERENCE]["prompt_logprobs"], result["prompt_logprobs"]
@@ -217,17 +251,21 @@ def markdown_table(data: dict[str, Any]) -> str:
         "| configuration | logprob diff vs bf16: median | p90 | max "
         + f"| prefill {data['prefill_tokens']} tok/s | "
         + " | ".join(f"decode b={b} tok/s" for b in batches)
-        + " | MoE kernel |",
-        "|---|---|---|---|---|" + "---|" * len(batches) + "---|",
+        + " | profiled GPU / wall ms: prefill | decode b=1 | MoE kernel |",
+        "|---|---|---|---|---|" + "---|" * len(batches) + "---|---|---|",
     ]
     for name, row in summary.items():
         diff = row.get("logprob_vs_bf16") or {}
         cells = [f"{diff[k]:.4f}" if k in diff else "-" for k in ("median", "p90", "max")]
         decode = [f"{row['decode_tokens_per_s'][b]:.0f}" for b in batches]
         kernels = ", ".join(row["moe_kernels"])
+        profiled = [
+            "{:.1f} / {:.1f}".format(*(1e3 * t for t in row[key])) if key in row else "-"
+            for key in ("prefill_gpu_over_wall", "decode_batch_1_gpu_over_wall")
+        ]
         lines.append(
             f"| {name} | "
-            + " | ".join([*cells, f"{row['prefill_tokens_per_s']:.0f}", *decode, kernels])
+            + " | ".join([*cells, f"{row['prefill_tokens_per_s']:.0f}", *decode, *profiled, kernels])
             + " |"
         )
     return "\n".join(lines)
@@ -271,7 +309,12 @@ def plot(data: dict[str, Any], path: Path) -> None:
     axes[2].legend()
     for axis in axes:
         axis.tick_params(axis="x", labelrotation=15, labelsize=8)
-    fig.suptitle(data["title"])
+    model = data["model"]
+    fig.suptitle(
+        f"random NVFP4 MoE model: hidden {model['hidden_size']}, intermediate "
+        f"{model['moe_intermediate_size']}, {model['num_experts']} experts, top-{model['top_k']}, "
+        f"{model['num_layers']} layers; {data['device']}"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -329,10 +372,11 @@ def main() -> None:
         print(f"{name}: done", flush=True)
     import torch
 
+    from a4prefill.tiny_model import TinyModelSpec
+
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     data = {
-        "title": f"{args.model} random NVFP4 MoE model ({MODELS[args.model]}), {device}",
-        "model": MODELS[args.model],
+        "model": asdict(TinyModelSpec(**MODELS[args.model])),
         "device": device,
         "prefill_tokens": args.prefill_length,
         "results": results,

@@ -8,7 +8,12 @@ not flushed) and the call's total. Under Nsight Compute, ``--ncu`` runs each cal
 ``cudaProfilerStart``/``Stop`` so that ``ncu --profile-from-start off`` sees only those kernels:
 
     ncu --profile-from-start off --section SpeedOfLight --section Occupancy \
-        --section LaunchStats --csv python benchmarks/profile_decode.py --ncu > ncu.csv
+        --section LaunchStats --section MemoryWorkloadAnalysis --csv \
+        python benchmarks/profile_decode.py --ncu --tokens 1,16,64 > ncu.csv
+
+and ``--ncu-summary ncu.csv`` turns that CSV into ``profile_decode_ncu.json`` (the GEMM kernels,
+one row each, in launch order, with the metrics of :data:`NCU_METRICS`). Nsight Compute locks
+the clocks to base, so its durations are longer than the timed ones; compare the percentages.
 """
 
 from __future__ import annotations
@@ -29,6 +34,36 @@ from bench_moe import SHAPES, random_weights
 from marlin_baseline import marlin_moe
 
 CALLS = 20
+NCU_METRICS = (
+    "Duration",
+    "DRAM Throughput",
+    "Compute (SM) Throughput",
+    "Registers Per Thread",
+    "Dynamic Shared Memory Per Block",
+    "Theoretical Occupancy",
+    "Achieved Occupancy",
+    "Waves Per SM",
+    "L2 Hit Rate",
+)
+GEMM_KERNELS = ("fc1_kernel", "fc2_kernel", "marlin")
+
+
+def ncu_summary(csv_path: str) -> list[dict[str, Any]]:
+    """One row per GEMM kernel launch in an ``ncu --csv`` report: name, grid, block, metrics."""
+    import csv
+
+    with open(csv_path) as handle:
+        text = handle.read()
+    launches: dict[str, dict[str, Any]] = {}
+    for record in csv.DictReader(text[text.index('"ID"') :].splitlines()):
+        name = record["Kernel Name"]
+        if not any(word in name.lower() for word in GEMM_KERNELS) or record["Metric Name"] not in NCU_METRICS:
+            continue
+        row = launches.setdefault(
+            record["ID"], {"kernel": name[:40], "grid": record["Grid Size"], "block": record["Block Size"]}
+        )
+        row[f"{record['Metric Name']} ({record['Metric Unit']})"] = record["Metric Value"]
+    return list(launches.values())
 
 
 def implementations(shape: dict[str, int]) -> dict[str, Callable[..., torch.Tensor]]:
@@ -82,7 +117,12 @@ def main() -> None:
     parser.add_argument("--shape", default="glm53flash_tp2", choices=sorted(SHAPES))
     parser.add_argument("--tokens", default="1,16,64,256")
     parser.add_argument("--ncu", action="store_true", help="one call each between profiler start/stop")
+    parser.add_argument("--ncu-summary", help="summarize this ncu CSV into profile_decode_ncu.json")
     args = parser.parse_args()
+    if args.ncu_summary:
+        with open(os.path.join(args.out, "profile_decode_ncu.json"), "w") as handle:
+            json.dump(ncu_summary(args.ncu_summary), handle, indent=1)
+        return
     shape = SHAPES[args.shape]
     fns = implementations(shape)
     tokens_list = [int(t) for t in args.tokens.split(",")]
