@@ -1,7 +1,7 @@
 """vLLM's Marlin NVFP4 MoE on the package's weights: the W4A16 kernel vLLM serves ModelOpt NVFP4
 experts with on Hopper, as a benchmark baseline (a helper of ``bench_moe.py``; needs CUDA vLLM).
 
-How vLLM calls it (read in vLLM 0.26 and 0.32, FACTS.md section 8 / docs/vllm-internals.md):
+How vLLM calls it (read in vLLM 0.26 and 0.32; docs/vllm-internals.md, section 8):
 ``prepare_nvfp4_moe_layer_for_marlin`` repacks the codes and block scales into Marlin's tile
 order once (a second copy of the experts, which is why this is a baseline and not a backend), and
 ``fused_marlin_moe`` runs routing, both GEMMs, SwiGLU and the top-k combine. Marlin keeps one
