@@ -62,6 +62,15 @@ def random_weights(experts: int, hidden: int, inter: int, device: str) -> Any:
     return NvFp4MoEWeights(w13, w13_s, s2_13, in13, w2, w2_s, s2_2, in2)
 
 
+def random_routing(tokens: int, hidden: int, experts: int, top_k: int) -> tuple[torch.Tensor, ...]:
+    """CUDA ``hidden [T, H]`` bf16, ``topk_weights [T, k]`` fp32 and ``topk_ids [T, k]`` int32
+    (softmax of random logits, top-k)."""
+    x = torch.randn(tokens, hidden, device="cuda").to(torch.bfloat16)
+    logits = torch.randn(tokens, experts, device="cuda")
+    topk_w, topk_ids = torch.softmax(logits, -1).topk(top_k, dim=-1)
+    return x, topk_w, topk_ids.to(torch.int32)
+
+
 def bf16_weights(weights: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """bf16 copies ``w13 [E, 2I, H]``, ``w2 [E, H, I]`` (same bytes per element as a bf16 model)."""
     from a4prefill.ops import nvfp4
@@ -209,10 +218,7 @@ def bench_shape(
     bf16_expert_bytes = 3 * inter * hidden * 2
     rows = []
     for tokens in tokens_list:
-        x = torch.randn(tokens, hidden, device="cuda").to(torch.bfloat16)
-        logits = torch.randn(tokens, experts, device="cuda")
-        topk_w, topk_ids = torch.softmax(logits, -1).topk(top_k, dim=-1)
-        topk_ids = topk_ids.to(torch.int32)
+        x, topk_w, topk_ids = random_routing(tokens, hidden, experts, top_k)
         hit = int(torch.unique(topk_ids).numel())
         repeats = 30 if tokens >= 4096 else 60
         act_bytes = 2 * 2 * tokens * hidden
@@ -232,13 +238,12 @@ def bench_shape(
         if tokens <= ACCURACY_TOKENS:
             # fp32 activations: the exact MoE of the NVFP4 weights; bf16 activations: the same
             # with the kernels' own bf16 roundings (input, FC1 output) (docs/numerics.md)
-            references = {"": x.float(), "_bf16_io": x}
-            for suffix, reference_input in references.items():
+            outputs = {v: variants[v]().float() for v in ("w4a16", "marlin") if v in variants}
+            for suffix, reference_input in {"": x.float(), "_bf16_io": x}.items():
                 expected = moe_reference(reference_input, topk_w, topk_ids, weights.experts(), None).float()
-                for variant in ("w4a16", "marlin"):
-                    if variant in variants:
-                        error = (variants[variant]().float() - expected).norm() / expected.norm()
-                        result[f"{variant}_rel_err{suffix}"] = float(error)
+                for variant, output in outputs.items():
+                    error = (output - expected).norm() / expected.norm()
+                    result[f"{variant}_rel_err{suffix}"] = float(error)
         if half:
             first, second = slice(0, half), slice(half, tokens)
             variants["split"] = functools.partial(run, x, topk_w, topk_ids, a4_scales=scales, row_flags=flags)
@@ -260,11 +265,11 @@ def bench_shape(
         w4, bf, ma = result.get("w4a16_us"), result.get("bf16_us"), result.get("marlin_us")
         if w4:
             result["w4a16_GBps"] = (hit * fp4_expert_bytes + act_bytes) / (w4 * 1e-6) / 1e9
+            result["w4a16_TFLOPs"] = flops / (w4 * 1e-6) / 1e12
         if ma:
             result["marlin_GBps"] = (hit * fp4_expert_bytes + act_bytes) / (ma * 1e-6) / 1e9
             if w4:
                 result["w4a16_speedup_vs_marlin"] = ma / w4
-            result["w4a16_TFLOPs"] = flops / (w4 * 1e-6) / 1e12
         if result.get("a4_us"):
             result["a4_TFLOPs"] = flops / (result["a4_us"] * 1e-6) / 1e12
         if bf:

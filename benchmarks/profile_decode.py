@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_moe import SHAPES, random_weights
+from bench_moe import SHAPES, random_routing, random_weights
 from marlin_baseline import marlin_moe
 
 CALLS = 20
@@ -81,13 +81,6 @@ def implementations(shape: dict[str, int]) -> dict[str, Callable[..., torch.Tens
     return found
 
 
-def inputs(tokens: int, shape: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    x = torch.randn(tokens, shape["hidden"], device="cuda").to(torch.bfloat16)
-    logits = torch.randn(tokens, shape["experts"], device="cuda")
-    topk_w, topk_ids = torch.softmax(logits, -1).topk(shape["top_k"], dim=-1)
-    return x, topk_w, topk_ids.to(torch.int32)
-
-
 def kernel_breakdown(fn: Callable[[], Any]) -> dict[str, Any]:
     """Per GPU kernel of one call: launches and microseconds (averaged over :data:`CALLS`)."""
     from torch.profiler import ProfilerActivity, profile
@@ -128,7 +121,7 @@ def main() -> None:
     tokens_list = [int(t) for t in args.tokens.split(",")]
     if args.ncu:
         for tokens in tokens_list:
-            x, w, ids = inputs(tokens, shape)
+            x, w, ids = random_routing(tokens, shape["hidden"], shape["experts"], shape["top_k"])
             for fn in fns.values():
                 fn(x, w, ids)  # compile / warm up outside the profiled region
                 torch.cuda.synchronize()
@@ -139,7 +132,7 @@ def main() -> None:
         return
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "shape": shape, "rows": []}
     for tokens in tokens_list:
-        x, w, ids = inputs(tokens, shape)
+        x, w, ids = random_routing(tokens, shape["hidden"], shape["experts"], shape["top_k"])
         for name, fn in fns.items():
             row = {
                 "implementation": name,

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from a4prefill.numerics.checkpoint import EXPERT_TENSOR
-from a4prefill.ops import nvfp4
+from a4prefill.ops.modelopt import QuantizedStack, dequantize_expert_stack
 
 INDEX_FILE = "model.safetensors.index.json"
 QUANTIZATION_FILES = ("hf_quant_config.json",)
@@ -52,8 +52,12 @@ def _dequantized_file(tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> d
             raise ValueError(
                 f"{name}: an NVFP4 expert weight needs {' and '.join(missing)} in the same safetensors file"
             )
-        values = nvfp4.dequantize_blocks(tensor, tensors[f"{base}.weight_scale"])
-        out[name] = (values * tensors[f"{base}.weight_scale_2"].to(torch.float32)).to(dtype)
+        one = QuantizedStack(
+            tensor[None],
+            tensors[f"{base}.weight_scale"][None],
+            tensors[f"{base}.weight_scale_2"].reshape(1).float(),
+        )
+        out[name] = dequantize_expert_stack(one)[0].to(dtype)
     return out
 
 
