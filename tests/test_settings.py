@@ -66,7 +66,7 @@ def test_the_pass_resolves_through_the_same_function(monkeypatch):
     monkeypatch.setenv(LEGACY_THRESHOLD_ENV, "")
     assert SplitPrefillPass(A4PrefillSettings(captured_limit=4)).resolved() == ResolvedSettings(False, 4, ())
     assert SplitPrefillPass(A4PrefillSettings(enabled=True)).resolved().enabled is True
-    bound = SplitPrefillPass().for_engine(A4PrefillSettings(excluded_layers=("mtp",)), 256)
+    bound = SplitPrefillPass().for_engine(resolve_settings(A4PrefillSettings(excluded_layers=("mtp",)), 256))
     assert bound.resolved() == ResolvedSettings(False, 256, ("mtp",))
 
 

@@ -150,10 +150,22 @@ def test_legacy_variable_reaches_the_engine_through_the_same_resolution(monkeypa
         off = setup_of(engine_config())
         config = engine_config()
         setup_of(config)
-        config.compilation_config.inductor_compile_config[PASS_KEY].resolved()  # the pass resolves too
+        config.compilation_config.inductor_compile_config[PASS_KEY].resolved()  # the bound pass's answer
     assert off.settings.enabled is False
     assert len([r for r in caplog.records if LEGACY_THRESHOLD_ENV in r.getMessage()]) == 1
     assert setup_of(engine_config({"enabled": True})).settings.enabled is True
+
+
+def test_the_bound_pass_keeps_the_engines_resolution_when_the_environment_changes_later(monkeypatch):
+    # Load time decides with the setup's settings; the pass compiles later and must not re-read
+    # the environment (a changed legacy variable would make the two disagree).
+    monkeypatch.setenv(LEGACY_THRESHOLD_ENV, "")
+    config = engine_config()
+    setup = setup_of(config)
+    monkeypatch.setenv(LEGACY_THRESHOLD_ENV, "0")
+    bound = config.compilation_config.inductor_compile_config[PASS_KEY]
+    assert setup.settings.enabled is False
+    assert bound.resolved() == setup.settings
 
 
 # -- the MoE method: the load-time decision --------------------------------------------------------

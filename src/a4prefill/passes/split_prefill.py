@@ -25,10 +25,11 @@ Invariants:
   being compiled, so Inductor's and vLLM's caches never serve a graph rewritten under another
   decision. A graph loaded from a cache skips the pass (no record is added).
 
-Settings: the constructor's, resolved by :func:`a4prefill.settings.resolve_settings`. Under
-vLLM the plugin replaces the configured pass with :meth:`SplitPrefillPass.for_engine`, a pass
-bound to that engine's settings (``--additional-config``) and captured limit; bound passes share
-their parent's ``records``.
+Settings: the constructor's, resolved by :func:`a4prefill.settings.resolve_settings` when the
+pass runs. Under vLLM the plugin replaces the configured pass with
+:meth:`SplitPrefillPass.for_engine`, a pass bound to that engine's settings as resolved once at
+engine setup (the same object load time decides with, so the two cannot disagree); bound passes
+share their parent's ``records``.
 
 Usable as ``post_grad_custom_post_pass`` of plain torch.compile (see :func:`inductor_options`)
 and, once the vLLM plugin registered it as a virtual ``InductorPass``, in vLLM's pass manager.
@@ -135,34 +136,36 @@ def _log_graph(name: str, graph: fx.Graph) -> None:
 class SplitPrefillPass(CustomGraphPass):
     """Rewrite W4A16 MoE nodes into split nodes where they may run uncaptured.
 
-    ``settings``: the user's settings (None: all defaults); ``engine_captured_limit``: the
-    captured limit of the engine this pass is bound to (0 without one). ``records`` lists what
-    each call did (shared with the passes bound from this one); reset it with ``records.clear()``.
+    ``settings``: the user's settings (None: all defaults), resolved when the pass runs (no
+    engine: captured limit 0). ``records`` lists what each call did (shared with the passes
+    bound from this one); reset it with ``records.clear()``.
     """
 
     def __init__(
-        self,
-        settings: A4PrefillSettings | None = None,
-        *,
-        engine_captured_limit: int = 0,
-        records: list[PassRecord] | None = None,
+        self, settings: A4PrefillSettings | None = None, *, records: list[PassRecord] | None = None
     ) -> None:
         self.settings = settings
-        self.engine_captured_limit = engine_captured_limit
         self.records: list[PassRecord] = [] if records is None else records
+        self._engine_settings: ResolvedSettings | None = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> SplitPrefillPass:
         # Configs holding the pass get deep-copied (vLLM does); keep one instance so that its
         # records stay where the user looks for them. The settings are immutable.
         return self
 
-    def for_engine(self, settings: A4PrefillSettings, engine_captured_limit: int) -> SplitPrefillPass:
-        """A pass bound to one engine's settings and captured limit, sharing these records."""
-        return SplitPrefillPass(settings, engine_captured_limit=engine_captured_limit, records=self.records)
+    def for_engine(self, engine_settings: ResolvedSettings) -> SplitPrefillPass:
+        """A pass bound to one engine's resolved settings (its captured limit included), sharing
+        these records."""
+        bound = SplitPrefillPass(records=self.records)
+        bound._engine_settings = engine_settings
+        return bound
 
     def resolved(self) -> ResolvedSettings:
-        """The settings in force (one resolution, :func:`a4prefill.settings.resolve_settings`)."""
-        return resolve_settings(self.settings or A4PrefillSettings(), self.engine_captured_limit)
+        """The settings in force: the bound engine's, else the constructor's resolved now
+        (:func:`a4prefill.settings.resolve_settings`, the one rule)."""
+        if self._engine_settings is not None:
+            return self._engine_settings
+        return resolve_settings(self.settings or A4PrefillSettings())
 
     def is_applicable_for_range(self, compile_range: Any) -> bool:
         """vLLM's pass-manager hook: True for every range. The pass decides per MoE node (the

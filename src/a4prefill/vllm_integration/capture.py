@@ -139,7 +139,9 @@ def split_prompt_logprobs(
     model: Path, prompts: Sequence[str], max_model_len: int, gpu_memory_utilization: float
 ) -> list[list[float]]:
     """The prompt logprobs with the split pass on: prompt rows run A4 where layers have scales."""
-    os.environ.setdefault("VLLM_DISABLE_COMPILE_CACHE", "1")  # the pass must run, not a cache
+    from a4prefill.vllm_integration.e2e import configure_caches
+
+    configure_caches(compile_cache=False)  # the pass must run: neither vLLM's nor Inductor's cache
     compilation = {"inductor_passes": {"post_grad_custom_post_pass": "a4prefill.split_prefill_pass"}}
     llm = _llm(model, max_model_len, gpu_memory_utilization, compilation_config=compilation)
     try:

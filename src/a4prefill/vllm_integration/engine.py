@@ -102,7 +102,7 @@ def engine_setup(vllm_config: Any) -> EngineSetup:
     resolved = resolve_settings(settings, limit)
     if split_pass is not None:
         inductor = vllm_config.compilation_config.inductor_compile_config
-        inductor[PASS_KEY] = split_pass.for_engine(settings, limit)
+        inductor[PASS_KEY] = split_pass.for_engine(resolved)
     setup = EngineSetup(resolved, _row_policy(vllm_config))
     logger.info(
         "a4prefill: engine settings %s (engine captured limit %d), decode rows: query_len <= %d, "
