@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from a4prefill import ops
+from a4prefill.numerics.layer_metrics import relative_error
 from a4prefill.ops.modelopt import dequantize_experts
 from a4prefill.ops.scales import derive_a4_scales
 from a4prefill.tiny_layer import dense_moe_fp32, make_tiny_layer, random_routing
@@ -22,12 +23,6 @@ class NumericsRow:
     rel_error_vs_float: float
     rel_error_vs_dequantized: float
     max_abs_error_vs_dequantized: float
-
-
-def relative_error(result: torch.Tensor, expected: torch.Tensor) -> float:
-    """``||result - expected|| / ||expected||`` in fp32 (Frobenius norms)."""
-    difference = result.to(torch.float32) - expected.to(torch.float32)
-    return float(difference.norm() / expected.to(torch.float32).norm())
 
 
 def run_demo(tokens: int = 96, seed: int = 0, device: str = "cpu") -> list[NumericsRow]:

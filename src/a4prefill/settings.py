@@ -42,6 +42,10 @@ LEGACY_THRESHOLD_ENV = "B12X_W4A16_A4_PREFILL_MIN_TOKENS"
 _KNOWN_KEYS = ("enabled", "captured_limit", "excluded_layers", "count_rows")
 
 
+def _json_form(settings: A4PrefillSettings | ResolvedSettings) -> dict[str, Any]:
+    return {**asdict(settings), "excluded_layers": list(settings.excluded_layers)}
+
+
 @dataclass(frozen=True)
 class A4PrefillSettings:
     """Settings as the user gave them (None: not given); see the module docstring."""
@@ -94,7 +98,7 @@ class A4PrefillSettings:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-serialisable form (None where not given)."""
-        return {**asdict(self), "excluded_layers": list(self.excluded_layers)}
+        return _json_form(self)
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,7 @@ class ResolvedSettings:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-serialisable form (part of the pass uuid, printed in reports)."""
-        return {**asdict(self), "excluded_layers": list(self.excluded_layers)}
+        return _json_form(self)
 
 
 def legacy_switch(environ: Mapping[str, str]) -> bool | None:

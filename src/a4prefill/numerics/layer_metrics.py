@@ -88,11 +88,11 @@ def _saturated_share(values: torch.Tensor, encode_scale: torch.Tensor) -> tuple[
 
 
 def saturation(
-    hidden: torch.Tensor, topk_ids: torch.Tensor, weights: NvFp4MoEWeights, scales: ops.A4Scales
+    hidden: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor, scales: ops.A4Scales
 ) -> tuple[float, float]:
-    """Shares of saturating FC1 and FC2 input blocks (FC2 inputs from the W4A16 path's SwiGLU)."""
+    """Shares of saturating FC1 and FC2 input blocks (FC2 inputs from the W4A16 path's SwiGLU;
+    ``w13 [E, 2I, H]`` fp32, the dequantized FC1 weights)."""
     fc1_hits, fc1_blocks = _saturated_share(hidden, scales.fc1_encode_scale)
-    w13, _ = ops.dequantize_experts(weights.experts())
     hits = blocks = 0
     for expert in torch.unique(topk_ids).tolist():
         token = torch.nonzero((topk_ids == expert).any(dim=1)).flatten()
@@ -124,7 +124,7 @@ def layer_numerics(
     if calibration.scales is not None:
         a4 = ops.call_moe(ops.moe_a4, *args, calibration.scales, layer)
         a4_error, a4_cosine = relative_error(a4, w4a16), mean_row_cosine(a4, w4a16)
-        fc1_saturated, fc2_saturated = saturation(hidden, topk_ids, weights, calibration.scales)
+        fc1_saturated, fc2_saturated = saturation(hidden, topk_ids, w13, calibration.scales)
     numbers = LayerNumerics(
         layer,
         calibration.reason or A4_READY,

@@ -17,7 +17,6 @@ Contract:
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import torch
@@ -29,12 +28,9 @@ from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBa
 from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4Config
 from vllm.platforms import current_platform
 
+from a4prefill.vllm_integration import QUANTIZATION_NAME
 from a4prefill.vllm_integration.engine import EngineSetup, engine_setup
 from a4prefill.vllm_integration.moe_method import A4PrefillModelOptNvFp4MoEMethod
-
-logger = logging.getLogger(__name__)
-
-from a4prefill.vllm_integration import QUANTIZATION_NAME  # noqa: E402
 
 SUPPORTED_ALGOS = ("NVFP4", "W4A16_NVFP4")
 
