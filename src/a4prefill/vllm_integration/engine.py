@@ -26,13 +26,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from a4prefill.passes.split_prefill import SplitPrefillPass
+from a4prefill.passes.split_prefill import PASS_KEY, SplitPrefillPass
 from a4prefill.settings import SETTINGS_KEY, A4PrefillSettings, ResolvedSettings, resolve_settings
 from a4prefill.vllm_integration.row_provider import RowPolicy
 
 logger = logging.getLogger(__name__)
-
-PASS_KEY = "post_grad_custom_post_pass"
 
 
 @dataclass(frozen=True)

@@ -24,15 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from a4prefill.passes.split_prefill import PassRecord
+from a4prefill.passes.split_prefill import DEFAULT_PASS, PASS_KEY, PassRecord
 
 SPLIT_OP_NAMES = (
     "a4prefill.moe_split",
     "a4prefill.moe_forward_split",
     "a4prefill.moe_forward_shared_split",
 )
-PASS_KEY = "post_grad_custom_post_pass"
-DEFAULT_PASS = "a4prefill.split_prefill_pass"
 
 
 @dataclass
