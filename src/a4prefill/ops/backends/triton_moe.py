@@ -33,6 +33,7 @@ from a4prefill.ops.rows import RowTypes
 from a4prefill.ops.scales import A4Scales
 
 SMALL_ROUTING_MAX = 4096  # routes sorted by the one-program Triton kernel
+DECODE_MAX_ROWS_PER_EXPERT = 8  # W4A16 calls with at most this many routes per active expert
 MODE_W4A16, MODE_A4, MODE_SPLIT = 0, 1, 2
 
 
@@ -40,6 +41,12 @@ def _kernels() -> Any:
     from a4prefill.ops.backends import triton_kernels
 
     return triton_kernels
+
+
+def _decode_kernels() -> Any:
+    from a4prefill.ops.backends import triton_decode
+
+    return triton_decode
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -71,6 +78,24 @@ class GemmConfig:
     stages: int
     ptx_dequant: bool = True  # bf16 io: dequantize in inline PTX (fp16 io always uses Triton ops)
     split_k: int = 1  # > 1: K slices summed with fp32 atomics (few-route calls: more programs)
+    decode: DecodeTiles | None = None  # W4A16, bf16 io, sm_80+: triton_decode's kernels instead
+
+
+@dataclass(frozen=True)
+class DecodeTiles:
+    """Schedule of :mod:`triton_decode`'s kernels: per GEMM, warps per CTA (each streams one K
+    slice of the same 16 weight rows) and K columns per warp step (a multiple of 128)."""
+
+    fc1_warps: int
+    fc1_k: int
+    fc2_warps: int
+    fc2_k: int
+
+    def fits(self, hidden: int, intermediate: int) -> bool:
+        """Whether both GEMMs' K split evenly into the warps' steps."""
+        return (
+            hidden % (self.fc1_warps * self.fc1_k) == 0 and intermediate % (self.fc2_warps * self.fc2_k) == 0
+        )
 
 
 def _split_k(k: int, block_k: int, wanted: int) -> int:
@@ -80,19 +105,44 @@ def _split_k(k: int, block_k: int, wanted: int) -> int:
     return split
 
 
+def choose_decode_tiles(routes: int, rows_per_expert: float) -> DecodeTiles:
+    """The decode kernels' schedule; from the H200 sweeps (GLM-5.3-Flash TP2 shape,
+    ``benchmarks/results/README.md``): FC2 on 2 warps x 128 columns; FC1 on 4 warps x 128 at
+    about one token and from 4 rows per expert on, on 2 warps x 256 between."""
+    if routes <= 16 or rows_per_expert >= 4:
+        return DecodeTiles(4, 128, 2, 128)
+    return DecodeTiles(2, 256, 2, 128)
+
+
 def choose_config(routes: int, experts: int, hidden: int, intermediate: int) -> GemmConfig:
     """Tile sizes by the mean number of rows per active expert (decode: few, prefill: many).
 
-    Chosen from the H200 sweeps in ``benchmarks/results`` (GLM-5.3-Flash TP2 shape).
+    Up to :data:`DECODE_MAX_ROWS_PER_EXPERT` rows per expert, ``decode`` names the schedule of
+    the decode kernels when the shapes fit them (used for W4A16 with bf16 io; the tiles are
+    the fallback for other calls). Chosen from the H200 sweeps in ``benchmarks/results``
+    (GLM-5.3-Flash TP2 shape).
     """
     rows_per_expert = routes / max(1, min(experts, routes))
+    decode = None
+    if rows_per_expert <= DECODE_MAX_ROWS_PER_EXPERT:
+        tiles = choose_decode_tiles(routes, rows_per_expert)
+        decode = tiles if tiles.fits(hidden, intermediate) else None
     if rows_per_expert <= 24:
         if routes <= 16:  # about one token: longer K steps keep more bytes in flight
-            return GemmConfig(16, 32, _block_k(hidden, 256), 64, _block_k(intermediate, 256), 4, 3)
-        return GemmConfig(16, 32, _block_k(hidden, 128), 64, _block_k(intermediate, 128), 2, 4)
+            return GemmConfig(
+                16, 32, _block_k(hidden, 256), 64, _block_k(intermediate, 256), 4, 3, decode=decode
+            )
+        return GemmConfig(16, 32, _block_k(hidden, 128), 64, _block_k(intermediate, 128), 2, 4, decode=decode)
     if rows_per_expert <= 96:
         return GemmConfig(64, 64, _block_k(hidden, 64), 128, _block_k(intermediate, 64), 4, 3)
     return GemmConfig(128, 64, _block_k(hidden, 64), 128, _block_k(intermediate, 64), 8, 3)
+
+
+def decode_kernels_run(device: torch.device) -> bool:
+    """Whether :mod:`triton_decode` can run on ``device``: bf16 ``mma.sync`` (sm_80+) and Gluon."""
+    if torch.cuda.get_device_capability(device) < (8, 0):
+        return False
+    return importlib.util.find_spec("triton.experimental.gluon") is not None
 
 
 @dataclass(frozen=True)
@@ -236,6 +286,15 @@ def fused_moe(
         return output
     kernels = _kernels()
     cfg = config or choose_config(routes, num_experts, hidden, inter)
+    if (
+        cfg.decode is not None
+        and a4_scales is None
+        and hidden_states.dtype == torch.bfloat16
+        and decode_kernels_run(hidden_states.device)
+    ):
+        return _fused_moe_decode(
+            hidden_states, topk_weights, topk_ids, experts, swiglu_limit, cfg.decode, output
+        )
     routing = build_routing(topk_ids, num_experts, cfg.block_m)
     # bf16 bit tricks need the bf16 exponent range; fp16 io uses the fp32 variant.
     ptx = cfg.ptx_dequant and hidden_states.dtype == torch.bfloat16
@@ -347,6 +406,104 @@ def fused_moe(
         FROM_ACC=split2 > 1,
         MODE=mode,
         PTX=ptx,
+        BH=block_h,
+        num_warps=4,
+    )
+    return output
+
+
+def _fused_moe_decode(
+    hidden_states: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    experts: NvFp4Experts,
+    swiglu_limit: float | None,
+    schedule: DecodeTiles,
+    output: torch.Tensor,
+) -> torch.Tensor:
+    """The W4A16 MoE through the decode kernels (bf16 io; ``schedule.fits`` the shapes).
+
+    Same routing, combine and numerics as :func:`fused_moe`; FC1 and FC2 are
+    :mod:`triton_decode`'s kernels on activations permuted into their K order. Writes ``output``.
+    """
+    decode = _decode_kernels()
+    tokens, hidden = hidden_states.shape
+    num_experts, two_i, _ = experts.w13_weight.shape
+    inter = two_i // 2
+    top_k = topk_ids.shape[1]
+    routes = tokens * top_k
+    tile = decode.TOKENS_PER_TILE
+    routing = build_routing(topk_ids, num_experts, tile)
+    device = hidden_states.device
+    x = torch.empty_like(hidden_states)
+    block_h = min(1024, _next_pow2(hidden))
+    decode.permute_k_kernel[(tokens, _cdiv(hidden, block_h))](
+        hidden_states, x, hidden, BH=block_h, num_warps=4
+    )
+
+    def tiles(warps: int, block_k: int) -> dict[str, Any]:
+        codes, acc, a_op, b_op = decode.operand_layouts(warps, block_k)
+        return {
+            "CODES": codes,
+            "SCALES": decode.scale_layout(warps, block_k),
+            "ACC": acc,
+            "A": a_op,
+            "B": b_op,
+            "WARPS": warps,
+            "BK": block_k,
+            "num_warps": warps,
+        }
+
+    common = (
+        routing.sorted_route,
+        routing.tile_expert,
+        routing.tile_row,
+        routing.seg_start,
+        routing.seg_count,
+        routing.num_tiles,
+    )
+    h = torch.empty(routes, inter, dtype=torch.bfloat16, device=device)
+    decode.fc1_decode_kernel[(routing.max_tiles, inter // decode.WEIGHT_ROWS)](
+        x,
+        experts.w13_weight,
+        experts.w13_weight_scale.view(torch.uint8),
+        experts.w13_weight_scale_2,
+        *common,
+        h,
+        hidden,
+        inter,
+        top_k,
+        float(swiglu_limit or 0.0),
+        HAS_LIMIT=swiglu_limit is not None,
+        **tiles(schedule.fc1_warps, schedule.fc1_k),
+    )
+    y = torch.empty(routes, hidden, dtype=torch.bfloat16, device=device)
+    decode.fc2_decode_kernel[(routing.max_tiles, hidden // decode.WEIGHT_ROWS)](
+        h,
+        experts.w2_weight,
+        experts.w2_weight_scale.view(torch.uint8),
+        experts.w2_weight_scale_2,
+        *common,
+        y,
+        hidden,
+        inter,
+        **tiles(schedule.fc2_warps, schedule.fc2_k),
+    )
+    flags = routing.seg_count  # unused in MODE_W4A16
+    _kernels().combine_kernel[(tokens, _cdiv(hidden, block_h))](
+        y,
+        topk_weights,
+        topk_ids,
+        output,
+        experts.w2_weight_scale_2,
+        experts.w2_weight_scale_2,
+        flags,
+        hidden,
+        num_experts,
+        top_k,
+        FROM_ACC=False,
+        MODE=MODE_W4A16,
+        PTX=False,
         BH=block_h,
         num_warps=4,
     )

@@ -1,0 +1,404 @@
+"""Decode kernels of the ``triton`` backend: W4A16 grouped GEMMs for few rows per expert (Gluon).
+
+Imported lazily (needs ``triton.experimental.gluon``, Triton 3.6+, and a CUDA GPU of sm_80+).
+Launched only by :func:`a4prefill.ops.backends.triton_moe.fused_moe` for W4A16 calls with bf16
+io and at most a few routes per active expert (decode); the math is the one of
+:mod:`triton_kernels` (docs/numerics.md sections 2 and 4), the schedule is different:
+
+- **Weights on the MMA's M side, routes on N.** One ``mma.sync.m16n8k16`` multiplies 16 weight
+  rows by up to 8 routes of one expert. A decode step has one or two routes per expert, so no
+  activation tile is padded to 16 rows, and the weights, not the activations, fill the MMA.
+- **Codes go from global memory straight into MMA registers.** Each thread loads 16
+  consecutive code bytes (one 128-bit load) of two weight rows per 128-column step and turns
+  them into bf16 in registers (:data:`CODES_ASM`): no shared-memory round trip, no layout
+  conversion. The MMA operand layout (``k_width=4``) is reached by *relabelling K*: the
+  thread's 32 physical columns become its logical K slots in the order of
+  :func:`logical_to_physical`.
+- **The activations are permuted once to match** (:func:`permute_k_kernel`): column ``L`` of
+  each 128-column block of the permuted activations is physical column
+  ``logical_to_physical(L)``. FC1 stores its output (FC2's input) directly in that order.
+- **K is split over the warps of a CTA.** Each warp streams its own K slice of the same 16
+  weight rows (a batched MMA layout whose batch axis is the warp); the fp32 partial sums are
+  added across warps at the end. Small token counts get many CTAs without atomics.
+
+Numerics: FP4 weights are dequantized exactly to ``e2m1 * block_scale * 2**-7`` in bf16 (at
+most 5 significant bits; the ``2**-7`` keeps the product a normal bf16 and is undone in fp32),
+the MMAs accumulate in fp32, and the epilogues apply alpha, the io roundings, clamp and SwiGLU
+exactly as :mod:`triton_kernels` does. Only the order of the fp32 additions differs.
+Scale bytes are decoded as e4m3 values including subnormals and sign; like
+:mod:`triton_kernels`, the NaN bytes ``0x7f``/``0xff`` decode as 480 (not NaN).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+BLOCK_K = 128  # K columns per warp step; the K relabelling repeats every 128 columns
+TOKENS_PER_TILE = 8  # routes of one expert per CTA (the MMA's N)
+WEIGHT_ROWS = 16  # weight rows per operand of one CTA (the MMA's M)
+
+
+def logical_to_physical(logical: int) -> int:
+    """Physical K column (0..127) of logical K slot ``logical`` (0..127) within a 128 block.
+
+    Slot ``L = 16 * (2 h + s) + 4 c + p`` belongs to lane group ``c`` (code bytes
+    ``16 c .. 16 c + 15`` of the block's 64), byte group ``h`` of those (4 bytes, 8 nibbles),
+    half ``s`` and element ``p`` of :data:`CODES_ASM`'s output, which holds nibble
+    ``4 (p & 1) + (p >> 1) + 2 s`` of the byte group. The kernels compute the same map inline
+    (:func:`permute_k_kernel`) and its inverse (``fc1_decode_kernel``'s store).
+    """
+    p, c, sigma = logical % 4, (logical // 4) % 4, logical // 16
+    h, s = sigma // 2, sigma % 2
+    return 32 * c + 8 * h + 4 * (p % 2) + p // 2 + 2 * s
+
+
+def operand_layouts(warps: int, block_k: int = BLOCK_K) -> tuple[object, ...]:
+    """Gluon layouts ``(codes [warps, 16, block_k / 2], acc [warps, 16, 8], A, B)`` of one step.
+
+    ``codes``: thread ``(r, c)`` (``r = lane / 4``, ``c = lane % 4``) holds 16 consecutive code
+    bytes (one 128-bit load) at byte ``16 c`` of each 64-byte group, of rows ``r`` and ``r + 8``;
+    axis 0 is the warp (its K slice). ``acc``: the batched ``mma.sync`` accumulator; ``A``/``B``:
+    its operands with ``k_width=4``.
+    """
+    rows = WEIGHT_ROWS
+    code_bytes = block_k // 2
+    regs = [[0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 0, 8]]
+    step = 64
+    while step < code_bytes:
+        regs.append([0, 0, step])
+        step *= 2
+    step = 8
+    while step < rows:
+        regs.append([0, step, 0])
+        step *= 2
+    lanes = [[0, 0, 16], [0, 0, 32], [0, 1, 0], [0, 2, 0], [0, 4, 0]]
+    warp_bases = [[1 << i, 0, 0] for i in range(warps.bit_length() - 1)]
+    codes = gl.DistributedLinearLayout(
+        reg_bases=regs,
+        lane_bases=lanes,
+        warp_bases=warp_bases,
+        block_bases=[],
+        shape=[warps, rows, code_bytes],
+    )
+    acc = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[warps, 1, 1], instr_shape=[1, 16, 8])
+    a = gl.DotOperandLayout(operand_index=0, parent=acc, k_width=4)
+    b = gl.DotOperandLayout(operand_index=1, parent=acc, k_width=4)
+    return codes, acc, a, b
+
+
+# $1: an e4m3 scale byte (zero-extended). $0: bf16x2 ``(scale * 2**119, scale * 2**119)``, exact.
+# The byte's sign goes to bf16 bit 15 and its other bits to bits 10..4: that bf16 is exactly
+# ``e4m3 * 2**-120`` (subnormal scales included); two bf16 products by 2**120 and 2**119 follow.
+# The multiplies by 16 and 0x00100010 are shifts on the FMA pipe (the logic pipe is the busier).
+FACTOR_ASM = gl.constexpr("""
+{
+.reg .b32 t, s, c120, c119, nz;
+mov.b32 c120, 0x7B807B80;
+mov.b32 c119, 0x7B007B00;
+mov.b32 nz, 0x80008000;
+and.b32 t, $1, 0x7F;
+and.b32 s, $1, 0x80;
+mad.lo.u32 t, s, 16, t;
+mul.lo.u32 t, t, 0x00100010;
+fma.rn.bf16x2 t, t, c120, nz;
+fma.rn.bf16x2 $0, t, c119, nz;
+}
+""")
+
+# $4: four code bytes (eight e2m1 nibbles n0..n7, n0 in bits 0..3). $5: the bf16x2 factor of
+# their block. $0, $1: half s=0, elements (n0, n4), (n1, n5); $2, $3: half s=1, (n2, n6),
+# (n3, n7). Each bf16 is ``e2m1 * scale * 2**-7``, exact: a nibble's magnitude bits go to bf16
+# bits 8..6 (``e2m1 * 2**-126``) and its sign to bit 15, then one fma by the factor.
+# ``mul.hi`` by 2**30 is ``>> 2`` on the FMA pipe.
+CODES_ASM = gl.constexpr("""
+{
+.reg .b32 m, s, nz;
+mov.b32 nz, 0x80008000;
+shl.b32 s, $4, 12; and.b32 s, s, 0x80008000;
+shl.b32 m, $4, 6; and.b32 m, m, 0x01C001C0; or.b32 s, s, m;
+fma.rn.bf16x2 $0, s, $5, nz;
+shl.b32 s, $4, 8; and.b32 s, s, 0x80008000;
+shl.b32 m, $4, 2; and.b32 m, m, 0x01C001C0; or.b32 s, s, m;
+fma.rn.bf16x2 $1, s, $5, nz;
+shl.b32 s, $4, 4; and.b32 s, s, 0x80008000;
+mul.hi.u32 m, $4, 0x40000000; and.b32 m, m, 0x01C001C0; or.b32 s, s, m;
+fma.rn.bf16x2 $2, s, $5, nz;
+and.b32 s, $4, 0x80008000;
+shr.b32 m, $4, 6; and.b32 m, m, 0x01C001C0; or.b32 s, s, m;
+fma.rn.bf16x2 $3, s, $5, nz;
+}
+""")
+
+
+@gluon.jit
+def _factors(scale_bytes, CODES: gl.constexpr):
+    """Scale bytes ``[W, 16, G]`` (:func:`scale_layout`) -> :data:`FACTOR_ASM` factors (int32)
+    repeated for the block's 8 code bytes: ``[W, 16, 8 G]`` in the ``CODES`` layout (register
+    copies only)."""
+    f = gl.inline_asm_elementwise(
+        FACTOR_ASM, "=r,r", [scale_bytes.to(gl.int32)], dtype=gl.int32, is_pure=True, pack=1
+    )
+    shape: gl.constexpr = scale_bytes.shape
+    f = gl.join(f, f)
+    f = gl.join(f, f)
+    f = gl.join(f, f)
+    f = gl.reshape(f, [shape[0], shape[1], shape[2] * 8])
+    return gl.convert_layout(f, CODES)
+
+
+@gluon.jit
+def _dequant(codes, factors):
+    """Code bytes and their factors (same shape and layout) -> :data:`CODES_ASM`'s halves
+    ``(s=0, s=1)``, bf16 ``w * 2**-7`` in the same layout."""
+    return gl.inline_asm_elementwise(
+        CODES_ASM,
+        "=r,=r,=r,=r,r,r,r,r,r",
+        [codes, factors],
+        dtype=(gl.bfloat16, gl.bfloat16),
+        is_pure=True,
+        pack=4,
+    )
+
+
+@gluon.jit
+def _operand(low, high, layout: gl.constexpr, WARPS: gl.constexpr, ROWS: gl.constexpr, BK: gl.constexpr):
+    """Halves ``[W, R, BK / 2]`` (byte ``j = 64 g + 16 c + 4 h + p``) -> A ``[W, R, BK]`` with logical
+    ``k = 16 * (8 g + 2 h + s) + 4 c + p`` (a relabelling: no data moves between threads)."""
+    t = gl.join(low, high)
+    t = gl.reshape(t, [WARPS, ROWS, BK // 128, 4, 4, 4, 2])  # g, c, h, p, s
+    t = gl.permute(t, [0, 1, 2, 4, 6, 3, 5])  # g, h, s, c, p
+    t = gl.reshape(t, [WARPS, ROWS, BK])
+    return gl.convert_layout(t, layout)
+
+
+@gluon.jit
+def _weight_offsets(first_row, row_bytes, k_per_warp, CODES: gl.constexpr, SCALES: gl.constexpr):
+    """int32 offsets of one step's code bytes ``[W, 16, BK / 2]`` (``CODES``) and scale bytes
+    ``[W, 16, BK / 16]`` (``SCALES``) of rows ``first_row + r`` within one expert; warp ``w``
+    starts at K column ``w * k_per_warp``."""
+    warps: gl.constexpr = CODES.shape[0]
+    code_bytes: gl.constexpr = CODES.shape[2]
+    w = gl.arange(0, warps, layout=gl.SliceLayout(1, gl.SliceLayout(2, CODES)))
+    r = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, CODES)))
+    j = gl.arange(0, code_bytes, layout=gl.SliceLayout(0, gl.SliceLayout(1, CODES)))
+    code_off = (
+        ((first_row + r) * row_bytes)[None, :, None]
+        + (w * (k_per_warp // 2))[:, None, None]
+        + j[None, None, :]
+    )
+    sw = gl.arange(0, warps, layout=gl.SliceLayout(1, gl.SliceLayout(2, SCALES)))
+    sr = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, SCALES)))
+    sg = gl.arange(0, code_bytes // 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, SCALES)))
+    scale_off = (
+        ((first_row + sr) * (row_bytes // 8))[None, :, None]
+        + (sw * (k_per_warp // 16))[:, None, None]
+        + sg[None, None, :]
+    )
+    return code_off, scale_off
+
+
+@gluon.jit
+def _activation_offsets(
+    rows, rmask, row_stride, k_per_warp, B: gl.constexpr, WARPS: gl.constexpr, BK: gl.constexpr
+):
+    """int32 offsets ``[W, BK, 8]`` and mask ``[1, 1, 8]`` of one step's B operand: activation rows
+    ``rows [8]`` (``rmask``: valid), ``row_stride`` elements apart; warp ``w`` starts at column
+    ``w * k_per_warp``."""
+    w = gl.arange(0, WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, B)))
+    k = gl.arange(0, BK, layout=gl.SliceLayout(0, gl.SliceLayout(2, B)))
+    off = (rows * row_stride)[None, None, :] + (w * k_per_warp)[:, None, None] + k[None, :, None]
+    return off, rmask[None, None, :]
+
+
+@gluon.jit
+def _tile(tile_expert_ptr, tile_row_ptr, seg_start_ptr, seg_count_ptr, pid_m, layout: gl.constexpr):
+    """Expert, first sorted position and validity mask ``[8]`` (``layout``) of tile ``pid_m``."""
+    expert = gl.load(tile_expert_ptr + pid_m)
+    row0 = gl.load(tile_row_ptr + pid_m)
+    row_end = gl.load(seg_start_ptr + expert) + gl.load(seg_count_ptr + expert)
+    rows = row0 + gl.arange(0, 8, layout=layout)
+    return expert, rows, rows < row_end
+
+
+@gluon.jit
+def fc1_decode_kernel(
+    x_ptr,
+    w_ptr,
+    ws_ptr,
+    w_scale2_ptr,
+    sorted_route_ptr,
+    tile_expert_ptr,
+    tile_row_ptr,
+    seg_start_ptr,
+    seg_count_ptr,
+    num_tiles_ptr,
+    out_ptr,
+    H,
+    INTER,
+    TOPK,
+    limit,
+    HAS_LIMIT: gl.constexpr,
+    WARPS: gl.constexpr,
+    BK: gl.constexpr,
+    CODES: gl.constexpr,
+    SCALES: gl.constexpr,
+    ACC: gl.constexpr,
+    A: gl.constexpr,
+    B: gl.constexpr,
+):
+    """W4A16 FC1 + SwiGLU of up to 8 routes x 16 features:
+    ``out[p, slot(n)] = io(io(silu(gate)) * up)`` for sorted positions ``p`` of one tile.
+
+    ``x [T, H]`` bf16 in permuted K order, ``w [E, 2I, H/2]`` uint8, ``ws [E, 2I, H/16]`` e4m3
+    bytes, ``w_scale2 [E, 2]`` fp32, ``out [R, I]`` bf16 in permuted K order (FC2's input).
+    Routing tensors as in :mod:`triton_kernels` with 8-route tiles. Grid ``(max_tiles, I / 16)``,
+    ``WARPS`` warps; ``H % (WARPS * BK) == 0``, ``BK % 128 == 0``, ``I % 128 == 0``.
+    """
+    pid_m = gl.program_id(0)
+    if pid_m >= gl.load(num_tiles_ptr):
+        return
+    n0 = gl.program_id(1) * 16
+    NL: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, B))
+    expert, rows, rmask = _tile(tile_expert_ptr, tile_row_ptr, seg_start_ptr, seg_count_ptr, pid_m, NL)
+    token = gl.load(sorted_route_ptr + rows, mask=rmask, other=0) // TOPK
+    k_per_warp = gl.multiple_of(H // WARPS, BK)
+    row_bytes = gl.multiple_of(H // 2, 64)  # H % 128 == 0
+    gate_off, gate_soff = _weight_offsets(n0, row_bytes, k_per_warp, CODES, SCALES)
+    up_off, up_soff = _weight_offsets(n0 + INTER, row_bytes, k_per_warp, CODES, SCALES)
+    x_off, x_mask = _activation_offsets(token, rmask, H, k_per_warp, B, WARPS, BK)
+    expert_rows = expert.to(gl.int64) * (2 * INTER)
+    w_base = w_ptr + expert_rows * row_bytes
+    s_base = ws_ptr + expert_rows * (row_bytes // 8)
+    acc_g = gl.zeros([WARPS, 16, 8], gl.float32, ACC)
+    acc_u = gl.zeros([WARPS, 16, 8], gl.float32, ACC)
+    for _ in range(k_per_warp // BK):
+        xb = gl.load(x_ptr + x_off, mask=x_mask, other=0.0)
+        g_lo, g_hi = _dequant(gl.load(w_base + gate_off), _factors(gl.load(s_base + gate_soff), CODES))
+        u_lo, u_hi = _dequant(gl.load(w_base + up_off), _factors(gl.load(s_base + up_soff), CODES))
+        acc_g = mma_v2(_operand(g_lo, g_hi, A, WARPS, 16, BK), xb, acc_g)
+        acc_u = mma_v2(_operand(u_lo, u_hi, A, WARPS, 16, BK), xb, acc_u)
+        w_base += BK // 2
+        s_base += BK // 16
+        x_ptr += BK
+    # Sum the warps' K slices; undo the 2**-7 of the dequantization; epilogue as triton_kernels.
+    gate = gl.sum(acc_g, axis=0) * (gl.load(w_scale2_ptr + expert * 2) * 128.0)
+    up = gl.sum(acc_u, axis=0) * (gl.load(w_scale2_ptr + expert * 2 + 1) * 128.0)
+    gate = gate.to(gl.bfloat16).to(gl.float32)
+    up = up.to(gl.bfloat16).to(gl.float32)
+    if HAS_LIMIT:
+        gate = gl.minimum(gate, limit)
+        up = gl.minimum(gl.maximum(up, -limit), limit)
+    silu = gl.div_rn(gate, 1.0 + gl.exp(-gate))
+    h = (silu.to(gl.bfloat16).to(gl.float32) * up).to(gl.bfloat16)
+    EPI: gl.constexpr = gate.type.layout
+    n = n0 + gl.arange(0, 16, layout=gl.SliceLayout(1, EPI))
+    out_rows = gl.convert_layout(rows, gl.SliceLayout(0, EPI))
+    out_mask = gl.convert_layout(rmask, gl.SliceLayout(0, EPI))
+    # FC2 reads this in permuted K order: physical column n goes to its logical slot.
+    q = n % 8
+    slot = 16 * (2 * ((n // 8) % 4) + (q // 2) % 2) + 4 * ((n // 32) % 4) + 2 * (q % 2) + q // 4
+    column = (n // 128) * 128 + slot
+    gl.store(
+        out_ptr + (out_rows * INTER)[None, :] + column[:, None],
+        h,
+        mask=out_mask[None, :] & (n < INTER)[:, None],
+    )
+
+
+@gluon.jit
+def fc2_decode_kernel(
+    h_ptr,
+    w_ptr,
+    ws_ptr,
+    w_scale2_ptr,
+    sorted_route_ptr,
+    tile_expert_ptr,
+    tile_row_ptr,
+    seg_start_ptr,
+    seg_count_ptr,
+    num_tiles_ptr,
+    y_ptr,
+    H,
+    INTER,
+    WARPS: gl.constexpr,
+    BK: gl.constexpr,
+    CODES: gl.constexpr,
+    SCALES: gl.constexpr,
+    ACC: gl.constexpr,
+    A: gl.constexpr,
+    B: gl.constexpr,
+):
+    """W4A16 FC2 of up to 8 routes x 16 outputs: ``y[route(p), n] = io(acc * alpha2)``.
+
+    ``h [R, I]`` bf16 in permuted K order (sorted positions), ``w [E, H, I/2]`` uint8, ``ws
+    [E, H, I/16]`` e4m3 bytes, ``w_scale2 [E]`` fp32, ``y [R, H]`` bf16 (one row per route).
+    Grid ``(max_tiles, H / 16)``, ``WARPS`` warps; ``I % (WARPS * BK) == 0``, ``BK % 128 == 0``.
+    """
+    pid_m = gl.program_id(0)
+    if pid_m >= gl.load(num_tiles_ptr):
+        return
+    n0 = gl.program_id(1) * 16
+    NL: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, B))
+    expert, rows, rmask = _tile(tile_expert_ptr, tile_row_ptr, seg_start_ptr, seg_count_ptr, pid_m, NL)
+    k_per_warp = gl.multiple_of(INTER // WARPS, BK)
+    row_bytes = gl.multiple_of(INTER // 2, 64)  # INTER % 128 == 0
+    w_off, s_off = _weight_offsets(n0, row_bytes, k_per_warp, CODES, SCALES)
+    h_off, h_mask = _activation_offsets(rows, rmask, INTER, k_per_warp, B, WARPS, BK)
+    expert_rows = expert.to(gl.int64) * H
+    w_base = w_ptr + expert_rows * row_bytes
+    s_base = ws_ptr + expert_rows * (row_bytes // 8)
+    acc = gl.zeros([WARPS, 16, 8], gl.float32, ACC)
+    for _ in range(k_per_warp // BK):
+        hb = gl.load(h_ptr + h_off, mask=h_mask, other=0.0)
+        lo, hi = _dequant(gl.load(w_base + w_off), _factors(gl.load(s_base + s_off), CODES))
+        acc = mma_v2(_operand(lo, hi, A, WARPS, 16, BK), hb, acc)
+        w_base += BK // 2
+        s_base += BK // 16
+        h_ptr += BK
+    y = gl.sum(acc, axis=0) * (gl.load(w_scale2_ptr + expert) * 128.0)
+    EPI: gl.constexpr = y.type.layout
+    n = n0 + gl.arange(0, 16, layout=gl.SliceLayout(1, EPI))
+    out_rows = gl.convert_layout(rows, gl.SliceLayout(0, EPI))
+    out_mask = gl.convert_layout(rmask, gl.SliceLayout(0, EPI))
+    route = gl.load(sorted_route_ptr + out_rows, mask=out_mask, other=0)
+    gl.store(
+        y_ptr + (route * H)[None, :] + n[:, None],
+        y.to(gl.bfloat16),
+        mask=out_mask[None, :] & (n < H)[:, None],
+    )
+
+
+@triton.jit
+def permute_k_kernel(x_ptr, out_ptr, H, BH: tl.constexpr):
+    """``out[t, 128 b + L] = x[t, 128 b + logical_to_physical(L)]`` (``x``, ``out`` ``[T, H]``,
+    ``H % 128 == 0``); grid ``(T, cdiv(H, BH))``."""
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BH + tl.arange(0, BH)
+    slot = cols % 128
+    p = slot % 4
+    c = (slot // 4) % 4
+    sigma = slot // 16
+    physical = (cols - slot) + 32 * c + 8 * (sigma // 2) + 4 * (p % 2) + p // 2 + 2 * (sigma % 2)
+    mask = cols < H
+    tl.store(out_ptr + t * H + cols, tl.load(x_ptr + t * H + physical, mask=mask), mask=mask)
+
+
+def scale_layout(warps: int, block_k: int = BLOCK_K) -> object:
+    """Layout of one step's scale bytes ``[warps, 16, block_k / 16]``: thread ``(r, c)`` holds the
+    scale bytes of its code bytes ``16 c .. 16 c + 15`` (two per 128-column step) of rows ``r``
+    and ``r + 8``, as in :func:`operand_layouts`."""
+    groups = block_k // 16
+    regs = [[0, 0, 1], [0, 8, 0]]
+    step = 8
+    while step < groups:
+        regs.append([0, 0, step])
+        step *= 2
+    lanes = [[0, 0, 2], [0, 0, 4], [0, 1, 0], [0, 2, 0], [0, 4, 0]]
+    warp_bases = [[1 << i, 0, 0] for i in range(warps.bit_length() - 1)]
+    return gl.DistributedLinearLayout(
+        reg_bases=regs, lane_bases=lanes, warp_bases=warp_bases, block_bases=[], shape=[warps, 16, groups]
+    )
