@@ -5,9 +5,11 @@ plot an existing result anywhere: ``python benchmarks/bench_moe.py --plot DIR/be
 print it as markdown tables: ``python benchmarks/bench_moe.py --table DIR/bench_moe.json``.
 
 For each shape and token count, with random top-k routing (one routing per token count, shared
-by every variant): W4A16, A4 (emulated: FP4 activations dequantized for a bf16 MMA), split (first
-half of the rows decode/W4A16, second half prefill/A4) and bf16 (``torch._grouped_mm`` on bf16
-copies of the weights, same routing: sort, gather, two grouped GEMMs, SwiGLU, weighted sum) and,
+by every variant): W4A16 (the default choice: the decode kernels at decode sizes), W4A16 tiled
+(at those sizes, the tiled kernels the default replaced), A4 (emulated: FP4 activations
+dequantized for a bf16 MMA), split (first half of the rows decode/W4A16, second half prefill/A4)
+and bf16 (``torch._grouped_mm`` on bf16 copies of the weights, same routing: sort, gather, two
+grouped GEMMs, SwiGLU, weighted sum) and,
 when vLLM is importable, marlin (vLLM's ``fused_marlin_moe`` on Marlin-repacked copies of the same
 weights, ``marlin_baseline.py``). Accuracy: relative L2 error of W4A16 and Marlin against the
 package's ``moe_reference`` (fp32 math) at up to 1024 tokens, fed fp32 activations (the exact
@@ -21,6 +23,7 @@ and out; TFLOP/s counts ``6 * routes * H * I``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import math
@@ -154,6 +157,15 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() / seconds / 1e9
 
 
+DECODE_SWEEP = [  # warps and K step of FC1, then of FC2 (triton_moe.DecodeTiles)
+    (4, 128, 2, 128),
+    (2, 256, 2, 128),
+    (4, 128, 4, 128),
+    (2, 256, 4, 128),
+    (8, 128, 2, 128),
+    (2, 128, 2, 128),
+    (4, 256, 2, 128),
+]
 SWEEP = {  # block_m, fc1_n, fc1_k, fc2_n, fc2_k, warps, stages, ptx_dequant, split_k
     "bm16_n32_k128_w4_triton": (16, 32, 128, 64, 128, 4, 4, False, 1),
     "bm16_n32_k128_w4": (16, 32, 128, 64, 128, 4, 4, True, 1),
@@ -185,16 +197,27 @@ def config_fits(sizes: tuple[Any, ...], routes: int, experts: int) -> bool:
     return (sizes[0] <= 16 and routes <= 8 * experts) or (sizes[0] > 16 and routes >= 2 * experts)
 
 
-def sweep_configs(fn: Callable[..., Any], routes: int, experts: int, flush: torch.Tensor) -> dict[str, Any]:
-    """Median microseconds of ``fn(config=...)`` for each tile config in :data:`SWEEP`."""
-    from a4prefill.ops.backends.triton_moe import GemmConfig
+def sweep_configs(
+    fn: Callable[..., Any], routes: int, experts: int, hidden: int, inter: int, flush: torch.Tensor
+) -> dict[str, Any]:
+    """Median microseconds of ``fn(config=...)`` for each tile config in :data:`SWEEP` and, at
+    decode sizes, each decode schedule in :data:`DECODE_SWEEP`."""
+    from a4prefill.ops.backends.triton_moe import DecodeTiles, GemmConfig, choose_config
 
+    configs = {
+        label: GemmConfig(*sizes) for label, sizes in SWEEP.items() if config_fits(sizes, routes, experts)
+    }
+    default = choose_config(routes, experts, hidden, inter)
+    if default.decode is not None:
+        for schedule in DECODE_SWEEP:
+            tiles = DecodeTiles(*schedule)
+            if tiles.fits(hidden, inter):
+                label = "decode_fc1_{}x{}_fc2_{}x{}".format(*schedule)
+                configs[label] = dataclasses.replace(default, decode=tiles)
     times: dict[str, Any] = {}
-    for label, sizes in SWEEP.items():
-        if not config_fits(sizes, routes, experts):
-            continue
+    for label, config in configs.items():
         try:
-            times[label] = time_graph(functools.partial(fn, config=GemmConfig(*sizes)), 20, flush)
+            times[label] = time_graph(functools.partial(fn, config=config), 20, flush)
         except Exception as error:
             times[label] = repr(error)[:200]
     return times
@@ -233,12 +256,18 @@ def bench_shape(
             "a4": functools.partial(run, x, topk_w, topk_ids, a4_scales=scales),
             "bf16": functools.partial(bf16_moe, x, topk_w, topk_ids, w13_bf16, w2_bf16),
         }
+        default_config = choose_config(tokens * top_k, experts, hidden, inter)
+        if default_config.decode is not None:
+            tiled = dataclasses.replace(default_config, decode=None)
+            variants["w4a16_tiled"] = functools.partial(
+                run, x, topk_w, topk_ids, a4_scales=None, config=tiled
+            )
         if marlin is not None:
             variants["marlin"] = functools.partial(marlin, x, topk_w, topk_ids)
         if tokens <= ACCURACY_TOKENS:
             # fp32 activations: the exact MoE of the NVFP4 weights; bf16 activations: the same
             # with the kernels' own bf16 roundings (input, FC1 output) (docs/numerics.md)
-            outputs = {v: variants[v]().float() for v in ("w4a16", "marlin") if v in variants}
+            outputs = {v: variants[v]().float() for v in ("w4a16", "w4a16_tiled", "marlin") if v in variants}
             for suffix, reference_input in {"": x.float(), "_bf16_io": x}.items():
                 expected = moe_reference(reference_input, topk_w, topk_ids, weights.experts(), None).float()
                 for variant, output in outputs.items():
@@ -260,8 +289,10 @@ def bench_shape(
                 result[f"{variant}_us"] = None
                 result[f"{variant}_error"] = repr(error)[:300]
         if sweep:
-            result["default_config"] = choose_config(tokens * top_k, experts, hidden, inter).__dict__
-            result["sweep_w4a16_us"] = sweep_configs(variants["w4a16"], tokens * top_k, experts, flush)
+            result["default_config"] = dataclasses.asdict(default_config)
+            result["sweep_w4a16_us"] = sweep_configs(
+                variants["w4a16"], tokens * top_k, experts, hidden, inter, flush
+            )
         w4, bf, ma = result.get("w4a16_us"), result.get("bf16_us"), result.get("marlin_us")
         if w4:
             result["w4a16_GBps"] = (hit * fp4_expert_bytes + act_bytes) / (w4 * 1e-6) / 1e9
@@ -270,6 +301,8 @@ def bench_shape(
             result["marlin_GBps"] = (hit * fp4_expert_bytes + act_bytes) / (ma * 1e-6) / 1e9
             if w4:
                 result["w4a16_speedup_vs_marlin"] = ma / w4
+            if result.get("w4a16_tiled_us"):
+                result["w4a16_tiled_speedup_vs_marlin"] = ma / result["w4a16_tiled_us"]
         if result.get("a4_us"):
             result["a4_TFLOPs"] = flops / (result["a4_us"] * 1e-6) / 1e12
         if bf:
@@ -308,7 +341,7 @@ def plot(results: dict[str, Any], path: str) -> None:
         rows = data["rows"]
         tokens = [r["tokens"] for r in rows]
         ax = axes[0][col]
-        for variant in ("bf16", "marlin", "w4a16", "a4", "split"):
+        for variant in ("bf16", "marlin", "w4a16", "w4a16_tiled", "a4", "split"):
             points = [(r["tokens"], r[f"{variant}_us"]) for r in rows if r.get(f"{variant}_us")]
             if points:
                 ax.plot(*zip(*points, strict=True), marker="o", label=variant)
@@ -351,11 +384,11 @@ def markdown_table(results: dict[str, Any]) -> str:
             f"### {name} (H={shape['hidden']}, I={shape['intermediate']}, E={shape['experts']}, "
             f"top-{shape['top_k']})",
             "",
-            "| tokens | experts hit | W4A16 us | Marlin us | A4 us | split us | bf16 us | Marlin/W4A16 "
-            "| W4A16 GB/s (% copy) | Marlin GB/s (% copy) | W4A16 TFLOP/s | bf16/W4A16 | A4/W4A16 "
-            "| split/(parts) | rel err W4A16 | rel err Marlin | rel err W4A16 (bf16 io) "
-            "| rel err Marlin (bf16 io) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| tokens | experts hit | W4A16 us | W4A16 tiled us | Marlin us | A4 us | split us | bf16 us "
+            "| Marlin/W4A16 | Marlin/W4A16 tiled | W4A16 GB/s (% copy) | Marlin GB/s (% copy) "
+            "| W4A16 TFLOP/s | bf16/W4A16 | A4/W4A16 | split/(parts) | rel err W4A16 | rel err Marlin "
+            "| rel err W4A16 (bf16 io) | rel err W4A16 tiled (bf16 io) | rel err Marlin (bf16 io) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for row in shape_result["rows"]:
 
@@ -369,13 +402,16 @@ def markdown_table(results: dict[str, Any]) -> str:
 
             lines.append(
                 f"| {row['tokens']} | {row['experts_hit']} | {cell(row, 'w4a16_us')} "
-                f"| {cell(row, 'marlin_us')} "
+                f"| {cell(row, 'w4a16_tiled_us')} | {cell(row, 'marlin_us')} "
                 f"| {cell(row, 'a4_us')} | {cell(row, 'split_us')} | {cell(row, 'bf16_us')} "
-                f"| {cell(row, 'w4a16_speedup_vs_marlin', 2)} | {bandwidth('w4a16')} | {bandwidth('marlin')} "
+                f"| {cell(row, 'w4a16_speedup_vs_marlin', 2)} "
+                f"| {cell(row, 'w4a16_tiled_speedup_vs_marlin', 2)} "
+                f"| {bandwidth('w4a16')} | {bandwidth('marlin')} "
                 f"| {cell(row, 'w4a16_TFLOPs')} | {cell(row, 'w4a16_speedup_vs_bf16', 2)} "
                 f"| {cell(row, 'a4_over_w4a16', 2)} | {cell(row, 'split_over_parts', 2)} "
                 f"| {error('w4a16_rel_err')} | {error('marlin_rel_err')} "
-                f"| {error('w4a16_rel_err_bf16_io')} | {error('marlin_rel_err_bf16_io')} |"
+                f"| {error('w4a16_rel_err_bf16_io')} | {error('w4a16_tiled_rel_err_bf16_io')} "
+                f"| {error('marlin_rel_err_bf16_io')} |"
             )
         lines.append("")
     return "\n".join(lines)

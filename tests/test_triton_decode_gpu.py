@@ -1,0 +1,198 @@
+"""The ``triton`` backend's decode kernels (``triton_decode``) on a CUDA GPU: every code and
+scale byte dequantized exactly through the relabelled K, numerics against the reference, per-half
+global scales, CUDA-graph capture without host syncs, and the default choice at decode sizes.
+No speed assertions (``benchmarks/bench_moe.py`` measures them).
+
+Tolerance as in ``test_triton_backend.py``: ``conftest.assert_close_to_reference`` (fp32
+accumulation in another order than the reference, then bf16 rounding).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from a4prefill.ops.backends import triton_moe
+from a4prefill.ops.backends.triton_moe import DecodeTiles, GemmConfig, choose_config, fused_moe
+from a4prefill.ops.modelopt import NvFp4Experts
+from a4prefill.ops.reference import moe_reference
+from a4prefill.tiny_layer import make_tiny_layer, random_routing
+from conftest import assert_close_to_reference, halves_case
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+# The smallest shape every schedule divides: H % 512 == 0, I % 256 == 0.
+EXPERTS, HIDDEN, INTERMEDIATE, TOP_K = 16, 1024, 512, 4
+SCHEDULES = [DecodeTiles(4, 128, 2, 128), DecodeTiles(2, 256, 2, 128), DecodeTiles(4, 128, 4, 128)]
+TILED = GemmConfig(16, 32, 128, 64, 128, 2, 4)  # the tiled kernels' decode tiles
+
+
+def decode_config(schedule: DecodeTiles) -> GemmConfig:
+    return dataclasses.replace(TILED, decode=schedule)
+
+
+@pytest.fixture(scope="module")
+def layer():
+    tiny = make_tiny_layer(EXPERTS, HIDDEN, INTERMEDIATE, TOP_K, seed=21, calibration_tokens=256)
+    return tiny, tiny.experts.to("cuda")
+
+
+def inputs(tokens: int, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    hidden = (2 * torch.randn(tokens, HIDDEN, generator=generator)).to(torch.bfloat16)
+    topk_weights, topk_ids = random_routing(tokens, EXPERTS, TOP_K, generator)
+    return hidden, topk_weights, topk_ids
+
+
+def one_hot_case(scale_bytes: torch.Tensor, seed: int) -> tuple[NvFp4Experts, torch.Tensor, torch.Tensor]:
+    """Experts and inputs for which every output element is one exact product per GEMM.
+
+    FC1: random code bytes and the given block-scale bytes, global scales 1. FC2: +1.0 at
+    column ``n % I`` of row ``n`` (code 2, scale 1.0), zeros elsewhere, global scale 1. Token
+    ``t`` is the one-hot row of column ``t % H`` and goes to expert ``t % 2`` with weight 1, so
+    ``out[t, n] = h_t[n % I]`` with ``gate, up = W13[:, t % H]`` exactly.
+    """
+    experts, hidden, inter = 2, HIDDEN, INTERMEDIATE
+    generator = torch.Generator().manual_seed(seed)
+    w13 = torch.randint(0, 256, (experts, 2 * inter, hidden // 2), dtype=torch.uint8, generator=generator)
+    index = torch.randint(0, scale_bytes.numel(), (experts, 2 * inter, hidden // 16), generator=generator)
+    w13_scale = scale_bytes[index].view(torch.float8_e4m3fn)
+    column = torch.arange(hidden) % inter
+    w2_codes = torch.zeros(hidden, inter, dtype=torch.uint8)
+    w2_codes[torch.arange(hidden), column] = 2  # e2m1 code 2 = +1.0
+    packed = w2_codes[:, 0::2] | (w2_codes[:, 1::2] << 4)
+    w2 = packed.expand(experts, -1, -1).contiguous()
+    w2_scale = torch.full((experts, hidden, inter // 16), 1.0).to(torch.float8_e4m3fn)
+    weights = NvFp4Experts(w13, w13_scale, torch.ones(experts, 2), w2, w2_scale, torch.ones(experts))
+    tokens = hidden
+    x = torch.zeros(tokens, hidden, dtype=torch.bfloat16)
+    x[torch.arange(tokens), torch.arange(tokens) % hidden] = 1.0
+    ids = (torch.arange(tokens) % experts).to(torch.int32).reshape(tokens, 1)
+    return weights, x, ids
+
+
+@pytest.mark.parametrize(
+    "scale_set",
+    ["positive normal", "subnormal and zero", "negative", "every non-NaN byte"],
+)
+@pytest.mark.parametrize("schedule", SCHEDULES[:2], ids=str)
+def test_every_code_and_scale_byte_dequantizes_exactly(scale_set, schedule):
+    """One product per output element, so any wrong code, scale, sign, K slot, warp slice or
+    stored FC1 column shows as a different bit pattern than the tiled kernels' exact output, and
+    as a different value than the literal e2m1/e4m3 tables give."""
+    every = torch.tensor([b for b in range(256) if b not in (0x7F, 0xFF)], dtype=torch.uint8)
+    scale_bytes = {
+        "positive normal": every[(every >= 0x08) & (every < 0x7F)],
+        "subnormal and zero": every[every < 0x08],
+        "negative": every[every >= 0x80],
+        "every non-NaN byte": every,
+    }[scale_set]
+    weights, x, ids = one_hot_case(scale_bytes, seed=len(scale_set))
+    gpu_weights = weights.to("cuda")
+    x, ids = x.cuda(), ids.cuda()
+    ones = torch.ones(ids.shape, device="cuda")
+    decoded = fused_moe(x, ones, ids, gpu_weights, None, None, config=decode_config(schedule))
+    tiled = fused_moe(x, ones, ids, gpu_weights, None, None, config=TILED)
+    assert torch.equal(decoded, tiled)
+    # gate and up from the literal tables, then the reference epilogue
+    e2m1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+    codes = torch.stack((weights.w13_weight & 15, weights.w13_weight >> 4), dim=-1).flatten(-2).long()
+    scales = weights.w13_weight_scale.float().repeat_interleave(16, dim=-1)
+    w13 = e2m1[codes] * scales  # [2, 2I, H], exact in fp32
+    token = torch.arange(x.shape[0])
+    gate_up = w13[token % 2, :, token % HIDDEN]  # [T, 2I]
+    gate = gate_up[:, :INTERMEDIATE].to(torch.bfloat16).float()
+    up = gate_up[:, INTERMEDIATE:].to(torch.bfloat16).float()
+    h = ((gate / (1 + torch.exp(-gate))).to(torch.bfloat16).float() * up).to(torch.bfloat16)
+    expected = h[:, torch.arange(HIDDEN) % INTERMEDIATE]
+    assert_close_to_reference(decoded, expected, "w4a16")
+
+
+@pytest.mark.parametrize("limit", [None, 0.5])
+@pytest.mark.parametrize("tokens", [1, 3, 8, 17, 64])
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=str)
+def test_matches_the_reference(layer, schedule, tokens, limit):
+    tiny, weights = layer
+    hidden, topk_weights, topk_ids = inputs(tokens, seed=tokens)
+    config = decode_config(schedule)
+    gpu = [t.cuda() for t in (hidden, topk_weights, topk_ids)]
+    result = fused_moe(*gpu, weights, None, limit, config=config)
+    expected = moe_reference(hidden, topk_weights, topk_ids, tiny.experts, None, limit)
+    assert result.dtype == torch.bfloat16 and result.shape == hidden.shape
+    assert_close_to_reference(result, expected, "w4a16")
+
+
+@pytest.mark.parametrize("ratio", [2.0, 0.5])
+def test_gate_and_up_global_scales_apply_per_half_bit_exactly(layer, ratio):
+    """As for the tiled kernels: moving a power-of-two ratio between the up half's global scale
+    and its block scales leaves the output bit-identical."""
+    tiny, _ = layer
+    halves, uniform = (experts.to("cuda") for experts in halves_case(tiny, ratio))
+    gpu = [t.cuda() for t in inputs(12, seed=5)]
+    config = decode_config(SCHEDULES[0])
+    per_half, uniform_out = (
+        fused_moe(*gpu, experts, None, None, config=config) for experts in (halves, uniform)
+    )
+    assert torch.equal(per_half, uniform_out)
+
+
+def test_out_of_range_expert_ids_are_ignored(layer):
+    tiny, weights = layer
+    hidden, topk_weights, topk_ids = inputs(10, seed=3)
+    bad_ids = topk_ids.clone()
+    bad_ids[::3, 0] = EXPERTS
+    bad_ids[1::4, 1] = -1
+    dropped = bad_ids != topk_ids
+    gpu = [t.cuda() for t in (hidden, topk_weights, bad_ids)]
+    result = fused_moe(*gpu, weights, None, None, config=decode_config(SCHEDULES[0]))
+    expected = moe_reference(hidden, torch.where(dropped, 0.0, topk_weights), topk_ids, tiny.experts, None)
+    assert_close_to_reference(result, expected, "w4a16")
+
+
+def test_captured_decode_replays_new_inputs_without_host_syncs(layer):
+    _, weights = layer
+    config = decode_config(SCHEDULES[0])
+    static = [t.cuda() for t in inputs(6, seed=1)]
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fused_moe(*static, weights, None, None, config=config)  # compile and warm up
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = fused_moe(*static, weights, None, None, config=config)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    fresh = [t.cuda() for t in inputs(6, seed=2)]
+    for buffer, value in zip(static, fresh, strict=True):
+        buffer.copy_(value)
+    graph.replay()
+    assert torch.equal(captured, fused_moe(*fresh, weights, None, None, config=config))
+
+
+def test_decode_sizes_take_the_decode_kernels_by_default(layer, monkeypatch):
+    _, weights = layer
+    calls = []
+    original = triton_moe._fused_moe_decode
+
+    def spy(*args, **kwargs):
+        calls.append(args[5])  # the schedule
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(triton_moe, "_fused_moe_decode", spy)
+    for tokens in (2, 16, 1000):
+        gpu = [t.cuda() for t in inputs(tokens, seed=tokens)]
+        fused_moe(*gpu, weights, None, None)
+        schedule = choose_config(tokens * TOP_K, EXPERTS, HIDDEN, INTERMEDIATE).decode
+        assert (schedule is None) == (tokens == 1000)
+        assert calls == ([] if schedule is None else [schedule])
+        calls.clear()
+    # A4 calls and fp16 activations keep the tiled kernels
+    scales = layer[0].a4_scales.to("cuda")
+    hidden, topk_weights, topk_ids = (t.cuda() for t in inputs(2, seed=9))
+    fused_moe(hidden, topk_weights, topk_ids, weights, scales, None)
+    fused_moe(hidden.half(), topk_weights, topk_ids, weights, None, None)
+    assert calls == []

