@@ -8,7 +8,7 @@ not flushed) and the call's total. Under Nsight Compute, ``--ncu`` runs each cal
 ``cudaProfilerStart``/``Stop`` so that ``ncu --profile-from-start off`` sees only those kernels:
 
     ncu --profile-from-start off --section SpeedOfLight --section Occupancy \
-        --section LaunchStats --section MemoryWorkloadAnalysis --csv \
+        --section LaunchStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --csv \
         python benchmarks/profile_decode.py --ncu --tokens 1,16,64 > ncu.csv
 
 and ``--ncu-summary ncu.csv`` turns that CSV into ``profile_decode_ncu.json`` (the GEMM kernels,
@@ -44,8 +44,9 @@ NCU_METRICS = (
     "Achieved Occupancy",
     "Waves Per SM",
     "L2 Hit Rate",
+    "Issue Slots Busy",
 )
-GEMM_KERNELS = ("fc1_kernel", "fc2_kernel", "marlin")
+GEMM_KERNELS = ("fc1_kernel", "fc2_kernel", "fc1_decode_kernel", "fc2_decode_kernel", "marlin")
 
 
 def ncu_summary(csv_path: str) -> list[dict[str, Any]]:

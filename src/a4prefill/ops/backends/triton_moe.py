@@ -106,12 +106,14 @@ def _split_k(k: int, block_k: int, wanted: int) -> int:
 
 
 def choose_decode_tiles(routes: int, rows_per_expert: float) -> DecodeTiles:
-    """The decode kernels' schedule; from the H200 sweeps (GLM-5.3-Flash TP2 shape,
-    ``benchmarks/results/README.md``): FC2 on 2 warps x 128 columns; FC1 on 4 warps x 128 at
-    about one token and from 4 rows per expert on, on 2 warps x 256 between."""
-    if routes <= 16 or rows_per_expert >= 4:
-        return DecodeTiles(4, 128, 2, 128)
-    return DecodeTiles(2, 256, 2, 128)
+    """The decode kernels' schedule; from the H200 sweep ``bench_moe.py --sweep`` (GLM-5.3-Flash
+    TP2 shape, ``benchmarks/results/README.md``): FC2 on 2 warps x 128 columns; FC1 on 4 warps
+    x 256 at about one token, 2 x 256 up to 4 rows per expert, 4 x 128 from there on."""
+    if routes <= 16:
+        return DecodeTiles(4, 256, 2, 128)
+    if rows_per_expert < 4:
+        return DecodeTiles(2, 256, 2, 128)
+    return DecodeTiles(4, 128, 2, 128)
 
 
 def choose_config(routes: int, experts: int, hidden: int, intermediate: int) -> GemmConfig:
