@@ -66,6 +66,18 @@ def test_other_calls_keep_the_tiled_kernels(tokens, hidden, intermediate, why):
     assert choose_config(tokens * 8, GLM["experts"], hidden, intermediate).decode is None, why
 
 
+@pytest.mark.parametrize("tokens", [1, 8, 64])
+def test_the_built_in_tiny_model_keeps_the_tiled_kernels(tokens):
+    """The engine and CUDA-graph tests run the tiny model: its calls never reach the decode kernels."""
+    from a4prefill.tiny_model import TinyModelSpec
+
+    spec = TinyModelSpec()
+    config = choose_config(
+        tokens * spec.top_k, spec.num_experts, spec.hidden_size, spec.moe_intermediate_size
+    )
+    assert config.decode is None
+
+
 def _compile(kernel_name: str, warps: int, block_k: int):
     """Compile a decode kernel for sm_90a offline; returns its SASS text."""
     import triton
