@@ -15,12 +15,18 @@ accumulates in fp32 and the global scales (``alpha1``, ``alpha2``) are applied i
 with the io-dtype rounding points of :mod:`a4prefill.ops.reference`. Everything is launched
 without a host sync and with sizes that depend only on input sizes, so it is CUDA-graph safe.
 
+W4A16 calls with bf16 activations and at most :data:`DECODE_MAX_ROWS_PER_EXPERT` routes per
+active expert (decode) run steps 3 and 4's GEMMs in :mod:`triton_decode` instead (weights on the
+MMA's M side, codes loaded straight into MMA registers), when the shapes fit its K split
+(:class:`DecodeTiles`) and the GPU is sm_80+; same routing, combine and numerics contract.
+
 Out-of-range expert ids (``< 0`` or ``>= E``): those routes are ignored (they contribute
 nothing to the output); no error is raised, since checking would need a host sync.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from dataclasses import dataclass
 from typing import Any
@@ -414,6 +420,23 @@ def fused_moe(
     return output
 
 
+@functools.cache
+def _decode_launch_args(warps: int, block_k: int) -> dict[str, Any]:
+    """The layout constexprs and warp count of one :mod:`triton_decode` GEMM schedule."""
+    decode = _decode_kernels()
+    codes, acc, a_op, b_op = decode.operand_layouts(warps, block_k)
+    return {
+        "CODES": codes,
+        "SCALES": decode.scale_layout(warps, block_k),
+        "ACC": acc,
+        "A": a_op,
+        "B": b_op,
+        "WARPS": warps,
+        "BK": block_k,
+        "num_warps": warps,
+    }
+
+
 def _fused_moe_decode(
     hidden_states: torch.Tensor,
     topk_weights: torch.Tensor,
@@ -442,20 +465,6 @@ def _fused_moe_decode(
     decode.permute_k_kernel[(tokens, _cdiv(hidden, block_h))](
         hidden_states, x, hidden, BH=block_h, num_warps=4
     )
-
-    def tiles(warps: int, block_k: int) -> dict[str, Any]:
-        codes, acc, a_op, b_op = decode.operand_layouts(warps, block_k)
-        return {
-            "CODES": codes,
-            "SCALES": decode.scale_layout(warps, block_k),
-            "ACC": acc,
-            "A": a_op,
-            "B": b_op,
-            "WARPS": warps,
-            "BK": block_k,
-            "num_warps": warps,
-        }
-
     common = (
         routing.sorted_route,
         routing.tile_expert,
@@ -477,7 +486,7 @@ def _fused_moe_decode(
         top_k,
         float(swiglu_limit or 0.0),
         HAS_LIMIT=swiglu_limit is not None,
-        **tiles(schedule.fc1_warps, schedule.fc1_k),
+        **_decode_launch_args(schedule.fc1_warps, schedule.fc1_k),
     )
     y = torch.empty(routes, hidden, dtype=torch.bfloat16, device=device)
     decode.fc2_decode_kernel[(routing.max_tiles, hidden // decode.WEIGHT_ROWS)](
@@ -489,9 +498,9 @@ def _fused_moe_decode(
         y,
         hidden,
         inter,
-        **tiles(schedule.fc2_warps, schedule.fc2_k),
+        **_decode_launch_args(schedule.fc2_warps, schedule.fc2_k),
     )
-    flags = routing.seg_count  # unused in MODE_W4A16
+    # gs2 and the row flags are read only for A4 rows (MODE_A4 / MODE_SPLIT): placeholders here
     _kernels().combine_kernel[(tokens, _cdiv(hidden, block_h))](
         y,
         topk_weights,
@@ -499,7 +508,7 @@ def _fused_moe_decode(
         output,
         experts.w2_weight_scale_2,
         experts.w2_weight_scale_2,
-        flags,
+        routing.seg_count,
         hidden,
         num_experts,
         top_k,
