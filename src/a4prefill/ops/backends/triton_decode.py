@@ -1,8 +1,9 @@
 """Decode kernels of the ``triton`` backend: W4A16 grouped GEMMs for few rows per expert (Gluon).
 
 Imported lazily (needs ``triton.experimental.gluon``, Triton 3.6+, and a CUDA GPU of sm_80+).
-Launched only by :func:`a4prefill.ops.backends.triton_moe.fused_moe` for W4A16 calls with bf16
-io and at most a few routes per active expert (decode); the math is the one of
+Launched by :func:`a4prefill.ops.backends.triton_moe.fused_moe`: its default for W4A16 calls
+with bf16 io and few routes per active expert (decode), and any call whose ``GemmConfig.decode``
+is set explicitly (the tests, the benchmark's sweep). The math is the one of
 :mod:`triton_kernels` (docs/numerics.md sections 2 and 4), the schedule is different:
 
 - **Weights on the MMA's M side, routes on N.** One ``mma.sync.m16n8k16`` multiplies 16 weight
@@ -26,7 +27,7 @@ most 5 significant bits; the ``2**-7`` keeps the product a normal bf16 and is un
 the MMAs accumulate in fp32, and the epilogues apply alpha, the io roundings, clamp and SwiGLU
 exactly as :mod:`triton_kernels` does. Only the order of the fp32 additions differs.
 Scale bytes are decoded as e4m3 values including subnormals and sign; like
-:mod:`triton_kernels`, the NaN bytes ``0x7f``/``0xff`` decode as 480 (not NaN).
+:mod:`triton_kernels`, the NaN bytes ``0x7f``/``0xff`` decode as 480/-480 (not NaN).
 """
 
 from __future__ import annotations

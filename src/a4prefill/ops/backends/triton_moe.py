@@ -15,8 +15,8 @@ accumulates in fp32 and the global scales (``alpha1``, ``alpha2``) are applied i
 with the io-dtype rounding points of :mod:`a4prefill.ops.reference`. Everything is launched
 without a host sync and with sizes that depend only on input sizes, so it is CUDA-graph safe.
 
-W4A16 calls with bf16 activations and at most :data:`DECODE_MAX_ROWS_PER_EXPERT` routes per
-active expert (decode) run steps 3 and 4's GEMMs in :mod:`triton_decode` instead (weights on the
+W4A16 calls with bf16 activations and on average at most :data:`DECODE_MAX_ROWS_PER_EXPERT`
+routes per active expert (decode) run steps 3 and 4's GEMMs in :mod:`triton_decode` instead (weights on the
 MMA's M side, codes loaded straight into MMA registers), when the shapes fit its K split
 (:class:`DecodeTiles`) and the GPU is sm_80+; same routing, combine and numerics contract.
 
@@ -39,7 +39,7 @@ from a4prefill.ops.rows import RowTypes
 from a4prefill.ops.scales import A4Scales
 
 SMALL_ROUTING_MAX = 4096  # routes sorted by the one-program Triton kernel
-DECODE_MAX_ROWS_PER_EXPERT = 8  # W4A16 calls with at most this many routes per active expert
+DECODE_MAX_ROWS_PER_EXPERT = 8  # W4A16 calls with at most this many routes per active expert (mean)
 MODE_W4A16, MODE_A4, MODE_SPLIT = 0, 1, 2
 
 
@@ -89,16 +89,26 @@ class GemmConfig:
 
 @dataclass(frozen=True)
 class DecodeTiles:
-    """Schedule of :mod:`triton_decode`'s kernels: per GEMM, warps per CTA (each streams one K
-    slice of the same 16 weight rows) and K columns per warp step (a multiple of 128)."""
+    """Schedule of :mod:`triton_decode`'s kernels: per GEMM, warps per CTA (1, 2, 4 or 8; each
+    streams one K slice of the same 16 weight rows) and K columns per warp step (128, 256 or 512:
+    the K relabelling repeats every 128 columns)."""
 
     fc1_warps: int
     fc1_k: int
     fc2_warps: int
     fc2_k: int
 
+    def __post_init__(self) -> None:
+        for name in ("fc1_warps", "fc2_warps"):
+            if getattr(self, name) not in (1, 2, 4, 8):
+                raise ValueError(f"DecodeTiles.{name} must be 1, 2, 4 or 8, got {getattr(self, name)}")
+        for name in ("fc1_k", "fc2_k"):
+            if getattr(self, name) not in (128, 256, 512):
+                raise ValueError(f"DecodeTiles.{name} must be 128, 256 or 512, got {getattr(self, name)}")
+
     def fits(self, hidden: int, intermediate: int) -> bool:
-        """Whether both GEMMs' K split evenly into the warps' steps."""
+        """Whether both GEMMs' K (``hidden`` for FC1, ``intermediate`` for FC2) split evenly into the
+        warps' steps; this also makes both multiples of 128, as the K relabelling needs."""
         return (
             hidden % (self.fc1_warps * self.fc1_k) == 0 and intermediate % (self.fc2_warps * self.fc2_k) == 0
         )
@@ -147,10 +157,35 @@ def choose_config(routes: int, experts: int, hidden: int, intermediate: int) -> 
 
 
 def decode_kernels_run(device: torch.device) -> bool:
-    """Whether :mod:`triton_decode` can run on ``device``: bf16 ``mma.sync`` (sm_80+) and Gluon."""
-    if torch.cuda.get_device_capability(device) < (8, 0):
+    """Whether :mod:`triton_decode` can run on ``device``: an NVIDIA GPU with bf16 ``mma.sync``
+    (sm_80+) and a Triton whose Gluon has what the kernels use (the module imports)."""
+    if torch.version.hip is not None or torch.cuda.get_device_capability(device) < (8, 0):
         return False
-    return importlib.util.find_spec("triton.experimental.gluon") is not None
+    return _decode_kernels_import()
+
+
+@functools.cache
+def _decode_kernels_import() -> bool:
+    try:
+        _decode_kernels()
+    except (ImportError, AttributeError):
+        return False
+    return True
+
+
+def _check_decode_call(schedule: DecodeTiles, hidden: int, intermediate: int, routes: int) -> None:
+    """Reject a ``GemmConfig.decode`` the call's shapes cannot take (the kernels' int32 offsets
+    need ``routes * max(hidden, intermediate) < 2**31``)."""
+    if not schedule.fits(hidden, intermediate):
+        raise ValueError(
+            f"config.decode={schedule} does not divide hidden={hidden} (by fc1_warps * fc1_k) and "
+            f"intermediate={intermediate} (by fc2_warps * fc2_k)"
+        )
+    if routes * max(hidden, intermediate) >= 2**31:
+        raise ValueError(
+            f"config.decode: {routes} routes x {max(hidden, intermediate)} columns exceed the decode "
+            "kernels' int32 offsets; use the tiled kernels (decode=None) for calls this large"
+        )
 
 
 @dataclass(frozen=True)
@@ -294,6 +329,8 @@ def fused_moe(
         return output
     kernels = _kernels()
     cfg = config or choose_config(routes, num_experts, hidden, inter)
+    if cfg.decode is not None:
+        _check_decode_call(cfg.decode, hidden, inter, routes)
     if (
         cfg.decode is not None
         and a4_scales is None

@@ -1,0 +1,78 @@
+"""A tiny interpreter for the PTX subset of the decode kernels' inline assembly (tests only).
+
+Runs ``triton_decode.FACTOR_ASM`` and ``CODES_ASM`` bit for bit on the CPU: 32-bit integer ops
+(``mov``, ``and``, ``or``, ``shl``, ``shr``, ``mul.hi``/``mul.lo``/``mad.lo`` ``.u32``) and
+``fma.rn.bf16x2`` (each half: the exact product plus addend, rounded to nearest even bf16,
+subnormals kept). Operands ``$N`` are the asm's inputs and outputs as uint32.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+
+MASK = 0xFFFFFFFF
+
+
+def bf16_to_float(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", (bits & 0xFFFF) << 16))[0]
+
+
+def float_to_bf16(value: float) -> int:
+    """Round ``value`` to bf16 bits, nearest even (exact for values with <= 24 significant bits
+    in the fp32 range, which is all this interpreter meets)."""
+    bits = struct.unpack("<I", struct.pack("<f", value))[0]
+    if struct.unpack("<f", struct.pack("<I", bits))[0] != value:
+        raise ValueError(f"{value!r} is not exact in fp32: the bf16 rounding would round twice")
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+
+
+def _fma_bf16x2(a: int, b: int, c: int) -> int:
+    halves = []
+    for shift in (0, 16):
+        x, y, z = ((v >> shift) & 0xFFFF for v in (a, b, c))
+        halves.append(float_to_bf16(bf16_to_float(x) * bf16_to_float(y) + bf16_to_float(z)))
+    return halves[0] | (halves[1] << 16)
+
+
+def run(asm: str, operands: dict[int, int]) -> dict[int, int]:
+    """Execute ``asm`` (one ``{ ... }`` block) with ``$N`` operands; returns every ``$N`` after."""
+    registers: dict[str, int] = {f"${n}": value & MASK for n, value in operands.items()}
+
+    def value(token: str) -> int:
+        token = token.strip()
+        if token in registers:
+            return registers[token]
+        if re.fullmatch(r"0x[0-9a-fA-F]+|\d+", token):
+            return int(token, 0) & MASK
+        raise KeyError(f"unknown operand {token!r}")
+
+    body = asm.strip().removeprefix("{").removesuffix("}")
+    for statement in (s.strip() for s in body.split(";")):
+        if not statement or statement.startswith(".reg"):
+            continue
+        opcode, _, rest = statement.partition(" ")
+        args = [a.strip() for a in rest.split(",")]
+        dest, sources = args[0], [value(a) for a in args[1:]]
+        if opcode == "mov.b32":
+            result = sources[0]
+        elif opcode == "and.b32":
+            result = sources[0] & sources[1]
+        elif opcode == "or.b32":
+            result = sources[0] | sources[1]
+        elif opcode == "shl.b32":
+            result = (sources[0] << sources[1]) & MASK
+        elif opcode == "shr.b32":
+            result = sources[0] >> sources[1]
+        elif opcode == "mul.hi.u32":
+            result = (sources[0] * sources[1]) >> 32
+        elif opcode == "mul.lo.u32":
+            result = (sources[0] * sources[1]) & MASK
+        elif opcode == "mad.lo.u32":
+            result = (sources[0] * sources[1] + sources[2]) & MASK
+        elif opcode == "fma.rn.bf16x2":
+            result = _fma_bf16x2(*sources)
+        else:
+            raise NotImplementedError(f"opcode {opcode!r} is not in the interpreted subset")
+        registers[dest] = result
+    return {int(name[1:]): v for name, v in registers.items() if name.startswith("$")}

