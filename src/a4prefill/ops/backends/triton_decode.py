@@ -23,7 +23,8 @@ is set explicitly (the tests, the benchmark's sweep). The math is the one of
   added across warps at the end. Small token counts get many CTAs without atomics.
 
 Numerics: FP4 weights are dequantized exactly to ``e2m1 * block_scale * 2**-7`` in bf16 (at
-most 5 significant bits; the ``2**-7`` keeps the product a normal bf16 and is undone in fp32),
+most 5 significant bits; the ``2**-7`` keeps the scale factor ``scale * 2**119`` below bf16's
+largest value and is undone in fp32),
 the MMAs accumulate in fp32, and the epilogues apply alpha, the io roundings, clamp and SwiGLU
 exactly as :mod:`triton_kernels` does. Only the order of the fp32 additions differs.
 Scale bytes are decoded as e4m3 values including subnormals and sign; like
