@@ -39,6 +39,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
+from a4prefill.ops.backends.triton_kernels import swiglu
+
 BLOCK_K = 128  # K columns per warp step; the K relabelling repeats every 128 columns
 TOKENS_PER_TILE = 8  # routes of one expert per CTA (the MMA's N)
 WEIGHT_ROWS = 16  # weight rows per operand of one CTA (the MMA's M)
@@ -289,13 +291,7 @@ def fc1_decode_kernel(
     # Sum the warps' K slices; undo the 2**-7 of the dequantization; epilogue as triton_kernels.
     gate = gl.sum(acc_g, axis=0) * (gl.load(w_scale2_ptr + expert * 2) * 128.0)
     up = gl.sum(acc_u, axis=0) * (gl.load(w_scale2_ptr + expert * 2 + 1) * 128.0)
-    gate = gate.to(gl.bfloat16).to(gl.float32)
-    up = up.to(gl.bfloat16).to(gl.float32)
-    if HAS_LIMIT:
-        gate = gl.minimum(gate, limit)
-        up = gl.minimum(gl.maximum(up, -limit), limit)
-    silu = gl.div_rn(gate, 1.0 + gl.exp(-gate))
-    h = (silu.to(gl.bfloat16).to(gl.float32) * up).to(gl.bfloat16)
+    h = swiglu(gate, up, limit, HAS_LIMIT, gl.bfloat16)
     EPI: gl.constexpr = gate.type.layout
     n = n0 + gl.arange(0, 16, layout=gl.SliceLayout(1, EPI))
     out_rows = gl.convert_layout(rows, gl.SliceLayout(0, EPI))

@@ -300,6 +300,20 @@ def _fc1_alpha(scale2, gs1_ptr, is_a4, MODE: tl.constexpr, BM: tl.constexpr):
 
 
 @triton.jit
+def swiglu(gate, up, limit, HAS_LIMIT: tl.constexpr, dtype: tl.constexpr):
+    """``io(io(silu(gate)) * up)`` of fp32 ``gate``/``up`` (global scales applied), each first
+    rounded to the io ``dtype``, clamped when ``HAS_LIMIT`` (gate <= limit, |up| <= limit): the
+    FC1 epilogue math of :mod:`a4prefill.ops.reference`, shared with :mod:`triton_decode`."""
+    gate = gate.to(dtype).to(tl.float32)
+    up = up.to(dtype).to(tl.float32)
+    if HAS_LIMIT:
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+    silu = tl.math.div_rn(gate, 1.0 + tl.exp(-gate))
+    return (silu.to(dtype).to(tl.float32) * up).to(dtype)
+
+
+@triton.jit
 def _fc1_epilogue(
     acc_g,
     acc_u,
@@ -332,13 +346,7 @@ def _fc1_epilogue(
         is_a4 = tl.load(flag_ptr + token, mask=rmask, other=0) != 0
     alpha_g = _fc1_alpha(tl.load(w_scale2_ptr + expert * 2), gs1_ptr, is_a4, MODE, BM)
     alpha_u = _fc1_alpha(tl.load(w_scale2_ptr + expert * 2 + 1), gs1_ptr, is_a4, MODE, BM)
-    gate = (acc_g * alpha_g[:, None]).to(dtype).to(tl.float32)
-    up = (acc_u * alpha_u[:, None]).to(dtype).to(tl.float32)
-    if HAS_LIMIT:
-        gate = tl.minimum(gate, limit)
-        up = tl.minimum(tl.maximum(up, -limit), limit)
-    silu = tl.math.div_rn(gate, 1.0 + tl.exp(-gate))
-    h = (silu.to(dtype).to(tl.float32) * up).to(dtype)
+    h = swiglu(acc_g * alpha_g[:, None], acc_u * alpha_u[:, None], limit, HAS_LIMIT, dtype)
     if MODE != 0:
         gs2 = tl.load(gs2_ptr + expert)
         inv_gs2 = tl.math.div_rn(gs2 * 0.0 + 1.0, gs2)

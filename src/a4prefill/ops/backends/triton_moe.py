@@ -200,6 +200,17 @@ class Routing:
     num_tiles: torch.Tensor  # [1]
     max_tiles: int
 
+    def kernel_args(self) -> tuple[torch.Tensor, ...]:
+        """The routing arguments of the GEMM kernels, in their parameter order."""
+        return (
+            self.sorted_route,
+            self.tile_expert,
+            self.tile_row,
+            self.seg_start,
+            self.seg_count,
+            self.num_tiles,
+        )
+
 
 def _routing_torch(ids: torch.Tensor, experts: int, block_m: int, max_tiles: int) -> Routing:
     device = ids.device
@@ -355,14 +366,7 @@ def fused_moe(
     w2_scale = experts.w2_weight_scale.view(torch.uint8)
     h = torch.empty(routes, inter, dtype=hidden_states.dtype, device=hidden_states.device)
     limit = float(swiglu_limit or 0.0)
-    common = (
-        routing.sorted_route,
-        routing.tile_expert,
-        routing.tile_row,
-        routing.seg_start,
-        routing.seg_count,
-        routing.num_tiles,
-    )
+    common = routing.kernel_args()
     split1 = _split_k(hidden, cfg.fc1_k, cfg.split_k)
     split2 = _split_k(inter, cfg.fc2_k, cfg.split_k)
     f32 = torch.float32
@@ -436,8 +440,27 @@ def fused_moe(
         num_warps=cfg.warps,
         num_stages=cfg.stages,
     )
+    _combine(y, topk_weights, topk_ids, output, experts, gs2, flags, mode, split2 > 1, ptx)
+    return output
+
+
+def _combine(
+    y: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    output: torch.Tensor,
+    experts: NvFp4Experts,
+    gs2: torch.Tensor,
+    flags: torch.Tensor,
+    mode: int,
+    from_acc: bool,
+    ptx: bool,
+) -> None:
+    """``output [T, H] = sum_j topk_weights[:, j] * y[route]`` (:func:`triton_kernels.combine_kernel`;
+    ``y`` fp32 split-K sums when ``from_acc``, else io rows; ``gs2``/``flags`` read for A4 only)."""
+    tokens, hidden = output.shape
     block_h = min(1024, _next_pow2(hidden))
-    kernels.combine_kernel[(tokens, _cdiv(hidden, block_h))](
+    _kernels().combine_kernel[(tokens, _cdiv(hidden, block_h))](
         y,
         topk_weights,
         topk_ids,
@@ -446,15 +469,14 @@ def fused_moe(
         gs2,
         flags,
         hidden,
-        num_experts,
-        top_k,
-        FROM_ACC=split2 > 1,
+        experts.w13_weight.shape[0],
+        topk_ids.shape[1],
+        FROM_ACC=from_acc,
         MODE=mode,
         PTX=ptx,
         BH=block_h,
         num_warps=4,
     )
-    return output
 
 
 @functools.cache
@@ -502,14 +524,7 @@ def _fused_moe_decode(
     decode.permute_k_kernel[(tokens, _cdiv(hidden, block_h))](
         hidden_states, x, hidden, BH=block_h, num_warps=4
     )
-    common = (
-        routing.sorted_route,
-        routing.tile_expert,
-        routing.tile_row,
-        routing.seg_start,
-        routing.seg_count,
-        routing.num_tiles,
-    )
+    common = routing.kernel_args()
     h = torch.empty(routes, inter, dtype=torch.bfloat16, device=device)
     decode.fc1_decode_kernel[(routing.max_tiles, inter // decode.WEIGHT_ROWS)](
         x,
@@ -538,22 +553,17 @@ def _fused_moe_decode(
         **_decode_launch_args(schedule.fc2_warps, schedule.fc2_k),
     )
     # gs2 and the row flags are read only for A4 rows (MODE_A4 / MODE_SPLIT): placeholders here
-    _kernels().combine_kernel[(tokens, _cdiv(hidden, block_h))](
+    _combine(
         y,
         topk_weights,
         topk_ids,
         output,
-        experts.w2_weight_scale_2,
+        experts,
         experts.w2_weight_scale_2,
         routing.seg_count,
-        hidden,
-        num_experts,
-        top_k,
-        FROM_ACC=False,
-        MODE=MODE_W4A16,
-        PTX=False,
-        BH=block_h,
-        num_warps=4,
+        MODE_W4A16,
+        False,
+        False,
     )
     return output
 
