@@ -184,3 +184,27 @@ def test_an_explicit_schedule_that_does_not_divide_the_shapes_is_refused():
     config = GemmConfig(16, 32, 128, 64, 128, 2, 4, decode=DecodeTiles(4, 128, 2, 128))
     with pytest.raises(ValueError, match=r"config.decode=.*hidden=256"):
         fused_moe(hidden, topk_weights, topk_ids, layer.experts, None, None, config=config)
+
+
+PERMUTE_CHECK = """
+import torch
+from a4prefill.ops.backends import triton_decode as decode
+hidden = 384
+x = torch.arange(2 * hidden, dtype=torch.float32).reshape(2, hidden)
+out = torch.empty_like(x)
+decode.permute_k_kernel[(2, 1)](x, out, hidden, BH=512)
+index = torch.tensor([128 * (c // 128) + decode.logical_to_physical(c % 128) for c in range(hidden)])
+assert torch.equal(out, x[:, index]), (out, x[:, index])
+"""
+
+
+@needs_gluon()
+def test_the_activation_permutation_kernel_applies_logical_to_physical():
+    """``permute_k_kernel`` computes the relabelling inline; run it in Triton's CPU interpreter
+    (which must be chosen before Triton builds the kernel, hence a subprocess)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run([sys.executable, "-c", PERMUTE_CHECK], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
