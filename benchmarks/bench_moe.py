@@ -157,15 +157,25 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() / seconds / 1e9
 
 
-DECODE_SWEEP = [  # warps and K step of FC1, then of FC2 (triton_moe.DecodeTiles)
-    (4, 128, 2, 128),
-    (2, 256, 2, 128),
-    (4, 128, 4, 128),
-    (2, 256, 4, 128),
-    (8, 128, 2, 128),
-    (2, 128, 2, 128),
-    (4, 256, 2, 128),
+DECODE_SWEEP = [  # triton_moe.DecodeTiles: warps and K step of FC1 and FC2, what the warps split, prefetch
+    (4, 128, 2, 128, "k", "k", True),
+    (2, 256, 2, 128, "k", "k", True),
+    (4, 256, 2, 128, "k", "k", True),
+    (4, 128, 2, 128, "k", "k", False),
+    (2, 256, 2, 128, "k", "k", False),
+    (4, 256, 2, 128, "k", "k", False),
+    (4, 128, 4, 128, "rows", "rows", True),
+    (2, 128, 2, 128, "rows", "rows", True),
+    (1, 128, 1, 128, "rows", "rows", True),
+    (8, 128, 8, 128, "rows", "rows", True),
+    (4, 256, 4, 256, "rows", "rows", True),
+    (2, 256, 2, 256, "rows", "rows", True),
+    (4, 128, 4, 128, "rows", "rows", False),
+    (4, 128, 2, 128, "rows", "k", True),
+    (2, 256, 2, 128, "k", "rows", True),
+    (4, 256, 4, 128, "k", "rows", True),
 ]
+DECODE_SWEEP_MAX_ROUTES = 8192  # decode schedules are timed up to 1024 tokens at top-8, past the default
 SWEEP = {  # block_m, fc1_n, fc1_k, fc2_n, fc2_k, warps, stages, ptx_dequant, split_k
     "bm16_n32_k128_w4_triton": (16, 32, 128, 64, 128, 4, 4, False, 1),
     "bm16_n32_k128_w4": (16, 32, 128, 64, 128, 4, 4, True, 1),
@@ -208,11 +218,19 @@ def sweep_configs(
         label: GemmConfig(*sizes) for label, sizes in SWEEP.items() if config_fits(sizes, routes, experts)
     }
     default = choose_config(routes, experts, hidden, inter)
-    if default.decode is not None:
+    if routes <= DECODE_SWEEP_MAX_ROUTES:
         for schedule in DECODE_SWEEP:
             tiles = DecodeTiles(*schedule)
             if tiles.fits(hidden, inter):
-                label = "decode_fc1_{}x{}_fc2_{}x{}".format(*schedule)
+                label = "decode_fc1_{}x{}{}_fc2_{}x{}{}{}".format(
+                    tiles.fc1_warps,
+                    tiles.fc1_k,
+                    "r" if tiles.fc1_split == "rows" else "",
+                    tiles.fc2_warps,
+                    tiles.fc2_k,
+                    "r" if tiles.fc2_split == "rows" else "",
+                    "" if tiles.prefetch else "_noprefetch",
+                )
                 configs[label] = dataclasses.replace(default, decode=tiles)
     times: dict[str, Any] = {}
     for label, config in configs.items():

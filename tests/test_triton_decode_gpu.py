@@ -30,9 +30,10 @@ pytestmark = [
 EXPERTS, HIDDEN, INTERMEDIATE, TOP_K = 16, 1024, 512, 4
 SCHEDULES = [
     DecodeTiles(4, 128, 2, 128),
-    DecodeTiles(2, 256, 2, 128),
-    DecodeTiles(4, 256, 2, 128),
-    DecodeTiles(4, 128, 4, 128),
+    DecodeTiles(2, 256, 2, 128, fc1_split="rows", fc2_split="rows"),
+    DecodeTiles(4, 256, 2, 128, prefetch=False),
+    DecodeTiles(4, 128, 4, 256, fc1_split="rows"),
+    DecodeTiles(2, 256, 4, 128, fc2_split="rows", prefetch=False),
 ]
 TILED = GemmConfig(16, 32, 128, 64, 128, 2, 4)  # the tiled kernels' decode tiles
 
@@ -85,7 +86,7 @@ def one_hot_case(scale_bytes: torch.Tensor, seed: int) -> tuple[NvFp4Experts, to
     "scale_set",
     ["positive normal", "subnormal and zero", "negative", "every non-NaN byte"],
 )
-@pytest.mark.parametrize("schedule", SCHEDULES[:3], ids=str)
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=str)
 def test_every_code_and_scale_byte_dequantizes_exactly(scale_set, schedule):
     """One product per output element, so any wrong code, scale, sign, K slot, warp slice or
     stored FC1 column shows as a different bit pattern than the tiled kernels' exact output, and

@@ -58,7 +58,7 @@ def test_the_built_in_tiny_model_keeps_the_tiled_kernels(tokens):
     assert config.decode is None
 
 
-def _compile(kernel_name: str, warps: int, block_k: int):
+def _compile(kernel_name: str, warps: int, block_k: int, split_k: bool = True, prefetch: bool = True):
     """Compile a decode kernel for sm_90a offline; returns its SASS text."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -68,7 +68,7 @@ def _compile(kernel_name: str, warps: int, block_k: int):
 
     codes, acc, a_op, b_op = decode.operand_layouts(warps, block_k)
     pointers = {
-        "w_ptr": "*u8",
+        "w_ptr": "*i32",
         "ws_ptr": "*u8",
         "w_scale2_ptr": "*fp32",
         "sorted_route_ptr": "*i32",
@@ -81,7 +81,9 @@ def _compile(kernel_name: str, warps: int, block_k: int):
     constexprs = {
         "WARPS": warps,
         "BK": block_k,
-        "CODES": codes,
+        "SPLIT_K": split_k,
+        "PREFETCH": prefetch,
+        "WORDS": codes,
         "SCALES": decode.scale_layout(warps, block_k),
         "ACC": acc,
         "A": a_op,
@@ -93,7 +95,7 @@ def _compile(kernel_name: str, warps: int, block_k: int):
         constexprs["HAS_LIMIT"] = False
     else:
         signature = {"h_ptr": "*bf16", "y_ptr": "*bf16", **pointers}
-    signature.update({"H": "i32", "INTER": "i32"})
+    signature.update({"H": "i32", "INTER": "i32", "ROUTES": "i32"})
     names = list(kernel.arg_names)
     # what the launcher specializes: 16-byte aligned pointers, sizes divisible by 16
     attrs = {

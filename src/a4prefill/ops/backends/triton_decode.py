@@ -43,7 +43,7 @@ from a4prefill.ops.backends.triton_kernels import swiglu
 
 BLOCK_K = 128  # K columns per warp step; the K relabelling repeats every 128 columns
 TOKENS_PER_TILE = 8  # routes of one expert per CTA (the MMA's N)
-WEIGHT_ROWS = 16  # weight rows per operand of one CTA (the MMA's M)
+WEIGHT_ROWS = 16  # weight rows of one warp's operand (the MMA's M)
 
 
 def logical_to_physical(logical: int) -> int:
@@ -61,32 +61,32 @@ def logical_to_physical(logical: int) -> int:
 
 
 def operand_layouts(warps: int, block_k: int = BLOCK_K) -> tuple[object, ...]:
-    """Gluon layouts ``(codes [warps, 16, block_k / 2], acc [warps, 16, 8], A, B)`` of one step.
+    """Gluon layouts ``(words [warps, 16, block_k / 8], acc [warps, 16, 8], A, B)`` of one step.
 
-    ``codes``: thread ``(r, c)`` (``r = lane / 4``, ``c = lane % 4``) holds 16 consecutive code
-    bytes (one 128-bit load) at byte ``16 c`` of each 64-byte group, of rows ``r`` and ``r + 8``;
-    axis 0 is the warp (its K slice). ``acc``: the batched ``mma.sync`` accumulator; ``A``/``B``:
-    its operands with ``k_width=4``.
+    ``words``: the code words (int32, 4 code bytes each): thread ``(r, c)`` (``r = lane / 4``,
+    ``c = lane % 4``) holds 4 consecutive words (one 128-bit load, code bytes ``16 c .. 16 c +
+    15``) of each 16-word (64-byte) group, of rows ``r`` and ``r + 8``; axis 0 is the warp.
+    ``acc``: the batched ``mma.sync`` accumulator; ``A``/``B``: its operands with ``k_width=4``.
     """
     rows = WEIGHT_ROWS
-    code_bytes = block_k // 2
-    regs = [[0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 0, 8]]
-    step = 64
-    while step < code_bytes:
+    words = block_k // 8
+    regs = [[0, 0, 1], [0, 0, 2]]
+    step = 16
+    while step < words:
         regs.append([0, 0, step])
         step *= 2
     step = 8
     while step < rows:
         regs.append([0, step, 0])
         step *= 2
-    lanes = [[0, 0, 16], [0, 0, 32], [0, 1, 0], [0, 2, 0], [0, 4, 0]]
+    lanes = [[0, 0, 4], [0, 0, 8], [0, 1, 0], [0, 2, 0], [0, 4, 0]]
     warp_bases = [[1 << i, 0, 0] for i in range(warps.bit_length() - 1)]
     codes = gl.DistributedLinearLayout(
         reg_bases=regs,
         lane_bases=lanes,
         warp_bases=warp_bases,
         block_bases=[],
-        shape=[warps, rows, code_bytes],
+        shape=[warps, rows, words],
     )
     acc = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[warps, 1, 1], instr_shape=[1, 16, 8])
     a = gl.DotOperandLayout(operand_index=0, parent=acc, k_width=4)
@@ -139,33 +139,61 @@ fma.rn.bf16x2 $3, s, $5, nz;
 
 
 @gluon.jit
-def _factors(scale_bytes, CODES: gl.constexpr):
+def _factors(scale_bytes, WORDS: gl.constexpr):
     """Scale bytes ``[W, 16, G]`` (:func:`scale_layout`) -> :data:`FACTOR_ASM` factors (int32)
-    repeated for the block's 8 code bytes: ``[W, 16, 8 G]`` in the ``CODES`` layout (register
+    repeated for the block's 2 code words: ``[W, 16, 2 G]`` in the ``WORDS`` layout (register
     copies only)."""
     f = gl.inline_asm_elementwise(
         FACTOR_ASM, "=r,r", [scale_bytes.to(gl.int32)], dtype=gl.int32, is_pure=True, pack=1
     )
     shape: gl.constexpr = scale_bytes.shape
-    f = gl.join(f, f)
-    f = gl.join(f, f)
-    f = gl.join(f, f)
-    f = gl.reshape(f, [shape[0], shape[1], shape[2] * 8])
-    return gl.convert_layout(f, CODES)
+    f = gl.reshape(gl.join(f, f), [shape[0], shape[1], shape[2] * 2])
+    return gl.convert_layout(f, WORDS)
+
+
+def _split_outputs(asm: str) -> str:
+    """:data:`CODES_ASM` with its four bf16x2 results split into eight bf16 outputs ``$0..$7``
+    (``$2 i`` the low half of result ``i``) and its inputs renumbered to ``$8`` (word), ``$9``."""
+    body = asm.strip().removeprefix("{").removesuffix("}")
+    for i in range(4):
+        body = body.replace(f"${i},", f"o{i},")
+    body = body.replace("$4", "$8").replace("$5", "$9")
+    splits = "".join(f"mov.b32 {{${2 * i}, ${2 * i + 1}}}, o{i};\n" for i in range(4))
+    return "{\n.reg .b32 o0, o1, o2, o3;" + body + splits + "}"
+
+
+WORD_CODES_ASM = gl.constexpr(_split_outputs(CODES_ASM.value))
 
 
 @gluon.jit
-def _dequant(codes, factors):
-    """Code bytes and their factors (same shape and layout) -> :data:`CODES_ASM`'s halves
-    ``(s=0, s=1)``, bf16 ``w * 2**-7`` in the same layout."""
-    return gl.inline_asm_elementwise(
-        CODES_ASM,
-        "=r,=r,=r,=r,r,r,r,r,r",
-        [codes, factors],
-        dtype=(gl.bfloat16, gl.bfloat16),
+def _dequant_words(words, factors):
+    """Code words (int32, 4 code bytes each) and their factors (same shape and layout) -> the
+    halves ``(s=0, s=1)`` of :func:`_dequant`, ``[..., 4 n]`` bf16 (byte ``4 J + p`` of word ``J``
+    at ``4 J + p``)."""
+    outs = gl.inline_asm_elementwise(
+        WORD_CODES_ASM,
+        "=h,=h,=h,=h,=h,=h,=h,=h,r,r",
+        [words, factors],
+        dtype=(gl.bfloat16,) * 8,
         is_pure=True,
-        pack=4,
+        pack=1,
     )
+    shape: gl.constexpr = words.shape
+    low = gl.join(gl.join(outs[0], outs[2]), gl.join(outs[1], outs[3]))
+    high = gl.join(gl.join(outs[4], outs[6]), gl.join(outs[5], outs[7]))
+    low = gl.reshape(low, [shape[0], shape[1], shape[2] * 4])
+    high = gl.reshape(high, [shape[0], shape[1], shape[2] * 4])
+    return low, high
+
+
+@gluon.jit
+def _mma_step(
+    words, scale_bytes, act, acc, WORDS: gl.constexpr, A: gl.constexpr, WARPS: gl.constexpr, BK: gl.constexpr
+):
+    """``acc + dequant(words, scale_bytes) @ act`` for one K step (``WORDS``/:func:`scale_layout`
+    operands, ``act`` the B operand ``[W, BK, 8]``; weights ``* 2**-7``)."""
+    lo, hi = _dequant_words(words, _factors(scale_bytes, WORDS))
+    return mma_v2(_operand(lo, hi, A, WARPS, 16, BK), act, acc)
 
 
 @gluon.jit
@@ -180,52 +208,81 @@ def _operand(low, high, layout: gl.constexpr, WARPS: gl.constexpr, ROWS: gl.cons
 
 
 @gluon.jit
-def _weight_offsets(first_row, row_bytes, k_per_warp, CODES: gl.constexpr, SCALES: gl.constexpr):
-    """int32 offsets of one step's code bytes ``[W, 16, BK / 2]`` (``CODES``) and scale bytes
-    ``[W, 16, BK / 16]`` (``SCALES``) of rows ``first_row + r`` within one expert; warp ``w``
-    starts at K column ``w * k_per_warp``."""
-    warps: gl.constexpr = CODES.shape[0]
-    code_bytes: gl.constexpr = CODES.shape[2]
-    w = gl.arange(0, warps, layout=gl.SliceLayout(1, gl.SliceLayout(2, CODES)))
-    r = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, CODES)))
-    j = gl.arange(0, code_bytes, layout=gl.SliceLayout(0, gl.SliceLayout(1, CODES)))
+def _weight_offsets(first_row, row_words, warp_rows, warp_words, WORDS: gl.constexpr, SCALES: gl.constexpr):
+    """int32 offsets of one step's code words ``[W, 16, BK / 8]`` (``WORDS``, in int32 words)
+    and scale bytes ``[W, 16, BK / 16]`` (``SCALES``) within one expert: warp ``w`` reads rows
+    ``first_row + w * warp_rows + r`` from code word ``w * warp_words`` on (split K:
+    ``warp_rows`` 0; split rows: ``warp_words`` 0)."""
+    warps: gl.constexpr = WORDS.shape[0]
+    words: gl.constexpr = WORDS.shape[2]
+    w = gl.arange(0, warps, layout=gl.SliceLayout(1, gl.SliceLayout(2, WORDS)))
+    r = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, WORDS)))
+    j = gl.arange(0, words, layout=gl.SliceLayout(0, gl.SliceLayout(1, WORDS)))
     code_off = (
-        ((first_row + r) * row_bytes)[None, :, None]
-        + (w * (k_per_warp // 2))[:, None, None]
+        (first_row + w[:, None, None] * warp_rows + r[None, :, None]) * row_words
+        + (w * warp_words)[:, None, None]
         + j[None, None, :]
     )
     sw = gl.arange(0, warps, layout=gl.SliceLayout(1, gl.SliceLayout(2, SCALES)))
     sr = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, SCALES)))
-    sg = gl.arange(0, code_bytes // 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, SCALES)))
+    sg = gl.arange(0, words // 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, SCALES)))
     scale_off = (
-        ((first_row + sr) * (row_bytes // 8))[None, :, None]
-        + (sw * (k_per_warp // 16))[:, None, None]
+        (first_row + sw[:, None, None] * warp_rows + sr[None, :, None]) * (row_words // 2)
+        + (sw * (warp_words // 2))[:, None, None]
         + sg[None, None, :]
     )
     return code_off, scale_off
 
 
 @gluon.jit
-def _activation_offsets(
-    rows, rmask, row_stride, k_per_warp, B: gl.constexpr, WARPS: gl.constexpr, BK: gl.constexpr
-):
-    """int32 offsets ``[W, BK, 8]`` and mask ``[1, 1, 8]`` of one step's B operand: activation rows
-    ``rows [8]`` (``rmask``: valid), ``row_stride`` elements apart; warp ``w`` starts at column
-    ``w * k_per_warp``."""
+def _activation_offsets(rows, row_stride, warp_cols, B: gl.constexpr, WARPS: gl.constexpr, BK: gl.constexpr):
+    """int32 offsets ``[W, BK, 8]`` of one step's B operand: activation rows ``rows [8]``,
+    ``row_stride`` elements apart; warp ``w`` starts at column ``w * warp_cols``."""
     w = gl.arange(0, WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, B)))
     k = gl.arange(0, BK, layout=gl.SliceLayout(0, gl.SliceLayout(2, B)))
-    off = (rows * row_stride)[None, None, :] + (w * k_per_warp)[:, None, None] + k[None, :, None]
-    return off, rmask[None, None, :]
+    return (rows * row_stride)[None, None, :] + (w * warp_cols)[:, None, None] + k[None, :, None]
 
 
 @gluon.jit
-def _tile(tile_expert_ptr, tile_row_ptr, seg_start_ptr, seg_count_ptr, pid_m, layout: gl.constexpr):
-    """Expert, first sorted position and validity mask ``[8]`` (``layout``) of tile ``pid_m``."""
+def _tile(tile_expert_ptr, tile_row_ptr, pid_m, routes, layout: gl.constexpr):
+    """Expert, sorted positions ``rows [8]`` (``layout``) of tile ``pid_m``, and ``readable``
+    (``rows < routes``). Rows past the tile's segment may belong to the next expert: they are
+    read (their MMA columns are independent) and masked only at the store (:func:`_stored`), so
+    the first loads wait for one dependent load less."""
     expert = gl.load(tile_expert_ptr + pid_m)
-    row0 = gl.load(tile_row_ptr + pid_m)
-    row_end = gl.load(seg_start_ptr + expert) + gl.load(seg_count_ptr + expert)
-    rows = row0 + gl.arange(0, 8, layout=layout)
-    return expert, rows, rows < row_end
+    rows = gl.load(tile_row_ptr + pid_m) + gl.arange(0, 8, layout=layout)
+    return expert, rows, rows < routes
+
+
+@gluon.jit
+def _stored(seg_start_ptr, seg_count_ptr, expert, rows):
+    """Which ``rows`` of a tile of ``expert`` are its routes (written by the epilogue)."""
+    return rows < gl.load(seg_start_ptr + expert) + gl.load(seg_count_ptr + expert)
+
+
+@gluon.jit
+def _epilogue_index(acc, SPLIT_K: gl.constexpr):
+    """The finished ``[W', 16, 8]`` sums of a CTA's accumulator ``[W, 16, 8]``: split K adds the
+    warps' slices (``W' = 1``); split rows keeps each warp's own rows (``W' = W``)."""
+    if SPLIT_K:
+        return gl.expand_dims(gl.sum(acc, axis=0), 0)
+    else:
+        return acc
+
+
+@gluon.jit
+def _epilogue_rows(y, n0, rows, readable, stored):
+    """Weight rows ``n [W', 16, 1]`` (``n0 + 16 w + r``), sorted positions ``[1, 1, 8]`` and their
+    store mask ``[1, 1, 8]`` of the epilogue values ``y [W', 16, 8]``, in ``y``'s layout."""
+    EPI: gl.constexpr = y.type.layout
+    blocks: gl.constexpr = y.shape[0]
+    w = gl.arange(0, blocks, layout=gl.SliceLayout(1, gl.SliceLayout(2, EPI)))
+    r = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, EPI)))
+    n = n0 + 16 * w[:, None, None] + r[None, :, None]
+    col: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, EPI))
+    out_rows = gl.convert_layout(rows, col)[None, None, :]
+    out_mask = gl.convert_layout(readable & stored, col)[None, None, :]
+    return n, out_rows, out_mask
 
 
 @gluon.jit
@@ -244,67 +301,88 @@ def fc1_decode_kernel(
     H,
     INTER,
     TOPK,
+    ROUTES,
     limit,
     HAS_LIMIT: gl.constexpr,
     WARPS: gl.constexpr,
     BK: gl.constexpr,
-    CODES: gl.constexpr,
+    SPLIT_K: gl.constexpr,
+    PREFETCH: gl.constexpr,
+    WORDS: gl.constexpr,
     SCALES: gl.constexpr,
     ACC: gl.constexpr,
     A: gl.constexpr,
     B: gl.constexpr,
 ):
-    """W4A16 FC1 + SwiGLU of up to 8 routes x 16 features:
+    """W4A16 FC1 + SwiGLU of up to 8 routes x ``16 * W'`` features:
     ``out[p, slot(n)] = io(io(silu(gate)) * up)`` for sorted positions ``p`` of one tile.
 
     ``x [T, H]`` bf16 in permuted K order, ``w [E, 2I, H/2]`` uint8, ``ws [E, 2I, H/16]`` e4m3
-    bytes, ``w_scale2 [E, 2]`` fp32, ``out [R, I]`` bf16 in permuted K order (FC2's input).
-    Routing tensors as in :mod:`triton_kernels` with 8-route tiles. Grid ``(max_tiles, I / 16)``,
-    ``WARPS`` warps; ``H % (WARPS * BK) == 0``, ``BK % 128 == 0``, ``I % 128 == 0``.
+    bytes, ``w_scale2 [E, 2]`` fp32, ``out [R, I]`` bf16 in permuted K order (FC2's input),
+    ``ROUTES = R``. Routing tensors as in :mod:`triton_kernels` with 8-route tiles.
+    ``SPLIT_K``: the ``WARPS`` warps stream K slices of the same 16 features (``W' = 1``,
+    ``H % (WARPS * BK) == 0``); else each warp streams all of K for its own 16 features
+    (``W' = WARPS``, ``H % BK == 0``). Grid ``(max_tiles, I / (16 W'))``; ``BK % 128 == 0``,
+    ``I % 128 == 0``.
     """
     pid_m = gl.program_id(0)
-    if pid_m >= gl.load(num_tiles_ptr):
-        return
-    n0 = gl.program_id(1) * 16
+    num_tiles = gl.load(num_tiles_ptr)
     NL: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, B))
-    expert, rows, rmask = _tile(tile_expert_ptr, tile_row_ptr, seg_start_ptr, seg_count_ptr, pid_m, NL)
-    token = gl.load(sorted_route_ptr + rows, mask=rmask, other=0) // TOPK
-    k_per_warp = gl.multiple_of(H // WARPS, BK)
-    row_bytes = gl.multiple_of(H // 2, 64)  # H % 128 == 0
-    gate_off, gate_soff = _weight_offsets(n0, row_bytes, k_per_warp, CODES, SCALES)
-    up_off, up_soff = _weight_offsets(n0 + INTER, row_bytes, k_per_warp, CODES, SCALES)
-    x_off, x_mask = _activation_offsets(token, rmask, H, k_per_warp, B, WARPS, BK)
+    expert, rows, readable = _tile(tile_expert_ptr, tile_row_ptr, pid_m, ROUTES, NL)
+    if pid_m >= num_tiles:
+        return
+    row_words = gl.multiple_of(H // 8, 16)  # H % 128 == 0
+    if SPLIT_K:
+        k_per_warp = gl.multiple_of(H // WARPS, BK)
+        n0 = gl.program_id(1) * 16
+        warp_rows = 0
+        warp_cols = k_per_warp
+    else:
+        k_per_warp = gl.multiple_of(H, BK)
+        n0 = gl.program_id(1) * (16 * WARPS)
+        warp_rows = 16
+        warp_cols = 0
+    gate_off, gate_soff = _weight_offsets(n0, row_words, warp_rows, warp_cols // 8, WORDS, SCALES)
+    up_off, up_soff = _weight_offsets(n0 + INTER, row_words, warp_rows, warp_cols // 8, WORDS, SCALES)
     expert_rows = expert.to(gl.int64) * (2 * INTER)
-    w_base = w_ptr + expert_rows * row_bytes
-    s_base = ws_ptr + expert_rows * (row_bytes // 8)
+    w_base = w_ptr + expert_rows * row_words
+    s_base = ws_ptr + expert_rows * (row_words // 2)
+    # weights first: their addresses are known before the activations' (one load chain less)
+    gw, gs = gl.load(w_base + gate_off), gl.load(s_base + gate_soff)
+    uw, us = gl.load(w_base + up_off), gl.load(s_base + up_soff)
+    token = gl.load(sorted_route_ptr + rows, mask=readable, other=0) // TOPK
+    x_off = _activation_offsets(token, H, warp_cols, B, WARPS, BK)
     acc_g = gl.zeros([WARPS, 16, 8], gl.float32, ACC)
     acc_u = gl.zeros([WARPS, 16, 8], gl.float32, ACC)
-    for _ in range(k_per_warp // BK):
-        xb = gl.load(x_ptr + x_off, mask=x_mask, other=0.0)
-        g_lo, g_hi = _dequant(gl.load(w_base + gate_off), _factors(gl.load(s_base + gate_soff), CODES))
-        u_lo, u_hi = _dequant(gl.load(w_base + up_off), _factors(gl.load(s_base + up_soff), CODES))
-        acc_g = mma_v2(_operand(g_lo, g_hi, A, WARPS, 16, BK), xb, acc_g)
-        acc_u = mma_v2(_operand(u_lo, u_hi, A, WARPS, 16, BK), xb, acc_u)
-        w_base += BK // 2
+    for _ in range(k_per_warp // BK - 1):
+        w_base += BK // 8
         s_base += BK // 16
+        if PREFETCH:  # the next step's weights are in flight while this step computes
+            next_gw, next_gs = gl.load(w_base + gate_off), gl.load(s_base + gate_soff)
+            next_uw, next_us = gl.load(w_base + up_off), gl.load(s_base + up_soff)
+        xb = gl.load(x_ptr + x_off)
+        acc_g = _mma_step(gw, gs, xb, acc_g, WORDS, A, WARPS, BK)
+        acc_u = _mma_step(uw, us, xb, acc_u, WORDS, A, WARPS, BK)
         x_ptr += BK
-    # Sum the warps' K slices; undo the 2**-7 of the dequantization; epilogue as triton_kernels.
-    gate = gl.sum(acc_g, axis=0) * (gl.load(w_scale2_ptr + expert * 2) * 128.0)
-    up = gl.sum(acc_u, axis=0) * (gl.load(w_scale2_ptr + expert * 2 + 1) * 128.0)
+        if PREFETCH:
+            gw, gs, uw, us = next_gw, next_gs, next_uw, next_us
+        else:
+            gw, gs = gl.load(w_base + gate_off), gl.load(s_base + gate_soff)
+            uw, us = gl.load(w_base + up_off), gl.load(s_base + up_soff)
+    xb = gl.load(x_ptr + x_off)
+    acc_g = _mma_step(gw, gs, xb, acc_g, WORDS, A, WARPS, BK)
+    acc_u = _mma_step(uw, us, xb, acc_u, WORDS, A, WARPS, BK)
+    # Undo the 2**-7 of the dequantization; epilogue as triton_kernels.
+    gate = _epilogue_index(acc_g, SPLIT_K) * (gl.load(w_scale2_ptr + expert * 2) * 128.0)
+    up = _epilogue_index(acc_u, SPLIT_K) * (gl.load(w_scale2_ptr + expert * 2 + 1) * 128.0)
     h = swiglu(gate, up, limit, HAS_LIMIT, gl.bfloat16)
-    EPI: gl.constexpr = gate.type.layout
-    n = n0 + gl.arange(0, 16, layout=gl.SliceLayout(1, EPI))
-    out_rows = gl.convert_layout(rows, gl.SliceLayout(0, EPI))
-    out_mask = gl.convert_layout(rmask, gl.SliceLayout(0, EPI))
+    stored = _stored(seg_start_ptr, seg_count_ptr, expert, rows)
+    n, out_rows, out_mask = _epilogue_rows(h, n0, rows, readable, stored)
     # FC2 reads this in permuted K order: physical column n goes to its logical slot.
     q = n % 8
     slot = 16 * (2 * ((n // 8) % 4) + (q // 2) % 2) + 4 * ((n // 32) % 4) + 2 * (q % 2) + q // 4
     column = (n // 128) * 128 + slot
-    gl.store(
-        out_ptr + (out_rows * INTER)[None, :] + column[:, None],
-        h,
-        mask=out_mask[None, :] & (n < INTER)[:, None],
-    )
+    gl.store(out_ptr + out_rows * INTER + column, h, mask=out_mask & (n < INTER))
 
 
 @gluon.jit
@@ -322,52 +400,68 @@ def fc2_decode_kernel(
     y_ptr,
     H,
     INTER,
+    ROUTES,
     WARPS: gl.constexpr,
     BK: gl.constexpr,
-    CODES: gl.constexpr,
+    SPLIT_K: gl.constexpr,
+    PREFETCH: gl.constexpr,
+    WORDS: gl.constexpr,
     SCALES: gl.constexpr,
     ACC: gl.constexpr,
     A: gl.constexpr,
     B: gl.constexpr,
 ):
-    """W4A16 FC2 of up to 8 routes x 16 outputs: ``y[route(p), n] = io(acc * alpha2)``.
+    """W4A16 FC2 of up to 8 routes x ``16 * W'`` outputs: ``y[route(p), n] = io(acc * alpha2)``.
 
     ``h [R, I]`` bf16 in permuted K order (sorted positions), ``w [E, H, I/2]`` uint8, ``ws
-    [E, H, I/16]`` e4m3 bytes, ``w_scale2 [E]`` fp32, ``y [R, H]`` bf16 (one row per route).
-    Grid ``(max_tiles, H / 16)``, ``WARPS`` warps; ``I % (WARPS * BK) == 0``, ``BK % 128 == 0``.
+    [E, H, I/16]`` e4m3 bytes, ``w_scale2 [E]`` fp32, ``y [R, H]`` bf16 (one row per route),
+    ``ROUTES = R``. ``SPLIT_K`` as in :func:`fc1_decode_kernel` with K = ``I``; grid
+    ``(max_tiles, H / (16 W'))``; ``BK % 128 == 0``.
     """
     pid_m = gl.program_id(0)
-    if pid_m >= gl.load(num_tiles_ptr):
-        return
-    n0 = gl.program_id(1) * 16
+    num_tiles = gl.load(num_tiles_ptr)
     NL: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, B))
-    expert, rows, rmask = _tile(tile_expert_ptr, tile_row_ptr, seg_start_ptr, seg_count_ptr, pid_m, NL)
-    k_per_warp = gl.multiple_of(INTER // WARPS, BK)
-    row_bytes = gl.multiple_of(INTER // 2, 64)  # INTER % 128 == 0
-    w_off, s_off = _weight_offsets(n0, row_bytes, k_per_warp, CODES, SCALES)
-    h_off, h_mask = _activation_offsets(rows, rmask, INTER, k_per_warp, B, WARPS, BK)
+    expert, rows, readable = _tile(tile_expert_ptr, tile_row_ptr, pid_m, ROUTES, NL)
+    if pid_m >= num_tiles:
+        return
+    row_words = gl.multiple_of(INTER // 8, 16)  # INTER % 128 == 0
+    if SPLIT_K:
+        k_per_warp = gl.multiple_of(INTER // WARPS, BK)
+        n0 = gl.program_id(1) * 16
+        warp_rows = 0
+        warp_cols = k_per_warp
+    else:
+        k_per_warp = gl.multiple_of(INTER, BK)
+        n0 = gl.program_id(1) * (16 * WARPS)
+        warp_rows = 16
+        warp_cols = 0
+    w_off, s_off = _weight_offsets(n0, row_words, warp_rows, warp_cols // 8, WORDS, SCALES)
     expert_rows = expert.to(gl.int64) * H
-    w_base = w_ptr + expert_rows * row_bytes
-    s_base = ws_ptr + expert_rows * (row_bytes // 8)
+    w_base = w_ptr + expert_rows * row_words
+    s_base = ws_ptr + expert_rows * (row_words // 2)
+    ww, ws = gl.load(w_base + w_off), gl.load(s_base + s_off)
+    h_off = _activation_offsets(rows, INTER, warp_cols, B, WARPS, BK)
+    h_mask = readable[None, None, :]
     acc = gl.zeros([WARPS, 16, 8], gl.float32, ACC)
-    for _ in range(k_per_warp // BK):
-        hb = gl.load(h_ptr + h_off, mask=h_mask, other=0.0)
-        lo, hi = _dequant(gl.load(w_base + w_off), _factors(gl.load(s_base + s_off), CODES))
-        acc = mma_v2(_operand(lo, hi, A, WARPS, 16, BK), hb, acc)
-        w_base += BK // 2
+    for _ in range(k_per_warp // BK - 1):
+        w_base += BK // 8
         s_base += BK // 16
+        if PREFETCH:  # the next step's weights are in flight while this step computes
+            next_ww, next_ws = gl.load(w_base + w_off), gl.load(s_base + s_off)
+        hb = gl.load(h_ptr + h_off, mask=h_mask, other=0.0)
+        acc = _mma_step(ww, ws, hb, acc, WORDS, A, WARPS, BK)
         h_ptr += BK
-    y = gl.sum(acc, axis=0) * (gl.load(w_scale2_ptr + expert) * 128.0)
-    EPI: gl.constexpr = y.type.layout
-    n = n0 + gl.arange(0, 16, layout=gl.SliceLayout(1, EPI))
-    out_rows = gl.convert_layout(rows, gl.SliceLayout(0, EPI))
-    out_mask = gl.convert_layout(rmask, gl.SliceLayout(0, EPI))
+        if PREFETCH:
+            ww, ws = next_ww, next_ws
+        else:
+            ww, ws = gl.load(w_base + w_off), gl.load(s_base + s_off)
+    hb = gl.load(h_ptr + h_off, mask=h_mask, other=0.0)
+    acc = _mma_step(ww, ws, hb, acc, WORDS, A, WARPS, BK)
+    y = _epilogue_index(acc, SPLIT_K) * (gl.load(w_scale2_ptr + expert) * 128.0)
+    stored = _stored(seg_start_ptr, seg_count_ptr, expert, rows)
+    n, out_rows, out_mask = _epilogue_rows(y, n0, rows, readable, stored)
     route = gl.load(sorted_route_ptr + out_rows, mask=out_mask, other=0)
-    gl.store(
-        y_ptr + (route * H)[None, :] + n[:, None],
-        y.to(gl.bfloat16),
-        mask=out_mask[None, :] & (n < H)[:, None],
-    )
+    gl.store(y_ptr + route * H + n, y.to(gl.bfloat16), mask=out_mask & (n < H))
 
 
 @triton.jit

@@ -89,14 +89,18 @@ class GemmConfig:
 
 @dataclass(frozen=True)
 class DecodeTiles:
-    """Schedule of :mod:`triton_decode`'s kernels: per GEMM, warps per CTA (1, 2, 4 or 8; each
-    streams one K slice of the same 16 weight rows) and K columns per warp step (128, 256 or 512:
-    the K relabelling repeats every 128 columns)."""
+    """Schedule of :mod:`triton_decode`'s kernels: per GEMM, warps per CTA (1, 2, 4 or 8), K
+    columns per warp step (128, 256 or 512: the K relabelling repeats every 128 columns) and
+    what the warps split (``"k"``: each streams one K slice of the same 16 weight rows, summed
+    at the end; ``"rows"``: each streams all of K for its own 16 weight rows)."""
 
     fc1_warps: int
     fc1_k: int
     fc2_warps: int
     fc2_k: int
+    fc1_split: str = "k"
+    fc2_split: str = "k"
+    prefetch: bool = True  # load the next K step's weights before computing this one
 
     def __post_init__(self) -> None:
         for name in ("fc1_warps", "fc2_warps"):
@@ -105,13 +109,25 @@ class DecodeTiles:
         for name in ("fc1_k", "fc2_k"):
             if getattr(self, name) not in (128, 256, 512):
                 raise ValueError(f"DecodeTiles.{name} must be 128, 256 or 512, got {getattr(self, name)}")
+        for name in ("fc1_split", "fc2_split"):
+            if getattr(self, name) not in ("k", "rows"):
+                raise ValueError(f"DecodeTiles.{name} must be 'k' or 'rows', got {getattr(self, name)!r}")
 
     def fits(self, hidden: int, intermediate: int) -> bool:
-        """Whether both GEMMs' K (``hidden`` for FC1, ``intermediate`` for FC2) split evenly into the
-        warps' steps; this also makes both multiples of 128, as the K relabelling needs."""
-        return (
-            hidden % (self.fc1_warps * self.fc1_k) == 0 and intermediate % (self.fc2_warps * self.fc2_k) == 0
+        """Whether both GEMMs split evenly: FC1 (K ``hidden``, ``intermediate`` rows per half)
+        and FC2 (K ``intermediate``, ``hidden`` rows) into the warps' steps and 16-row blocks;
+        this also makes ``hidden`` and ``intermediate`` multiples of 128, as the K relabelling
+        needs."""
+        return _gemm_fits(self.fc1_warps, self.fc1_k, self.fc1_split, hidden, intermediate) and (
+            _gemm_fits(self.fc2_warps, self.fc2_k, self.fc2_split, intermediate, hidden)
+            and intermediate % 128 == 0
         )
+
+
+def _gemm_fits(warps: int, block_k: int, split: str, k: int, rows: int) -> bool:
+    if split == "k":
+        return k % (warps * block_k) == 0 and rows % 16 == 0
+    return k % block_k == 0 and rows % (16 * warps) == 0
 
 
 def _split_k(k: int, block_k: int, wanted: int) -> int:
@@ -243,8 +259,11 @@ def _routing_torch(ids: torch.Tensor, experts: int, block_m: int, max_tiles: int
     )
 
 
-def build_routing(topk_ids: torch.Tensor, experts: int, block_m: int, force_torch: bool = False) -> Routing:
-    """Sort the routes of ``topk_ids [T, k]`` by expert on the device (no host sync)."""
+def build_routing(
+    topk_ids: torch.Tensor, experts: int, block_m: int, force_torch: bool = False, warps: int | None = None
+) -> Routing:
+    """Sort the routes of ``topk_ids [T, k]`` by expert on the device (no host sync); ``warps``
+    of the one-program kernel (default: :func:`route_prep_warps`)."""
     ids = topk_ids.reshape(-1)
     routes = ids.numel()
     max_tiles = _cdiv(routes, block_m) + min(experts, routes)
@@ -274,9 +293,14 @@ def build_routing(topk_ids: torch.Tensor, experts: int, block_m: int, force_torc
         BLOCK_M=block_m,
         R_BLOCK=max(16, _next_pow2(routes)),
         E_BLOCK=_next_pow2(experts + 1),
-        num_warps=4,
+        num_warps=warps or route_prep_warps(routes),
     )
     return routing
+
+
+def route_prep_warps(routes: int) -> int:
+    """Warps of the one-program routing kernel for ``routes`` routes."""
+    return 4
 
 
 def quantize_rows(
@@ -480,20 +504,28 @@ def _combine(
 
 
 @functools.cache
-def _decode_launch_args(warps: int, block_k: int) -> dict[str, Any]:
+def _decode_launch_args(warps: int, block_k: int, split: str, prefetch: bool) -> dict[str, Any]:
     """The layout constexprs and warp count of one :mod:`triton_decode` GEMM schedule."""
     decode = _decode_kernels()
-    codes, acc, a_op, b_op = decode.operand_layouts(warps, block_k)
+    words, acc, a_op, b_op = decode.operand_layouts(warps, block_k)
     return {
-        "CODES": codes,
+        "WORDS": words,
         "SCALES": decode.scale_layout(warps, block_k),
         "ACC": acc,
         "A": a_op,
         "B": b_op,
         "WARPS": warps,
         "BK": block_k,
+        "SPLIT_K": split == "k",
+        "PREFETCH": prefetch,
         "num_warps": warps,
     }
+
+
+def _decode_row_blocks(rows: int, warps: int, split: str) -> int:
+    """CTAs per tile of a decode GEMM with ``rows`` output rows: 16 rows each, times the warps
+    when they split rows."""
+    return rows // (_decode_kernels().WEIGHT_ROWS * (warps if split == "rows" else 1))
 
 
 def _fused_moe_decode(
@@ -526,9 +558,10 @@ def _fused_moe_decode(
     )
     common = routing.kernel_args()
     h = torch.empty(routes, inter, dtype=torch.bfloat16, device=device)
-    decode.fc1_decode_kernel[(routing.max_tiles, inter // decode.WEIGHT_ROWS)](
+    fc1_blocks = _decode_row_blocks(inter, schedule.fc1_warps, schedule.fc1_split)
+    decode.fc1_decode_kernel[(routing.max_tiles, fc1_blocks)](
         x,
-        experts.w13_weight,
+        experts.w13_weight.view(torch.int32),
         experts.w13_weight_scale.view(torch.uint8),
         experts.w13_weight_scale_2,
         *common,
@@ -536,21 +569,24 @@ def _fused_moe_decode(
         hidden,
         inter,
         top_k,
+        routes,
         float(swiglu_limit or 0.0),
         HAS_LIMIT=swiglu_limit is not None,
-        **_decode_launch_args(schedule.fc1_warps, schedule.fc1_k),
+        **_decode_launch_args(schedule.fc1_warps, schedule.fc1_k, schedule.fc1_split, schedule.prefetch),
     )
     y = torch.empty(routes, hidden, dtype=torch.bfloat16, device=device)
-    decode.fc2_decode_kernel[(routing.max_tiles, hidden // decode.WEIGHT_ROWS)](
+    fc2_blocks = _decode_row_blocks(hidden, schedule.fc2_warps, schedule.fc2_split)
+    decode.fc2_decode_kernel[(routing.max_tiles, fc2_blocks)](
         h,
-        experts.w2_weight,
+        experts.w2_weight.view(torch.int32),
         experts.w2_weight_scale.view(torch.uint8),
         experts.w2_weight_scale_2,
         *common,
         y,
         hidden,
         inter,
-        **_decode_launch_args(schedule.fc2_warps, schedule.fc2_k),
+        routes,
+        **_decode_launch_args(schedule.fc2_warps, schedule.fc2_k, schedule.fc2_split, schedule.prefetch),
     )
     # gs2 and the row flags are read only for A4 rows (MODE_A4 / MODE_SPLIT): placeholders here
     _combine(

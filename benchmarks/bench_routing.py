@@ -1,0 +1,63 @@
+"""Time the ``triton`` backend's routing (``build_routing``) on a CUDA GPU (a script).
+
+Usage: ``PYTHONPATH=src python benchmarks/bench_routing.py --out DIR``. For each route count
+(top-8 routing over 288 experts, the GLM-5.3-Flash shape) it times the one-program Triton sort
+with 4, 8 and 16 warps and the torch path, each captured in a CUDA graph (``bench_moe.time_graph``,
+L2 flushed), and saves ``bench_routing.json`` and ``bench_routing.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+
+import torch
+
+from bench_moe import time_graph
+
+EXPERTS, TOP_K = 288, 8
+TOKENS = [1, 4, 16, 64, 128, 256, 512]
+WARPS = [4, 8, 16]
+
+
+def main() -> None:
+    from a4prefill.ops.backends.triton_moe import build_routing
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    rows = []
+    for tokens in TOKENS:
+        ids = torch.stack([torch.randperm(EXPERTS, device="cuda")[:TOP_K] for _ in range(tokens)]).int()
+        row: dict[str, float | int] = {"tokens": tokens, "routes": tokens * TOP_K}
+        for warps in WARPS:
+            call = functools.partial(build_routing, ids, EXPERTS, 8, warps=warps)
+            row[f"triton_{warps}w_us"] = time_graph(call, 50, flush)
+        call = functools.partial(build_routing, ids, EXPERTS, 8, force_torch=True)
+        row["torch_us"] = time_graph(call, 50, flush)
+        print(row, flush=True)
+        rows.append(row)
+    result = {"device": torch.cuda.get_device_name(), "experts": EXPERTS, "top_k": TOP_K, "rows": rows}
+    with open(os.path.join(args.out, "bench_routing.json"), "w") as handle:
+        json.dump(result, handle, indent=1)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6, 4))
+    routes = [row["routes"] for row in rows]
+    for key in [f"triton_{w}w_us" for w in WARPS] + ["torch_us"]:
+        axis.plot(routes, [row[key] for row in rows], marker="o", label=key.removesuffix("_us"))
+    axis.set(xscale="log", xlabel="routes", ylabel="us per call", title=result["device"])
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(os.path.join(args.out, "bench_routing.png"), dpi=120)
+
+
+if __name__ == "__main__":
+    main()
