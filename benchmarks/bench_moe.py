@@ -157,23 +157,23 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() / seconds / 1e9
 
 
-DECODE_SWEEP = [  # triton_moe.DecodeTiles: warps and K step of FC1 and FC2, what the warps split, prefetch
-    (4, 128, 2, 128, "k", "k", True),
-    (2, 256, 2, 128, "k", "k", True),
-    (4, 256, 2, 128, "k", "k", True),
-    (4, 128, 2, 128, "k", "k", False),
-    (2, 256, 2, 128, "k", "k", False),
-    (4, 256, 2, 128, "k", "k", False),
-    (4, 128, 4, 128, "rows", "rows", True),
-    (2, 128, 2, 128, "rows", "rows", True),
-    (1, 128, 1, 128, "rows", "rows", True),
-    (8, 128, 8, 128, "rows", "rows", True),
-    (4, 256, 4, 256, "rows", "rows", True),
-    (2, 256, 2, 256, "rows", "rows", True),
-    (4, 128, 4, 128, "rows", "rows", False),
-    (4, 128, 2, 128, "rows", "k", True),
-    (2, 256, 2, 128, "k", "rows", True),
-    (4, 256, 4, 128, "k", "rows", True),
+DECODE_SWEEP = [  # triton_moe.DecodeTiles: warps and K step of FC1 and FC2, what their warps split
+    (4, 128, 2, 128, "k", "k"),
+    (2, 256, 2, 128, "k", "k"),
+    (4, 256, 2, 128, "k", "k"),
+    (2, 128, 2, 128, "k", "k"),
+    (4, 128, 4, 128, "rows", "rows"),
+    (2, 128, 2, 128, "rows", "rows"),
+    (1, 128, 1, 128, "rows", "rows"),
+    (8, 128, 8, 128, "rows", "rows"),
+    (4, 256, 4, 256, "rows", "rows"),
+    (2, 256, 2, 256, "rows", "rows"),
+    (1, 256, 1, 256, "rows", "rows"),
+    (4, 256, 4, 128, "rows", "rows"),
+    (4, 128, 4, 256, "rows", "rows"),
+    (4, 128, 2, 128, "rows", "k"),
+    (4, 256, 2, 128, "k", "rows"),
+    (4, 128, 4, 128, "k", "rows"),
 ]
 DECODE_SWEEP_MAX_ROUTES = 8192  # decode schedules are timed up to 1024 tokens at top-8, past the default
 SWEEP = {  # block_m, fc1_n, fc1_k, fc2_n, fc2_k, warps, stages, ptx_dequant, split_k
@@ -222,14 +222,13 @@ def sweep_configs(
         for schedule in DECODE_SWEEP:
             tiles = DecodeTiles(*schedule)
             if tiles.fits(hidden, inter):
-                label = "decode_fc1_{}x{}{}_fc2_{}x{}{}{}".format(
+                label = "decode_fc1_{}x{}{}_fc2_{}x{}{}".format(
                     tiles.fc1_warps,
                     tiles.fc1_k,
                     "r" if tiles.fc1_split == "rows" else "",
                     tiles.fc2_warps,
                     tiles.fc2_k,
                     "r" if tiles.fc2_split == "rows" else "",
-                    "" if tiles.prefetch else "_noprefetch",
                 )
                 configs[label] = dataclasses.replace(default, decode=tiles)
     times: dict[str, Any] = {}

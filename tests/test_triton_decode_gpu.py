@@ -31,9 +31,9 @@ EXPERTS, HIDDEN, INTERMEDIATE, TOP_K = 16, 1024, 512, 4
 SCHEDULES = [
     DecodeTiles(4, 128, 2, 128),
     DecodeTiles(2, 256, 2, 128, fc1_split="rows", fc2_split="rows"),
-    DecodeTiles(4, 256, 2, 128, prefetch=False),
-    DecodeTiles(4, 128, 4, 256, fc1_split="rows"),
-    DecodeTiles(2, 256, 4, 128, fc2_split="rows", prefetch=False),
+    DecodeTiles(4, 256, 2, 128),
+    DecodeTiles(4, 128, 2, 256, fc1_split="rows"),
+    DecodeTiles(2, 256, 4, 128, fc2_split="rows"),
 ]
 TILED = GemmConfig(16, 32, 128, 64, 128, 2, 4)  # the tiled kernels' decode tiles
 

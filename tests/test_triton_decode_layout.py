@@ -58,7 +58,7 @@ def test_the_built_in_tiny_model_keeps_the_tiled_kernels(tokens):
     assert config.decode is None
 
 
-def _compile(kernel_name: str, warps: int, block_k: int, split_k: bool = True, prefetch: bool = True):
+def _compile(kernel_name: str, warps: int, block_k: int, split_k: bool = True):
     """Compile a decode kernel for sm_90a offline; returns its SASS text."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -82,7 +82,6 @@ def _compile(kernel_name: str, warps: int, block_k: int, split_k: bool = True, p
         "WARPS": warps,
         "BK": block_k,
         "SPLIT_K": split_k,
-        "PREFETCH": prefetch,
         "WORDS": codes,
         "SCALES": decode.scale_layout(warps, block_k),
         "ACC": acc,

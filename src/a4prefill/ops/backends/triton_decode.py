@@ -307,7 +307,6 @@ def fc1_decode_kernel(
     WARPS: gl.constexpr,
     BK: gl.constexpr,
     SPLIT_K: gl.constexpr,
-    PREFETCH: gl.constexpr,
     WORDS: gl.constexpr,
     SCALES: gl.constexpr,
     ACC: gl.constexpr,
@@ -347,31 +346,20 @@ def fc1_decode_kernel(
     expert_rows = expert.to(gl.int64) * (2 * INTER)
     w_base = w_ptr + expert_rows * row_words
     s_base = ws_ptr + expert_rows * (row_words // 2)
-    # weights first: their addresses are known before the activations' (one load chain less)
-    gw, gs = gl.load(w_base + gate_off), gl.load(s_base + gate_soff)
-    uw, us = gl.load(w_base + up_off), gl.load(s_base + up_soff)
     token = gl.load(sorted_route_ptr + rows, mask=readable, other=0) // TOPK
     x_off = _activation_offsets(token, H, warp_cols, B, WARPS, BK)
     acc_g = gl.zeros([WARPS, 16, 8], gl.float32, ACC)
     acc_u = gl.zeros([WARPS, 16, 8], gl.float32, ACC)
-    for _ in range(k_per_warp // BK - 1):
-        w_base += BK // 8
-        s_base += BK // 16
-        if PREFETCH:  # the next step's weights are in flight while this step computes
-            next_gw, next_gs = gl.load(w_base + gate_off), gl.load(s_base + gate_soff)
-            next_uw, next_us = gl.load(w_base + up_off), gl.load(s_base + up_soff)
+    for _ in range(k_per_warp // BK):
+        # weights first: their addresses are known before the activations' (one load chain less)
+        gw, gs = gl.load(w_base + gate_off), gl.load(s_base + gate_soff)
+        uw, us = gl.load(w_base + up_off), gl.load(s_base + up_soff)
         xb = gl.load(x_ptr + x_off)
         acc_g = _mma_step(gw, gs, xb, acc_g, WORDS, A, WARPS, BK)
         acc_u = _mma_step(uw, us, xb, acc_u, WORDS, A, WARPS, BK)
+        w_base += BK // 8
+        s_base += BK // 16
         x_ptr += BK
-        if PREFETCH:
-            gw, gs, uw, us = next_gw, next_gs, next_uw, next_us
-        else:
-            gw, gs = gl.load(w_base + gate_off), gl.load(s_base + gate_soff)
-            uw, us = gl.load(w_base + up_off), gl.load(s_base + up_soff)
-    xb = gl.load(x_ptr + x_off)
-    acc_g = _mma_step(gw, gs, xb, acc_g, WORDS, A, WARPS, BK)
-    acc_u = _mma_step(uw, us, xb, acc_u, WORDS, A, WARPS, BK)
     # Undo the 2**-7 of the dequantization; epilogue as triton_kernels.
     gate = _epilogue_index(acc_g, SPLIT_K) * (gl.load(w_scale2_ptr + expert * 2) * 128.0)
     up = _epilogue_index(acc_u, SPLIT_K) * (gl.load(w_scale2_ptr + expert * 2 + 1) * 128.0)
@@ -404,7 +392,6 @@ def fc2_decode_kernel(
     WARPS: gl.constexpr,
     BK: gl.constexpr,
     SPLIT_K: gl.constexpr,
-    PREFETCH: gl.constexpr,
     WORDS: gl.constexpr,
     SCALES: gl.constexpr,
     ACC: gl.constexpr,
@@ -439,24 +426,16 @@ def fc2_decode_kernel(
     expert_rows = expert.to(gl.int64) * H
     w_base = w_ptr + expert_rows * row_words
     s_base = ws_ptr + expert_rows * (row_words // 2)
-    ww, ws = gl.load(w_base + w_off), gl.load(s_base + s_off)
     h_off = _activation_offsets(rows, INTER, warp_cols, B, WARPS, BK)
     h_mask = readable[None, None, :]
     acc = gl.zeros([WARPS, 16, 8], gl.float32, ACC)
-    for _ in range(k_per_warp // BK - 1):
-        w_base += BK // 8
-        s_base += BK // 16
-        if PREFETCH:  # the next step's weights are in flight while this step computes
-            next_ww, next_ws = gl.load(w_base + w_off), gl.load(s_base + s_off)
+    for _ in range(k_per_warp // BK):
+        ww, ws = gl.load(w_base + w_off), gl.load(s_base + s_off)
         hb = gl.load(h_ptr + h_off, mask=h_mask, other=0.0)
         acc = _mma_step(ww, ws, hb, acc, WORDS, A, WARPS, BK)
+        w_base += BK // 8
+        s_base += BK // 16
         h_ptr += BK
-        if PREFETCH:
-            ww, ws = next_ww, next_ws
-        else:
-            ww, ws = gl.load(w_base + w_off), gl.load(s_base + s_off)
-    hb = gl.load(h_ptr + h_off, mask=h_mask, other=0.0)
-    acc = _mma_step(ww, ws, hb, acc, WORDS, A, WARPS, BK)
     y = _epilogue_index(acc, SPLIT_K) * (gl.load(w_scale2_ptr + expert) * 128.0)
     stored = _stored(seg_start_ptr, seg_count_ptr, expert, rows)
     n, out_rows, out_mask = _epilogue_rows(y, n0, rows, readable, stored)

@@ -100,7 +100,6 @@ class DecodeTiles:
     fc2_k: int
     fc1_split: str = "k"
     fc2_split: str = "k"
-    prefetch: bool = True  # load the next K step's weights before computing this one
 
     def __post_init__(self) -> None:
         for name in ("fc1_warps", "fc2_warps"):
@@ -504,7 +503,7 @@ def _combine(
 
 
 @functools.cache
-def _decode_launch_args(warps: int, block_k: int, split: str, prefetch: bool) -> dict[str, Any]:
+def _decode_launch_args(warps: int, block_k: int, split: str) -> dict[str, Any]:
     """The layout constexprs and warp count of one :mod:`triton_decode` GEMM schedule."""
     decode = _decode_kernels()
     words, acc, a_op, b_op = decode.operand_layouts(warps, block_k)
@@ -517,7 +516,6 @@ def _decode_launch_args(warps: int, block_k: int, split: str, prefetch: bool) ->
         "WARPS": warps,
         "BK": block_k,
         "SPLIT_K": split == "k",
-        "PREFETCH": prefetch,
         "num_warps": warps,
     }
 
@@ -572,7 +570,7 @@ def _fused_moe_decode(
         routes,
         float(swiglu_limit or 0.0),
         HAS_LIMIT=swiglu_limit is not None,
-        **_decode_launch_args(schedule.fc1_warps, schedule.fc1_k, schedule.fc1_split, schedule.prefetch),
+        **_decode_launch_args(schedule.fc1_warps, schedule.fc1_k, schedule.fc1_split),
     )
     y = torch.empty(routes, hidden, dtype=torch.bfloat16, device=device)
     fc2_blocks = _decode_row_blocks(hidden, schedule.fc2_warps, schedule.fc2_split)
@@ -586,7 +584,7 @@ def _fused_moe_decode(
         hidden,
         inter,
         routes,
-        **_decode_launch_args(schedule.fc2_warps, schedule.fc2_k, schedule.fc2_split, schedule.prefetch),
+        **_decode_launch_args(schedule.fc2_warps, schedule.fc2_k, schedule.fc2_split),
     )
     # gs2 and the row flags are read only for A4 rows (MODE_A4 / MODE_SPLIT): placeholders here
     _combine(
