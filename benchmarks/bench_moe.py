@@ -157,23 +157,23 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() / seconds / 1e9
 
 
-DECODE_SWEEP = [  # triton_moe.DecodeTiles: warps and K step of FC1 and FC2, what their warps split
-    (4, 128, 2, 128, "k", "k"),
-    (2, 256, 2, 128, "k", "k"),
-    (4, 256, 2, 128, "k", "k"),
-    (2, 128, 2, 128, "k", "k"),
-    (4, 128, 4, 128, "rows", "rows"),
-    (2, 128, 2, 128, "rows", "rows"),
-    (1, 128, 1, 128, "rows", "rows"),
-    (8, 128, 8, 128, "rows", "rows"),
-    (4, 256, 4, 256, "rows", "rows"),
-    (2, 256, 2, 256, "rows", "rows"),
-    (1, 256, 1, 256, "rows", "rows"),
-    (4, 256, 4, 128, "rows", "rows"),
-    (4, 128, 4, 256, "rows", "rows"),
-    (4, 128, 2, 128, "rows", "k"),
-    (4, 256, 2, 128, "k", "rows"),
-    (4, 128, 4, 128, "k", "rows"),
+DECODE_SWEEP = [  # triton_moe.DecodeGemm fields (warps, block_k, split, rows) of FC1, then FC2
+    ((4, 128), (2, 128)),
+    ((2, 256), (2, 128)),
+    ((4, 256, "rows"), (4, 128, "rows")),
+    ((4, 256, "rows"), (4, 256, "rows")),
+    ((2, 256, "rows"), (2, 256, "rows")),
+    ((4, 128, "rows"), (4, 128, "rows")),
+    ((2, 128, "rows"), (2, 128, "rows")),
+    ((4, 128, "rows", 32), (4, 128, "rows", 32)),
+    ((2, 128, "rows", 32), (2, 128, "rows", 32)),
+    ((4, 128, "rows", 32), (4, 128, "rows")),
+    ((2, 256, "rows", 32), (2, 128, "rows", 32)),
+    ((4, 128, "k", 32), (2, 128, "k", 32)),
+    ((2, 128, "k", 32), (2, 128, "k", 32)),
+    ((4, 256, "k", 32), (4, 128, "k", 32)),
+    ((4, 128, "k", 32), (4, 128, "rows", 32)),
+    ((1, 128, "rows", 32), (1, 128, "rows", 32)),
 ]
 DECODE_SWEEP_MAX_ROUTES = 8192  # decode schedules are timed up to 1024 tokens at top-8, past the default
 SWEEP = {  # block_m, fc1_n, fc1_k, fc2_n, fc2_k, warps, stages, ptx_dequant, split_k
@@ -212,25 +212,17 @@ def sweep_configs(
 ) -> dict[str, Any]:
     """Median microseconds of ``fn(config=...)`` for each tile config in :data:`SWEEP` and, at
     decode sizes, each decode schedule in :data:`DECODE_SWEEP`."""
-    from a4prefill.ops.backends.triton_moe import DecodeTiles, GemmConfig, choose_config
+    from a4prefill.ops.backends.triton_moe import DecodeGemm, DecodeTiles, GemmConfig, choose_config
 
     configs = {
         label: GemmConfig(*sizes) for label, sizes in SWEEP.items() if config_fits(sizes, routes, experts)
     }
     default = choose_config(routes, experts, hidden, inter)
     if routes <= DECODE_SWEEP_MAX_ROUTES:
-        for schedule in DECODE_SWEEP:
-            tiles = DecodeTiles(*schedule)
+        for fc1, fc2 in DECODE_SWEEP:
+            tiles = DecodeTiles(DecodeGemm(*fc1), DecodeGemm(*fc2))
             if tiles.fits(hidden, inter):
-                label = "decode_fc1_{}x{}{}_fc2_{}x{}{}".format(
-                    tiles.fc1_warps,
-                    tiles.fc1_k,
-                    "r" if tiles.fc1_split == "rows" else "",
-                    tiles.fc2_warps,
-                    tiles.fc2_k,
-                    "r" if tiles.fc2_split == "rows" else "",
-                )
-                configs[label] = dataclasses.replace(default, decode=tiles)
+                configs[f"decode_{tiles}"] = dataclasses.replace(default, decode=tiles)
     times: dict[str, Any] = {}
     for label, config in configs.items():
         try:

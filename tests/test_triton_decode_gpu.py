@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from a4prefill.ops.backends import triton_moe
-from a4prefill.ops.backends.triton_moe import DecodeTiles, GemmConfig, choose_config, fused_moe
+from a4prefill.ops.backends.triton_moe import DecodeGemm, DecodeTiles, GemmConfig, choose_config, fused_moe
 from a4prefill.ops.modelopt import NvFp4Experts
 from a4prefill.ops.reference import moe_reference
 from a4prefill.tiny_layer import make_tiny_layer, random_routing
@@ -29,11 +29,11 @@ pytestmark = [
 # The smallest shape every schedule divides: H % 512 == 0, I % 256 == 0.
 EXPERTS, HIDDEN, INTERMEDIATE, TOP_K = 16, 1024, 512, 4
 SCHEDULES = [
-    DecodeTiles(4, 128, 2, 128),
-    DecodeTiles(2, 256, 2, 128, fc1_split="rows", fc2_split="rows"),
-    DecodeTiles(4, 256, 2, 128),
-    DecodeTiles(4, 128, 2, 256, fc1_split="rows"),
-    DecodeTiles(2, 256, 4, 128, fc2_split="rows"),
+    DecodeTiles(DecodeGemm(4, 128), DecodeGemm(2, 128)),
+    DecodeTiles(DecodeGemm(2, 256, "rows"), DecodeGemm(2, 128, "rows")),
+    DecodeTiles(DecodeGemm(4, 256), DecodeGemm(2, 128, "k", 32)),
+    DecodeTiles(DecodeGemm(4, 128, "rows", 32), DecodeGemm(2, 256)),
+    DecodeTiles(DecodeGemm(2, 256, "k", 32), DecodeGemm(4, 128, "rows", 32)),
 ]
 TILED = GemmConfig(16, 32, 128, 64, 128, 2, 4)  # the tiled kernels' decode tiles
 

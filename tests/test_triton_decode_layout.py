@@ -14,7 +14,7 @@ import tempfile
 
 import pytest
 
-from a4prefill.ops.backends.triton_moe import DecodeTiles, choose_config
+from a4prefill.ops.backends.triton_moe import DecodeGemm, DecodeTiles, choose_config
 
 GLM = {"experts": 288, "hidden": 4096, "intermediate": 1024}
 
@@ -38,7 +38,7 @@ def test_decode_sizes_of_the_glm_shape_get_a_decode_schedule(tokens):
     [
         (1024, 4096, 1024, "28 routes per expert: the prefill tiles"),
         (8192, 4096, 1024, "prefill"),
-        (4, 4096, 640, "640 does not split into 2 warps x 128-column steps"),
+        (4, 4096, 576, "576 is not a multiple of the 128-column K steps"),
         (4, 2000, 1024, "hidden not a multiple of the K split"),
     ],
 )
@@ -58,15 +58,16 @@ def test_the_built_in_tiny_model_keeps_the_tiled_kernels(tokens):
     assert config.decode is None
 
 
-def _compile(kernel_name: str, warps: int, block_k: int, split_k: bool = True):
-    """Compile a decode kernel for sm_90a offline; returns its SASS text."""
+def _compile(kernel_name: str, gemm: DecodeGemm) -> str:
+    """Compile a decode kernel with ``gemm``'s launch constexprs for sm_90a offline; returns its
+    SASS text."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental import gluon
 
     from a4prefill.ops.backends import triton_decode as decode
+    from a4prefill.ops.backends.triton_moe import _decode_launch_args
 
-    codes, acc, a_op, b_op = decode.operand_layouts(warps, block_k)
     pointers = {
         "w_ptr": "*i32",
         "ws_ptr": "*u8",
@@ -78,16 +79,8 @@ def _compile(kernel_name: str, warps: int, block_k: int, split_k: bool = True):
         "seg_count_ptr": "*i32",
         "num_tiles_ptr": "*i32",
     }
-    constexprs = {
-        "WARPS": warps,
-        "BK": block_k,
-        "SPLIT_K": split_k,
-        "WORDS": codes,
-        "SCALES": decode.scale_layout(warps, block_k),
-        "ACC": acc,
-        "A": a_op,
-        "B": b_op,
-    }
+    constexprs = dict(_decode_launch_args(gemm))
+    warps = constexprs.pop("num_warps")
     kernel = getattr(decode, kernel_name)
     if kernel_name == "fc1_decode_kernel":
         signature = {"x_ptr": "*bf16", "out_ptr": "*bf16", "TOPK": "i32", "limit": "fp32", **pointers}
@@ -144,31 +137,59 @@ def _main_loop_opcodes(sass: str) -> collections.Counter[str]:
 @pytest.mark.slow
 @needs_gluon()
 @pytest.mark.parametrize(
-    ("kernel_name", "warps", "block_k", "mmas_per_step"),
-    [("fc1_decode_kernel", 4, 128, 16), ("fc1_decode_kernel", 2, 256, 32), ("fc2_decode_kernel", 2, 128, 8)],
+    ("kernel_name", "gemm"),
+    [
+        ("fc1_decode_kernel", DecodeGemm(4, 128)),
+        ("fc1_decode_kernel", DecodeGemm(2, 256)),
+        ("fc1_decode_kernel", DecodeGemm(4, 256, "rows")),
+        ("fc1_decode_kernel", DecodeGemm(4, 128, "rows", 32)),
+        ("fc2_decode_kernel", DecodeGemm(2, 128)),
+        ("fc2_decode_kernel", DecodeGemm(4, 128, "rows", 32)),
+    ],
+    ids=str,
 )
-def test_the_main_loop_feeds_weights_from_global_memory_into_mma_registers(
-    kernel_name, warps, block_k, mmas_per_step
-):
+def test_the_main_loop_feeds_weights_from_global_memory_into_mma_registers(kernel_name, gemm):
     """No shared memory, shuffle or barrier in the K loop, 128-bit code loads, and exactly the MMAs of
-    one step: 16 rows x block_k columns per operand in m16n8k16 pieces (gate and up in FC1)."""
-    opcodes = _main_loop_opcodes(_compile(kernel_name, warps, block_k))
-    assert opcodes["HMMA.16816.F32.BF16"] == mmas_per_step
-    assert not {op for op in opcodes if op.startswith(("LDS", "STS", "LDSM", "BAR", "SHFL"))}
+    one step: ``gemm.rows`` rows x block_k columns per operand in m16n8k16 pieces (gate and up in
+    FC1)."""
+    opcodes = _main_loop_opcodes(_compile(kernel_name, gemm))
     operands = 2 if kernel_name.startswith("fc1") else 1
-    assert opcodes["LDG.E.128"] == operands * 2 * (block_k // 128)  # 2 rows per thread per 128 columns
+    m_tiles, k_steps = gemm.rows // 16, gemm.block_k // 16
+    assert opcodes["HMMA.16816.F32.BF16"] == operands * m_tiles * k_steps
+    assert not {op for op in opcodes if op.startswith(("LDS", "STS", "LDSM", "BAR", "SHFL"))}
+    # each thread: rows r + 8 i, 16 code bytes per row per 128 columns
+    assert opcodes["LDG.E.128"] == operands * (gemm.rows // 8) * (gemm.block_k // 128)
 
 
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ((3, 128, 2, 128), "fc1_warps must be 1, 2, 4 or 8"),
-        ((4, 384, 2, 128), "fc1_k must be 128, 256 or 512"),
+        ((3, 128), "warps must be 1, 2, 4 or 8"),
+        ((4, 384), "block_k must be 128, 256 or 512"),
+        ((4, 128, "m"), "split must be 'k' or 'rows'"),
+        ((4, 128, "k", 64), "rows must be 16 or 32"),
     ],
 )
 def test_a_schedule_the_kernels_cannot_run_is_refused(fields, message):
     with pytest.raises(ValueError, match=message):
-        DecodeTiles(*fields)
+        DecodeGemm(*fields)
+
+
+@pytest.mark.parametrize(
+    ("gemm", "k", "out_rows", "fits"),
+    [
+        (DecodeGemm(4, 128), 512, 16, True),
+        (DecodeGemm(4, 128), 256, 16, False),  # 4 warps x 128 columns
+        (DecodeGemm(4, 128, "rows"), 256, 64, True),  # each warp all of K
+        (DecodeGemm(4, 128, "rows"), 256, 48, False),  # 4 warps x 16 rows per CTA
+        (DecodeGemm(2, 256, "rows", 32), 512, 64, True),
+        (DecodeGemm(2, 256, "rows", 32), 384, 64, False),
+        (DecodeGemm(2, 128, "k", 32), 256, 96, True),
+        (DecodeGemm(2, 128, "k", 32), 256, 80, False),
+    ],
+)
+def test_a_gemm_schedule_fits_exactly_the_shapes_it_splits_evenly(gemm, k, out_rows, fits):
+    assert gemm.fits(k, out_rows) is fits
 
 
 def test_an_explicit_schedule_that_does_not_divide_the_shapes_is_refused():
@@ -182,7 +203,9 @@ def test_an_explicit_schedule_that_does_not_divide_the_shapes_is_refused():
     generator = torch.Generator().manual_seed(0)
     topk_weights, topk_ids = random_routing(3, 4, 2, generator)
     hidden = torch.randn(3, 256).to(torch.bfloat16)
-    config = GemmConfig(16, 32, 128, 64, 128, 2, 4, decode=DecodeTiles(4, 128, 2, 128))
+    config = GemmConfig(
+        16, 32, 128, 64, 128, 2, 4, decode=DecodeTiles(DecodeGemm(4, 128), DecodeGemm(2, 128))
+    )
     with pytest.raises(ValueError, match=r"config.decode=.*hidden=256"):
         fused_moe(hidden, topk_weights, topk_ids, layer.experts, None, None, config=config)
 

@@ -43,7 +43,7 @@ from a4prefill.ops.backends.triton_kernels import swiglu
 
 BLOCK_K = 128  # K columns per warp step; the K relabelling repeats every 128 columns
 TOKENS_PER_TILE = 8  # routes of one expert per CTA (the MMA's N)
-WEIGHT_ROWS = 16  # weight rows of one warp's operand (the MMA's M)
+ROWS_PER_WARP = (16, 32)  # weight rows of one warp's operand: one or two MMA M tiles sharing B
 
 
 def logical_to_physical(logical: int) -> int:
@@ -60,15 +60,14 @@ def logical_to_physical(logical: int) -> int:
     return 32 * c + 8 * h + 4 * (p % 2) + p // 2 + 2 * s
 
 
-def operand_layouts(warps: int, block_k: int = BLOCK_K) -> tuple[object, ...]:
-    """Gluon layouts ``(words [warps, 16, block_k / 8], acc [warps, 16, 8], A, B)`` of one step.
+def operand_layouts(warps: int, block_k: int = BLOCK_K, rows: int = 16) -> tuple[object, ...]:
+    """Gluon layouts ``(words [warps, rows, block_k / 8], acc [warps, rows, 8], A, B)`` of one step.
 
     ``words``: the code words (int32, 4 code bytes each): thread ``(r, c)`` (``r = lane / 4``,
     ``c = lane % 4``) holds 4 consecutive words (one 128-bit load, code bytes ``16 c .. 16 c +
-    15``) of each 16-word (64-byte) group, of rows ``r`` and ``r + 8``; axis 0 is the warp.
+    15``) of each 16-word (64-byte) group, of rows ``r + 8 i``; axis 0 is the warp.
     ``acc``: the batched ``mma.sync`` accumulator; ``A``/``B``: its operands with ``k_width=4``.
     """
-    rows = WEIGHT_ROWS
     words = block_k // 8
     regs = [[0, 0, 1], [0, 0, 2]]
     step = 16
@@ -140,8 +139,8 @@ fma.rn.bf16x2 $3, s, $5, nz;
 
 @gluon.jit
 def _factors(scale_bytes, WORDS: gl.constexpr):
-    """Scale bytes ``[W, 16, G]`` (:func:`scale_layout`) -> :data:`FACTOR_ASM` factors (int32)
-    repeated for the block's 2 code words: ``[W, 16, 2 G]`` in the ``WORDS`` layout (register
+    """Scale bytes ``[W, M, G]`` (:func:`scale_layout`) -> :data:`FACTOR_ASM` factors (int32)
+    repeated for the block's 2 code words: ``[W, M, 2 G]`` in the ``WORDS`` layout (register
     copies only)."""
     f = gl.inline_asm_elementwise(
         FACTOR_ASM, "=r,r", [scale_bytes.to(gl.int32)], dtype=gl.int32, is_pure=True, pack=1
@@ -193,7 +192,7 @@ def _mma_step(
     """``acc + dequant(words, scale_bytes) @ act`` for one K step (``WORDS``/:func:`scale_layout`
     operands, ``act`` the B operand ``[W, BK, 8]``; weights ``* 2**-7``)."""
     lo, hi = _dequant_words(words, _factors(scale_bytes, WORDS))
-    return mma_v2(_operand(lo, hi, A, WARPS, 16, BK), act, acc)
+    return mma_v2(_operand(lo, hi, A, WARPS, WORDS.shape[1], BK), act, acc)
 
 
 @gluon.jit
@@ -209,14 +208,15 @@ def _operand(low, high, layout: gl.constexpr, WARPS: gl.constexpr, ROWS: gl.cons
 
 @gluon.jit
 def _weight_offsets(first_row, row_words, warp_rows, warp_words, WORDS: gl.constexpr, SCALES: gl.constexpr):
-    """int32 offsets of one step's code words ``[W, 16, BK / 8]`` (``WORDS``, in int32 words)
-    and scale bytes ``[W, 16, BK / 16]`` (``SCALES``) within one expert: warp ``w`` reads rows
+    """int32 offsets of one step's code words ``[W, M, BK / 8]`` (``WORDS``, in int32 words)
+    and scale bytes ``[W, M, BK / 16]`` (``SCALES``) within one expert: warp ``w`` reads rows
     ``first_row + w * warp_rows + r`` from code word ``w * warp_words`` on (split K:
     ``warp_rows`` 0; split rows: ``warp_words`` 0)."""
     warps: gl.constexpr = WORDS.shape[0]
+    rows: gl.constexpr = WORDS.shape[1]
     words: gl.constexpr = WORDS.shape[2]
     w = gl.arange(0, warps, layout=gl.SliceLayout(1, gl.SliceLayout(2, WORDS)))
-    r = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, WORDS)))
+    r = gl.arange(0, rows, layout=gl.SliceLayout(0, gl.SliceLayout(2, WORDS)))
     j = gl.arange(0, words, layout=gl.SliceLayout(0, gl.SliceLayout(1, WORDS)))
     code_off = (
         (first_row + w[:, None, None] * warp_rows + r[None, :, None]) * row_words
@@ -224,7 +224,7 @@ def _weight_offsets(first_row, row_words, warp_rows, warp_words, WORDS: gl.const
         + j[None, None, :]
     )
     sw = gl.arange(0, warps, layout=gl.SliceLayout(1, gl.SliceLayout(2, SCALES)))
-    sr = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, SCALES)))
+    sr = gl.arange(0, rows, layout=gl.SliceLayout(0, gl.SliceLayout(2, SCALES)))
     sg = gl.arange(0, words // 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, SCALES)))
     scale_off = (
         (first_row + sw[:, None, None] * warp_rows + sr[None, :, None]) * (row_words // 2)
@@ -262,7 +262,7 @@ def _stored(seg_start_ptr, seg_count_ptr, expert, rows):
 
 @gluon.jit
 def _epilogue_index(acc, SPLIT_K: gl.constexpr):
-    """The finished ``[W', 16, 8]`` sums of a CTA's accumulator ``[W, 16, 8]``: split K adds the
+    """The finished ``[W', M, 8]`` sums of a CTA's accumulator ``[W, M, 8]``: split K adds the
     warps' slices (``W' = 1``); split rows keeps each warp's own rows (``W' = W``)."""
     if SPLIT_K:
         return gl.expand_dims(gl.sum(acc, axis=0), 0)
@@ -272,13 +272,14 @@ def _epilogue_index(acc, SPLIT_K: gl.constexpr):
 
 @gluon.jit
 def _epilogue_rows(y, n0, rows, readable, stored):
-    """Weight rows ``n [W', 16, 1]`` (``n0 + 16 w + r``), sorted positions ``[1, 1, 8]`` and their
-    store mask ``[1, 1, 8]`` of the epilogue values ``y [W', 16, 8]``, in ``y``'s layout."""
+    """Weight rows ``n [W', M, 1]`` (``n0 + M w + r``), sorted positions ``[1, 1, 8]`` and their
+    store mask ``[1, 1, 8]`` of the epilogue values ``y [W', M, 8]``, in ``y``'s layout."""
     EPI: gl.constexpr = y.type.layout
     blocks: gl.constexpr = y.shape[0]
     w = gl.arange(0, blocks, layout=gl.SliceLayout(1, gl.SliceLayout(2, EPI)))
-    r = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, EPI)))
-    n = n0 + 16 * w[:, None, None] + r[None, :, None]
+    M: gl.constexpr = y.shape[1]
+    r = gl.arange(0, M, layout=gl.SliceLayout(0, gl.SliceLayout(2, EPI)))
+    n = n0 + M * w[:, None, None] + r[None, :, None]
     col: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, EPI))
     out_rows = gl.convert_layout(rows, col)[None, None, :]
     out_mask = gl.convert_layout(readable & stored, col)[None, None, :]
@@ -313,15 +314,16 @@ def fc1_decode_kernel(
     A: gl.constexpr,
     B: gl.constexpr,
 ):
-    """W4A16 FC1 + SwiGLU of up to 8 routes x ``16 * W'`` features:
+    """W4A16 FC1 + SwiGLU of up to 8 routes x ``M * W'`` features (``M`` rows per warp, 16 or 32):
     ``out[p, slot(n)] = io(io(silu(gate)) * up)`` for sorted positions ``p`` of one tile.
 
-    ``x [T, H]`` bf16 in permuted K order, ``w [E, 2I, H/2]`` uint8, ``ws [E, 2I, H/16]`` e4m3
+    ``x [T, H]`` bf16 in permuted K order, ``w [E, 2I, H/8]`` int32 (the uint8 codes, 4 per
+    word), ``ws [E, 2I, H/16]`` e4m3
     bytes, ``w_scale2 [E, 2]`` fp32, ``out [R, I]`` bf16 in permuted K order (FC2's input),
     ``ROUTES = R``. Routing tensors as in :mod:`triton_kernels` with 8-route tiles.
-    ``SPLIT_K``: the ``WARPS`` warps stream K slices of the same 16 features (``W' = 1``,
-    ``H % (WARPS * BK) == 0``); else each warp streams all of K for its own 16 features
-    (``W' = WARPS``, ``H % BK == 0``). Grid ``(max_tiles, I / (16 W'))``; ``BK % 128 == 0``,
+    ``SPLIT_K``: the ``WARPS`` warps stream K slices of the same ``M`` features (``W' = 1``,
+    ``H % (WARPS * BK) == 0``); else each warp streams all of K for its own ``M`` features
+    (``W' = WARPS``, ``H % BK == 0``). Grid ``(max_tiles, I / (M W'))``; ``BK % 128 == 0``,
     ``I % 128 == 0``.
     """
     pid_m = gl.program_id(0)
@@ -330,16 +332,17 @@ def fc1_decode_kernel(
     expert, rows, readable = _tile(tile_expert_ptr, tile_row_ptr, pid_m, ROUTES, NL)
     if pid_m >= num_tiles:
         return
+    ROWS: gl.constexpr = WORDS.shape[1]
     row_words = gl.multiple_of(H // 8, 16)  # H % 128 == 0
     if SPLIT_K:
         k_per_warp = gl.multiple_of(H // WARPS, BK)
-        n0 = gl.program_id(1) * 16
+        n0 = gl.program_id(1) * ROWS
         warp_rows = 0
         warp_cols = k_per_warp
     else:
         k_per_warp = gl.multiple_of(H, BK)
-        n0 = gl.program_id(1) * (16 * WARPS)
-        warp_rows = 16
+        n0 = gl.program_id(1) * (ROWS * WARPS)
+        warp_rows = ROWS
         warp_cols = 0
     gate_off, gate_soff = _weight_offsets(n0, row_words, warp_rows, warp_cols // 8, WORDS, SCALES)
     up_off, up_soff = _weight_offsets(n0 + INTER, row_words, warp_rows, warp_cols // 8, WORDS, SCALES)
@@ -348,8 +351,8 @@ def fc1_decode_kernel(
     s_base = ws_ptr + expert_rows * (row_words // 2)
     token = gl.load(sorted_route_ptr + rows, mask=readable, other=0) // TOPK
     x_off = _activation_offsets(token, H, warp_cols, B, WARPS, BK)
-    acc_g = gl.zeros([WARPS, 16, 8], gl.float32, ACC)
-    acc_u = gl.zeros([WARPS, 16, 8], gl.float32, ACC)
+    acc_g = gl.zeros([WARPS, ROWS, 8], gl.float32, ACC)
+    acc_u = gl.zeros([WARPS, ROWS, 8], gl.float32, ACC)
     for _ in range(k_per_warp // BK):
         # weights first: their addresses are known before the activations' (one load chain less)
         gw, gs = gl.load(w_base + gate_off), gl.load(s_base + gate_soff)
@@ -398,12 +401,12 @@ def fc2_decode_kernel(
     A: gl.constexpr,
     B: gl.constexpr,
 ):
-    """W4A16 FC2 of up to 8 routes x ``16 * W'`` outputs: ``y[route(p), n] = io(acc * alpha2)``.
+    """W4A16 FC2 of up to 8 routes x ``M * W'`` outputs: ``y[route(p), n] = io(acc * alpha2)``.
 
-    ``h [R, I]`` bf16 in permuted K order (sorted positions), ``w [E, H, I/2]`` uint8, ``ws
+    ``h [R, I]`` bf16 in permuted K order (sorted positions), ``w [E, H, I/8]`` int32, ``ws
     [E, H, I/16]`` e4m3 bytes, ``w_scale2 [E]`` fp32, ``y [R, H]`` bf16 (one row per route),
     ``ROUTES = R``. ``SPLIT_K`` as in :func:`fc1_decode_kernel` with K = ``I``; grid
-    ``(max_tiles, H / (16 W'))``; ``BK % 128 == 0``.
+    ``(max_tiles, H / (M W'))``; ``BK % 128 == 0``.
     """
     pid_m = gl.program_id(0)
     num_tiles = gl.load(num_tiles_ptr)
@@ -411,16 +414,17 @@ def fc2_decode_kernel(
     expert, rows, readable = _tile(tile_expert_ptr, tile_row_ptr, pid_m, ROUTES, NL)
     if pid_m >= num_tiles:
         return
+    ROWS: gl.constexpr = WORDS.shape[1]
     row_words = gl.multiple_of(INTER // 8, 16)  # INTER % 128 == 0
     if SPLIT_K:
         k_per_warp = gl.multiple_of(INTER // WARPS, BK)
-        n0 = gl.program_id(1) * 16
+        n0 = gl.program_id(1) * ROWS
         warp_rows = 0
         warp_cols = k_per_warp
     else:
         k_per_warp = gl.multiple_of(INTER, BK)
-        n0 = gl.program_id(1) * (16 * WARPS)
-        warp_rows = 16
+        n0 = gl.program_id(1) * (ROWS * WARPS)
+        warp_rows = ROWS
         warp_cols = 0
     w_off, s_off = _weight_offsets(n0, row_words, warp_rows, warp_cols // 8, WORDS, SCALES)
     expert_rows = expert.to(gl.int64) * H
@@ -428,7 +432,7 @@ def fc2_decode_kernel(
     s_base = ws_ptr + expert_rows * (row_words // 2)
     h_off = _activation_offsets(rows, INTER, warp_cols, B, WARPS, BK)
     h_mask = readable[None, None, :]
-    acc = gl.zeros([WARPS, 16, 8], gl.float32, ACC)
+    acc = gl.zeros([WARPS, ROWS, 8], gl.float32, ACC)
     for _ in range(k_per_warp // BK):
         ww, ws = gl.load(w_base + w_off), gl.load(s_base + s_off)
         hb = gl.load(h_ptr + h_off, mask=h_mask, other=0.0)
@@ -458,18 +462,22 @@ def permute_k_kernel(x_ptr, out_ptr, H, BH: tl.constexpr):
     tl.store(out_ptr + t * H + cols, tl.load(x_ptr + t * H + physical, mask=mask), mask=mask)
 
 
-def scale_layout(warps: int, block_k: int = BLOCK_K) -> object:
-    """Layout of one step's scale bytes ``[warps, 16, block_k / 16]``: thread ``(r, c)`` holds the
-    scale bytes of its code bytes ``16 c .. 16 c + 15`` (two per 128-column step) of rows ``r``
-    and ``r + 8``, as in :func:`operand_layouts`."""
+def scale_layout(warps: int, block_k: int = BLOCK_K, rows: int = 16) -> object:
+    """Layout of one step's scale bytes ``[warps, rows, block_k / 16]``: thread ``(r, c)`` holds the
+    scale bytes of its code bytes ``16 c .. 16 c + 15`` (two per 128-column step) of rows
+    ``r + 8 i``, as in :func:`operand_layouts`."""
     groups = block_k // 16
     regs = [[0, 0, 1], [0, 8, 0]]
     step = 8
     while step < groups:
         regs.append([0, 0, step])
         step *= 2
+    step = 16
+    while step < rows:
+        regs.append([0, step, 0])
+        step *= 2
     lanes = [[0, 0, 2], [0, 0, 4], [0, 1, 0], [0, 2, 0], [0, 4, 0]]
     warp_bases = [[1 << i, 0, 0] for i in range(warps.bit_length() - 1)]
     return gl.DistributedLinearLayout(
-        reg_bases=regs, lane_bases=lanes, warp_bases=warp_bases, block_bases=[], shape=[warps, 16, groups]
+        reg_bases=regs, lane_bases=lanes, warp_bases=warp_bases, block_bases=[], shape=[warps, rows, groups]
     )

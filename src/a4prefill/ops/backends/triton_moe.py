@@ -88,45 +88,58 @@ class GemmConfig:
 
 
 @dataclass(frozen=True)
-class DecodeTiles:
-    """Schedule of :mod:`triton_decode`'s kernels: per GEMM, warps per CTA (1, 2, 4 or 8), K
-    columns per warp step (128, 256 or 512: the K relabelling repeats every 128 columns) and
-    what the warps split (``"k"``: each streams one K slice of the same 16 weight rows, summed
-    at the end; ``"rows"``: each streams all of K for its own 16 weight rows)."""
+class DecodeGemm:
+    """Schedule of one :mod:`triton_decode` GEMM: warps per CTA (1, 2, 4 or 8), K columns per
+    warp step (128, 256 or 512: the K relabelling repeats every 128 columns), what the warps
+    split (``"k"``: each streams one K slice of the same weight rows, summed at the end;
+    ``"rows"``: each streams all of K for its own rows) and weight rows per warp (16 or 32: one or
+    two MMA tiles sharing each activation load)."""
 
-    fc1_warps: int
-    fc1_k: int
-    fc2_warps: int
-    fc2_k: int
-    fc1_split: str = "k"
-    fc2_split: str = "k"
+    warps: int
+    block_k: int
+    split: str = "k"
+    rows: int = 16
 
     def __post_init__(self) -> None:
-        for name in ("fc1_warps", "fc2_warps"):
-            if getattr(self, name) not in (1, 2, 4, 8):
-                raise ValueError(f"DecodeTiles.{name} must be 1, 2, 4 or 8, got {getattr(self, name)}")
-        for name in ("fc1_k", "fc2_k"):
-            if getattr(self, name) not in (128, 256, 512):
-                raise ValueError(f"DecodeTiles.{name} must be 128, 256 or 512, got {getattr(self, name)}")
-        for name in ("fc1_split", "fc2_split"):
-            if getattr(self, name) not in ("k", "rows"):
-                raise ValueError(f"DecodeTiles.{name} must be 'k' or 'rows', got {getattr(self, name)!r}")
+        if self.warps not in (1, 2, 4, 8):
+            raise ValueError(f"DecodeGemm.warps must be 1, 2, 4 or 8, got {self.warps}")
+        if self.block_k not in (128, 256, 512):
+            raise ValueError(f"DecodeGemm.block_k must be 128, 256 or 512, got {self.block_k}")
+        if self.split not in ("k", "rows"):
+            raise ValueError(f"DecodeGemm.split must be 'k' or 'rows', got {self.split!r}")
+        if self.rows not in (16, 32):
+            raise ValueError(f"DecodeGemm.rows must be 16 or 32, got {self.rows}")
+
+    @property
+    def rows_per_cta(self) -> int:
+        """Output rows of one CTA (the grid's second axis is ``out_rows / rows_per_cta``)."""
+        return self.rows * (self.warps if self.split == "rows" else 1)
+
+    def fits(self, k: int, out_rows: int) -> bool:
+        """Whether K and the output rows split evenly into the warps' steps and the CTAs."""
+        step = self.block_k * (self.warps if self.split == "k" else 1)
+        return k % step == 0 and out_rows % self.rows_per_cta == 0
+
+    def __str__(self) -> str:
+        split = "r" if self.split == "rows" else ""
+        return f"{self.warps}x{self.block_k}{split}" + ("" if self.rows == 16 else f"m{self.rows}")
+
+
+@dataclass(frozen=True)
+class DecodeTiles:
+    """Schedule of :mod:`triton_decode`'s two GEMMs (FC1: K ``hidden``, ``intermediate`` rows per
+    half; FC2: K ``intermediate``, ``hidden`` rows)."""
+
+    fc1: DecodeGemm
+    fc2: DecodeGemm
 
     def fits(self, hidden: int, intermediate: int) -> bool:
-        """Whether both GEMMs split evenly: FC1 (K ``hidden``, ``intermediate`` rows per half)
-        and FC2 (K ``intermediate``, ``hidden`` rows) into the warps' steps and 16-row blocks;
-        this also makes ``hidden`` and ``intermediate`` multiples of 128, as the K relabelling
-        needs."""
-        return _gemm_fits(self.fc1_warps, self.fc1_k, self.fc1_split, hidden, intermediate) and (
-            _gemm_fits(self.fc2_warps, self.fc2_k, self.fc2_split, intermediate, hidden)
-            and intermediate % 128 == 0
-        )
+        """Whether both GEMMs split evenly; this also makes ``hidden`` and ``intermediate``
+        multiples of 128, as the K relabelling needs."""
+        return self.fc1.fits(hidden, intermediate) and self.fc2.fits(intermediate, hidden)
 
-
-def _gemm_fits(warps: int, block_k: int, split: str, k: int, rows: int) -> bool:
-    if split == "k":
-        return k % (warps * block_k) == 0 and rows % 16 == 0
-    return k % block_k == 0 and rows % (16 * warps) == 0
+    def __str__(self) -> str:
+        return f"fc1_{self.fc1}_fc2_{self.fc2}"
 
 
 def _split_k(k: int, block_k: int, wanted: int) -> int:
@@ -138,13 +151,12 @@ def _split_k(k: int, block_k: int, wanted: int) -> int:
 
 def choose_decode_tiles(routes: int, rows_per_expert: float) -> DecodeTiles:
     """The decode kernels' schedule; from the H200 sweep ``bench_moe.py --sweep`` (GLM-5.3-Flash
-    TP2 shape, ``benchmarks/results/README.md``): FC2 on 2 warps x 128 columns; FC1 on 4 warps
-    x 256 at about one token, 2 x 256 up to 4 rows per expert, 4 x 128 from there on."""
+    TP2 shape, ``benchmarks/results/README.md``)."""
     if routes <= 16:
-        return DecodeTiles(4, 256, 2, 128)
+        return DecodeTiles(DecodeGemm(4, 128), DecodeGemm(2, 128))
     if rows_per_expert < 4:
-        return DecodeTiles(2, 256, 2, 128)
-    return DecodeTiles(4, 128, 2, 128)
+        return DecodeTiles(DecodeGemm(4, 256, "rows"), DecodeGemm(4, 128, "rows"))
+    return DecodeTiles(DecodeGemm(4, 128, "rows"), DecodeGemm(4, 128, "rows"))
 
 
 def choose_config(routes: int, experts: int, hidden: int, intermediate: int) -> GemmConfig:
@@ -193,8 +205,8 @@ def _check_decode_call(schedule: DecodeTiles, hidden: int, intermediate: int, ro
     need ``routes * max(hidden, intermediate) < 2**31``)."""
     if not schedule.fits(hidden, intermediate):
         raise ValueError(
-            f"config.decode={schedule} does not divide hidden={hidden} (by fc1_warps * fc1_k) and "
-            f"intermediate={intermediate} (by fc2_warps * fc2_k)"
+            f"config.decode={schedule!r} does not split hidden={hidden} and intermediate={intermediate} "
+            "evenly (DecodeGemm.fits: K by the warps' steps, the output rows by the CTAs' rows)"
         )
     if routes * max(hidden, intermediate) >= 2**31:
         raise ValueError(
@@ -298,8 +310,10 @@ def build_routing(
 
 
 def route_prep_warps(routes: int) -> int:
-    """Warps of the one-program routing kernel for ``routes`` routes."""
-    return 4
+    """Warps of the one-program routing kernel for ``routes`` routes: its sort is spread over
+    more threads from 1024 routes on (H200, ``benchmarks/results/bench_routing.json``: 2048
+    routes 35 us on 4 warps, 18 us on 16; up to 512 routes 4 warps are the fastest)."""
+    return 4 if routes <= 512 else 16
 
 
 def quantize_rows(
@@ -503,27 +517,21 @@ def _combine(
 
 
 @functools.cache
-def _decode_launch_args(warps: int, block_k: int, split: str) -> dict[str, Any]:
+def _decode_launch_args(gemm: DecodeGemm) -> dict[str, Any]:
     """The layout constexprs and warp count of one :mod:`triton_decode` GEMM schedule."""
     decode = _decode_kernels()
-    words, acc, a_op, b_op = decode.operand_layouts(warps, block_k)
+    words, acc, a_op, b_op = decode.operand_layouts(gemm.warps, gemm.block_k, gemm.rows)
     return {
         "WORDS": words,
-        "SCALES": decode.scale_layout(warps, block_k),
+        "SCALES": decode.scale_layout(gemm.warps, gemm.block_k, gemm.rows),
         "ACC": acc,
         "A": a_op,
         "B": b_op,
-        "WARPS": warps,
-        "BK": block_k,
-        "SPLIT_K": split == "k",
-        "num_warps": warps,
+        "WARPS": gemm.warps,
+        "BK": gemm.block_k,
+        "SPLIT_K": gemm.split == "k",
+        "num_warps": gemm.warps,
     }
-
-
-def _decode_row_blocks(rows: int, warps: int, split: str) -> int:
-    """CTAs per tile of a decode GEMM with ``rows`` output rows: 16 rows each, times the warps
-    when they split rows."""
-    return rows // (_decode_kernels().WEIGHT_ROWS * (warps if split == "rows" else 1))
 
 
 def _fused_moe_decode(
@@ -556,8 +564,7 @@ def _fused_moe_decode(
     )
     common = routing.kernel_args()
     h = torch.empty(routes, inter, dtype=torch.bfloat16, device=device)
-    fc1_blocks = _decode_row_blocks(inter, schedule.fc1_warps, schedule.fc1_split)
-    decode.fc1_decode_kernel[(routing.max_tiles, fc1_blocks)](
+    decode.fc1_decode_kernel[(routing.max_tiles, inter // schedule.fc1.rows_per_cta)](
         x,
         experts.w13_weight.view(torch.int32),
         experts.w13_weight_scale.view(torch.uint8),
@@ -570,11 +577,10 @@ def _fused_moe_decode(
         routes,
         float(swiglu_limit or 0.0),
         HAS_LIMIT=swiglu_limit is not None,
-        **_decode_launch_args(schedule.fc1_warps, schedule.fc1_k, schedule.fc1_split),
+        **_decode_launch_args(schedule.fc1),
     )
     y = torch.empty(routes, hidden, dtype=torch.bfloat16, device=device)
-    fc2_blocks = _decode_row_blocks(hidden, schedule.fc2_warps, schedule.fc2_split)
-    decode.fc2_decode_kernel[(routing.max_tiles, fc2_blocks)](
+    decode.fc2_decode_kernel[(routing.max_tiles, hidden // schedule.fc2.rows_per_cta)](
         h,
         experts.w2_weight.view(torch.int32),
         experts.w2_weight_scale.view(torch.uint8),
@@ -584,7 +590,7 @@ def _fused_moe_decode(
         hidden,
         inter,
         routes,
-        **_decode_launch_args(schedule.fc2_warps, schedule.fc2_k, schedule.fc2_split),
+        **_decode_launch_args(schedule.fc2),
     )
     # gs2 and the row flags are read only for A4 rows (MODE_A4 / MODE_SPLIT): placeholders here
     _combine(
