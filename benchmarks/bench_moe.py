@@ -157,7 +157,7 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() / seconds / 1e9
 
 
-DECODE_SWEEP = [  # triton_moe.DecodeGemm fields (warps, block_k, split, rows) of FC1, then FC2
+DECODE_SWEEP = [  # triton_moe.DecodeGemm fields (warps, block_k, split, rows) of FC1, then FC2; 8-route tiles
     ((4, 128), (2, 128)),
     ((2, 256), (2, 128)),
     ((4, 256, "rows"), (4, 128, "rows")),
@@ -174,6 +174,15 @@ DECODE_SWEEP = [  # triton_moe.DecodeGemm fields (warps, block_k, split, rows) o
     ((4, 256, "k", 32), (4, 128, "k", 32)),
     ((4, 128, "k", 32), (4, 128, "rows", 32)),
     ((1, 128, "rows", 32), (1, 128, "rows", 32)),
+    ((8, 128), (4, 128)),
+    ((8, 128, "rows"), (8, 128, "rows")),
+]
+DECODE_SWEEP_WIDE = [  # timed with 16- and 32-route tiles where experts average more than 4 routes
+    ((4, 128), (2, 128)),
+    ((2, 128), (2, 128)),
+    ((4, 128, "rows"), (4, 128, "rows")),
+    ((4, 256, "rows"), (4, 128, "rows")),
+    ((2, 128, "rows"), (2, 128, "rows")),
 ]
 DECODE_SWEEP_MAX_ROUTES = 8192  # decode schedules are timed up to 1024 tokens at top-8, past the default
 SWEEP = {  # block_m, fc1_n, fc1_k, fc2_n, fc2_k, warps, stages, ptx_dequant, split_k
@@ -207,33 +216,66 @@ def config_fits(sizes: tuple[Any, ...], routes: int, experts: int) -> bool:
     return (sizes[0] <= 16 and routes <= 8 * experts) or (sizes[0] > 16 and routes >= 2 * experts)
 
 
+def decode_schedules(routes: int, experts: int) -> list[Any]:
+    """The decode schedules the sweep times for a call of ``routes`` routes over ``experts``."""
+    from a4prefill.ops.backends.triton_moe import DecodeGemm, DecodeTiles
+
+    schedules = [DecodeTiles(DecodeGemm(*fc1), DecodeGemm(*fc2)) for fc1, fc2 in DECODE_SWEEP]
+    if routes > 4 * experts:
+        for tile_routes in (16, 32):
+            schedules += [
+                DecodeTiles(DecodeGemm(*fc1), DecodeGemm(*fc2), tile_routes) for fc1, fc2 in DECODE_SWEEP_WIDE
+            ]
+    return schedules
+
+
 def sweep_configs(
-    fn: Callable[..., Any], routes: int, experts: int, hidden: int, inter: int, flush: torch.Tensor
-) -> dict[str, Any]:
-    """Median microseconds of ``fn(config=...)`` for each tile config in :data:`SWEEP` and, at
-    decode sizes, each decode schedule in :data:`DECODE_SWEEP`."""
-    from a4prefill.ops.backends.triton_moe import DecodeGemm, DecodeTiles, GemmConfig, choose_config
+    fn: Callable[..., Any],
+    routes: int,
+    experts: int,
+    hidden: int,
+    inter: int,
+    flush: torch.Tensor,
+    decode_only: bool,
+    references: dict[str, torch.Tensor],
+) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
+    """Median microseconds of ``fn(config=...)`` for each tile config in :data:`SWEEP` (unless
+    ``decode_only``) and, up to :data:`DECODE_SWEEP_MAX_ROUTES` routes, each decode schedule of
+    :func:`decode_schedules` (labels ``decode_<schedule>``); and, per reference of
+    ``references`` (suffix -> expected fp32 output), each config's relative error."""
+    from a4prefill.ops.backends.triton_moe import GemmConfig, choose_config
 
     configs = {
-        label: GemmConfig(*sizes) for label, sizes in SWEEP.items() if config_fits(sizes, routes, experts)
+        label: GemmConfig(*sizes)
+        for label, sizes in SWEEP.items()
+        if not decode_only and config_fits(sizes, routes, experts)
     }
     default = choose_config(routes, experts, hidden, inter)
     if routes <= DECODE_SWEEP_MAX_ROUTES:
-        for fc1, fc2 in DECODE_SWEEP:
-            tiles = DecodeTiles(DecodeGemm(*fc1), DecodeGemm(*fc2))
+        for tiles in decode_schedules(routes, experts):
             if tiles.fits(hidden, inter):
                 configs[f"decode_{tiles}"] = dataclasses.replace(default, decode=tiles)
     times: dict[str, Any] = {}
+    errors: dict[str, dict[str, float]] = {suffix: {} for suffix in references}
     for label, config in configs.items():
         try:
             times[label] = time_graph(functools.partial(fn, config=config), 20, flush)
+            output = fn(config=config).float()
         except Exception as error:
             times[label] = repr(error)[:200]
-    return times
+            continue
+        for suffix, expected in references.items():
+            errors[suffix][label] = relative_error(output, expected)
+    return times, errors
+
+
+def relative_error(output: torch.Tensor, expected: torch.Tensor) -> float:
+    """``|output - expected| / |expected|`` (L2 over all elements)."""
+    return float((output - expected).norm() / expected.norm())
 
 
 def bench_shape(
-    name: str, shape: dict[str, int], tokens_list: list[int], sweep: bool, log: Any
+    name: str, shape: dict[str, int], tokens_list: list[int], sweep: str | None, log: Any
 ) -> dict[str, Any]:
     from a4prefill.ops.backends.triton_moe import choose_config, fused_moe
     from a4prefill.ops.reference import moe_reference
@@ -273,15 +315,16 @@ def bench_shape(
             )
         if marlin is not None:
             variants["marlin"] = functools.partial(marlin, x, topk_w, topk_ids)
+        references: dict[str, torch.Tensor] = {}
         if tokens <= ACCURACY_TOKENS:
             # fp32 activations: the exact MoE of the NVFP4 weights; bf16 activations: the same
             # with the kernels' own bf16 roundings (input, FC1 output) (docs/numerics.md)
             outputs = {v: variants[v]().float() for v in ("w4a16", "w4a16_tiled", "marlin") if v in variants}
             for suffix, reference_input in {"": x.float(), "_bf16_io": x}.items():
                 expected = moe_reference(reference_input, topk_w, topk_ids, weights.experts(), None).float()
+                references[suffix] = expected
                 for variant, output in outputs.items():
-                    error = (output - expected).norm() / expected.norm()
-                    result[f"{variant}_rel_err{suffix}"] = float(error)
+                    result[f"{variant}_rel_err{suffix}"] = relative_error(output, expected)
         if half:
             first, second = slice(0, half), slice(half, tokens)
             variants["split"] = functools.partial(run, x, topk_w, topk_ids, a4_scales=scales, row_flags=flags)
@@ -299,9 +342,18 @@ def bench_shape(
                 result[f"{variant}_error"] = repr(error)[:300]
         if sweep:
             result["default_config"] = dataclasses.asdict(default_config)
-            result["sweep_w4a16_us"] = sweep_configs(
-                variants["w4a16"], tokens * top_k, experts, hidden, inter, flush
+            result["sweep_w4a16_us"], errors = sweep_configs(
+                variants["w4a16"],
+                tokens * top_k,
+                experts,
+                hidden,
+                inter,
+                flush,
+                sweep == "decode",
+                references,
             )
+            for suffix, by_label in errors.items():
+                result[f"sweep_w4a16_rel_err{suffix}"] = by_label
         w4, bf, ma = result.get("w4a16_us"), result.get("bf16_us"), result.get("marlin_us")
         if w4:
             result["w4a16_GBps"] = (hit * fp4_expert_bytes + act_bytes) / (w4 * 1e-6) / 1e9
@@ -426,11 +478,81 @@ def markdown_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def committed_time(
+    row: dict[str, Any], routes: int, shape: dict[str, int]
+) -> tuple[str, float | None, float | None]:
+    """The label, time and relative error (bf16 io), in a result row, of the config this
+    checkout chooses for ``routes`` routes: the run's own default if it is the same config, else
+    its sweep entry."""
+    from a4prefill.ops.backends.triton_moe import choose_config
+
+    config = choose_config(routes, shape["experts"], shape["hidden"], shape["intermediate"])
+    label = "tiled" if config.decode is None else f"decode_{config.decode}"
+    if dataclasses.asdict(config) == row.get("default_config"):
+        return label, row.get("w4a16_us"), row.get("w4a16_rel_err_bf16_io")
+    time = row.get("sweep_w4a16_us", {}).get(label)
+    error = row.get("sweep_w4a16_rel_err_bf16_io", {}).get(label)
+    return label, time if isinstance(time, float) else None, error
+
+
+def _us(time: float | None) -> str:
+    return "-" if time is None else f"{time:.1f}"
+
+
+def sweep_table(results: dict[str, Any]) -> str:
+    """Per token count of a ``--sweep`` result: Marlin, the config this checkout chooses (timed
+    in that run, :func:`committed_time`) and the fastest decode schedule of the sweep."""
+    lines = []
+    for name, shape_result in results["shapes"].items():
+        shape = shape_result["shape"]
+        rows = [row for row in shape_result["rows"] if "sweep_w4a16_us" in row]
+        if not rows:
+            continue
+        lines += [
+            f"### {name}: decode schedules (W4A16, same run as Marlin)",
+            "",
+            "| tokens | Marlin us | chosen config | its us | Marlin/chosen | its rel err (bf16 io) "
+            "| fastest decode schedule | its us | Marlin/fastest | W4A16 tiled us |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for row in rows:
+            marlin = row.get("marlin_us")
+            label, chosen, chosen_error = committed_time(row, row["tokens"] * shape["top_k"], shape)
+            timed = {
+                k: v
+                for k, v in row["sweep_w4a16_us"].items()
+                if k.startswith("decode_") and isinstance(v, float)
+            }
+            best = min(timed, key=timed.__getitem__) if timed else None
+            tiled = row.get("w4a16_tiled_us") or (
+                None if row["default_config"]["decode"] else row.get("w4a16_us")
+            )
+
+            def ratio(time: float | None, marlin: float | None = marlin) -> str:
+                return "-" if not (marlin and time) else f"{marlin / time:.2f}"
+
+            lines.append(
+                f"| {row['tokens']} | {_us(marlin)} | {label.removeprefix('decode_')} | {_us(chosen)} "
+                f"| {ratio(chosen)} | {'-' if chosen_error is None else f'{chosen_error:.1e}'} "
+                f"| {best and best.removeprefix('decode_')} "
+                f"| {_us(timed.get(best) if best else None)} | {ratio(timed.get(best) if best else None)} "
+                f"| {_us(tiled)} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--quick", action="store_true", help="tokens 1, 64, 4096 only")
-    parser.add_argument("--sweep", action="store_true", help="also time a few tile configs (W4A16)")
+    parser.add_argument(
+        "--sweep",
+        nargs="?",
+        const="all",
+        choices=["all", "decode"],
+        help="also time tile configs and decode schedules (W4A16); 'decode': decode schedules only",
+    )
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--tokens", help="comma-separated token counts (overrides --quick)")
     parser.add_argument("--plot", help="only plot this JSON result next to it")
@@ -438,7 +560,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.table:
         with open(args.table) as handle:
-            print(markdown_table(json.load(handle)))
+            results = json.load(handle)
+        print(markdown_table(results))
+        print(sweep_table(results))
         return
     if args.plot:
         with open(args.plot) as handle:

@@ -34,6 +34,8 @@ SCHEDULES = [
     DecodeTiles(DecodeGemm(4, 256), DecodeGemm(2, 128, "k", 32)),
     DecodeTiles(DecodeGemm(4, 128, "rows", 32), DecodeGemm(2, 256)),
     DecodeTiles(DecodeGemm(2, 256, "k", 32), DecodeGemm(4, 128, "rows", 32)),
+    DecodeTiles(DecodeGemm(4, 128, "rows"), DecodeGemm(2, 128), routes=16),
+    DecodeTiles(DecodeGemm(2, 128), DecodeGemm(4, 128, "rows", 32), routes=32),
 ]
 TILED = GemmConfig(16, 32, 128, 64, 128, 2, 4)  # the tiled kernels' decode tiles
 
@@ -160,9 +162,10 @@ def test_out_of_range_expert_ids_are_ignored(layer):
     assert_close_to_reference(result, expected, "w4a16")
 
 
-def test_captured_decode_replays_new_inputs_without_host_syncs(layer):
+@pytest.mark.parametrize("schedule", [SCHEDULES[0], SCHEDULES[-1]], ids=str)
+def test_captured_decode_replays_new_inputs_without_host_syncs(layer, schedule):
     _, weights = layer
-    config = decode_config(SCHEDULES[0])
+    config = decode_config(schedule)
     static = [t.cuda() for t in inputs(6, seed=1)]
     torch.cuda.set_sync_debug_mode("error")
     try:

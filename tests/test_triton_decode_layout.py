@@ -58,9 +58,9 @@ def test_the_built_in_tiny_model_keeps_the_tiled_kernels(tokens):
     assert config.decode is None
 
 
-def _compile(kernel_name: str, gemm: DecodeGemm) -> str:
-    """Compile a decode kernel with ``gemm``'s launch constexprs for sm_90a offline; returns its
-    SASS text."""
+def _compile(kernel_name: str, gemm: DecodeGemm, routes: int) -> str:
+    """Compile a decode kernel with ``gemm``'s launch constexprs and ``routes``-route tiles for
+    sm_90a offline; returns its SASS text."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental import gluon
@@ -79,7 +79,7 @@ def _compile(kernel_name: str, gemm: DecodeGemm) -> str:
         "seg_count_ptr": "*i32",
         "num_tiles_ptr": "*i32",
     }
-    constexprs = dict(_decode_launch_args(gemm))
+    constexprs = dict(_decode_launch_args(gemm, routes))
     warps = constexprs.pop("num_warps")
     kernel = getattr(decode, kernel_name)
     if kernel_name == "fc1_decode_kernel":
@@ -137,25 +137,29 @@ def _main_loop_opcodes(sass: str) -> collections.Counter[str]:
 @pytest.mark.slow
 @needs_gluon()
 @pytest.mark.parametrize(
-    ("kernel_name", "gemm"),
+    ("kernel_name", "gemm", "routes"),
     [
-        ("fc1_decode_kernel", DecodeGemm(4, 128)),
-        ("fc1_decode_kernel", DecodeGemm(2, 256)),
-        ("fc1_decode_kernel", DecodeGemm(4, 256, "rows")),
-        ("fc1_decode_kernel", DecodeGemm(4, 128, "rows", 32)),
-        ("fc2_decode_kernel", DecodeGemm(2, 128)),
-        ("fc2_decode_kernel", DecodeGemm(4, 128, "rows", 32)),
+        ("fc1_decode_kernel", DecodeGemm(4, 128), 8),
+        ("fc1_decode_kernel", DecodeGemm(2, 256), 8),
+        ("fc1_decode_kernel", DecodeGemm(4, 256, "rows"), 8),
+        ("fc1_decode_kernel", DecodeGemm(4, 128, "rows", 32), 8),
+        ("fc1_decode_kernel", DecodeGemm(4, 128, "rows"), 16),
+        ("fc1_decode_kernel", DecodeGemm(4, 128), 32),
+        ("fc2_decode_kernel", DecodeGemm(2, 128), 8),
+        ("fc2_decode_kernel", DecodeGemm(4, 128, "rows", 32), 8),
+        ("fc2_decode_kernel", DecodeGemm(4, 128, "rows"), 16),
+        ("fc2_decode_kernel", DecodeGemm(2, 128), 32),
     ],
     ids=str,
 )
-def test_the_main_loop_feeds_weights_from_global_memory_into_mma_registers(kernel_name, gemm):
+def test_the_main_loop_feeds_weights_from_global_memory_into_mma_registers(kernel_name, gemm, routes):
     """No shared memory, shuffle or barrier in the K loop, 128-bit code loads, and exactly the MMAs of
-    one step: ``gemm.rows`` rows x block_k columns per operand in m16n8k16 pieces (gate and up in
-    FC1)."""
-    opcodes = _main_loop_opcodes(_compile(kernel_name, gemm))
+    one step: ``gemm.rows`` rows x block_k columns per operand by ``routes`` routes in m16n8k16
+    pieces (gate and up in FC1), each code word loaded once whatever the route tile."""
+    opcodes = _main_loop_opcodes(_compile(kernel_name, gemm, routes))
     operands = 2 if kernel_name.startswith("fc1") else 1
-    m_tiles, k_steps = gemm.rows // 16, gemm.block_k // 16
-    assert opcodes["HMMA.16816.F32.BF16"] == operands * m_tiles * k_steps
+    m_tiles, n_tiles, k_steps = gemm.rows // 16, routes // 8, gemm.block_k // 16
+    assert opcodes["HMMA.16816.F32.BF16"] == operands * m_tiles * n_tiles * k_steps
     assert not {op for op in opcodes if op.startswith(("LDS", "STS", "LDSM", "BAR", "SHFL"))}
     # each thread: rows r + 8 i, 16 code bytes per row per 128 columns
     assert opcodes["LDG.E.128"] == operands * (gemm.rows // 8) * (gemm.block_k // 128)
@@ -173,6 +177,12 @@ def test_the_main_loop_feeds_weights_from_global_memory_into_mma_registers(kerne
 def test_a_schedule_the_kernels_cannot_run_is_refused(fields, message):
     with pytest.raises(ValueError, match=message):
         DecodeGemm(*fields)
+
+
+@pytest.mark.parametrize("routes", [4, 24, 64])
+def test_a_route_tile_the_kernels_cannot_run_is_refused(routes):
+    with pytest.raises(ValueError, match=r"DecodeTiles\.routes must be 8, 16 or 32"):
+        DecodeTiles(DecodeGemm(4, 128), DecodeGemm(2, 128), routes)
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,9 @@ is set explicitly (the tests, the benchmark's sweep). The math is the one of
 - **Weights on the MMA's M side, routes on N.** One ``mma.sync.m16n8k16`` multiplies 16 weight
   rows by up to 8 routes of one expert. A decode step has one or two routes per expert, so no
   activation tile is padded to 16 rows, and the weights, not the activations, fill the MMA.
+  A CTA's tile holds 8, 16 or 32 routes of one expert (``TILE``): each dequantized weight
+  fragment then feeds ``TILE / 8`` MMAs, so an expert with more routes is read and dequantized
+  once per tile rather than once per 8 routes.
 - **Codes go from global memory straight into MMA registers.** Each thread loads 16
   consecutive code bytes (one 128-bit load) of two weight rows per 128-column step and turns
   them into bf16 in registers (:data:`CODES_ASM`): no shared-memory round trip, no layout
@@ -42,8 +45,6 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from a4prefill.ops.backends.triton_kernels import swiglu
 
 BLOCK_K = 128  # K columns per warp step; the K relabelling repeats every 128 columns
-TOKENS_PER_TILE = 8  # routes of one expert per CTA (the MMA's N)
-ROWS_PER_WARP = (16, 32)  # weight rows of one warp's operand: one or two MMA M tiles sharing B
 
 
 def logical_to_physical(logical: int) -> int:
@@ -61,7 +62,8 @@ def logical_to_physical(logical: int) -> int:
 
 
 def operand_layouts(warps: int, block_k: int = BLOCK_K, rows: int = 16) -> tuple[object, ...]:
-    """Gluon layouts ``(words [warps, rows, block_k / 8], acc [warps, rows, 8], A, B)`` of one step.
+    """Gluon layouts ``(words [warps, rows, block_k / 8], acc [warps, rows, TILE], A, B)`` of one
+    step (the MMA layouts repeat over any ``TILE`` in :data:`TILE_ROUTES`).
 
     ``words``: the code words (int32, 4 code bytes each): thread ``(r, c)`` (``r = lane / 4``,
     ``c = lane % 4``) holds 4 consecutive words (one 128-bit load, code bytes ``16 c .. 16 c +
@@ -190,7 +192,7 @@ def _mma_step(
     words, scale_bytes, act, acc, WORDS: gl.constexpr, A: gl.constexpr, WARPS: gl.constexpr, BK: gl.constexpr
 ):
     """``acc + dequant(words, scale_bytes) @ act`` for one K step (``WORDS``/:func:`scale_layout`
-    operands, ``act`` the B operand ``[W, BK, 8]``; weights ``* 2**-7``)."""
+    operands, ``act`` the B operand ``[W, BK, TILE]``; weights ``* 2**-7``)."""
     lo, hi = _dequant_words(words, _factors(scale_bytes, WORDS))
     return mma_v2(_operand(lo, hi, A, WARPS, WORDS.shape[1], BK), act, acc)
 
@@ -236,7 +238,7 @@ def _weight_offsets(first_row, row_words, warp_rows, warp_words, WORDS: gl.const
 
 @gluon.jit
 def _activation_offsets(rows, row_stride, warp_cols, B: gl.constexpr, WARPS: gl.constexpr, BK: gl.constexpr):
-    """int32 offsets ``[W, BK, 8]`` of one step's B operand: activation rows ``rows [8]``,
+    """int32 offsets ``[W, BK, TILE]`` of one step's B operand: activation rows ``rows [TILE]``,
     ``row_stride`` elements apart; warp ``w`` starts at column ``w * warp_cols``."""
     w = gl.arange(0, WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, B)))
     k = gl.arange(0, BK, layout=gl.SliceLayout(0, gl.SliceLayout(2, B)))
@@ -244,13 +246,13 @@ def _activation_offsets(rows, row_stride, warp_cols, B: gl.constexpr, WARPS: gl.
 
 
 @gluon.jit
-def _tile(tile_expert_ptr, tile_row_ptr, pid_m, routes, layout: gl.constexpr):
-    """Expert, sorted positions ``rows [8]`` (``layout``) of tile ``pid_m``, and ``readable``
+def _tile(tile_expert_ptr, tile_row_ptr, pid_m, routes, TILE: gl.constexpr, layout: gl.constexpr):
+    """Expert, sorted positions ``rows [TILE]`` (``layout``) of tile ``pid_m``, and ``readable``
     (``rows < routes``). Rows past the tile's segment may belong to the next expert: they are
     read (their MMA columns are independent) and masked only at the store (:func:`_stored`), so
     the first loads wait for one dependent load less."""
     expert = gl.load(tile_expert_ptr + pid_m)
-    rows = gl.load(tile_row_ptr + pid_m) + gl.arange(0, 8, layout=layout)
+    rows = gl.load(tile_row_ptr + pid_m) + gl.arange(0, TILE, layout=layout)
     return expert, rows, rows < routes
 
 
@@ -262,7 +264,7 @@ def _stored(seg_start_ptr, seg_count_ptr, expert, rows):
 
 @gluon.jit
 def _epilogue_index(acc, SPLIT_K: gl.constexpr):
-    """The finished ``[W', M, 8]`` sums of a CTA's accumulator ``[W, M, 8]``: split K adds the
+    """The finished ``[W', M, TILE]`` sums of a CTA's accumulator ``[W, M, TILE]``: split K adds the
     warps' slices (``W' = 1``); split rows keeps each warp's own rows (``W' = W``)."""
     if SPLIT_K:
         return gl.expand_dims(gl.sum(acc, axis=0), 0)
@@ -272,8 +274,8 @@ def _epilogue_index(acc, SPLIT_K: gl.constexpr):
 
 @gluon.jit
 def _epilogue_rows(y, n0, rows, readable, stored):
-    """Weight rows ``n [W', M, 1]`` (``n0 + M w + r``), sorted positions ``[1, 1, 8]`` and their
-    store mask ``[1, 1, 8]`` of the epilogue values ``y [W', M, 8]``, in ``y``'s layout."""
+    """Weight rows ``n [W', M, 1]`` (``n0 + M w + r``), sorted positions ``[1, 1, TILE]`` and their
+    store mask ``[1, 1, TILE]`` of the epilogue values ``y [W', M, TILE]``, in ``y``'s layout."""
     EPI: gl.constexpr = y.type.layout
     blocks: gl.constexpr = y.shape[0]
     w = gl.arange(0, blocks, layout=gl.SliceLayout(1, gl.SliceLayout(2, EPI)))
@@ -308,19 +310,20 @@ def fc1_decode_kernel(
     WARPS: gl.constexpr,
     BK: gl.constexpr,
     SPLIT_K: gl.constexpr,
+    TILE: gl.constexpr,
     WORDS: gl.constexpr,
     SCALES: gl.constexpr,
     ACC: gl.constexpr,
     A: gl.constexpr,
     B: gl.constexpr,
 ):
-    """W4A16 FC1 + SwiGLU of up to 8 routes x ``M * W'`` features (``M`` rows per warp, 16 or 32):
+    """W4A16 FC1 + SwiGLU of up to ``TILE`` routes x ``M * W'`` features (``M`` rows per warp, 16 or 32):
     ``out[p, slot(n)] = io(io(silu(gate)) * up)`` for sorted positions ``p`` of one tile.
 
     ``x [T, H]`` bf16 in permuted K order, ``w [E, 2I, H/8]`` int32 (the uint8 codes, 4 per
     word), ``ws [E, 2I, H/16]`` e4m3
     bytes, ``w_scale2 [E, 2]`` fp32, ``out [R, I]`` bf16 in permuted K order (FC2's input),
-    ``ROUTES = R``. Routing tensors as in :mod:`triton_kernels` with 8-route tiles.
+    ``ROUTES = R``. Routing tensors as in :mod:`triton_kernels` with ``TILE``-route tiles.
     ``SPLIT_K``: the ``WARPS`` warps stream K slices of the same ``M`` features (``W' = 1``,
     ``H % (WARPS * BK) == 0``); else each warp streams all of K for its own ``M`` features
     (``W' = WARPS``, ``H % BK == 0``). Grid ``(max_tiles, I / (M W'))``; ``BK % 128 == 0``,
@@ -329,7 +332,7 @@ def fc1_decode_kernel(
     pid_m = gl.program_id(0)
     num_tiles = gl.load(num_tiles_ptr)
     NL: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, B))
-    expert, rows, readable = _tile(tile_expert_ptr, tile_row_ptr, pid_m, ROUTES, NL)
+    expert, rows, readable = _tile(tile_expert_ptr, tile_row_ptr, pid_m, ROUTES, TILE, NL)
     if pid_m >= num_tiles:
         return
     ROWS: gl.constexpr = WORDS.shape[1]
@@ -351,8 +354,8 @@ def fc1_decode_kernel(
     s_base = ws_ptr + expert_rows * (row_words // 2)
     token = gl.load(sorted_route_ptr + rows, mask=readable, other=0) // TOPK
     x_off = _activation_offsets(token, H, warp_cols, B, WARPS, BK)
-    acc_g = gl.zeros([WARPS, ROWS, 8], gl.float32, ACC)
-    acc_u = gl.zeros([WARPS, ROWS, 8], gl.float32, ACC)
+    acc_g = gl.zeros([WARPS, ROWS, TILE], gl.float32, ACC)
+    acc_u = gl.zeros([WARPS, ROWS, TILE], gl.float32, ACC)
     for _ in range(k_per_warp // BK):
         # weights first: their addresses are known before the activations' (one load chain less)
         gw, gs = gl.load(w_base + gate_off), gl.load(s_base + gate_soff)
@@ -395,13 +398,14 @@ def fc2_decode_kernel(
     WARPS: gl.constexpr,
     BK: gl.constexpr,
     SPLIT_K: gl.constexpr,
+    TILE: gl.constexpr,
     WORDS: gl.constexpr,
     SCALES: gl.constexpr,
     ACC: gl.constexpr,
     A: gl.constexpr,
     B: gl.constexpr,
 ):
-    """W4A16 FC2 of up to 8 routes x ``M * W'`` outputs: ``y[route(p), n] = io(acc * alpha2)``.
+    """W4A16 FC2 of up to ``TILE`` routes x ``M * W'`` outputs: ``y[route(p), n] = io(acc * alpha2)``.
 
     ``h [R, I]`` bf16 in permuted K order (sorted positions), ``w [E, H, I/8]`` int32, ``ws
     [E, H, I/16]`` e4m3 bytes, ``w_scale2 [E]`` fp32, ``y [R, H]`` bf16 (one row per route),
@@ -411,7 +415,7 @@ def fc2_decode_kernel(
     pid_m = gl.program_id(0)
     num_tiles = gl.load(num_tiles_ptr)
     NL: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, B))
-    expert, rows, readable = _tile(tile_expert_ptr, tile_row_ptr, pid_m, ROUTES, NL)
+    expert, rows, readable = _tile(tile_expert_ptr, tile_row_ptr, pid_m, ROUTES, TILE, NL)
     if pid_m >= num_tiles:
         return
     ROWS: gl.constexpr = WORDS.shape[1]
@@ -432,7 +436,7 @@ def fc2_decode_kernel(
     s_base = ws_ptr + expert_rows * (row_words // 2)
     h_off = _activation_offsets(rows, INTER, warp_cols, B, WARPS, BK)
     h_mask = readable[None, None, :]
-    acc = gl.zeros([WARPS, ROWS, 8], gl.float32, ACC)
+    acc = gl.zeros([WARPS, ROWS, TILE], gl.float32, ACC)
     for _ in range(k_per_warp // BK):
         ww, ws = gl.load(w_base + w_off), gl.load(s_base + s_off)
         hb = gl.load(h_ptr + h_off, mask=h_mask, other=0.0)

@@ -128,10 +128,17 @@ class DecodeGemm:
 @dataclass(frozen=True)
 class DecodeTiles:
     """Schedule of :mod:`triton_decode`'s two GEMMs (FC1: K ``hidden``, ``intermediate`` rows per
-    half; FC2: K ``intermediate``, ``hidden`` rows)."""
+    half; FC2: K ``intermediate``, ``hidden`` rows) and the routes of one expert per CTA that
+    both share (``routes``: 8, 16 or 32, the MMA's N; each dequantized weight fragment feeds
+    ``routes / 8`` MMAs)."""
 
     fc1: DecodeGemm
     fc2: DecodeGemm
+    routes: int = 8
+
+    def __post_init__(self) -> None:
+        if self.routes not in (8, 16, 32):
+            raise ValueError(f"DecodeTiles.routes must be 8, 16 or 32, got {self.routes}")
 
     def fits(self, hidden: int, intermediate: int) -> bool:
         """Whether both GEMMs split evenly; this also makes ``hidden`` and ``intermediate``
@@ -139,7 +146,7 @@ class DecodeTiles:
         return self.fc1.fits(hidden, intermediate) and self.fc2.fits(intermediate, hidden)
 
     def __str__(self) -> str:
-        return f"fc1_{self.fc1}_fc2_{self.fc2}"
+        return f"fc1_{self.fc1}_fc2_{self.fc2}" + ("" if self.routes == 8 else f"_n{self.routes}")
 
 
 def _split_k(k: int, block_k: int, wanted: int) -> int:
@@ -517,8 +524,9 @@ def _combine(
 
 
 @functools.cache
-def _decode_launch_args(gemm: DecodeGemm) -> dict[str, Any]:
-    """The layout constexprs and warp count of one :mod:`triton_decode` GEMM schedule."""
+def _decode_launch_args(gemm: DecodeGemm, routes: int) -> dict[str, Any]:
+    """The layout constexprs and warp count of one :mod:`triton_decode` GEMM schedule with
+    ``routes``-route tiles."""
     decode = _decode_kernels()
     words, acc, a_op, b_op = decode.operand_layouts(gemm.warps, gemm.block_k, gemm.rows)
     return {
@@ -530,6 +538,7 @@ def _decode_launch_args(gemm: DecodeGemm) -> dict[str, Any]:
         "WARPS": gemm.warps,
         "BK": gemm.block_k,
         "SPLIT_K": gemm.split == "k",
+        "TILE": routes,
         "num_warps": gemm.warps,
     }
 
@@ -554,8 +563,7 @@ def _fused_moe_decode(
     inter = two_i // 2
     top_k = topk_ids.shape[1]
     routes = tokens * top_k
-    tile = decode.TOKENS_PER_TILE
-    routing = build_routing(topk_ids, num_experts, tile)
+    routing = build_routing(topk_ids, num_experts, schedule.routes)
     device = hidden_states.device
     x = torch.empty_like(hidden_states)
     block_h = min(1024, _next_pow2(hidden))
@@ -577,7 +585,7 @@ def _fused_moe_decode(
         routes,
         float(swiglu_limit or 0.0),
         HAS_LIMIT=swiglu_limit is not None,
-        **_decode_launch_args(schedule.fc1),
+        **_decode_launch_args(schedule.fc1, schedule.routes),
     )
     y = torch.empty(routes, hidden, dtype=torch.bfloat16, device=device)
     decode.fc2_decode_kernel[(routing.max_tiles, hidden // schedule.fc2.rows_per_cta)](
@@ -590,7 +598,7 @@ def _fused_moe_decode(
         hidden,
         inter,
         routes,
-        **_decode_launch_args(schedule.fc2),
+        **_decode_launch_args(schedule.fc2, schedule.routes),
     )
     # gs2 and the row flags are read only for A4 rows (MODE_A4 / MODE_SPLIT): placeholders here
     _combine(
