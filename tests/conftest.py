@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from a4prefill.ops import reset_process_state
+from a4prefill.ops.modelopt import NvFp4Experts
 from a4prefill.tiny_layer import TinyMoELayer, make_tiny_layer, random_routing
 
 settings.register_profile("dev", deadline=None, max_examples=40)
@@ -92,6 +93,60 @@ def _fresh_process_state():
     reset_process_state()
     yield
     reset_process_state()
+
+
+EVERY_SCALE_BYTE = torch.tensor([b for b in range(256) if b not in (0x7F, 0xFF)], dtype=torch.uint8)
+SCALE_BYTE_SETS = {  # e4m3 block-scale bytes the exactness tests draw from (NaN bytes left out)
+    "positive normal": EVERY_SCALE_BYTE[(EVERY_SCALE_BYTE >= 0x08) & (EVERY_SCALE_BYTE < 0x7F)],
+    "subnormal and zero": EVERY_SCALE_BYTE[EVERY_SCALE_BYTE < 0x08],
+    "negative": EVERY_SCALE_BYTE[EVERY_SCALE_BYTE >= 0x80],
+    "every non-NaN byte": EVERY_SCALE_BYTE,
+}
+E2M1_TABLE = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+
+
+def one_hot_case(
+    scale_bytes: torch.Tensor, seed: int, hidden: int, inter: int, columns: torch.Tensor
+) -> tuple[NvFp4Experts, torch.Tensor, torch.Tensor]:
+    """Two experts and inputs for which every output element is one exact product per GEMM.
+
+    FC1: random code bytes and block-scale bytes drawn from ``scale_bytes``, global scales 1.
+    FC2: +1.0 at column ``n % I`` of row ``n`` (code 2, scale 1.0), zeros elsewhere, global scale
+    1. Token ``t`` is the one-hot row of column ``columns[t]`` and goes to expert ``t % 2`` with
+    weight 1, so ``out[t, n] = h_t[n % I]`` with ``gate, up = W13[t % 2][:, columns[t]]``.
+    """
+    experts = 2
+    generator = torch.Generator().manual_seed(seed)
+    w13 = torch.randint(0, 256, (experts, 2 * inter, hidden // 2), dtype=torch.uint8, generator=generator)
+    index = torch.randint(0, scale_bytes.numel(), (experts, 2 * inter, hidden // 16), generator=generator)
+    w13_scale = scale_bytes[index].view(torch.float8_e4m3fn)
+    w2_codes = torch.zeros(hidden, inter, dtype=torch.uint8)
+    w2_codes[torch.arange(hidden), torch.arange(hidden) % inter] = 2  # e2m1 code 2 = +1.0
+    packed = w2_codes[:, 0::2] | (w2_codes[:, 1::2] << 4)
+    w2 = packed.expand(experts, -1, -1).contiguous()
+    w2_scale = torch.full((experts, hidden, inter // 16), 1.0).to(torch.float8_e4m3fn)
+    weights = NvFp4Experts(w13, w13_scale, torch.ones(experts, 2), w2, w2_scale, torch.ones(experts))
+    tokens = len(columns)
+    x = torch.zeros(tokens, hidden, dtype=torch.bfloat16)
+    x[torch.arange(tokens), columns] = 1.0
+    ids = (torch.arange(tokens) % experts).to(torch.int32).reshape(tokens, 1)
+    return weights, x, ids
+
+
+def one_hot_expected(weights: NvFp4Experts, columns: torch.Tensor) -> torch.Tensor:
+    """The output of :func:`one_hot_case` from the literal e2m1 table and torch's e4m3 decoding,
+    with the reference epilogue (bf16 gate and up, bf16 SiLU, bf16 product)."""
+    inter = weights.w13_weight.shape[1] // 2
+    hidden = weights.w2_weight.shape[1]
+    codes = torch.stack((weights.w13_weight & 15, weights.w13_weight >> 4), dim=-1).flatten(-2).long()
+    scales = weights.w13_weight_scale.float().repeat_interleave(16, dim=-1)
+    w13 = E2M1_TABLE[codes] * scales  # [2, 2I, H], exact in fp32
+    token = torch.arange(len(columns))
+    gate_up = w13[token % 2, :, columns]  # [T, 2I]
+    gate = gate_up[:, :inter].to(torch.bfloat16).float()
+    up = gate_up[:, inter:].to(torch.bfloat16).float()
+    h = ((gate / (1 + torch.exp(-gate))).to(torch.bfloat16).float() * up).to(torch.bfloat16)
+    return h[:, torch.arange(hidden) % inter]
 
 
 def assert_close_to_reference(result: torch.Tensor, expected: torch.Tensor, precision: str) -> None:

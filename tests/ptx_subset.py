@@ -1,15 +1,20 @@
 """A tiny interpreter for the PTX subset of the decode kernels' inline assembly (tests only).
 
-Runs ``triton_decode.FACTOR_ASM`` and ``CODES_ASM`` bit for bit on the CPU: 32-bit integer ops
-(``mov``, ``and``, ``or``, ``shl``, ``shr``, ``mul.hi``/``mul.lo``/``mad.lo`` ``.u32``) and
-``fma.rn.bf16x2`` (each half: the exact product plus addend, rounded to nearest even bf16,
-subnormals kept). Operands ``$N`` are the asm's inputs and outputs as uint32.
+Runs ``triton_decode.FACTOR_ASM``, ``CODES_ASM`` and ``WORD_CODES_ASM`` bit for bit on the CPU:
+32-bit integer ops (``mov``, ``and``, ``or``, ``shl``, ``shr``, ``mul.hi``/``mul.lo``/``mad.lo``
+``.u32``), the unpacking ``mov.b32 {lo, hi}, x`` (two 16-bit halves) and ``fma.rn.bf16x2`` (each
+half: the exact product plus addend, rounded to nearest even bf16, subnormals kept). Operands
+``$N`` are the asm's inputs and outputs as uint32 (16-bit outputs of the unpacking: uint16), either
+Python ints or int64 torch tensors of one shape (every element one execution of the asm).
 """
 
 from __future__ import annotations
 
 import re
 import struct
+from typing import Any
+
+import torch
 
 MASK = 0xFFFFFFFF
 
@@ -27,19 +32,45 @@ def float_to_bf16(value: float) -> int:
     return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
 
 
-def _fma_bf16x2(a: int, b: int, c: int) -> int:
-    halves = []
+def _bf16_bits_to_float(bits: torch.Tensor) -> torch.Tensor:
+    """int64 tensor of bf16 bit patterns -> float64 values."""
+    return ((bits & 0xFFFF) << 16).to(torch.int32).view(torch.float32).double()
+
+
+def _float_to_bf16_bits(values: torch.Tensor) -> torch.Tensor:
+    """float64 tensor -> int64 bf16 bits, nearest even; raises where fp32 would round first."""
+    single = values.float()
+    if not torch.equal(single.double(), values):
+        raise ValueError("a value is not exact in fp32: the bf16 rounding would round twice")
+    bits = single.view(torch.int32).long() & MASK
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+
+
+def _fma_bf16x2(a: Any, b: Any, c: Any) -> Any:
+    if not any(isinstance(v, torch.Tensor) for v in (a, b, c)):
+        halves = []
+        for shift in (0, 16):
+            x, y, z = ((v >> shift) & 0xFFFF for v in (a, b, c))
+            halves.append(float_to_bf16(bf16_to_float(x) * bf16_to_float(y) + bf16_to_float(z)))
+        return halves[0] | (halves[1] << 16)
+    a, b, c = torch.broadcast_tensors(*(torch.as_tensor(v, dtype=torch.int64) for v in (a, b, c)))
+    out = torch.zeros_like(a)
     for shift in (0, 16):
-        x, y, z = ((v >> shift) & 0xFFFF for v in (a, b, c))
-        halves.append(float_to_bf16(bf16_to_float(x) * bf16_to_float(y) + bf16_to_float(z)))
-    return halves[0] | (halves[1] << 16)
+        x, y, z = (_bf16_bits_to_float(v >> shift) for v in (a, b, c))
+        out |= _float_to_bf16_bits(x * y + z) << shift
+    return out
 
 
-def run(asm: str, operands: dict[int, int]) -> dict[int, int]:
+def _mul_hi(a: Any, b: Any) -> Any:
+    """High 32 bits of the 64-bit product, exact also for int64 tensors (products < 2**48)."""
+    return (((a >> 16) * b) + (((a & 0xFFFF) * b) >> 16)) >> 16
+
+
+def run(asm: str, operands: dict[int, Any]) -> dict[int, Any]:
     """Execute ``asm`` (one ``{ ... }`` block) with ``$N`` operands; returns every ``$N`` after."""
-    registers: dict[str, int] = {f"${n}": value & MASK for n, value in operands.items()}
+    registers: dict[str, Any] = {f"${n}": value & MASK for n, value in operands.items()}
 
-    def value(token: str) -> int:
+    def value(token: str) -> Any:
         token = token.strip()
         if token in registers:
             return registers[token]
@@ -52,6 +83,11 @@ def run(asm: str, operands: dict[int, int]) -> dict[int, int]:
         if not statement or statement.startswith(".reg"):
             continue
         opcode, _, rest = statement.partition(" ")
+        unpack = re.fullmatch(r"\{\s*(\S+)\s*,\s*(\S+)\s*\}\s*,\s*(\S+)", rest.strip())
+        if opcode == "mov.b32" and unpack:
+            low, high, source = unpack.groups()
+            registers[low], registers[high] = value(source) & 0xFFFF, value(source) >> 16
+            continue
         args = [a.strip() for a in rest.split(",")]
         dest, sources = args[0], [value(a) for a in args[1:]]
         if opcode == "mov.b32":
@@ -65,7 +101,7 @@ def run(asm: str, operands: dict[int, int]) -> dict[int, int]:
         elif opcode == "shr.b32":
             result = sources[0] >> sources[1]
         elif opcode == "mul.hi.u32":
-            result = (sources[0] * sources[1]) >> 32
+            result = _mul_hi(sources[0], sources[1])
         elif opcode == "mul.lo.u32":
             result = (sources[0] * sources[1]) & MASK
         elif opcode == "mad.lo.u32":

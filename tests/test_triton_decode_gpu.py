@@ -16,10 +16,9 @@ import torch
 
 from a4prefill.ops.backends import triton_moe
 from a4prefill.ops.backends.triton_moe import DecodeGemm, DecodeTiles, GemmConfig, choose_config, fused_moe
-from a4prefill.ops.modelopt import NvFp4Experts
 from a4prefill.ops.reference import moe_reference
 from a4prefill.tiny_layer import make_tiny_layer, random_routing
-from conftest import assert_close_to_reference, halves_case
+from conftest import SCALE_BYTE_SETS, assert_close_to_reference, halves_case, one_hot_case, one_hot_expected
 
 pytestmark = [
     pytest.mark.gpu,
@@ -57,68 +56,21 @@ def inputs(tokens: int, seed: int):
     return hidden, topk_weights, topk_ids
 
 
-def one_hot_case(scale_bytes: torch.Tensor, seed: int) -> tuple[NvFp4Experts, torch.Tensor, torch.Tensor]:
-    """Experts and inputs for which every output element is one exact product per GEMM.
-
-    FC1: random code bytes and the given block-scale bytes, global scales 1. FC2: +1.0 at
-    column ``n % I`` of row ``n`` (code 2, scale 1.0), zeros elsewhere, global scale 1. Token
-    ``t`` is the one-hot row of column ``t % H`` and goes to expert ``t % 2`` with weight 1, so
-    ``out[t, n] = h_t[n % I]`` with ``gate, up = W13[:, t % H]`` exactly.
-    """
-    experts, hidden, inter = 2, HIDDEN, INTERMEDIATE
-    generator = torch.Generator().manual_seed(seed)
-    w13 = torch.randint(0, 256, (experts, 2 * inter, hidden // 2), dtype=torch.uint8, generator=generator)
-    index = torch.randint(0, scale_bytes.numel(), (experts, 2 * inter, hidden // 16), generator=generator)
-    w13_scale = scale_bytes[index].view(torch.float8_e4m3fn)
-    column = torch.arange(hidden) % inter
-    w2_codes = torch.zeros(hidden, inter, dtype=torch.uint8)
-    w2_codes[torch.arange(hidden), column] = 2  # e2m1 code 2 = +1.0
-    packed = w2_codes[:, 0::2] | (w2_codes[:, 1::2] << 4)
-    w2 = packed.expand(experts, -1, -1).contiguous()
-    w2_scale = torch.full((experts, hidden, inter // 16), 1.0).to(torch.float8_e4m3fn)
-    weights = NvFp4Experts(w13, w13_scale, torch.ones(experts, 2), w2, w2_scale, torch.ones(experts))
-    tokens = hidden
-    x = torch.zeros(tokens, hidden, dtype=torch.bfloat16)
-    x[torch.arange(tokens), torch.arange(tokens) % hidden] = 1.0
-    ids = (torch.arange(tokens) % experts).to(torch.int32).reshape(tokens, 1)
-    return weights, x, ids
-
-
-@pytest.mark.parametrize(
-    "scale_set",
-    ["positive normal", "subnormal and zero", "negative", "every non-NaN byte"],
-)
+@pytest.mark.parametrize("scale_set", sorted(SCALE_BYTE_SETS))
 @pytest.mark.parametrize("schedule", SCHEDULES, ids=str)
 def test_every_code_and_scale_byte_dequantizes_exactly(scale_set, schedule):
     """One product per output element, so any wrong code, scale, sign, K slot, warp slice or
     stored FC1 column shows as a different bit pattern than the tiled kernels' exact output, and
     as a different value than the literal e2m1/e4m3 tables give."""
-    every = torch.tensor([b for b in range(256) if b not in (0x7F, 0xFF)], dtype=torch.uint8)
-    scale_bytes = {
-        "positive normal": every[(every >= 0x08) & (every < 0x7F)],
-        "subnormal and zero": every[every < 0x08],
-        "negative": every[every >= 0x80],
-        "every non-NaN byte": every,
-    }[scale_set]
-    weights, x, ids = one_hot_case(scale_bytes, seed=len(scale_set))
+    columns = torch.arange(HIDDEN)
+    weights, x, ids = one_hot_case(SCALE_BYTE_SETS[scale_set], len(scale_set), HIDDEN, INTERMEDIATE, columns)
     gpu_weights = weights.to("cuda")
     x, ids = x.cuda(), ids.cuda()
     ones = torch.ones(ids.shape, device="cuda")
     decoded = fused_moe(x, ones, ids, gpu_weights, None, None, config=decode_config(schedule))
     tiled = fused_moe(x, ones, ids, gpu_weights, None, None, config=TILED)
     assert torch.equal(decoded, tiled)
-    # gate and up from the literal tables, then the reference epilogue
-    e2m1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
-    codes = torch.stack((weights.w13_weight & 15, weights.w13_weight >> 4), dim=-1).flatten(-2).long()
-    scales = weights.w13_weight_scale.float().repeat_interleave(16, dim=-1)
-    w13 = e2m1[codes] * scales  # [2, 2I, H], exact in fp32
-    token = torch.arange(x.shape[0])
-    gate_up = w13[token % 2, :, token % HIDDEN]  # [T, 2I]
-    gate = gate_up[:, :INTERMEDIATE].to(torch.bfloat16).float()
-    up = gate_up[:, INTERMEDIATE:].to(torch.bfloat16).float()
-    h = ((gate / (1 + torch.exp(-gate))).to(torch.bfloat16).float() * up).to(torch.bfloat16)
-    expected = h[:, torch.arange(HIDDEN) % INTERMEDIATE]
-    assert_close_to_reference(decoded, expected, "w4a16")
+    assert_close_to_reference(decoded, one_hot_expected(weights, columns), "w4a16")
 
 
 @pytest.mark.parametrize("limit", [None, 0.5])

@@ -1,0 +1,89 @@
+"""Gluon kernels without a GPU (tests only): offline compilation for sm_90a, and launches that run
+the compiled TTGIR on CPU tensors through :mod:`ttgir_interpreter`.
+
+``compile_sm90`` is what the launcher would compile on an H100/H200 for the given argument types
+(pointers and sizes divisible by 16 marked as such, as Triton's launcher specializes them).
+``InterpretedKernel`` stands in for a Gluon kernel object: ``kernel[grid](*args, **kwargs)``
+compiles it with the launch's constexprs and argument types, then interprets every program.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ttgir_interpreter import Kernel
+
+POINTER_TYPES = {
+    torch.bfloat16: "*bf16",
+    torch.float16: "*fp16",
+    torch.float32: "*fp32",
+    torch.int32: "*i32",
+    torch.int64: "*i64",
+    torch.int8: "*i8",
+    torch.uint8: "*u8",
+}
+
+
+def compile_sm90(
+    fn: Any, signature: dict[str, str], constexprs: dict[str, Any], num_warps: int, divisible: set[str]
+) -> Any:
+    """Compile Gluon kernel ``fn`` for sm_90a offline: ``signature`` maps its runtime arguments to
+    Triton types, ``divisible`` names those known divisible by 16. Returns the compiled kernel
+    (``.asm`` has ``ttgir``, ``ptx``, ``cubin``)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental import gluon
+
+    names = list(fn.arg_names)
+    attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in divisible}
+    source = gluon._runtime.GluonASTSource(
+        fn=fn,
+        signature={**signature, **dict.fromkeys(constexprs, "constexpr")},
+        constexprs=constexprs,
+        attrs=attrs,
+    )
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+
+
+class InterpretedKernel:
+    """A Gluon kernel launched on CPU tensors: compiled offline for sm_90a per constexpr set and
+    argument types (cached), its TTGIR interpreted program by program. ``launches`` records the
+    grid of every launch."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+        self.launches: list[tuple[int, ...]] = []
+        self._kernels: dict[str, Kernel] = {}
+
+    def __getitem__(self, grid: tuple[int, ...]) -> Any:
+        return lambda *args, **kwargs: self._launch(tuple(grid), args, kwargs)
+
+    def _launch(self, grid: tuple[int, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        kwargs = dict(kwargs)
+        num_warps = kwargs.pop("num_warps", 4)
+        bound = dict(zip(self.fn.arg_names, args, strict=False)) | kwargs
+        constexprs, runtime, signature, divisible = {}, [], {}, set()
+        for param in self.fn.params:
+            value = bound[param.name]
+            if param.is_constexpr:
+                constexprs[param.name] = value
+                continue
+            runtime.append(value)
+            if isinstance(value, torch.Tensor):
+                signature[param.name] = POINTER_TYPES[value.dtype]
+                if value.data_ptr() % 16 == 0:
+                    divisible.add(param.name)
+            elif isinstance(value, float):
+                signature[param.name] = "fp32"
+            else:
+                signature[param.name] = "i32"
+                if value % 16 == 0:
+                    divisible.add(param.name)
+        key = repr((sorted(constexprs.items()), sorted(signature.items()), sorted(divisible), num_warps))
+        if key not in self._kernels:
+            compiled = compile_sm90(self.fn, signature, constexprs, num_warps, divisible)
+            self._kernels[key] = Kernel.from_ttgir(compiled.asm["ttgir"])
+        self.launches.append(grid)
+        self._kernels[key].launch(grid, runtime)

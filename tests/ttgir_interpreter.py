@@ -1,0 +1,579 @@
+"""A CPU interpreter for the TritonGPU IR (TTGIR) of the decode kernels (tests only).
+
+Triton's own interpreter does not run Gluon kernels, and this machine has no GPU. This module runs
+the TTGIR that Triton compiles a Gluon kernel to (``compiled.asm["ttgir"]``: after Triton's
+optimization passes, the program that is lowered to PTX) on torch CPU tensors, one program of
+the grid at a time, with value semantics: a tensor is its logical values, layouts are ignored
+(``ttg.convert_layout`` is the identity), ``tt.reshape``/``tt.trans``/``tt.join`` are the
+row-major logical operations, ``tt.dot`` is an fp32-accumulated matrix product (computed
+exactly, then rounded once: the MMA's own addition order differs), and
+``tt.elementwise_inline_asm`` runs through :mod:`ptx_subset`. So what it checks is the
+program's logic (offsets, masks, relabellings, epilogues), not Triton's lowering of layouts.
+
+Memory: pointer arguments are torch tensors (contiguous); a pointer value is ``(buffer, element
+offsets)``. An unmasked load or store outside its buffer raises ``IndexError`` (on a GPU it would
+read or write another allocation silently).
+
+Only the ops these kernels use are implemented; anything else raises ``NotImplementedError``
+naming the op, so a kernel change that needs more is noticed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+import ptx_subset
+
+TORCH_TYPES = {
+    "i1": torch.bool,
+    "i8": torch.int8,
+    "i16": torch.int16,
+    "i32": torch.int32,
+    "i64": torch.int64,
+    "f16": torch.float16,
+    "bf16": torch.bfloat16,
+    "f32": torch.float32,
+    "f64": torch.float64,
+}
+UNSIGNED = {torch.int8: torch.uint8, torch.int16: torch.uint16, torch.int32: torch.uint32}
+CMP = {
+    "eq": torch.eq,
+    "ne": torch.ne,
+    "slt": torch.lt,
+    "sle": torch.le,
+    "sgt": torch.gt,
+    "sge": torch.ge,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Type:
+    """An IR type: ``shape`` () for scalars, ``element`` an IR scalar type, or ``!tt.ptr<T>``."""
+
+    shape: tuple[int, ...]
+    element: str
+
+    @property
+    def pointee(self) -> str:
+        match = re.fullmatch(r"!tt\.ptr<(\w+)>", self.element)
+        if match is None:
+            raise ValueError(f"{self.element} is not a pointer type")
+        return match.group(1)
+
+
+@dataclasses.dataclass
+class Pointer:
+    """A pointer value: a flat buffer and int64 element offsets (0-d for a scalar pointer)."""
+
+    buffer: torch.Tensor
+    offsets: torch.Tensor
+
+
+@dataclasses.dataclass
+class Op:
+    results: list[str]
+    name: str
+    text: str  # everything after the op name on its line(s), locations removed
+    regions: list[list[Any]]  # nested op lists (and block labels) of scf.for / tt.reduce
+
+    @functools.cached_property
+    def operands(self) -> list[str]:
+        """Names of the values the op reads, in order (attributes and strings left out)."""
+        head = _remove_nested(self.text, "{", "}").split(" : ", 1)[0]
+        return re.findall(r"%[\w\-.]+(?:#\d+)?", head)
+
+    @functools.cached_property
+    def types(self) -> tuple[list[Type], list[Type]]:
+        """(input types, result types) from the op's trailing ``: ...`` signature."""
+        text = _remove_nested(_remove_nested(self.text, "{", "}"), "[", "]")
+        if " : " not in text:
+            return [], []
+        signature = text.split(" : ", 1)[1]
+        inputs, _, outputs = signature.partition("->")
+        if " to " in inputs:
+            inputs, outputs = inputs.split(" to ")
+        parsed = [parse_type(t) for t in _split_top(inputs.replace(" * ", ", ").strip().strip("()"))]
+        if not outputs:  # one type for operands and result (arith ops, constants)
+            return parsed, parsed[-1:]
+        return parsed, [parse_type(t) for t in _split_top(outputs.strip().strip("()"))]
+
+
+def strip_locations(text: str) -> str:
+    """Remove every ``loc(...)`` (nested parentheses included) and location alias lines."""
+    out, i = [], 0
+    while i < len(text):
+        if text.startswith("loc(", i) and (i == 0 or not (text[i - 1].isalnum() or text[i - 1] == "_")):
+            depth = 0
+            j = i + 3
+            while True:
+                depth += {"(": 1, ")": -1}.get(text[j], 0)
+                if depth == 0:
+                    break
+                j += 1
+            i = j + 1
+            continue
+        out.append(text[i])
+        i += 1
+    return "\n".join(line for line in "".join(out).splitlines() if not line.startswith("#"))
+
+
+def _remove_nested(text: str, opening: str, closing: str) -> str:
+    """``text`` without any ``opening ... closing`` groups (balanced) and without string literals."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', text)
+    out, depth = [], 0
+    for char in text:
+        if char == opening:
+            depth += 1
+        elif char == closing and depth:
+            depth -= 1
+        elif not depth:
+            out.append(char)
+    return "".join(out)
+
+
+def _split_top(text: str, separator: str = ",") -> list[str]:
+    parts, depth, current = [], 0, []
+    for char in text:
+        depth += {"<": 1, "(": 1, "[": 1, "{": 1, ">": -1, ")": -1, "]": -1, "}": -1}.get(char, 0)
+        if char == separator and depth == 0:
+            parts.append("".join(current).strip())
+            current = []
+        else:
+            current.append(char)
+    if "".join(current).strip():
+        parts.append("".join(current).strip())
+    return parts
+
+
+def parse_type(text: str) -> Type:
+    text = text.strip()
+    match = re.fullmatch(r"tensor<((?:\d+x)+)(.+?)(?:,\s*#.*)?>", text, re.S)
+    if match:
+        return Type(tuple(int(d) for d in match.group(1).rstrip("x").split("x")), match.group(2).strip())
+    return Type((), text)
+
+
+def _attribute(op: Op, name: str) -> str:
+    match = re.search(rf"\b{name} = ([^,}}]+(?:<[^>]*>)?)", op.text)
+    if match is None:
+        raise KeyError(f"{op.name} has no attribute {name}: {op.text[:200]}")
+    return match.group(1).strip()
+
+
+def _parse_ops(lines: list[str], index: int) -> tuple[list[Any], int]:
+    """Ops (and ``^bb`` labels) from ``lines[index]`` up to the closing ``}`` of this region."""
+    items: list[Any] = []
+    while index < len(lines):
+        line = lines[index].strip()
+        index += 1
+        if not line:
+            continue
+        if line.startswith("}"):
+            return items, index - 1
+        if line.startswith("^"):
+            items.append(line.split("//")[0].strip())  # e.g. "^bb1:" or "^bb0(%a: f32, %b: f32):"
+            continue
+        match = re.match(r'(?:(%[\w\-.]+)(?::(\d+))? = )?"?([a-z_]+\.[a-z_.]+)"?(.*)', line)
+        if match is None:
+            raise ValueError(f"cannot parse {line[:200]!r}")
+        name, count, op_name, rest = match.groups()
+        if name is None:
+            results = []
+        else:
+            results = [name] if count is None else [f"{name}#{i}" for i in range(int(count))]
+        op = Op(results, op_name, rest, [])
+        if rest.rstrip().endswith("{"):
+            region, index = _parse_ops(lines, index)
+            op.regions.append(region)
+            # the region's braces go; the closing line may carry the signature (tt.reduce)
+            head = rest.rstrip().removesuffix("{").rstrip().removesuffix("(")
+            op.text = head + " " + lines[index].strip().lstrip("})")
+            index += 1
+        items.append(op)
+    return items, index
+
+
+@dataclasses.dataclass
+class Kernel:
+    """One ``tt.func`` of a TTGIR module: argument names in order and its body."""
+
+    name: str
+    arguments: list[str]
+    body: list[Any]
+    num_warps: int
+
+    @classmethod
+    def from_ttgir(cls, ttgir: str) -> Kernel:
+        lines = strip_locations(ttgir).splitlines()
+        warps = int(re.search(r'"ttg.num-warps" = (\d+)', ttgir).group(1))  # type: ignore[union-attr]
+        for i, line in enumerate(lines):
+            match = re.match(r"\s*tt\.func public @(\w+)\((.*)\)(?: attributes .*)? \{$", line)
+            if match:
+                arguments = [
+                    re.match(r"(%\w+):", a).group(1)  # type: ignore[union-attr]
+                    for a in _split_top(match.group(2))
+                ]
+                body, _ = _parse_ops(lines, i + 1)
+                return cls(match.group(1), arguments, body, warps)
+        raise ValueError("no public tt.func in the module")
+
+    def launch(self, grid: tuple[int, ...], arguments: list[Any]) -> None:
+        """Run every program of ``grid`` (1-3 axes, x fastest) with ``arguments`` (tensors for
+        pointer arguments, Python ints and floats for scalars) in the kernel's order."""
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+        for z in range(grid[2]):
+            for y in range(grid[1]):
+                for x in range(grid[0]):
+                    _Program(self, (x, y, z), arguments).run()
+
+
+class _Return(Exception):
+    pass
+
+
+class _Program:
+    def __init__(self, kernel: Kernel, program_id: tuple[int, int, int], arguments: list[Any]) -> None:
+        self.kernel = kernel
+        self.program_id = program_id
+        self.values: dict[str, Any] = {}
+        for name, value in zip(kernel.arguments, arguments, strict=True):
+            if isinstance(value, torch.Tensor):
+                if not value.is_contiguous():
+                    raise ValueError(f"{name}: the interpreter needs contiguous buffers")
+                value = Pointer(value.reshape(-1), torch.zeros((), dtype=torch.int64))
+            elif isinstance(value, bool | int):
+                value = torch.tensor(int(value), dtype=torch.int32)
+            elif isinstance(value, float):
+                value = torch.tensor(value, dtype=torch.float32)
+            self.values[name] = value
+
+    def run(self) -> None:
+        with contextlib.suppress(_Return):
+            self._run_blocks(self.kernel.body)
+
+    def _run_blocks(self, items: list[Any]) -> None:
+        blocks: dict[str, list[Op]] = {"^entry": []}
+        order = ["^entry"]
+        for item in items:
+            if isinstance(item, str):
+                label = re.match(r"\^\w+", item).group(0)  # type: ignore[union-attr]
+                blocks[label] = []
+                order.append(label)
+            else:
+                blocks[order[-1]].append(item)
+        label = "^entry"
+        while True:
+            target = None
+            for op in blocks[label]:
+                if op.name == "cf.br":
+                    target = op.text.split()[0]
+                    break
+                if op.name == "cf.cond_br":
+                    condition, if_true, if_false = (p.strip() for p in op.text.split(","))
+                    target = if_true if bool(self.values[condition]) else if_false
+                    break
+                if op.name == "tt.return":
+                    raise _Return
+                self._execute(op)
+            if target is None:
+                return
+            label = target
+
+    def _execute(self, op: Op) -> None:
+        handler = getattr(self, "_op_" + op.name.replace(".", "_"), None)
+        if handler is None:
+            raise NotImplementedError(f"the TTGIR interpreter does not implement {op.name}")
+        result = handler(op)
+        if op.results:
+            results = result if len(op.results) > 1 else [result]
+            for name, value in zip(op.results, results, strict=True):
+                self.values[name] = value
+
+    def _args(self, op: Op) -> list[Any]:
+        return [self.values[name] for name in op.operands]
+
+    # -- constants, ranges, ids ------------------------------------------------------------
+    def _op_arith_constant(self, op: Op) -> torch.Tensor:
+        _, (result,) = op.types
+        literal = op.text.split(" : ")[0].strip()
+        literal = literal.removeprefix("dense<").removesuffix(">")
+        dtype = TORCH_TYPES[result.element]
+        if literal in ("true", "false"):
+            value: Any = literal == "true"
+        elif literal.startswith("0x") and dtype.is_floating_point:
+            bits = int(literal, 16)
+            value = torch.tensor(bits, dtype=torch.int64).to({2: torch.int16, 4: torch.int32}[dtype.itemsize])
+            return value.view(dtype).expand(result.shape).clone()
+        else:
+            value = float(literal) if dtype.is_floating_point else int(literal, 0)
+        return torch.full(result.shape, value, dtype=dtype)
+
+    def _op_ub_poison(self, op: Op) -> None:
+        return None
+
+    def _op_tt_make_range(self, op: Op) -> torch.Tensor:
+        start, end = (int(_attribute(op, key).split(":")[0]) for key in ("start", "end"))
+        return torch.arange(start, end, dtype=torch.int32)
+
+    def _op_tt_get_program_id(self, op: Op) -> torch.Tensor:
+        axis = "xyz".index(op.text.split()[0])
+        return torch.tensor(self.program_id[axis], dtype=torch.int32)
+
+    # -- shapes -----------------------------------------------------------------------------
+    def _op_tt_splat(self, op: Op) -> Any:
+        (value,) = self._args(op)
+        _, (result,) = op.types
+        if isinstance(value, Pointer):
+            return Pointer(value.buffer, value.offsets.expand(result.shape))
+        return value.expand(result.shape)
+
+    def _op_tt_broadcast(self, op: Op) -> Any:
+        return self._op_tt_splat(op)
+
+    def _op_tt_expand_dims(self, op: Op) -> Any:
+        (value,) = self._args(op)
+        axis = int(_attribute(op, "axis").split(":")[0])
+        if isinstance(value, Pointer):
+            return Pointer(value.buffer, value.offsets.unsqueeze(axis))
+        return value.unsqueeze(axis)
+
+    def _op_tt_reshape(self, op: Op) -> torch.Tensor:
+        if "allow_reorder" in op.text:
+            raise NotImplementedError("tt.reshape with allow_reorder has no fixed element order")
+        (value,) = self._args(op)
+        _, (result,) = op.types
+        return value.reshape(result.shape)
+
+    def _op_tt_trans(self, op: Op) -> torch.Tensor:
+        (value,) = self._args(op)
+        order = [int(x) for x in re.search(r"array<i32: ([\d, ]+)>", op.text).group(1).split(",")]  # type: ignore[union-attr]
+        return value.permute(order)
+
+    def _op_tt_join(self, op: Op) -> torch.Tensor:
+        a, b = self._args(op)
+        return torch.stack([a, b], dim=-1)
+
+    def _op_ttg_convert_layout(self, op: Op) -> Any:
+        (value,) = self._args(op)
+        return value
+
+    # -- integer and float arithmetic ------------------------------------------------------
+    def _binary(self, op: Op, function: Any) -> torch.Tensor:
+        a, b = self._args(op)
+        _, results = op.types
+        result = function(a, b)
+        dtype = TORCH_TYPES[(results[0] if results else op.types[0][0]).element]
+        return result.to(dtype)
+
+    def _op_arith_addi(self, op: Op) -> torch.Tensor:
+        return self._binary(op, torch.add)
+
+    def _op_arith_subi(self, op: Op) -> torch.Tensor:
+        return self._binary(op, torch.sub)
+
+    def _op_arith_muli(self, op: Op) -> torch.Tensor:
+        return self._binary(op, torch.mul)
+
+    def _op_arith_divsi(self, op: Op) -> torch.Tensor:
+        return self._binary(op, lambda a, b: torch.div(a, b, rounding_mode="trunc"))
+
+    def _op_arith_remsi(self, op: Op) -> torch.Tensor:
+        return self._binary(op, torch.fmod)
+
+    def _op_arith_andi(self, op: Op) -> torch.Tensor:
+        return self._binary(op, torch.bitwise_and)
+
+    def _op_arith_ori(self, op: Op) -> torch.Tensor:
+        return self._binary(op, torch.bitwise_or)
+
+    def _op_arith_addf(self, op: Op) -> torch.Tensor:
+        return self._binary(op, torch.add)
+
+    def _op_arith_subf(self, op: Op) -> torch.Tensor:
+        return self._binary(op, torch.sub)
+
+    def _op_arith_mulf(self, op: Op) -> torch.Tensor:
+        return self._binary(op, torch.mul)
+
+    def _op_arith_divf(self, op: Op) -> torch.Tensor:
+        return self._binary(op, torch.div)
+
+    def _op_tt_precise_divf(self, op: Op) -> torch.Tensor:
+        return self._binary(op, torch.div)
+
+    def _op_arith_maxnumf(self, op: Op) -> torch.Tensor:
+        return self._binary(op, torch.fmax)
+
+    def _op_arith_minnumf(self, op: Op) -> torch.Tensor:
+        return self._binary(op, torch.fmin)
+
+    def _op_arith_negf(self, op: Op) -> torch.Tensor:
+        (value,) = self._args(op)
+        return torch.neg(value)
+
+    def _op_math_exp(self, op: Op) -> torch.Tensor:
+        (value,) = self._args(op)
+        return torch.exp(value)
+
+    def _op_arith_cmpi(self, op: Op) -> torch.Tensor:
+        predicate = op.text.split(",")[0].strip()
+        a, b = self._args(op)
+        return CMP[predicate](a, b)
+
+    def _op_arith_select(self, op: Op) -> torch.Tensor:
+        condition, a, b = self._args(op)
+        return torch.where(condition, a, b)
+
+    def _convert(self, op: Op) -> tuple[torch.Tensor, torch.dtype]:
+        (value,) = self._args(op)
+        _, (result,) = op.types
+        return value, TORCH_TYPES[result.element]
+
+    def _op_arith_extsi(self, op: Op) -> torch.Tensor:
+        value, dtype = self._convert(op)
+        return value.to(dtype)
+
+    def _op_arith_extui(self, op: Op) -> torch.Tensor:
+        value, dtype = self._convert(op)
+        if value.dtype == torch.bool:
+            return value.to(dtype)
+        return value.view(UNSIGNED[value.dtype]).to(dtype)
+
+    def _op_arith_trunci(self, op: Op) -> torch.Tensor:
+        value, dtype = self._convert(op)
+        return value.to(dtype)
+
+    def _op_arith_truncf(self, op: Op) -> torch.Tensor:
+        value, dtype = self._convert(op)
+        return value.to(dtype)  # round to nearest even
+
+    def _op_arith_extf(self, op: Op) -> torch.Tensor:
+        value, dtype = self._convert(op)
+        return value.to(dtype)
+
+    def _op_arith_sitofp(self, op: Op) -> torch.Tensor:
+        value, dtype = self._convert(op)
+        return value.to(dtype)
+
+    # -- memory -----------------------------------------------------------------------------
+    def _op_tt_addptr(self, op: Op) -> Pointer:
+        pointer, offset = self._args(op)
+        return Pointer(pointer.buffer, pointer.offsets + offset.to(torch.int64))
+
+    @staticmethod
+    def _typed(buffer: torch.Tensor, element: str) -> torch.Tensor:
+        dtype = TORCH_TYPES[element]
+        if buffer.dtype == dtype:
+            return buffer
+        if buffer.element_size() != dtype.itemsize:
+            raise TypeError(f"a {buffer.dtype} buffer is read as {element}")
+        return buffer.view(dtype)
+
+    @staticmethod
+    def _check_bounds(pointer: Pointer, mask: torch.Tensor | None, what: str) -> torch.Tensor:
+        offsets = pointer.offsets
+        active = torch.ones_like(offsets, dtype=torch.bool) if mask is None else mask.expand(offsets.shape)
+        outside = active & ((offsets < 0) | (offsets >= pointer.buffer.numel()))
+        if bool(outside.any()):
+            bad = offsets[outside]
+            raise IndexError(
+                f"{what} outside its buffer of {pointer.buffer.numel()} elements: offsets "
+                f"{bad.min().item()}..{bad.max().item()} ({int(outside.sum())} lanes)"
+            )
+        return active
+
+    def _op_tt_load(self, op: Op) -> torch.Tensor:
+        args = self._args(op)
+        pointer, mask, other = [*args, None, None][:3]
+        (pointer_type,), _ = op.types
+        buffer = self._typed(pointer.buffer, pointer_type.pointee)
+        active = self._check_bounds(pointer, mask, f"load {op.results[0]}")
+        safe = torch.where(active, pointer.offsets, torch.zeros_like(pointer.offsets))
+        values = buffer[safe]
+        if mask is not None:
+            fill = other if other is not None else torch.zeros((), dtype=buffer.dtype)
+            values = torch.where(active, values, fill.to(buffer.dtype))
+        return values
+
+    def _op_tt_store(self, op: Op) -> None:
+        args = self._args(op)
+        pointer, value, mask = [*args, None][:3]
+        (pointer_type, *_), _ = op.types
+        buffer = self._typed(pointer.buffer, pointer_type.pointee)
+        active = self._check_bounds(pointer, mask, "store")
+        value = value.expand(pointer.offsets.shape).to(buffer.dtype)
+        buffer[pointer.offsets[active]] = value[active]
+
+    # -- matrix product, reductions, inline assembly ---------------------------------------
+    def _op_tt_dot(self, op: Op) -> torch.Tensor:
+        a, b, c = self._args(op)[:3]
+        return (torch.matmul(a.double(), b.double()) + c.double()).float()
+
+    def _op_tt_reduce(self, op: Op) -> torch.Tensor:
+        (value,) = self._args(op)
+        axis = int(_attribute(op, "axis").split(":")[0])
+        region = op.regions[0]
+        (label, *body) = region  # the block label carries the arguments: ^bb0(%a: f32, %b: f32)
+        arguments = re.findall(r"(%[\w\-.]+):", label) if isinstance(label, str) else []
+        if len(arguments) != 2:
+            raise NotImplementedError("tt.reduce of one tensor with a two-argument combiner only")
+        result = value.select(axis, 0)
+        for i in range(1, value.shape[axis]):
+            self.values[arguments[0]], self.values[arguments[1]] = result, value.select(axis, i)
+            for inner in body:
+                if inner.name == "tt.reduce.return":
+                    (result,) = self._args(inner)
+                    break
+                self._execute(inner)
+        return result
+
+    def _op_tt_elementwise_inline_asm(self, op: Op) -> Any:
+        asm = re.match(r'\s*"((?:[^"\\]|\\.)*)"', op.text).group(1)  # type: ignore[union-attr]
+        asm = re.sub(r"\\([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), asm)
+        constraints = re.search(r'constraints = "([^"]*)"', op.text).group(1).split(",")  # type: ignore[union-attr]
+        if int(_attribute(op, "packed_element").split(":")[0]) != 1:
+            raise NotImplementedError("inline asm with packed_element > 1")
+        inputs = self._args(op)
+        _, result_types = op.types
+        outputs = [c for c in constraints if c.startswith("=")]
+        operands = {}
+        for index, value in enumerate(inputs):
+            bits = value.view({1: torch.int8, 2: torch.int16, 4: torch.int32}[value.element_size()])
+            operands[len(outputs) + index] = bits.long() & ((1 << (8 * value.element_size())) - 1)
+        executed = ptx_subset.run(asm, operands)
+        results = []
+        for index, (constraint, result) in enumerate(zip(outputs, result_types, strict=True)):
+            bits = torch.as_tensor(executed[index]).expand(result.shape)
+            width = {"=r": torch.int32, "=h": torch.int16}[constraint]
+            results.append(bits.to(width).view(TORCH_TYPES[result.element]))
+        return results if len(results) > 1 else results[0]
+
+    # -- loops ------------------------------------------------------------------------------
+    def _op_scf_for(self, op: Op) -> list[Any]:
+        value = r"(%[\w\-.#]+)"
+        match = re.match(rf"\s*{value} = {value} to {value} step {value}(?: iter_args\((.*?)\))?", op.text)
+        if match is None:
+            raise ValueError(f"cannot parse scf.for {op.text[:200]}")
+        induction, lower, upper, step, iter_args = match.groups()
+        carried = [tuple(p.strip() for p in pair.split(" = ")) for pair in _split_top(iter_args or "")]
+        state = [self.values[init] for _, init in carried]
+        for i in range(int(self.values[lower]), int(self.values[upper]), int(self.values[step])):
+            self.values[induction] = torch.tensor(i, dtype=torch.int32)
+            for (name, _), value in zip(carried, state, strict=True):
+                self.values[name] = value
+            for inner in op.regions[0]:
+                if inner.name == "scf.yield":
+                    state = self._args(inner)
+                    break
+                self._execute(inner)
+        return state
+
+    def items(self) -> Iterator[tuple[str, Any]]:  # pragma: no cover - debugging aid
+        return iter(self.values.items())
