@@ -55,8 +55,8 @@ def _combine_contract(y, topk_weights, topk_ids, output, experts, *_):
     fp32(y[t k + j]))`` over the routes with a valid expert id."""
     tokens, top_k = topk_ids.shape
     valid = (topk_ids >= 0) & (topk_ids < experts.w13_weight.shape[0])
-    weights = torch.where(valid, topk_weights.float(), 0.0)
-    output.copy_((y.view(tokens, top_k, -1).float() * weights[..., None]).sum(1).to(output.dtype))
+    rows = torch.where(valid[..., None], y.view(tokens, top_k, -1).float(), 0.0)  # never-written rows
+    output.copy_((rows * topk_weights.float()[..., None]).sum(1).to(output.dtype))
 
 
 @pytest.fixture(scope="module")

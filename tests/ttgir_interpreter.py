@@ -12,7 +12,9 @@ program's logic (offsets, masks, relabellings, epilogues), not Triton's lowering
 
 Memory: pointer arguments are torch tensors (contiguous); a pointer value is ``(buffer, element
 offsets)``. An unmasked load or store outside its buffer raises ``IndexError`` (on a GPU it would
-read or write another allocation silently).
+read or write another allocation silently), and so does a store to an element another program of
+the same launch has stored to: a GPU runs the programs in no fixed order, so that is a race whose
+outcome the interpreter's program order would hide.
 
 Only the ops these kernels use are implemented; anything else raises ``NotImplementedError``
 naming the op, so a kernel change that needs more is noticed.
@@ -228,10 +230,11 @@ class Kernel:
         """Run every program of ``grid`` (1-3 axes, x fastest) with ``arguments`` (tensors for
         pointer arguments, Python ints and floats for scalars) in the kernel's order."""
         grid = tuple(grid) + (1,) * (3 - len(grid))
+        writers: dict[int, torch.Tensor] = {}  # buffer -> the program that stored each element
         for z in range(grid[2]):
             for y in range(grid[1]):
                 for x in range(grid[0]):
-                    _Program(self, (x, y, z), arguments).run()
+                    _Program(self, (x, y, z), arguments, writers).run()
 
 
 class _Return(Exception):
@@ -239,9 +242,16 @@ class _Return(Exception):
 
 
 class _Program:
-    def __init__(self, kernel: Kernel, program_id: tuple[int, int, int], arguments: list[Any]) -> None:
+    def __init__(
+        self,
+        kernel: Kernel,
+        program_id: tuple[int, int, int],
+        arguments: list[Any],
+        writers: dict[int, torch.Tensor],
+    ) -> None:
         self.kernel = kernel
         self.program_id = program_id
+        self.writers = writers
         self.values: dict[str, Any] = {}
         for name, value in zip(kernel.arguments, arguments, strict=True):
             if isinstance(value, torch.Tensor):
@@ -509,7 +519,15 @@ class _Program:
         buffer = self._typed(pointer.buffer, pointer_type.pointee)
         active = self._check_bounds(pointer, mask, "store")
         value = value.expand(pointer.offsets.shape).to(buffer.dtype)
-        buffer[pointer.offsets[active]] = value[active]
+        offsets = pointer.offsets[active]
+        key = buffer.untyped_storage().data_ptr()
+        writer = self.writers.setdefault(key, torch.full((buffer.numel(),), -1, dtype=torch.int64))
+        me = (self.program_id[2] * 65536 + self.program_id[1]) * 65536 + self.program_id[0]
+        earlier = writer[offsets]
+        if bool(((earlier >= 0) & (earlier != me)).any()):
+            raise IndexError(f"program {self.program_id} stores to elements another program stored to")
+        writer[offsets] = me
+        buffer[offsets] = value[active]
 
     # -- matrix product, reductions, inline assembly ---------------------------------------
     def _op_tt_dot(self, op: Op) -> torch.Tensor:

@@ -39,6 +39,7 @@ from a4prefill.ops.rows import RowTypes
 from a4prefill.ops.scales import A4Scales
 
 SMALL_ROUTING_MAX = 4096  # routes sorted by the one-program Triton kernel
+ROUTE_PREP_WARPS = 4  # its warps (the configuration every H200 measurement so far ran)
 DECODE_MAX_ROWS_PER_EXPERT = 8  # W4A16 calls with at most this many routes per active expert (mean)
 MODE_W4A16, MODE_A4, MODE_SPLIT = 0, 1, 2
 
@@ -149,21 +150,22 @@ class DecodeTiles:
         return f"fc1_{self.fc1}_fc2_{self.fc2}" + ("" if self.routes == 8 else f"_n{self.routes}")
 
 
+# The decode kernels' schedule at every decode size: FC1 on 4 warps x 128 columns (K split), FC2
+# on 2 x 128, 8-route tiles. Why (benchmarks/results/README.md, "The decode kernels as they are
+# now"): in the last H200 sweep (bench_moe_decode_sweep.json, GLM-5.3-Flash TP2 shape, made with
+# the kernels' earlier byte-wise code loads) it was within 1-9% of the fastest schedule at every
+# size from 1 to 256 tokens, while the fastest one changed with the size; with the codes loaded as
+# int32 words its FC1 needs 64 registers (72 before), the 256-column FC1 schedules 152-154
+# (126-128 before; Triton 3.6, compiled offline for sm_90a). Row splits, 32-row warps and 16/32-route tiles are untimed so far:
+# `bench_moe.py --sweep decode` times them all, against Marlin, for a size-dependent choice.
+DECODE_TILES = DecodeTiles(DecodeGemm(4, 128), DecodeGemm(2, 128))
+
+
 def _split_k(k: int, block_k: int, wanted: int) -> int:
     split = wanted
     while split > 1 and k % (split * block_k):
         split //= 2
     return split
-
-
-def choose_decode_tiles(routes: int, rows_per_expert: float) -> DecodeTiles:
-    """The decode kernels' schedule; from the H200 sweep ``bench_moe.py --sweep`` (GLM-5.3-Flash
-    TP2 shape, ``benchmarks/results/README.md``)."""
-    if routes <= 16:
-        return DecodeTiles(DecodeGemm(4, 128), DecodeGemm(2, 128))
-    if rows_per_expert < 4:
-        return DecodeTiles(DecodeGemm(4, 256, "rows"), DecodeGemm(4, 128, "rows"))
-    return DecodeTiles(DecodeGemm(4, 128, "rows"), DecodeGemm(4, 128, "rows"))
 
 
 def choose_config(routes: int, experts: int, hidden: int, intermediate: int) -> GemmConfig:
@@ -177,8 +179,7 @@ def choose_config(routes: int, experts: int, hidden: int, intermediate: int) -> 
     rows_per_expert = routes / max(1, min(experts, routes))
     decode = None
     if rows_per_expert <= DECODE_MAX_ROWS_PER_EXPERT:
-        tiles = choose_decode_tiles(routes, rows_per_expert)
-        decode = tiles if tiles.fits(hidden, intermediate) else None
+        decode = DECODE_TILES if DECODE_TILES.fits(hidden, intermediate) else None
     if rows_per_expert <= 24:
         if routes <= 16:  # about one token: longer K steps keep more bytes in flight
             return GemmConfig(
@@ -281,7 +282,8 @@ def build_routing(
     topk_ids: torch.Tensor, experts: int, block_m: int, force_torch: bool = False, warps: int | None = None
 ) -> Routing:
     """Sort the routes of ``topk_ids [T, k]`` by expert on the device (no host sync); ``warps``
-    of the one-program kernel (default: :func:`route_prep_warps`)."""
+    of the one-program kernel (default :data:`ROUTE_PREP_WARPS`; ``benchmarks/bench_routing.py``
+    times 4, 8 and 16)."""
     ids = topk_ids.reshape(-1)
     routes = ids.numel()
     max_tiles = _cdiv(routes, block_m) + min(experts, routes)
@@ -311,16 +313,9 @@ def build_routing(
         BLOCK_M=block_m,
         R_BLOCK=max(16, _next_pow2(routes)),
         E_BLOCK=_next_pow2(experts + 1),
-        num_warps=warps or route_prep_warps(routes),
+        num_warps=warps or ROUTE_PREP_WARPS,
     )
     return routing
-
-
-def route_prep_warps(routes: int) -> int:
-    """Warps of the one-program routing kernel for ``routes`` routes: its sort is spread over
-    more threads from 1024 routes on (H200, ``benchmarks/results/bench_routing.json``: 2048
-    routes 35 us on 4 warps, 18 us on 16; up to 512 routes 4 warps are the fastest)."""
-    return 4 if routes <= 512 else 16
 
 
 def quantize_rows(
