@@ -62,11 +62,10 @@ def _compile(kernel_name: str, gemm: DecodeGemm, routes: int) -> str:
     """Compile a decode kernel with ``gemm``'s launch constexprs and ``routes``-route tiles for
     sm_90a offline; returns its SASS text."""
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental import gluon
 
     from a4prefill.ops.backends import triton_decode as decode
     from a4prefill.ops.backends.triton_moe import _decode_launch_args
+    from gluon_on_cpu import compile_sm90
 
     pointers = {
         "w_ptr": "*i32",
@@ -81,27 +80,15 @@ def _compile(kernel_name: str, gemm: DecodeGemm, routes: int) -> str:
     }
     constexprs = dict(_decode_launch_args(gemm, routes))
     warps = constexprs.pop("num_warps")
-    kernel = getattr(decode, kernel_name)
     if kernel_name == "fc1_decode_kernel":
         signature = {"x_ptr": "*bf16", "out_ptr": "*bf16", "TOPK": "i32", "limit": "fp32", **pointers}
         constexprs["HAS_LIMIT"] = False
     else:
         signature = {"h_ptr": "*bf16", "y_ptr": "*bf16", **pointers}
     signature.update({"H": "i32", "INTER": "i32", "ROUTES": "i32"})
-    names = list(kernel.arg_names)
     # what the launcher specializes: 16-byte aligned pointers, sizes divisible by 16
-    attrs = {
-        (names.index(name),): [["tt.divisibility", 16]]
-        for name, kind in signature.items()
-        if kind.startswith("*") or name in ("H", "INTER")
-    }
-    source = gluon._runtime.GluonASTSource(
-        fn=kernel,
-        signature={**signature, **dict.fromkeys(constexprs, "constexpr")},
-        constexprs=constexprs,
-        attrs=attrs,
-    )
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    divisible = {name for name, kind in signature.items() if kind.startswith("*") or name in ("H", "INTER")}
+    compiled = compile_sm90(getattr(decode, kernel_name), signature, constexprs, warps, divisible)
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(compiled.asm["cubin"])

@@ -246,14 +246,30 @@ def _activation_offsets(rows, row_stride, warp_cols, B: gl.constexpr, WARPS: gl.
 
 
 @gluon.jit
-def _tile(tile_expert_ptr, tile_row_ptr, pid_m, routes, TILE: gl.constexpr, layout: gl.constexpr):
-    """Expert, sorted positions ``rows [TILE]`` (``layout``) of tile ``pid_m``, and ``readable``
-    (``rows < routes``). Rows past the tile's segment may belong to the next expert: they are
-    read (their MMA columns are independent) and masked only at the store (:func:`_stored`), so
-    the first loads wait for one dependent load less."""
+def _tile(tile_expert_ptr, tile_row_ptr, num_tiles_ptr, routes, TILE: gl.constexpr, B: gl.constexpr):
+    """Of the tile of program ``(pid_m, *)``: its expert, sorted positions ``rows [TILE]`` (a
+    slice of ``B``'s route axis), ``readable`` (``rows < routes``) and ``idle`` (``pid_m`` is past
+    the call's tiles: the program has nothing to do). Rows past the tile's segment may belong to
+    the next expert: they are read (their MMA columns are independent) and masked only at the
+    store (:func:`_stored`), so the first loads wait for one dependent load less."""
+    pid_m = gl.program_id(0)
+    num_tiles = gl.load(num_tiles_ptr)
     expert = gl.load(tile_expert_ptr + pid_m)
+    layout: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, B))
     rows = gl.load(tile_row_ptr + pid_m) + gl.arange(0, TILE, layout=layout)
-    return expert, rows, rows < routes
+    return expert, rows, rows < routes, pid_m >= num_tiles
+
+
+@gluon.jit
+def _warp_split(K, ROWS: gl.constexpr, WARPS: gl.constexpr, BK: gl.constexpr, SPLIT_K: gl.constexpr):
+    """``(k_per_warp, n0, warp_rows, warp_cols)`` of a CTA whose ``WARPS`` warps of ``ROWS`` rows
+    split ``K`` (``SPLIT_K``: same rows, K slices ``warp_cols`` apart) or the rows (all of K, rows
+    ``warp_rows`` apart); ``n0`` is the CTA's first output row (grid axis 1)."""
+    if SPLIT_K:
+        k_per_warp = gl.multiple_of(K // WARPS, BK)
+        return k_per_warp, gl.program_id(1) * ROWS, 0, k_per_warp
+    else:
+        return gl.multiple_of(K, BK), gl.program_id(1) * (ROWS * WARPS), ROWS, 0
 
 
 @gluon.jit
@@ -329,24 +345,12 @@ def fc1_decode_kernel(
     (``W' = WARPS``, ``H % BK == 0``). Grid ``(max_tiles, I / (M W'))``; ``BK % 128 == 0``,
     ``I % 128 == 0``.
     """
-    pid_m = gl.program_id(0)
-    num_tiles = gl.load(num_tiles_ptr)
-    NL: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, B))
-    expert, rows, readable = _tile(tile_expert_ptr, tile_row_ptr, pid_m, ROUTES, TILE, NL)
-    if pid_m >= num_tiles:
+    expert, rows, readable, idle = _tile(tile_expert_ptr, tile_row_ptr, num_tiles_ptr, ROUTES, TILE, B)
+    if idle:
         return
     ROWS: gl.constexpr = WORDS.shape[1]
+    k_per_warp, n0, warp_rows, warp_cols = _warp_split(H, ROWS, WARPS, BK, SPLIT_K)
     row_words = gl.multiple_of(H // 8, 16)  # H % 128 == 0
-    if SPLIT_K:
-        k_per_warp = gl.multiple_of(H // WARPS, BK)
-        n0 = gl.program_id(1) * ROWS
-        warp_rows = 0
-        warp_cols = k_per_warp
-    else:
-        k_per_warp = gl.multiple_of(H, BK)
-        n0 = gl.program_id(1) * (ROWS * WARPS)
-        warp_rows = ROWS
-        warp_cols = 0
     gate_off, gate_soff = _weight_offsets(n0, row_words, warp_rows, warp_cols // 8, WORDS, SCALES)
     up_off, up_soff = _weight_offsets(n0 + INTER, row_words, warp_rows, warp_cols // 8, WORDS, SCALES)
     expert_rows = expert.to(gl.int64) * (2 * INTER)
@@ -412,24 +416,12 @@ def fc2_decode_kernel(
     ``ROUTES = R``. ``SPLIT_K`` as in :func:`fc1_decode_kernel` with K = ``I``; grid
     ``(max_tiles, H / (M W'))``; ``BK % 128 == 0``.
     """
-    pid_m = gl.program_id(0)
-    num_tiles = gl.load(num_tiles_ptr)
-    NL: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, B))
-    expert, rows, readable = _tile(tile_expert_ptr, tile_row_ptr, pid_m, ROUTES, TILE, NL)
-    if pid_m >= num_tiles:
+    expert, rows, readable, idle = _tile(tile_expert_ptr, tile_row_ptr, num_tiles_ptr, ROUTES, TILE, B)
+    if idle:
         return
     ROWS: gl.constexpr = WORDS.shape[1]
+    k_per_warp, n0, warp_rows, warp_cols = _warp_split(INTER, ROWS, WARPS, BK, SPLIT_K)
     row_words = gl.multiple_of(INTER // 8, 16)  # INTER % 128 == 0
-    if SPLIT_K:
-        k_per_warp = gl.multiple_of(INTER // WARPS, BK)
-        n0 = gl.program_id(1) * ROWS
-        warp_rows = 0
-        warp_cols = k_per_warp
-    else:
-        k_per_warp = gl.multiple_of(INTER, BK)
-        n0 = gl.program_id(1) * (ROWS * WARPS)
-        warp_rows = ROWS
-        warp_cols = 0
     w_off, s_off = _weight_offsets(n0, row_words, warp_rows, warp_cols // 8, WORDS, SCALES)
     expert_rows = expert.to(gl.int64) * H
     w_base = w_ptr + expert_rows * row_words

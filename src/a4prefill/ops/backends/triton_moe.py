@@ -156,8 +156,9 @@ class DecodeTiles:
 # the kernels' earlier byte-wise code loads) it was within 1-9% of the fastest schedule at every
 # size from 1 to 256 tokens, while the fastest one changed with the size; with the codes loaded as
 # int32 words its FC1 needs 64 registers (72 before), the 256-column FC1 schedules 152-154
-# (126-128 before; Triton 3.6, compiled offline for sm_90a). Row splits, 32-row warps and 16/32-route tiles are untimed so far:
-# `bench_moe.py --sweep decode` times them all, against Marlin, for a size-dependent choice.
+# (126-128 before; Triton 3.6, compiled offline for sm_90a). Row splits, 32-row warps and
+# 16/32-route tiles are untimed so far: `bench_moe.py --sweep decode` times them all, against
+# Marlin, for a size-dependent choice.
 DECODE_TILES = DecodeTiles(DecodeGemm(4, 128), DecodeGemm(2, 128))
 
 
