@@ -87,6 +87,43 @@ def test_matches_the_reference(layer, schedule, tokens, limit):
     assert_close_to_reference(result, expected, "w4a16")
 
 
+@pytest.mark.parametrize("tokens", [3, 17, 64])
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=str)
+def test_a4_and_split_match_the_reference(layer, schedule, tokens):
+    """A4 for every row, then split with every third row A4 (docs/numerics.md section 3)."""
+    tiny, weights = layer
+    hidden, topk_weights, topk_ids = inputs(tokens, seed=100 + tokens)
+    scales = tiny.a4_scales
+    gpu = [t.cuda() for t in (hidden, topk_weights, topk_ids)]
+    config = decode_config(schedule)
+    a4 = moe_reference(hidden, topk_weights, topk_ids, tiny.experts, scales)
+    w4a16 = moe_reference(hidden, topk_weights, topk_ids, tiny.experts, None)
+    result = fused_moe(*gpu, weights, scales.to("cuda"), None, config=config)
+    assert_close_to_reference(result, a4, "a4")
+    flags = (torch.arange(tokens) % 3 == 1).to(torch.uint8)
+    split = fused_moe(*gpu, weights, scales.to("cuda"), None, flags.cuda(), config=config).cpu()
+    is_a4 = flags.bool()
+    assert_close_to_reference(split[is_a4], a4[is_a4], "a4")
+    assert_close_to_reference(split[~is_a4], w4a16[~is_a4], "w4a16")
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=str)
+def test_a4_one_product_per_output_equals_the_tiled_kernels_bit_for_bit(schedule):
+    """The tiled kernels' A4 path is the decode kernels' exact counterpart when every GEMM sum
+    is one product: quantized FC1 input, alphas, re-quantization of FC1's output per 16 features
+    with each expert's gs2 (most blocks of expert 0 saturate, none of expert 1)."""
+    from a4prefill.ops.scales import derive_a4_scales
+
+    columns = torch.arange(HIDDEN)
+    weights, x, ids = one_hot_case(SCALE_BYTE_SETS["positive normal"], 3, HIDDEN, INTERMEDIATE, columns)
+    scales = derive_a4_scales(torch.full((2, 2), 1 / 2688), torch.tensor([0.05, 2000.0])).to("cuda")
+    gpu_weights, x, ids = weights.to("cuda"), x.cuda(), ids.cuda()
+    ones = torch.ones(ids.shape, device="cuda")
+    decoded = fused_moe(x, ones, ids, gpu_weights, scales, None, config=decode_config(schedule))
+    tiled = fused_moe(x, ones, ids, gpu_weights, scales, None, config=TILED)
+    assert torch.equal(decoded, tiled)
+
+
 @pytest.mark.parametrize("ratio", [2.0, 0.5])
 def test_gate_and_up_global_scales_apply_per_half_bit_exactly(layer, ratio):
     """As for the tiled kernels: moving a power-of-two ratio between the up half's global scale
@@ -151,9 +188,12 @@ def test_decode_sizes_take_the_decode_kernels_by_default(layer, monkeypatch):
         assert (schedule is None) == (tokens == 1000)
         assert calls == ([] if schedule is None else [schedule])
         calls.clear()
-    # A4 calls and fp16 activations keep the tiled kernels
+    # A4 and split calls of decode size take them too; fp16 activations keep the tiled kernels
     scales = layer[0].a4_scales.to("cuda")
     hidden, topk_weights, topk_ids = (t.cuda() for t in inputs(2, seed=9))
+    flags = torch.tensor([0, 1], dtype=torch.uint8, device="cuda")
     fused_moe(hidden, topk_weights, topk_ids, weights, scales, None)
+    fused_moe(hidden, topk_weights, topk_ids, weights, scales, None, flags)
+    assert len(calls) == 2
     fused_moe(hidden.half(), topk_weights, topk_ids, weights, None, None)
-    assert calls == []
+    assert len(calls) == 2

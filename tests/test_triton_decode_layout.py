@@ -58,9 +58,9 @@ def test_the_built_in_tiny_model_keeps_the_tiled_kernels(tokens):
     assert config.decode is None
 
 
-def _compile(kernel_name: str, gemm: DecodeGemm, routes: int) -> str:
-    """Compile a decode kernel with ``gemm``'s launch constexprs and ``routes``-route tiles for
-    sm_90a offline; returns its SASS text."""
+def _compile(kernel_name: str, gemm: DecodeGemm, routes: int, mode: int = 0) -> str:
+    """Compile a decode kernel with ``gemm``'s launch constexprs, ``routes``-route tiles and
+    precision ``mode`` (``triton_moe.MODE_*``) for sm_90a offline; returns its SASS text."""
     import triton
 
     from a4prefill.ops.backends import triton_decode as decode
@@ -80,12 +80,21 @@ def _compile(kernel_name: str, gemm: DecodeGemm, routes: int) -> str:
     }
     constexprs = dict(_decode_launch_args(gemm, routes))
     warps = constexprs.pop("num_warps")
+    a4 = {"gs2_ptr": "*fp32", "flag_ptr": "*u8"}
     if kernel_name == "fc1_decode_kernel":
-        signature = {"x_ptr": "*bf16", "out_ptr": "*bf16", "TOPK": "i32", "limit": "fp32", **pointers}
+        signature = {
+            "x_ptr": "*bf16",
+            "out_ptr": "*bf16",
+            "gs1_ptr": "*fp32",
+            "limit": "fp32",
+            **a4,
+            **pointers,
+        }
         constexprs["HAS_LIMIT"] = False
     else:
-        signature = {"h_ptr": "*bf16", "y_ptr": "*bf16", **pointers}
-    signature.update({"H": "i32", "INTER": "i32", "ROUTES": "i32"})
+        signature = {"h_ptr": "*bf16", "y_ptr": "*bf16", **a4, **pointers}
+    signature.update({"H": "i32", "INTER": "i32", "TOPK": "i32", "ROUTES": "i32"})
+    constexprs["MODE"] = mode
     # what the launcher specializes: 16-byte aligned pointers, sizes divisible by 16
     divisible = {name for name, kind in signature.items() if kind.startswith("*") or name in ("H", "INTER")}
     compiled = compile_sm90(getattr(decode, kernel_name), signature, constexprs, warps, divisible)

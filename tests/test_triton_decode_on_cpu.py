@@ -3,12 +3,14 @@ Gluon GEMM kernels compiled for sm_90a as on an H100/H200 and their TTGIR interp
 (``ttgir_interpreter``), against the reference and the literal e2m1/e4m3 tables.
 
 What runs as on the GPU: the package's ``fused_moe`` and ``_fused_moe_decode``, the decode
-kernels' compiled TTGIR (offsets, masks, K relabelling, warp splits, route tiles, epilogues),
-their inline PTX (``ptx_subset``), the activation permutation (Triton's own interpreter) and the
-torch routing path of ``build_routing``. What stands in: the top-k combine (a plain Triton
-kernel that calls Triton's standard library, which Triton's interpreter only runs when chosen
-before import) is its documented contract in torch, and the one-program routing kernel is
-replaced by ``build_routing``'s torch path (same ``Routing`` contract). Not checked here: how
+kernels' compiled TTGIR (offsets, masks, K relabelling, warp splits, route tiles, the W4A16, A4
+and split epilogues with the A4 re-quantization), their inline PTX (``ptx_subset``), the
+activation permutation (Triton's own interpreter) and the torch routing path of
+``build_routing``. What stands in, by its documented contract in torch (the plain Triton kernels
+behind them call Triton's standard library, which Triton's interpreter only runs when chosen
+before import): the top-k combine, and the A4 activation quantization (``quantize_rows``: the
+reference quantizer's ``e2m1 * block_scale``); the one-program routing kernel is replaced by
+``build_routing``'s torch path (same ``Routing`` contract). Not checked here: how
 Triton lowers the layouts to PTX, the MMA's own addition order, speed (GPU tests and
 ``benchmarks/bench_moe.py``).
 """
@@ -59,6 +61,18 @@ def _combine_contract(y, topk_weights, topk_ids, output, experts, *_):
     output.copy_((rows * topk_weights.float()[..., None]).sum(1).to(output.dtype))
 
 
+def _quantize_rows_contract(x, encode_scale, row_flags=None, write_codes=False):
+    """``triton_moe.quantize_rows`` without codes: ``e2m1 * block_scale`` of every row (rows whose
+    flag is 0 copied), bit-exact with the reference quantizer."""
+    from a4prefill.ops import nvfp4
+
+    assert not write_codes
+    quantized = nvfp4.quantize_dequantize_blocks(x, encode_scale).to(x.dtype)
+    if row_flags is not None:
+        quantized = torch.where(row_flags.bool()[:, None], quantized, x)
+    return quantized, None, None
+
+
 @pytest.fixture(scope="module")
 def decode_on_cpu():
     """``fused_moe`` on CPU tensors with the decode kernels interpreted; yields the two
@@ -82,6 +96,7 @@ def decode_on_cpu():
             triton_moe, "build_routing", functools.partial(triton_moe.build_routing, force_torch=True)
         )
         patch.setattr(triton_moe, "_combine", _combine_contract)
+        patch.setattr(triton_moe, "quantize_rows", _quantize_rows_contract)
         patch.setattr(triton_moe, "decode_kernels_run", lambda device: True)
         yield kernels
 
@@ -98,10 +113,13 @@ def inputs(tokens: int, seed: int):
     return hidden, topk_weights, topk_ids
 
 
-def run_decode(schedule: DecodeTiles, *args, limit: float | None = None) -> torch.Tensor:
+def run_decode(
+    schedule: DecodeTiles, *args, limit: float | None = None, a4_scales=None, row_flags=None
+) -> torch.Tensor:
     from a4prefill.ops.backends.triton_moe import fused_moe
 
-    return fused_moe(*args, None, limit, config=dataclasses.replace(TILED, decode=schedule))
+    config = dataclasses.replace(TILED, decode=schedule)
+    return fused_moe(*args, a4_scales, limit, row_flags, config=config)
 
 
 @pytest.mark.parametrize("tokens", [1, 23])
@@ -114,6 +132,36 @@ def test_the_decode_program_matches_the_reference(decode_on_cpu, layer, schedule
     expected = moe_reference(hidden, topk_weights, topk_ids, layer.experts, None)
     assert decode_on_cpu["fc1_decode_kernel"].launches[-1][1] == INTERMEDIATE // schedule.fc1.rows_per_cta
     assert_close_to_reference(result, expected, "w4a16")
+
+
+@pytest.mark.parametrize("tokens", [1, 23])
+@pytest.mark.parametrize("schedule", [SCHEDULES[0], SCHEDULES[2], SCHEDULES[4]], ids=str)
+def test_the_a4_program_matches_the_reference(decode_on_cpu, layer, schedule, tokens):
+    """Quantized FC1 input, alpha1 = scale2 / gs1, FC1 output re-quantized per 16 features with
+    gs2[e], alpha2 = scale2 / gs2[e]."""
+    hidden, topk_weights, topk_ids = inputs(tokens, seed=40 + tokens)
+    scales = layer.a4_scales
+    result = run_decode(schedule, hidden, topk_weights, topk_ids, layer.experts, a4_scales=scales)
+    expected = moe_reference(hidden, topk_weights, topk_ids, layer.experts, scales)
+    w4a16 = moe_reference(hidden, topk_weights, topk_ids, layer.experts, None)
+    assert_close_to_reference(result, expected, "a4")
+    assert (result.float() - expected.float()).norm() < (result.float() - w4a16.float()).norm()
+
+
+@pytest.mark.parametrize("schedule", [SCHEDULES[1], SCHEDULES[3], SCHEDULES[5]], ids=str)
+def test_the_split_program_gives_each_row_its_precision(decode_on_cpu, layer, schedule):
+    """Rows flagged 1 are A4 and the others W4A16, within one launch of each kernel."""
+    hidden, topk_weights, topk_ids = inputs(21, seed=7)
+    flags = (torch.arange(21) % 3 == 1).to(torch.uint8)
+    result = run_decode(
+        schedule, hidden, topk_weights, topk_ids, layer.experts, a4_scales=layer.a4_scales, row_flags=flags
+    )
+    a4 = moe_reference(hidden, topk_weights, topk_ids, layer.experts, layer.a4_scales)
+    w4a16 = moe_reference(hidden, topk_weights, topk_ids, layer.experts, None)
+    is_a4 = flags.bool()
+    assert_close_to_reference(result[is_a4], a4[is_a4], "a4")
+    assert_close_to_reference(result[~is_a4], w4a16[~is_a4], "w4a16")
+    assert not torch.equal(a4[is_a4], w4a16[is_a4])
 
 
 @pytest.mark.parametrize("schedule", [SCHEDULES[0], SCHEDULES[4]], ids=str)
@@ -135,6 +183,25 @@ def test_every_code_and_scale_byte_goes_through_its_k_slot(decode_on_cpu, schedu
     weights, x, ids = one_hot_case(SCALE_BYTE_SETS[scale_set], len(scale_set), HIDDEN, INTERMEDIATE, columns)
     decoded = run_decode(schedule, x, torch.ones(ids.shape), ids, weights)
     assert_close_to_reference(decoded, one_hot_expected(weights, columns), "w4a16")
+
+
+@pytest.mark.parametrize("precision", ["w4a16", "a4"])
+@pytest.mark.parametrize("schedule", [SCHEDULES[1], SCHEDULES[5]], ids=str)
+def test_one_product_per_output_is_bit_exact_with_the_reference(decode_on_cpu, schedule, precision):
+    """With one product per GEMM output (``conftest.one_hot_case``) every sum is exact, and the
+    interpreter computes SiLU with the reference's own exp: so the kernels' epilogues (alphas,
+    bf16 roundings, SwiGLU, and for A4 the quantized FC1 input, the per-16 re-quantization of
+    FC1's output with each expert's gs2 and alpha2) must give the reference's bits."""
+    from a4prefill.ops.scales import derive_a4_scales
+
+    columns = torch.tensor([128 * (t % (HIDDEN // 128)) + (53 * t) % 128 for t in range(64)])
+    weights, x, ids = one_hot_case(SCALE_BYTE_SETS["positive normal"], 3, HIDDEN, INTERMEDIATE, columns)
+    scales = None
+    if precision == "a4":  # FC2 input ranges: most blocks of expert 0 saturate, none of expert 1
+        scales = derive_a4_scales(torch.full((2, 2), 1 / 2688), torch.tensor([0.05, 2000.0]))
+    ones = torch.ones(ids.shape)
+    decoded = run_decode(schedule, x, ones, ids, weights, a4_scales=scales)
+    assert torch.equal(decoded, moe_reference(x, ones, ids, weights, scales))
 
 
 def test_out_of_range_expert_ids_are_ignored(decode_on_cpu, layer):

@@ -45,13 +45,19 @@ TORCH_TYPES = {
     "f64": torch.float64,
 }
 UNSIGNED = {torch.int8: torch.uint8, torch.int16: torch.uint16, torch.int32: torch.uint32}
-CMP = {
+CMP = {  # arith.cmpi predicates (signed) and the ordered arith.cmpf ones, plus une
     "eq": torch.eq,
     "ne": torch.ne,
     "slt": torch.lt,
     "sle": torch.le,
     "sgt": torch.gt,
     "sge": torch.ge,
+    "oeq": torch.eq,
+    "olt": torch.lt,
+    "ole": torch.le,
+    "ogt": torch.gt,
+    "oge": torch.ge,
+    "une": torch.ne,
 }
 
 
@@ -403,6 +409,9 @@ class _Program:
     def _op_arith_ori(self, op: Op) -> torch.Tensor:
         return self._binary(op, torch.bitwise_or)
 
+    def _op_arith_shrsi(self, op: Op) -> torch.Tensor:
+        return self._binary(op, torch.bitwise_right_shift)
+
     def _op_arith_addf(self, op: Op) -> torch.Tensor:
         return self._binary(op, torch.add)
 
@@ -428,6 +437,10 @@ class _Program:
         (value,) = self._args(op)
         return torch.neg(value)
 
+    def _op_math_absf(self, op: Op) -> torch.Tensor:
+        (value,) = self._args(op)
+        return torch.abs(value)
+
     def _op_math_exp(self, op: Op) -> torch.Tensor:
         (value,) = self._args(op)
         return torch.exp(value)
@@ -436,6 +449,9 @@ class _Program:
         predicate = op.text.split(",")[0].strip()
         a, b = self._args(op)
         return CMP[predicate](a, b)
+
+    def _op_arith_cmpf(self, op: Op) -> torch.Tensor:
+        return self._op_arith_cmpi(op)
 
     def _op_arith_select(self, op: Op) -> torch.Tensor:
         condition, a, b = self._args(op)
@@ -467,6 +483,10 @@ class _Program:
     def _op_arith_extf(self, op: Op) -> torch.Tensor:
         value, dtype = self._convert(op)
         return value.to(dtype)
+
+    def _op_tt_bitcast(self, op: Op) -> torch.Tensor:
+        value, dtype = self._convert(op)
+        return value.view(dtype)
 
     def _op_arith_sitofp(self, op: Op) -> torch.Tensor:
         value, dtype = self._convert(op)

@@ -1,9 +1,10 @@
-"""Decode kernels of the ``triton`` backend: W4A16 grouped GEMMs for few rows per expert (Gluon).
+"""Decode kernels of the ``triton`` backend: grouped GEMMs for few rows per expert (Gluon), for
+W4A16, A4 and split (per-token precision) calls.
 
 Imported lazily (needs ``triton.experimental.gluon``, Triton 3.6+, and a CUDA GPU of sm_80+).
-Launched by :func:`a4prefill.ops.backends.triton_moe.fused_moe`: its default for W4A16 calls
-with bf16 io and few routes per active expert (decode), and any call whose ``GemmConfig.decode``
-is set explicitly (the tests, the benchmark's sweep). The math is the one of
+Launched by :func:`a4prefill.ops.backends.triton_moe.fused_moe`: its default for calls with
+bf16 io and few routes per active expert (decode sizes), and any call whose
+``GemmConfig.decode`` is set explicitly (the tests, the benchmark's sweep). The math is the one of
 :mod:`triton_kernels` (docs/numerics.md sections 2 and 4), the schedule is different:
 
 - **Weights on the MMA's M side, routes on N.** One ``mma.sync.m16n8k16`` multiplies 16 weight
@@ -28,8 +29,10 @@ is set explicitly (the tests, the benchmark's sweep). The math is the one of
 Numerics: FP4 weights are dequantized exactly to ``e2m1 * block_scale * 2**-7`` in bf16 (at
 most 5 significant bits; the ``2**-7`` keeps the scale factor ``scale * 2**119`` below bf16's
 largest value and is undone in fp32),
-the MMAs accumulate in fp32, and the epilogues apply alpha, the io roundings, clamp and SwiGLU
-exactly as :mod:`triton_kernels` does. Only the order of the fp32 additions differs.
+the MMAs accumulate in fp32, and the epilogues apply alpha, the io roundings, clamp, SwiGLU and
+(A4 routes) the per-16 re-quantization of FC1's output with ``gs2[e]`` exactly as
+:mod:`triton_kernels` does, with the A4 activations quantized by the same pass before FC1. Only
+the order of the fp32 additions differs.
 Scale bytes are decoded as e4m3 values including subnormals and sign; like
 :mod:`triton_kernels`, the NaN bytes ``0x7f``/``0xff`` decode as 480/-480 (not NaN).
 """
@@ -42,7 +45,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from a4prefill.ops.backends.triton_kernels import swiglu
+from a4prefill.ops.backends.triton_kernels import _quantize_groups, swiglu
 
 BLOCK_K = 128  # K columns per warp step; the K relabelling repeats every 128 columns
 
@@ -305,11 +308,59 @@ def _epilogue_rows(y, n0, rows, readable, stored):
 
 
 @gluon.jit
+def _route_is_a4(flag_ptr, sorted_route_ptr, out_rows, out_mask, TOPK, MODE: gl.constexpr):
+    """Per route of the epilogue (``out_rows [1, 1, TILE]``, sorted positions): whether its
+    token's row flag says A4 (MODE 2); in MODE 0 and 1 every route has the call's precision
+    and this is only a placeholder."""
+    if MODE == 2:
+        token = gl.load(sorted_route_ptr + out_rows, mask=out_mask, other=0) // TOPK
+        return gl.load(flag_ptr + token, mask=out_mask, other=0) != 0
+    else:
+        return out_mask
+
+
+@gluon.jit
+def _alpha(scale2, encode_scale_ptr, is_a4, MODE: gl.constexpr):
+    """The epilogue multiplier of one GEMM: ``scale2`` for W4A16 routes, ``div_rn(scale2,
+    encode_scale)`` for A4 routes (docs/numerics.md section 3), times 128 to undo the weights'
+    ``2**-7`` (exact). MODE 2 picks per route with ``is_a4 [1, 1, TILE]``."""
+    if MODE == 0:
+        return scale2 * 128.0
+    elif MODE == 1:
+        return gl.div_rn(scale2, gl.load(encode_scale_ptr)) * 128.0
+    else:
+        return gl.where(is_a4, gl.div_rn(scale2, gl.load(encode_scale_ptr)) * 128.0, scale2 * 128.0)
+
+
+@gluon.jit
+def _requantize(h, gs2_ptr, is_a4, MODE: gl.constexpr):
+    """FC1's bf16 output ``h [W', M, TILE]`` (features ``n0 + M w + r`` on axes 0-1, routes on
+    axis 2) of A4 routes quantized per 16 features with the expert's encode scale ``gs2``, as
+    ``triton_kernels``' A4 epilogue (:func:`triton_kernels._quantize_groups`): the values
+    ``e2m1 * block_scale`` in bf16. W4A16 routes (MODE 2, ``is_a4`` False) keep ``h``."""
+    W: gl.constexpr = h.shape[0]
+    M: gl.constexpr = h.shape[1]
+    T: gl.constexpr = h.shape[2]
+    gs2 = gl.load(gs2_ptr)
+    inv_gs2 = gl.div_rn(gs2 * 0.0 + 1.0, gs2)
+    rows = gl.reshape(gl.permute(h.to(gl.float32), [2, 0, 1]), [T, W * M])
+    q, _, _ = _quantize_groups(rows, gs2, inv_gs2, T, W * M)
+    q = gl.convert_layout(gl.permute(gl.reshape(q, [T, W, M]), [1, 2, 0]), h.type.layout).to(gl.bfloat16)
+    if MODE == 1:
+        return q
+    else:
+        return gl.where(is_a4, q, h)
+
+
+@gluon.jit
 def fc1_decode_kernel(
     x_ptr,
     w_ptr,
     ws_ptr,
     w_scale2_ptr,
+    gs1_ptr,
+    gs2_ptr,
+    flag_ptr,
     sorted_route_ptr,
     tile_expert_ptr,
     tile_row_ptr,
@@ -323,6 +374,7 @@ def fc1_decode_kernel(
     ROUTES,
     limit,
     HAS_LIMIT: gl.constexpr,
+    MODE: gl.constexpr,
     WARPS: gl.constexpr,
     BK: gl.constexpr,
     SPLIT_K: gl.constexpr,
@@ -333,13 +385,16 @@ def fc1_decode_kernel(
     A: gl.constexpr,
     B: gl.constexpr,
 ):
-    """W4A16 FC1 + SwiGLU of up to ``TILE`` routes x ``M * W'`` features (``M`` rows per warp, 16 or 32):
+    """FC1 + SwiGLU of up to ``TILE`` routes x ``M * W'`` features (``M`` rows per warp, 16 or 32):
     ``out[p, slot(n)] = io(io(silu(gate)) * up)`` for sorted positions ``p`` of one tile.
 
-    ``x [T, H]`` bf16 in permuted K order, ``w [E, 2I, H/8]`` int32 (the uint8 codes, 4 per
-    word), ``ws [E, 2I, H/16]`` e4m3
-    bytes, ``w_scale2 [E, 2]`` fp32, ``out [R, I]`` bf16 in permuted K order (FC2's input),
-    ``ROUTES = R``. Routing tensors as in :mod:`triton_kernels` with ``TILE``-route tiles.
+    ``x [T, H]`` bf16 in permuted K order (A4 rows: already quantized with ``gs1``, the values
+    ``e2m1 * block_scale``), ``w [E, 2I, H/8]`` int32 (the uint8 codes, 4 per word), ``ws [E,
+    2I, H/16]`` e4m3 bytes, ``w_scale2 [E, 2]`` fp32, ``out [R, I]`` bf16 in permuted K order
+    (FC2's input; A4 routes re-quantized with ``gs2[e]``), ``ROUTES = R``. ``MODE`` 0 W4A16, 1
+    A4, 2 per token (``flag [T]`` uint8, 1 = A4); ``gs1 [1]``, ``gs2 [E]`` fp32 encode scales
+    (read in MODE 1 and 2 only). Routing tensors as in :mod:`triton_kernels` with
+    ``TILE``-route tiles.
     ``SPLIT_K``: the ``WARPS`` warps stream K slices of the same ``M`` features (``W' = 1``,
     ``H % (WARPS * BK) == 0``); else each warp streams all of K for its own ``M`` features
     (``W' = WARPS``, ``H % BK == 0``). Grid ``(max_tiles, I / (M W'))``; ``BK % 128 == 0``,
@@ -371,11 +426,16 @@ def fc1_decode_kernel(
         s_base += BK // 16
         x_ptr += BK
     # Undo the 2**-7 of the dequantization; epilogue as triton_kernels.
-    gate = _epilogue_index(acc_g, SPLIT_K) * (gl.load(w_scale2_ptr + expert * 2) * 128.0)
-    up = _epilogue_index(acc_u, SPLIT_K) * (gl.load(w_scale2_ptr + expert * 2 + 1) * 128.0)
-    h = swiglu(gate, up, limit, HAS_LIMIT, gl.bfloat16)
+    gate = _epilogue_index(acc_g, SPLIT_K)
+    up = _epilogue_index(acc_u, SPLIT_K)
     stored = _stored(seg_start_ptr, seg_count_ptr, expert, rows)
-    n, out_rows, out_mask = _epilogue_rows(h, n0, rows, readable, stored)
+    n, out_rows, out_mask = _epilogue_rows(gate, n0, rows, readable, stored)
+    is_a4 = _route_is_a4(flag_ptr, sorted_route_ptr, out_rows, out_mask, TOPK, MODE)
+    gate = gate * _alpha(gl.load(w_scale2_ptr + expert * 2), gs1_ptr, is_a4, MODE)
+    up = up * _alpha(gl.load(w_scale2_ptr + expert * 2 + 1), gs1_ptr, is_a4, MODE)
+    h = swiglu(gate, up, limit, HAS_LIMIT, gl.bfloat16)
+    if MODE != 0:
+        h = _requantize(h, gs2_ptr + expert, is_a4, MODE)
     # FC2 reads this in permuted K order: physical column n goes to its logical slot.
     q = n % 8
     slot = 16 * (2 * ((n // 8) % 4) + (q // 2) % 2) + 4 * ((n // 32) % 4) + 2 * (q % 2) + q // 4
@@ -389,6 +449,8 @@ def fc2_decode_kernel(
     w_ptr,
     ws_ptr,
     w_scale2_ptr,
+    gs2_ptr,
+    flag_ptr,
     sorted_route_ptr,
     tile_expert_ptr,
     tile_row_ptr,
@@ -398,7 +460,9 @@ def fc2_decode_kernel(
     y_ptr,
     H,
     INTER,
+    TOPK,
     ROUTES,
+    MODE: gl.constexpr,
     WARPS: gl.constexpr,
     BK: gl.constexpr,
     SPLIT_K: gl.constexpr,
@@ -409,11 +473,12 @@ def fc2_decode_kernel(
     A: gl.constexpr,
     B: gl.constexpr,
 ):
-    """W4A16 FC2 of up to ``TILE`` routes x ``M * W'`` outputs: ``y[route(p), n] = io(acc * alpha2)``.
+    """FC2 of up to ``TILE`` routes x ``M * W'`` outputs: ``y[route(p), n] = io(acc * alpha2)``.
 
     ``h [R, I]`` bf16 in permuted K order (sorted positions), ``w [E, H, I/8]`` int32, ``ws
     [E, H, I/16]`` e4m3 bytes, ``w_scale2 [E]`` fp32, ``y [R, H]`` bf16 (one row per route),
-    ``ROUTES = R``. ``SPLIT_K`` as in :func:`fc1_decode_kernel` with K = ``I``; grid
+    ``ROUTES = R``. ``MODE``, ``gs2 [E]`` and ``flag [T]`` as in :func:`fc1_decode_kernel`
+    (alpha2 of an A4 route: ``w_scale2[e] / gs2[e]``). ``SPLIT_K`` as there with K = ``I``; grid
     ``(max_tiles, H / (M W'))``; ``BK % 128 == 0``.
     """
     expert, rows, readable, idle = _tile(tile_expert_ptr, tile_row_ptr, num_tiles_ptr, ROUTES, TILE, B)
@@ -436,9 +501,11 @@ def fc2_decode_kernel(
         w_base += BK // 8
         s_base += BK // 16
         h_ptr += BK
-    y = _epilogue_index(acc, SPLIT_K) * (gl.load(w_scale2_ptr + expert) * 128.0)
+    y = _epilogue_index(acc, SPLIT_K)
     stored = _stored(seg_start_ptr, seg_count_ptr, expert, rows)
     n, out_rows, out_mask = _epilogue_rows(y, n0, rows, readable, stored)
+    is_a4 = _route_is_a4(flag_ptr, sorted_route_ptr, out_rows, out_mask, TOPK, MODE)
+    y = y * _alpha(gl.load(w_scale2_ptr + expert), gs2_ptr + expert, is_a4, MODE)
     route = gl.load(sorted_route_ptr + out_rows, mask=out_mask, other=0)
     gl.store(y_ptr + route * H + n, y.to(gl.bfloat16), mask=out_mask & (n < H))
 

@@ -75,7 +75,9 @@ def _quantize_groups(v, gs, inv_gs, ROWS: tl.constexpr, COLS: tl.constexpr):
     amax = tl.max(tl.abs(g), axis=2)
     scale = _rne_e4m3(tl.minimum(gs * (amax * 0.16666666666666666), 448.0))
     denom = scale * inv_gs
-    multiplier = tl.where(denom == 0.0, 0.0, tl.math.div_rn(tl.full(denom.shape, 1.0, tl.float32), denom))
+    # ones shaped like denom (denom is finite), built from it: Gluon callers (triton_decode) cannot
+    # make a tensor without a layout
+    multiplier = tl.where(denom == 0.0, 0.0, tl.math.div_rn(denom * 0.0 + 1.0, denom))
     scaled = g * multiplier[:, :, None]
     scaled = tl.minimum(tl.maximum(scaled, -6.0), 6.0)
     magnitude, code = _e2m1_round(scaled)

@@ -15,10 +15,11 @@ accumulates in fp32 and the global scales (``alpha1``, ``alpha2``) are applied i
 with the io-dtype rounding points of :mod:`a4prefill.ops.reference`. Everything is launched
 without a host sync and with sizes that depend only on input sizes, so it is CUDA-graph safe.
 
-W4A16 calls with bf16 activations and on average at most :data:`DECODE_MAX_ROWS_PER_EXPERT`
-routes per active expert (decode) run steps 3 and 4's GEMMs in :mod:`triton_decode` instead (weights on the
-MMA's M side, codes loaded straight into MMA registers), when the shapes fit its K split
-(:class:`DecodeTiles`) and the GPU is sm_80+; same routing, combine and numerics contract.
+Calls with bf16 activations (W4A16, A4 or split) and on average at most
+:data:`DECODE_MAX_ROWS_PER_EXPERT` routes per active expert (decode sizes) run steps 3 and 4's
+GEMMs in :mod:`triton_decode` instead (weights on the MMA's M side, codes loaded straight into
+MMA registers), when the shapes fit its schedule (:class:`DecodeTiles`) and the GPU is sm_80+;
+same routing, A4 quantization, combine and numerics contract.
 
 Out-of-range expert ids (``< 0`` or ``>= E``): those routes are ignored (they contribute
 nothing to the output); no error is raised, since checking would need a host sync.
@@ -382,18 +383,6 @@ def fused_moe(
     cfg = config or choose_config(routes, num_experts, hidden, inter)
     if cfg.decode is not None:
         _check_decode_call(cfg.decode, hidden, inter, routes)
-    if (
-        cfg.decode is not None
-        and a4_scales is None
-        and hidden_states.dtype == torch.bfloat16
-        and decode_kernels_run(hidden_states.device)
-    ):
-        return _fused_moe_decode(
-            hidden_states, topk_weights, topk_ids, experts, swiglu_limit, cfg.decode, output
-        )
-    routing = build_routing(topk_ids, num_experts, cfg.block_m)
-    # bf16 bit tricks need the bf16 exponent range; fp16 io uses the fp32 variant.
-    ptx = cfg.ptx_dequant and hidden_states.dtype == torch.bfloat16
     if a4_scales is None:
         mode, fc1_input = MODE_W4A16, hidden_states
         gs1 = gs2 = experts.w2_weight_scale_2  # unused
@@ -401,6 +390,26 @@ def fused_moe(
         mode = MODE_A4 if row_flags is None else MODE_SPLIT
         gs1, gs2 = a4_scales.fc1_encode_scale, a4_scales.fc2_encode_scales
         fc1_input, _, _ = quantize_rows(hidden_states, gs1, row_flags)
+    if (
+        cfg.decode is not None
+        and hidden_states.dtype == torch.bfloat16
+        and decode_kernels_run(hidden_states.device)
+    ):
+        return _fused_moe_decode(
+            fc1_input,
+            topk_weights,
+            topk_ids,
+            experts,
+            swiglu_limit,
+            cfg.decode,
+            output,
+            mode,
+            (gs1, gs2),
+            row_flags,
+        )
+    routing = build_routing(topk_ids, num_experts, cfg.block_m)
+    # bf16 bit tricks need the bf16 exponent range; fp16 io uses the fp32 variant.
+    ptx = cfg.ptx_dequant and hidden_states.dtype == torch.bfloat16
     flags = row_flags if row_flags is not None else routing.seg_count  # unused unless MODE_SPLIT
     w13_scale = experts.w13_weight_scale.view(torch.uint8)
     w2_scale = experts.w2_weight_scale.view(torch.uint8)
@@ -540,32 +549,38 @@ def _decode_launch_args(gemm: DecodeGemm, routes: int) -> dict[str, Any]:
 
 
 def _fused_moe_decode(
-    hidden_states: torch.Tensor,
+    fc1_input: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     experts: NvFp4Experts,
     swiglu_limit: float | None,
     schedule: DecodeTiles,
     output: torch.Tensor,
+    mode: int,
+    encode_scales: tuple[torch.Tensor, torch.Tensor],
+    row_flags: torch.Tensor | None,
 ) -> torch.Tensor:
-    """The W4A16 MoE through the decode kernels (bf16 io; ``schedule.fits`` the shapes).
+    """The MoE through the decode kernels (bf16 io; ``schedule.fits`` the shapes): ``fc1_input
+    [T, H]`` as :func:`fused_moe` forms it (A4 rows already quantized), ``mode`` one of
+    ``MODE_*``, ``encode_scales = (gs1 [1], gs2 [E])`` and ``row_flags [T]`` read only for the
+    A4 rows of ``MODE_A4`` / ``MODE_SPLIT``.
 
     Same routing, combine and numerics as :func:`fused_moe`; FC1 and FC2 are
     :mod:`triton_decode`'s kernels on activations permuted into their K order. Writes ``output``.
     """
     decode = _decode_kernels()
-    tokens, hidden = hidden_states.shape
+    tokens, hidden = fc1_input.shape
     num_experts, two_i, _ = experts.w13_weight.shape
     inter = two_i // 2
     top_k = topk_ids.shape[1]
     routes = tokens * top_k
     routing = build_routing(topk_ids, num_experts, schedule.routes)
-    device = hidden_states.device
-    x = torch.empty_like(hidden_states)
+    device = fc1_input.device
+    x = torch.empty_like(fc1_input)
     block_h = min(1024, _next_pow2(hidden))
-    decode.permute_k_kernel[(tokens, _cdiv(hidden, block_h))](
-        hidden_states, x, hidden, BH=block_h, num_warps=4
-    )
+    decode.permute_k_kernel[(tokens, _cdiv(hidden, block_h))](fc1_input, x, hidden, BH=block_h, num_warps=4)
+    gs1, gs2 = encode_scales
+    flags = row_flags if row_flags is not None else routing.seg_count  # unused unless MODE_SPLIT
     common = routing.kernel_args()
     h = torch.empty(routes, inter, dtype=torch.bfloat16, device=device)
     decode.fc1_decode_kernel[(routing.max_tiles, inter // schedule.fc1.rows_per_cta)](
@@ -573,6 +588,9 @@ def _fused_moe_decode(
         experts.w13_weight.view(torch.int32),
         experts.w13_weight_scale.view(torch.uint8),
         experts.w13_weight_scale_2,
+        gs1,
+        gs2,
+        flags,
         *common,
         h,
         hidden,
@@ -581,6 +599,7 @@ def _fused_moe_decode(
         routes,
         float(swiglu_limit or 0.0),
         HAS_LIMIT=swiglu_limit is not None,
+        MODE=mode,
         **_decode_launch_args(schedule.fc1, schedule.routes),
     )
     y = torch.empty(routes, hidden, dtype=torch.bfloat16, device=device)
@@ -589,26 +608,20 @@ def _fused_moe_decode(
         experts.w2_weight.view(torch.int32),
         experts.w2_weight_scale.view(torch.uint8),
         experts.w2_weight_scale_2,
+        gs2,
+        flags,
         *common,
         y,
         hidden,
         inter,
+        top_k,
         routes,
+        MODE=mode,
         **_decode_launch_args(schedule.fc2, schedule.routes),
     )
-    # gs2 and the row flags are read only for A4 rows (MODE_A4 / MODE_SPLIT): placeholders here
-    _combine(
-        y,
-        topk_weights,
-        topk_ids,
-        output,
-        experts,
-        experts.w2_weight_scale_2,
-        routing.seg_count,
-        MODE_W4A16,
-        False,
-        False,
-    )
+    # y holds finished rows (FC2's epilogue applied each route's alpha2): the combine only sums
+    # them, so its A4 arguments are not read
+    _combine(y, topk_weights, topk_ids, output, experts, gs2, flags, MODE_W4A16, False, False)
     return output
 
 
