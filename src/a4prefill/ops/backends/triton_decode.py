@@ -64,9 +64,19 @@ def logical_to_physical(logical: int) -> int:
     return 32 * c + 8 * h + 4 * (p % 2) + p // 2 + 2 * s
 
 
+def _bases(axis: int, start: int, stop: int) -> list[list[int]]:
+    """Linear-layout bases of a 3-D tensor: index ``start, 2 start, ...`` (below ``stop``) on
+    ``axis``, one basis each."""
+    bases = []
+    while start < stop:
+        bases.append([start if dim == axis else 0 for dim in range(3)])
+        start *= 2
+    return bases
+
+
 def operand_layouts(warps: int, block_k: int = BLOCK_K, rows: int = 16) -> tuple[object, ...]:
     """Gluon layouts ``(words [warps, rows, block_k / 8], acc [warps, rows, TILE], A, B)`` of one
-    step (the MMA layouts repeat over any ``TILE`` in :data:`TILE_ROUTES`).
+    step (the MMA layouts repeat over a tile of 8, 16 or 32 routes, ``TILE``).
 
     ``words``: the code words (int32, 4 code bytes each): thread ``(r, c)`` (``r = lane / 4``,
     ``c = lane % 4``) holds 4 consecutive words (one 128-bit load, code bytes ``16 c .. 16 c +
@@ -74,21 +84,12 @@ def operand_layouts(warps: int, block_k: int = BLOCK_K, rows: int = 16) -> tuple
     ``acc``: the batched ``mma.sync`` accumulator; ``A``/``B``: its operands with ``k_width=4``.
     """
     words = block_k // 8
-    regs = [[0, 0, 1], [0, 0, 2]]
-    step = 16
-    while step < words:
-        regs.append([0, 0, step])
-        step *= 2
-    step = 8
-    while step < rows:
-        regs.append([0, step, 0])
-        step *= 2
+    regs = [[0, 0, 1], [0, 0, 2], *_bases(2, 16, words), *_bases(1, 8, rows)]
     lanes = [[0, 0, 4], [0, 0, 8], [0, 1, 0], [0, 2, 0], [0, 4, 0]]
-    warp_bases = [[1 << i, 0, 0] for i in range(warps.bit_length() - 1)]
     codes = gl.DistributedLinearLayout(
         reg_bases=regs,
         lane_bases=lanes,
-        warp_bases=warp_bases,
+        warp_bases=_bases(0, 1, warps),
         block_bases=[],
         shape=[warps, rows, words],
     )
@@ -308,13 +309,12 @@ def _epilogue_rows(y, n0, rows, readable, stored):
 
 
 @gluon.jit
-def _route_is_a4(flag_ptr, sorted_route_ptr, out_rows, out_mask, TOPK, MODE: gl.constexpr):
-    """Per route of the epilogue (``out_rows [1, 1, TILE]``, sorted positions): whether its
-    token's row flag says A4 (MODE 2); in MODE 0 and 1 every route has the call's precision
-    and this is only a placeholder."""
+def _route_is_a4(flag_ptr, route, out_mask, TOPK, MODE: gl.constexpr):
+    """Per route of the epilogue (``route [1, 1, TILE]``, route ids): whether its token's row
+    flag says A4 (MODE 2); in MODE 0 and 1 every route has the call's precision and this is
+    only a placeholder."""
     if MODE == 2:
-        token = gl.load(sorted_route_ptr + out_rows, mask=out_mask, other=0) // TOPK
-        return gl.load(flag_ptr + token, mask=out_mask, other=0) != 0
+        return gl.load(flag_ptr + route // TOPK, mask=out_mask, other=0) != 0
     else:
         return out_mask
 
@@ -430,7 +430,8 @@ def fc1_decode_kernel(
     up = _epilogue_index(acc_u, SPLIT_K)
     stored = _stored(seg_start_ptr, seg_count_ptr, expert, rows)
     n, out_rows, out_mask = _epilogue_rows(gate, n0, rows, readable, stored)
-    is_a4 = _route_is_a4(flag_ptr, sorted_route_ptr, out_rows, out_mask, TOPK, MODE)
+    route = gl.load(sorted_route_ptr + out_rows, mask=out_mask, other=0)
+    is_a4 = _route_is_a4(flag_ptr, route, out_mask, TOPK, MODE)
     gate = gate * _alpha(gl.load(w_scale2_ptr + expert * 2), gs1_ptr, is_a4, MODE)
     up = up * _alpha(gl.load(w_scale2_ptr + expert * 2 + 1), gs1_ptr, is_a4, MODE)
     h = swiglu(gate, up, limit, HAS_LIMIT, gl.bfloat16)
@@ -504,9 +505,9 @@ def fc2_decode_kernel(
     y = _epilogue_index(acc, SPLIT_K)
     stored = _stored(seg_start_ptr, seg_count_ptr, expert, rows)
     n, out_rows, out_mask = _epilogue_rows(y, n0, rows, readable, stored)
-    is_a4 = _route_is_a4(flag_ptr, sorted_route_ptr, out_rows, out_mask, TOPK, MODE)
-    y = y * _alpha(gl.load(w_scale2_ptr + expert), gs2_ptr + expert, is_a4, MODE)
     route = gl.load(sorted_route_ptr + out_rows, mask=out_mask, other=0)
+    is_a4 = _route_is_a4(flag_ptr, route, out_mask, TOPK, MODE)
+    y = y * _alpha(gl.load(w_scale2_ptr + expert), gs2_ptr + expert, is_a4, MODE)
     gl.store(y_ptr + route * H + n, y.to(gl.bfloat16), mask=out_mask & (n < H))
 
 
@@ -530,17 +531,12 @@ def scale_layout(warps: int, block_k: int = BLOCK_K, rows: int = 16) -> object:
     scale bytes of its code bytes ``16 c .. 16 c + 15`` (two per 128-column step) of rows
     ``r + 8 i``, as in :func:`operand_layouts`."""
     groups = block_k // 16
-    regs = [[0, 0, 1], [0, 8, 0]]
-    step = 8
-    while step < groups:
-        regs.append([0, 0, step])
-        step *= 2
-    step = 16
-    while step < rows:
-        regs.append([0, step, 0])
-        step *= 2
+    regs = [[0, 0, 1], [0, 8, 0], *_bases(2, 8, groups), *_bases(1, 16, rows)]
     lanes = [[0, 0, 2], [0, 0, 4], [0, 1, 0], [0, 2, 0], [0, 4, 0]]
-    warp_bases = [[1 << i, 0, 0] for i in range(warps.bit_length() - 1)]
     return gl.DistributedLinearLayout(
-        reg_bases=regs, lane_bases=lanes, warp_bases=warp_bases, block_bases=[], shape=[warps, rows, groups]
+        reg_bases=regs,
+        lane_bases=lanes,
+        warp_bases=_bases(0, 1, warps),
+        block_bases=[],
+        shape=[warps, rows, groups],
     )
