@@ -26,7 +26,6 @@ import contextlib
 import dataclasses
 import functools
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -331,9 +330,6 @@ class _Program:
             value = float(literal) if dtype.is_floating_point else int(literal, 0)
         return torch.full(result.shape, value, dtype=dtype)
 
-    def _op_ub_poison(self, op: Op) -> None:
-        return None
-
     def _op_tt_make_range(self, op: Op) -> torch.Tensor:
         start, end = (int(_attribute(op, key).split(":")[0]) for key in ("start", "end"))
         return torch.arange(start, end, dtype=torch.int32)
@@ -391,9 +387,6 @@ class _Program:
     def _op_arith_addi(self, op: Op) -> torch.Tensor:
         return self._binary(op, torch.add)
 
-    def _op_arith_subi(self, op: Op) -> torch.Tensor:
-        return self._binary(op, torch.sub)
-
     def _op_arith_muli(self, op: Op) -> torch.Tensor:
         return self._binary(op, torch.mul)
 
@@ -406,9 +399,6 @@ class _Program:
     def _op_arith_andi(self, op: Op) -> torch.Tensor:
         return self._binary(op, torch.bitwise_and)
 
-    def _op_arith_ori(self, op: Op) -> torch.Tensor:
-        return self._binary(op, torch.bitwise_or)
-
     def _op_arith_shrsi(self, op: Op) -> torch.Tensor:
         return self._binary(op, torch.bitwise_right_shift)
 
@@ -420,9 +410,6 @@ class _Program:
 
     def _op_arith_mulf(self, op: Op) -> torch.Tensor:
         return self._binary(op, torch.mul)
-
-    def _op_arith_divf(self, op: Op) -> torch.Tensor:
-        return self._binary(op, torch.div)
 
     def _op_tt_precise_divf(self, op: Op) -> torch.Tensor:
         return self._binary(op, torch.div)
@@ -471,10 +458,6 @@ class _Program:
         if value.dtype == torch.bool:
             return value.to(dtype)
         return value.view(UNSIGNED[value.dtype]).to(dtype)
-
-    def _op_arith_trunci(self, op: Op) -> torch.Tensor:
-        value, dtype = self._convert(op)
-        return value.to(dtype)
 
     def _op_arith_truncf(self, op: Op) -> torch.Tensor:
         value, dtype = self._convert(op)
@@ -612,6 +595,3 @@ class _Program:
                     break
                 self._execute(inner)
         return state
-
-    def items(self) -> Iterator[tuple[str, Any]]:  # pragma: no cover - debugging aid
-        return iter(self.values.items())
