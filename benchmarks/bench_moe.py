@@ -157,7 +157,8 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() / seconds / 1e9
 
 
-DECODE_SWEEP = [  # triton_moe.DecodeGemm fields (warps, block_k, split, rows) of FC1, then FC2; 8-route tiles
+# triton_moe.DecodeGemm fields (warps, block_k, split, rows, prefetch) of FC1, then FC2; 8-route tiles
+DECODE_SWEEP = [
     ((4, 128), (2, 128)),
     ((2, 256), (2, 128)),
     ((4, 256, "rows"), (4, 128, "rows")),
@@ -176,6 +177,15 @@ DECODE_SWEEP = [  # triton_moe.DecodeGemm fields (warps, block_k, split, rows) o
     ((1, 128, "rows", 32), (1, 128, "rows", 32)),
     ((8, 128), (4, 128)),
     ((8, 128, "rows"), (8, 128, "rows")),
+    ((4, 128, "k", 16, True), (2, 128, "k", 16, True)),
+    ((8, 128, "k", 16, True), (4, 128, "k", 16, True)),
+    ((2, 128, "k", 16, True), (2, 128, "k", 16, True)),
+    ((4, 128, "rows", 16, True), (4, 128, "rows", 16, True)),
+    ((4, 256, "rows", 16, True), (4, 128, "rows", 16, True)),
+    ((4, 128, "rows", 32, True), (4, 128, "rows", 32, True)),
+    ((4, 256, "rows"), (4, 128, "rows", 16, True)),
+    ((4, 128), (2, 128, "k", 16, True)),
+    ((4, 128, "k", 16, True), (4, 128, "rows", 16, True)),
 ]
 DECODE_SWEEP_WIDE = [  # timed with 16- and 32-route tiles where experts average more than 4 routes
     ((4, 128), (2, 128)),
@@ -183,6 +193,8 @@ DECODE_SWEEP_WIDE = [  # timed with 16- and 32-route tiles where experts average
     ((4, 128, "rows"), (4, 128, "rows")),
     ((4, 256, "rows"), (4, 128, "rows")),
     ((2, 128, "rows"), (2, 128, "rows")),
+    ((4, 128, "rows", 16, True), (4, 128, "rows", 16, True)),
+    ((4, 128, "rows", 32, True), (4, 128, "rows", 32, True)),
 ]
 DECODE_SWEEP_MAX_ROUTES = 8192  # decode schedules are timed up to 1024 tokens at top-8, past the default
 SWEEP = {  # block_m, fc1_n, fc1_k, fc2_n, fc2_k, warps, stages, ptx_dequant, split_k

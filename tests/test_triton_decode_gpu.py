@@ -35,6 +35,8 @@ SCHEDULES = [
     DecodeTiles(DecodeGemm(2, 256, "k", 32), DecodeGemm(4, 128, "rows", 32)),
     DecodeTiles(DecodeGemm(4, 128, "rows"), DecodeGemm(2, 128), routes=16),
     DecodeTiles(DecodeGemm(2, 128), DecodeGemm(4, 128, "rows", 32), routes=32),
+    DecodeTiles(DecodeGemm(4, 256, "rows", prefetch=True), DecodeGemm(4, 128, "rows", prefetch=True)),
+    DecodeTiles(DecodeGemm(4, 128, prefetch=True), DecodeGemm(2, 128, "k", 32, True), routes=16),
 ]
 TILED = GemmConfig(16, 32, 128, 64, 128, 2, 4)  # the tiled kernels' decode tiles
 

@@ -145,6 +145,9 @@ def _main_loop_opcodes(sass: str) -> collections.Counter[str]:
         ("fc2_decode_kernel", DecodeGemm(4, 128, "rows", 32), 8),
         ("fc2_decode_kernel", DecodeGemm(4, 128, "rows"), 16),
         ("fc2_decode_kernel", DecodeGemm(2, 128), 32),
+        ("fc1_decode_kernel", DecodeGemm(4, 128, prefetch=True), 8),
+        ("fc1_decode_kernel", DecodeGemm(4, 256, "rows", prefetch=True), 8),
+        ("fc2_decode_kernel", DecodeGemm(4, 128, "rows", prefetch=True), 8),
     ],
     ids=str,
 )
@@ -168,6 +171,7 @@ def test_the_main_loop_feeds_weights_from_global_memory_into_mma_registers(kerne
         ((4, 384), "block_k must be 128, 256 or 512"),
         ((4, 128, "m"), "split must be 'k' or 'rows'"),
         ((4, 128, "k", 64), "rows must be 16 or 32"),
+        ((4, 128, "k", 16, 1), "prefetch must be a bool"),
     ],
 )
 def test_a_schedule_the_kernels_cannot_run_is_refused(fields, message):

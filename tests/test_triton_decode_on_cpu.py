@@ -40,7 +40,8 @@ pytestmark = [
 
 EXPERTS, HIDDEN, INTERMEDIATE, TOP_K = 5, 512, 256, 2
 # Every kind of schedule that fits H=512, I=256: warps 1-8, K and row splits, 16 and 32 rows per
-# warp, 128- and 256-column steps, 8-, 16- and 32-route tiles.
+# warp, 128- and 256-column steps, 8-, 16- and 32-route tiles, with and without prefetching
+# (one K step per warp: the prefetching loop runs no iteration).
 SCHEDULES = [
     DecodeTiles(DecodeGemm(4, 128), DecodeGemm(2, 128)),
     DecodeTiles(DecodeGemm(2, 256, "rows"), DecodeGemm(4, 128, "rows")),
@@ -48,6 +49,8 @@ SCHEDULES = [
     DecodeTiles(DecodeGemm(4, 128, "rows"), DecodeGemm(2, 128), routes=16),
     DecodeTiles(DecodeGemm(2, 256, "k", 32), DecodeGemm(8, 128, "rows"), routes=32),
     DecodeTiles(DecodeGemm(4, 128, "k", 32), DecodeGemm(2, 128, "rows", 32), routes=16),
+    DecodeTiles(DecodeGemm(4, 128, prefetch=True), DecodeGemm(2, 128, "rows", prefetch=True)),
+    DecodeTiles(DecodeGemm(1, 128, "rows", prefetch=True), DecodeGemm(2, 128, "k", 32, True), routes=16),
 ]
 TILED = GemmConfig(16, 32, 128, 64, 128, 2, 4)
 

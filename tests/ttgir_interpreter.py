@@ -387,6 +387,9 @@ class _Program:
     def _op_arith_addi(self, op: Op) -> torch.Tensor:
         return self._binary(op, torch.add)
 
+    def _op_arith_subi(self, op: Op) -> torch.Tensor:
+        return self._binary(op, torch.sub)
+
     def _op_arith_muli(self, op: Op) -> torch.Tensor:
         return self._binary(op, torch.mul)
 

@@ -252,10 +252,9 @@ def _activation_offsets(rows, row_stride, warp_cols, B: gl.constexpr, WARPS: gl.
 @gluon.jit
 def _tile(tile_expert_ptr, tile_row_ptr, num_tiles_ptr, routes, TILE: gl.constexpr, B: gl.constexpr):
     """Of the tile of program ``(pid_m, *)``: its expert, sorted positions ``rows [TILE]`` (a
-    slice of ``B``'s route axis), ``readable`` (``rows < routes``) and ``idle`` (``pid_m`` is past
-    the call's tiles: the program has nothing to do). Rows past the tile's segment may belong to
-    the next expert: they are read (their MMA columns are independent) and masked only at the
-    store (:func:`_stored`), so the first loads wait for one dependent load less."""
+    slice of ``B``'s route axis), ``readable`` (``rows < routes``: their route ids may be read)
+    and ``idle`` (``pid_m`` is past the call's tiles: the program has nothing to do). Rows past
+    the tile's segment belong to the next expert or to no route: :func:`_live` masks them."""
     pid_m = gl.program_id(0)
     num_tiles = gl.load(num_tiles_ptr)
     expert = gl.load(tile_expert_ptr + pid_m)
@@ -277,9 +276,11 @@ def _warp_split(K, ROWS: gl.constexpr, WARPS: gl.constexpr, BK: gl.constexpr, SP
 
 
 @gluon.jit
-def _stored(seg_start_ptr, seg_count_ptr, expert, rows):
-    """Which ``rows`` of a tile of ``expert`` are its routes (written by the epilogue)."""
-    return rows < gl.load(seg_start_ptr + expert) + gl.load(seg_count_ptr + expert)
+def _live(seg_start_ptr, seg_count_ptr, expert, rows, readable):
+    """Which ``rows`` of a tile of ``expert`` are its routes: the only ones whose activations are
+    loaded (a masked MMA column reads nothing, so a tile of 1-2 routes moves 1-2 activation rows,
+    not 8) and whose results are stored."""
+    return readable & (rows < gl.load(seg_start_ptr + expert) + gl.load(seg_count_ptr + expert))
 
 
 @gluon.jit
@@ -293,7 +294,7 @@ def _epilogue_index(acc, SPLIT_K: gl.constexpr):
 
 
 @gluon.jit
-def _epilogue_rows(y, n0, rows, readable, stored):
+def _epilogue_rows(y, n0, rows, live):
     """Weight rows ``n [W', M, 1]`` (``n0 + M w + r``), sorted positions ``[1, 1, TILE]`` and their
     store mask ``[1, 1, TILE]`` of the epilogue values ``y [W', M, TILE]``, in ``y``'s layout."""
     EPI: gl.constexpr = y.type.layout
@@ -304,7 +305,7 @@ def _epilogue_rows(y, n0, rows, readable, stored):
     n = n0 + M * w[:, None, None] + r[None, :, None]
     col: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, EPI))
     out_rows = gl.convert_layout(rows, col)[None, None, :]
-    out_mask = gl.convert_layout(readable & stored, col)[None, None, :]
+    out_mask = gl.convert_layout(live, col)[None, None, :]
     return n, out_rows, out_mask
 
 
@@ -375,6 +376,7 @@ def fc1_decode_kernel(
     limit,
     HAS_LIMIT: gl.constexpr,
     MODE: gl.constexpr,
+    PREFETCH: gl.constexpr,
     WARPS: gl.constexpr,
     BK: gl.constexpr,
     SPLIT_K: gl.constexpr,
@@ -412,24 +414,44 @@ def fc1_decode_kernel(
     w_base = w_ptr + expert_rows * row_words
     s_base = ws_ptr + expert_rows * (row_words // 2)
     token = gl.load(sorted_route_ptr + rows, mask=readable, other=0) // TOPK
+    live = _live(seg_start_ptr, seg_count_ptr, expert, rows, readable)
     x_off = _activation_offsets(token, H, warp_cols, B, WARPS, BK)
+    x_mask = live[None, None, :]
     acc_g = gl.zeros([WARPS, ROWS, TILE], gl.float32, ACC)
     acc_u = gl.zeros([WARPS, ROWS, TILE], gl.float32, ACC)
-    for _ in range(k_per_warp // BK):
-        # weights first: their addresses are known before the activations' (one load chain less)
+    steps = k_per_warp // BK
+    if PREFETCH:
+        # step i + 1's weights are loaded before step i's MMAs: two steps in flight per warp
         gw, gs = gl.load(w_base + gate_off), gl.load(s_base + gate_soff)
         uw, us = gl.load(w_base + up_off), gl.load(s_base + up_soff)
-        xb = gl.load(x_ptr + x_off)
+        for _ in range(steps - 1):
+            xb = gl.load(x_ptr + x_off, mask=x_mask, other=0.0)
+            w_base += BK // 8
+            s_base += BK // 16
+            ngw, ngs = gl.load(w_base + gate_off), gl.load(s_base + gate_soff)
+            nuw, nus = gl.load(w_base + up_off), gl.load(s_base + up_soff)
+            acc_g = _mma_step(gw, gs, xb, acc_g, WORDS, A, WARPS, BK)
+            acc_u = _mma_step(uw, us, xb, acc_u, WORDS, A, WARPS, BK)
+            gw, gs, uw, us = ngw, ngs, nuw, nus
+            x_ptr += BK
+        xb = gl.load(x_ptr + x_off, mask=x_mask, other=0.0)
         acc_g = _mma_step(gw, gs, xb, acc_g, WORDS, A, WARPS, BK)
         acc_u = _mma_step(uw, us, xb, acc_u, WORDS, A, WARPS, BK)
-        w_base += BK // 8
-        s_base += BK // 16
-        x_ptr += BK
+    else:
+        for _ in range(steps):
+            # weights first: their addresses are known before the activations' (one load chain less)
+            gw, gs = gl.load(w_base + gate_off), gl.load(s_base + gate_soff)
+            uw, us = gl.load(w_base + up_off), gl.load(s_base + up_soff)
+            xb = gl.load(x_ptr + x_off, mask=x_mask, other=0.0)
+            acc_g = _mma_step(gw, gs, xb, acc_g, WORDS, A, WARPS, BK)
+            acc_u = _mma_step(uw, us, xb, acc_u, WORDS, A, WARPS, BK)
+            w_base += BK // 8
+            s_base += BK // 16
+            x_ptr += BK
     # Undo the 2**-7 of the dequantization; epilogue as triton_kernels.
     gate = _epilogue_index(acc_g, SPLIT_K)
     up = _epilogue_index(acc_u, SPLIT_K)
-    stored = _stored(seg_start_ptr, seg_count_ptr, expert, rows)
-    n, out_rows, out_mask = _epilogue_rows(gate, n0, rows, readable, stored)
+    n, out_rows, out_mask = _epilogue_rows(gate, n0, rows, live)
     route = gl.load(sorted_route_ptr + out_rows, mask=out_mask, other=0)
     is_a4 = _route_is_a4(flag_ptr, route, out_mask, TOPK, MODE)
     gate = gate * _alpha(gl.load(w_scale2_ptr + expert * 2), gs1_ptr, is_a4, MODE)
@@ -464,6 +486,7 @@ def fc2_decode_kernel(
     TOPK,
     ROUTES,
     MODE: gl.constexpr,
+    PREFETCH: gl.constexpr,
     WARPS: gl.constexpr,
     BK: gl.constexpr,
     SPLIT_K: gl.constexpr,
@@ -493,18 +516,32 @@ def fc2_decode_kernel(
     w_base = w_ptr + expert_rows * row_words
     s_base = ws_ptr + expert_rows * (row_words // 2)
     h_off = _activation_offsets(rows, INTER, warp_cols, B, WARPS, BK)
-    h_mask = readable[None, None, :]
+    live = _live(seg_start_ptr, seg_count_ptr, expert, rows, readable)
+    h_mask = live[None, None, :]
     acc = gl.zeros([WARPS, ROWS, TILE], gl.float32, ACC)
-    for _ in range(k_per_warp // BK):
+    steps = k_per_warp // BK
+    if PREFETCH:
         ww, ws = gl.load(w_base + w_off), gl.load(s_base + s_off)
+        for _ in range(steps - 1):
+            hb = gl.load(h_ptr + h_off, mask=h_mask, other=0.0)
+            w_base += BK // 8
+            s_base += BK // 16
+            nww, nws = gl.load(w_base + w_off), gl.load(s_base + s_off)
+            acc = _mma_step(ww, ws, hb, acc, WORDS, A, WARPS, BK)
+            ww, ws = nww, nws
+            h_ptr += BK
         hb = gl.load(h_ptr + h_off, mask=h_mask, other=0.0)
         acc = _mma_step(ww, ws, hb, acc, WORDS, A, WARPS, BK)
-        w_base += BK // 8
-        s_base += BK // 16
-        h_ptr += BK
+    else:
+        for _ in range(steps):
+            ww, ws = gl.load(w_base + w_off), gl.load(s_base + s_off)
+            hb = gl.load(h_ptr + h_off, mask=h_mask, other=0.0)
+            acc = _mma_step(ww, ws, hb, acc, WORDS, A, WARPS, BK)
+            w_base += BK // 8
+            s_base += BK // 16
+            h_ptr += BK
     y = _epilogue_index(acc, SPLIT_K)
-    stored = _stored(seg_start_ptr, seg_count_ptr, expert, rows)
-    n, out_rows, out_mask = _epilogue_rows(y, n0, rows, readable, stored)
+    n, out_rows, out_mask = _epilogue_rows(y, n0, rows, live)
     route = gl.load(sorted_route_ptr + out_rows, mask=out_mask, other=0)
     is_a4 = _route_is_a4(flag_ptr, route, out_mask, TOPK, MODE)
     y = y * _alpha(gl.load(w_scale2_ptr + expert), gs2_ptr + expert, is_a4, MODE)

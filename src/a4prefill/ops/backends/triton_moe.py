@@ -40,7 +40,10 @@ from a4prefill.ops.rows import RowTypes
 from a4prefill.ops.scales import A4Scales
 
 SMALL_ROUTING_MAX = 4096  # routes sorted by the one-program Triton kernel
-ROUTE_PREP_WARPS = 4  # its warps (the configuration every H200 measurement so far ran)
+# Its warps: 4 up to ROUTE_PREP_WIDE_ROUTES routes, 16 above (benchmarks/results/bench_routing.json,
+# H200: 4 warps are fastest up to 512 routes, 16 take 11.6 / 18.3 / 50.1 us at 1024 / 2048 / 4096
+# routes against 4 warps' 14.4 / 35.7 / 108.9 us).
+ROUTE_PREP_WARPS, ROUTE_PREP_WIDE_WARPS, ROUTE_PREP_WIDE_ROUTES = 4, 16, 512
 DECODE_MAX_ROWS_PER_EXPERT = 8  # W4A16 calls with at most this many routes per active expert (mean)
 MODE_W4A16, MODE_A4, MODE_SPLIT = 0, 1, 2
 
@@ -94,13 +97,15 @@ class DecodeGemm:
     """Schedule of one :mod:`triton_decode` GEMM: warps per CTA (1, 2, 4 or 8), K columns per
     warp step (128, 256 or 512: the K relabelling repeats every 128 columns), what the warps
     split (``"k"``: each streams one K slice of the same weight rows, summed at the end;
-    ``"rows"``: each streams all of K for its own rows) and weight rows per warp (16 or 32: one or
-    two MMA tiles sharing each activation load)."""
+    ``"rows"``: each streams all of K for its own rows), weight rows per warp (16 or 32: one or
+    two MMA tiles sharing each activation load) and ``prefetch``: each warp loads its next K
+    step's weights before this step's MMAs (two steps in flight, about twice the registers)."""
 
     warps: int
     block_k: int
     split: str = "k"
     rows: int = 16
+    prefetch: bool = False
 
     def __post_init__(self) -> None:
         if self.warps not in (1, 2, 4, 8):
@@ -111,6 +116,8 @@ class DecodeGemm:
             raise ValueError(f"DecodeGemm.split must be 'k' or 'rows', got {self.split!r}")
         if self.rows not in (16, 32):
             raise ValueError(f"DecodeGemm.rows must be 16 or 32, got {self.rows}")
+        if not isinstance(self.prefetch, bool):
+            raise ValueError(f"DecodeGemm.prefetch must be a bool, got {self.prefetch!r}")
 
     @property
     def rows_per_cta(self) -> int:
@@ -124,7 +131,8 @@ class DecodeGemm:
 
     def __str__(self) -> str:
         split = "r" if self.split == "rows" else ""
-        return f"{self.warps}x{self.block_k}{split}" + ("" if self.rows == 16 else f"m{self.rows}")
+        rows = "" if self.rows == 16 else f"m{self.rows}"
+        return f"{self.warps}x{self.block_k}{split}{rows}" + ("p" if self.prefetch else "")
 
 
 @dataclass(frozen=True)
@@ -151,16 +159,34 @@ class DecodeTiles:
         return f"fc1_{self.fc1}_fc2_{self.fc2}" + ("" if self.routes == 8 else f"_n{self.routes}")
 
 
-# The decode kernels' schedule at every decode size: FC1 on 4 warps x 128 columns (K split), FC2
-# on 2 x 128, 8-route tiles. Why (benchmarks/results/README.md, "The decode kernels as they are
-# now"): in the last H200 sweep (bench_moe_decode_sweep.json, GLM-5.3-Flash TP2 shape, made with
-# the kernels' earlier byte-wise code loads) it was within 1-9% of the fastest schedule at every
-# size from 1 to 256 tokens, while the fastest one changed with the size; with the codes loaded as
-# int32 words its FC1 needs 64 registers (72 before), the 256-column FC1 schedules 152-154
-# (126-128 before; Triton 3.6, compiled offline for sm_90a). Row splits, 32-row warps and
-# 16/32-route tiles are untimed so far: `bench_moe.py --sweep decode` times them all, against
-# Marlin, for a size-dependent choice.
-DECODE_TILES = DecodeTiles(DecodeGemm(4, 128), DecodeGemm(2, 128))
+# The decode kernels' schedules by call size, the fastest or within 1-2% of the fastest of
+# `bench_moe.py --sweep decode` on the H200 (GLM-5.3-Flash TP2 shape, 49 schedules; table and
+# JSON in benchmarks/results/README.md, "Decode schedules"): (most routes, most routes per active
+# expert, schedule), the first row that holds a call is used.
+DECODE_SCHEDULES = (
+    # 1-2 tokens: short FC1 K slices on 4 warps, the next step's weights loaded before this one's MMAs
+    (16, 8.0, DecodeTiles(DecodeGemm(4, 128, prefetch=True), DecodeGemm(4, 128, "rows", prefetch=True))),
+    # 3-8 tokens: each warp streams all of K for its own rows, 256 columns a step
+    (64, 8.0, DecodeTiles(DecodeGemm(2, 256, "rows"), DecodeGemm(2, 256, "rows"))),
+    # up to 4 routes per active expert (16-64 tokens at top-8 over 288 experts): 4 such warps, prefetched
+    (
+        None,
+        4.0,
+        DecodeTiles(DecodeGemm(4, 256, "rows", prefetch=True), DecodeGemm(4, 128, "rows", prefetch=True)),
+    ),
+    # up to 8 (256 tokens): 128 columns a step, no prefetch (fewer registers, more warps per SM)
+    (None, 8.0, DecodeTiles(DecodeGemm(4, 128, "rows"), DecodeGemm(4, 128, "rows"))),
+)
+
+
+def choose_decode_tiles(routes: int, rows_per_expert: float) -> DecodeTiles | None:
+    """The :data:`DECODE_SCHEDULES` schedule of a call of ``routes`` routes with on average
+    ``rows_per_expert`` routes per active expert; ``None`` above
+    :data:`DECODE_MAX_ROWS_PER_EXPERT` (the tiled kernels' sizes)."""
+    for max_routes, max_rows, tiles in DECODE_SCHEDULES:
+        if (max_routes is None or routes <= max_routes) and rows_per_expert <= max_rows:
+            return tiles
+    return None
 
 
 def _split_k(k: int, block_k: int, wanted: int) -> int:
@@ -181,7 +207,8 @@ def choose_config(routes: int, experts: int, hidden: int, intermediate: int) -> 
     rows_per_expert = routes / max(1, min(experts, routes))
     decode = None
     if rows_per_expert <= DECODE_MAX_ROWS_PER_EXPERT:
-        decode = DECODE_TILES if DECODE_TILES.fits(hidden, intermediate) else None
+        tiles = choose_decode_tiles(routes, rows_per_expert)
+        decode = tiles if tiles is not None and tiles.fits(hidden, intermediate) else None
     if rows_per_expert <= 24:
         if routes <= 16:  # about one token: longer K steps keep more bytes in flight
             return GemmConfig(
@@ -284,8 +311,9 @@ def build_routing(
     topk_ids: torch.Tensor, experts: int, block_m: int, force_torch: bool = False, warps: int | None = None
 ) -> Routing:
     """Sort the routes of ``topk_ids [T, k]`` by expert on the device (no host sync); ``warps``
-    of the one-program kernel (default :data:`ROUTE_PREP_WARPS`; ``benchmarks/bench_routing.py``
-    times 4, 8 and 16)."""
+    of the one-program kernel (default: :data:`ROUTE_PREP_WARPS`, or :data:`ROUTE_PREP_WIDE_WARPS`
+    above :data:`ROUTE_PREP_WIDE_ROUTES` routes; ``benchmarks/bench_routing.py`` times 4, 8 and
+    16)."""
     ids = topk_ids.reshape(-1)
     routes = ids.numel()
     max_tiles = _cdiv(routes, block_m) + min(experts, routes)
@@ -315,7 +343,7 @@ def build_routing(
         BLOCK_M=block_m,
         R_BLOCK=max(16, _next_pow2(routes)),
         E_BLOCK=_next_pow2(experts + 1),
-        num_warps=warps or ROUTE_PREP_WARPS,
+        num_warps=warps or (ROUTE_PREP_WIDE_WARPS if routes > ROUTE_PREP_WIDE_ROUTES else ROUTE_PREP_WARPS),
     )
     return routing
 
@@ -543,6 +571,7 @@ def _decode_launch_args(gemm: DecodeGemm, routes: int) -> dict[str, Any]:
         "WARPS": gemm.warps,
         "BK": gemm.block_k,
         "SPLIT_K": gemm.split == "k",
+        "PREFETCH": gemm.prefetch,
         "TILE": routes,
         "num_warps": gemm.warps,
     }
