@@ -8,7 +8,8 @@ not flushed) and the call's total. Under Nsight Compute, ``--ncu`` runs each cal
 ``cudaProfilerStart``/``Stop`` so that ``ncu --profile-from-start off`` sees only those kernels:
 
     ncu --profile-from-start off --section SpeedOfLight --section Occupancy \
-        --section LaunchStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --csv \
+        --section LaunchStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+        --section WarpStateStats --csv \
         python benchmarks/profile_decode.py --ncu --tokens 1,16,64 > ncu.csv
 
 and ``--ncu-summary ncu.csv`` turns that CSV into ``profile_decode_ncu.json`` (the GEMM kernels,
@@ -45,6 +46,10 @@ NCU_METRICS = (
     "Waves Per SM",
     "L2 Hit Rate",
     "Issue Slots Busy",
+    "L1/TEX Cache Throughput",
+    "L2 Cache Throughput",
+    "Mem Busy",
+    "Warp Cycles Per Issued Instruction",
 )
 GEMM_KERNELS = ("fc1_kernel", "fc2_kernel", "fc1_decode_kernel", "fc2_decode_kernel", "marlin")
 

@@ -50,11 +50,12 @@ def compile_sm90(
 class InterpretedKernel:
     """A Gluon kernel launched on CPU tensors: compiled offline for sm_90a per constexpr set and
     argument types (cached), its TTGIR interpreted program by program. ``launches`` records the
-    grid of every launch."""
+    grid of every launch, ``reads`` the elements its loads read per tensor argument (by name)."""
 
     def __init__(self, fn: Any) -> None:
         self.fn = fn
         self.launches: list[tuple[int, ...]] = []
+        self.reads: list[dict[str, int]] = []
         self._kernels: dict[str, Kernel] = {}
 
     def __getitem__(self, grid: tuple[int, ...]) -> Any:
@@ -86,4 +87,11 @@ class InterpretedKernel:
             compiled = compile_sm90(self.fn, signature, constexprs, num_warps, divisible)
             self._kernels[key] = Kernel.from_ttgir(compiled.asm["ttgir"])
         self.launches.append(grid)
-        self._kernels[key].launch(grid, runtime)
+        read = self._kernels[key].launch(grid, runtime)
+        self.reads.append(
+            {
+                name: read.get(value.untyped_storage().data_ptr(), 0)
+                for name, value in bound.items()
+                if isinstance(value, torch.Tensor)
+            }
+        )

@@ -125,6 +125,25 @@ def run_decode(
     return fused_moe(*args, a4_scales, limit, row_flags, config=config)
 
 
+@pytest.mark.parametrize("schedule", [SCHEDULES[0], SCHEDULES[3], SCHEDULES[4]], ids=str)
+def test_a_tile_reads_the_activations_of_its_own_routes_only(decode_on_cpu, layer, schedule):
+    """A tile's rows past its expert's routes (padding, the next expert's routes) are masked at
+    the loads, so they cost no memory traffic: FC1 reads each route's input row and FC2 each
+    route's FC1 output once per warp-K-slice of every CTA of the grid's second axis (a K split
+    divides K among the warps, a row split gives each warp all of K), in 8-, 16- and 32-route
+    tiles holding 1-3 routes each."""
+    hidden, topk_weights, topk_ids = inputs(4, seed=5)
+    run_decode(schedule, hidden, topk_weights, topk_ids, layer.experts)
+    routes = topk_ids.numel()
+    for name, gemm, k, rows in (
+        ("fc1_decode_kernel", schedule.fc1, HIDDEN, "x_ptr"),
+        ("fc2_decode_kernel", schedule.fc2, INTERMEDIATE, "h_ptr"),
+    ):
+        kernel = decode_on_cpu[name]
+        warp_slices = 1 if gemm.split == "k" else gemm.warps
+        assert kernel.reads[-1][rows] == routes * k * warp_slices * kernel.launches[-1][1], name
+
+
 @pytest.mark.parametrize("tokens", [1, 23])
 @pytest.mark.parametrize("schedule", SCHEDULES, ids=str)
 def test_the_decode_program_matches_the_reference(decode_on_cpu, layer, schedule, tokens):

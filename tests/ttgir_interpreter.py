@@ -14,7 +14,8 @@ Memory: pointer arguments are torch tensors (contiguous); a pointer value is ``(
 offsets)``. An unmasked load or store outside its buffer raises ``IndexError`` (on a GPU it would
 read or write another allocation silently), and so does a store to an element another program of
 the same launch has stored to: a GPU runs the programs in no fixed order, so that is a race whose
-outcome the interpreter's program order would hide.
+outcome the interpreter's program order would hide. ``Kernel.launch`` can count the elements
+each buffer's loads read (masked-off lanes read nothing, as on a GPU).
 
 Only the ops these kernels use are implemented; anything else raises ``NotImplementedError``
 naming the op, so a kernel change that needs more is noticed.
@@ -231,15 +232,18 @@ class Kernel:
                 return cls(match.group(1), arguments, body, warps)
         raise ValueError("no public tt.func in the module")
 
-    def launch(self, grid: tuple[int, ...], arguments: list[Any]) -> None:
+    def launch(self, grid: tuple[int, ...], arguments: list[Any]) -> dict[int, int]:
         """Run every program of ``grid`` (1-3 axes, x fastest) with ``arguments`` (tensors for
-        pointer arguments, Python ints and floats for scalars) in the kernel's order."""
+        pointer arguments, Python ints and floats for scalars) in the kernel's order. Returns the
+        elements the loads read, summed over the programs, per buffer (``data_ptr`` of its storage)."""
         grid = tuple(grid) + (1,) * (3 - len(grid))
         writers: dict[int, torch.Tensor] = {}  # buffer -> the program that stored each element
+        reads: dict[int, int] = {}
         for z in range(grid[2]):
             for y in range(grid[1]):
                 for x in range(grid[0]):
-                    _Program(self, (x, y, z), arguments, writers).run()
+                    _Program(self, (x, y, z), arguments, writers, reads).run()
+        return reads
 
 
 class _Return(Exception):
@@ -253,10 +257,12 @@ class _Program:
         program_id: tuple[int, int, int],
         arguments: list[Any],
         writers: dict[int, torch.Tensor],
+        reads: dict[int, int],
     ) -> None:
         self.kernel = kernel
         self.program_id = program_id
         self.writers = writers
+        self.reads = reads
         self.values: dict[str, Any] = {}
         for name, value in zip(kernel.arguments, arguments, strict=True):
             if isinstance(value, torch.Tensor):
@@ -511,6 +517,8 @@ class _Program:
         (pointer_type,), _ = op.types
         buffer = self._typed(pointer.buffer, pointer_type.pointee)
         active = self._check_bounds(pointer, mask, f"load {op.results[0]}")
+        key = buffer.untyped_storage().data_ptr()
+        self.reads[key] = self.reads.get(key, 0) + int(active.sum())
         safe = torch.where(active, pointer.offsets, torch.zeros_like(pointer.offsets))
         values = buffer[safe]
         if mask is not None:
