@@ -13,8 +13,17 @@ import subprocess
 import tempfile
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from a4prefill.ops.backends.triton_moe import DecodeGemm, DecodeTiles, choose_config
+from a4prefill.ops.backends.triton_moe import (
+    DECODE_MAX_ROWS_PER_EXPERT,
+    DECODE_SCHEDULES,
+    DecodeGemm,
+    DecodeTiles,
+    choose_config,
+    choose_decode_tiles,
+)
 
 GLM = {"experts": 288, "hidden": 4096, "intermediate": 1024}
 
@@ -31,6 +40,21 @@ def test_decode_sizes_of_the_glm_shape_get_a_decode_schedule(tokens):
     config = choose_config(tokens * 8, GLM["experts"], GLM["hidden"], GLM["intermediate"])
     assert isinstance(config.decode, DecodeTiles)
     assert config.decode.fits(GLM["hidden"], GLM["intermediate"])
+
+
+@given(routes=st.integers(1, 1 << 16), rows_per_expert=st.floats(0.0, 64.0))
+def test_the_schedule_table_covers_exactly_the_decode_sizes(routes, rows_per_expert):
+    """Every call of up to ``DECODE_MAX_ROWS_PER_EXPERT`` routes per active expert gets a decode
+    schedule from ``DECODE_SCHEDULES``, whatever its route count, and no larger call does."""
+    tiles = choose_decode_tiles(routes, rows_per_expert)
+    assert (tiles is not None) is (rows_per_expert <= DECODE_MAX_ROWS_PER_EXPERT)
+
+
+@pytest.mark.parametrize("row", DECODE_SCHEDULES, ids=lambda row: str(row[2]))
+def test_every_scheduled_decode_size_of_the_glm_shape_keeps_its_schedule(row):
+    """A schedule of the table that did not divide the shape it was chosen on would send those
+    calls to the tiled kernels without a word."""
+    assert row[2].fits(GLM["hidden"], GLM["intermediate"])
 
 
 @pytest.mark.parametrize(
