@@ -399,8 +399,9 @@ def fc1_decode_kernel(
     ``TILE``-route tiles.
     ``SPLIT_K``: the ``WARPS`` warps stream K slices of the same ``M`` features (``W' = 1``,
     ``H % (WARPS * BK) == 0``); else each warp streams all of K for its own ``M`` features
-    (``W' = WARPS``, ``H % BK == 0``). Grid ``(max_tiles, I / (M W'))``; ``BK % 128 == 0``,
-    ``I % 128 == 0``.
+    (``W' = WARPS``, ``H % BK == 0``). ``PREFETCH``: each warp loads step ``i + 1``'s weights
+    before step ``i``'s MMAs. Only a tile's own routes are read (:func:`_live`). Grid
+    ``(max_tiles, I / (M W'))``; ``BK % 128 == 0``, ``I % 128 == 0``.
     """
     expert, rows, readable, idle = _tile(tile_expert_ptr, tile_row_ptr, num_tiles_ptr, ROUTES, TILE, B)
     if idle:
@@ -502,8 +503,8 @@ def fc2_decode_kernel(
     ``h [R, I]`` bf16 in permuted K order (sorted positions), ``w [E, H, I/8]`` int32, ``ws
     [E, H, I/16]`` e4m3 bytes, ``w_scale2 [E]`` fp32, ``y [R, H]`` bf16 (one row per route),
     ``ROUTES = R``. ``MODE``, ``gs2 [E]`` and ``flag [T]`` as in :func:`fc1_decode_kernel`
-    (alpha2 of an A4 route: ``w_scale2[e] / gs2[e]``). ``SPLIT_K`` as there with K = ``I``; grid
-    ``(max_tiles, H / (M W'))``; ``BK % 128 == 0``.
+    (alpha2 of an A4 route: ``w_scale2[e] / gs2[e]``). ``SPLIT_K``, ``PREFETCH`` and the routes
+    read as there, with K = ``I``; grid ``(max_tiles, H / (M W'))``; ``BK % 128 == 0``.
     """
     expert, rows, readable, idle = _tile(tile_expert_ptr, tile_row_ptr, num_tiles_ptr, ROUTES, TILE, B)
     if idle:
