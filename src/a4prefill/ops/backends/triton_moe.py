@@ -159,15 +159,19 @@ class DecodeTiles:
         return f"fc1_{self.fc1}_fc2_{self.fc2}" + ("" if self.routes == 8 else f"_n{self.routes}")
 
 
-# The decode kernels' schedules by call size, the fastest or within 1-2% of the fastest of
-# `bench_moe.py --sweep decode` on the H200 (GLM-5.3-Flash TP2 shape, 49 schedules; table and
-# JSON in benchmarks/results/README.md, "Decode schedules"): (most routes, most routes per active
-# expert, schedule), the first row that holds a call is used.
+# The decode kernels' schedules by call size: each the fastest of its size in the last
+# `bench_moe.py --sweep decode` on the H200 (GLM-5.3-Flash TP2 shape, 49 schedules; tables and
+# JSON in benchmarks/results/README.md, "Against vLLM's Marlin NVFP4 MoE"). Rows: (most routes,
+# most routes per active expert, schedule); the first row that holds a call is used.
 DECODE_SCHEDULES = (
     # 1-2 tokens: short FC1 K slices on 4 warps, the next step's weights loaded before this one's MMAs
-    (16, 8.0, DecodeTiles(DecodeGemm(4, 128, prefetch=True), DecodeGemm(4, 128, "rows", prefetch=True))),
+    (
+        16,
+        DECODE_MAX_ROWS_PER_EXPERT,
+        DecodeTiles(DecodeGemm(4, 128, prefetch=True), DecodeGemm(4, 128, "rows", prefetch=True)),
+    ),
     # 3-8 tokens: each warp streams all of K for its own rows, 256 columns a step
-    (64, 8.0, DecodeTiles(DecodeGemm(2, 256, "rows"), DecodeGemm(2, 256, "rows"))),
+    (64, DECODE_MAX_ROWS_PER_EXPERT, DecodeTiles(DecodeGemm(2, 256, "rows"), DecodeGemm(2, 256, "rows"))),
     # up to 4 routes per active expert (16-64 tokens at top-8 over 288 experts): 4 such warps, prefetched
     (
         None,
@@ -175,7 +179,7 @@ DECODE_SCHEDULES = (
         DecodeTiles(DecodeGemm(4, 256, "rows", prefetch=True), DecodeGemm(4, 128, "rows", prefetch=True)),
     ),
     # up to 8 (256 tokens): 128 columns a step, no prefetch (fewer registers, more warps per SM)
-    (None, 8.0, DecodeTiles(DecodeGemm(4, 128, "rows"), DecodeGemm(4, 128, "rows"))),
+    (None, DECODE_MAX_ROWS_PER_EXPERT, DecodeTiles(DecodeGemm(4, 128, "rows"), DecodeGemm(4, 128, "rows"))),
 )
 
 
@@ -205,10 +209,8 @@ def choose_config(routes: int, experts: int, hidden: int, intermediate: int) -> 
     (GLM-5.3-Flash TP2 shape).
     """
     rows_per_expert = routes / max(1, min(experts, routes))
-    decode = None
-    if rows_per_expert <= DECODE_MAX_ROWS_PER_EXPERT:
-        tiles = choose_decode_tiles(routes, rows_per_expert)
-        decode = tiles if tiles is not None and tiles.fits(hidden, intermediate) else None
+    tiles = choose_decode_tiles(routes, rows_per_expert)
+    decode = tiles if tiles is not None and tiles.fits(hidden, intermediate) else None
     if rows_per_expert <= 24:
         if routes <= 16:  # about one token: longer K steps keep more bytes in flight
             return GemmConfig(
