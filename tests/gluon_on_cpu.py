@@ -23,6 +23,7 @@ POINTER_TYPES = {
     torch.int64: "*i64",
     torch.int8: "*i8",
     torch.uint8: "*u8",
+    torch.uint16: "*u16",
 }
 
 

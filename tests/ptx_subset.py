@@ -2,7 +2,9 @@
 
 Runs ``triton_decode.FACTOR_ASM``, ``CODES_ASM`` and ``WORD_CODES_ASM`` bit for bit on the CPU:
 32-bit integer ops (``mov``, ``and``, ``or``, ``shl``, ``shr``, ``mul.hi``/``mul.lo``/``mad.lo``
-``.u32``), the unpacking ``mov.b32 {lo, hi}, x`` (two 16-bit halves) and ``fma.rn.bf16x2`` (each
+``.u32``), ``prmt.b32`` (default mode: each selector nibble 0..7 picks a byte of ``{b, a}``), the
+unpacking ``mov.b32 {lo, hi}, x`` and packing ``mov.b32 x, {lo, hi}`` (two 16-bit halves) and
+``fma.rn.bf16x2`` (each
 half: the exact product plus addend, rounded to nearest even bf16, subnormals kept). Operands
 ``$N`` are the asm's inputs and outputs as uint32 (16-bit outputs of the unpacking: uint16), either
 Python ints or int64 torch tensors of one shape (every element one execution of the asm).
@@ -66,6 +68,19 @@ def _mul_hi(a: Any, b: Any) -> Any:
     return (((a >> 16) * b) + (((a & 0xFFFF) * b) >> 16)) >> 16
 
 
+def _prmt(a: Any, b: Any, selector: Any) -> Any:
+    """``prmt.b32`` default mode: output byte ``i`` is byte ``selector nibble i`` of the 8 bytes
+    ``a`` (0..3), ``b`` (4..7); a nibble with bit 3 set (sign replication) is refused."""
+    if not isinstance(selector, int) or selector & 0x8888:
+        raise NotImplementedError("prmt.b32 with a register or sign-replicating selector")
+    result = 0
+    for i in range(4):
+        source = (selector >> (4 * i)) & 7
+        byte = ((a if source < 4 else b) >> (8 * (source % 4))) & 0xFF
+        result = result | (byte << (8 * i))
+    return result
+
+
 def run(asm: str, operands: dict[int, Any]) -> dict[int, Any]:
     """Execute ``asm`` (one ``{ ... }`` block) with ``$N`` operands; returns every ``$N`` after."""
     registers: dict[str, Any] = {f"${n}": value & MASK for n, value in operands.items()}
@@ -88,6 +103,11 @@ def run(asm: str, operands: dict[int, Any]) -> dict[int, Any]:
             low, high, source = unpack.groups()
             registers[low], registers[high] = value(source) & 0xFFFF, value(source) >> 16
             continue
+        pack = re.fullmatch(r"(\S+)\s*,\s*\{\s*(\S+)\s*,\s*(\S+)\s*\}", rest.strip())
+        if opcode == "mov.b32" and pack:
+            dest, low, high = pack.groups()
+            registers[dest] = (value(low) & 0xFFFF) | ((value(high) & 0xFFFF) << 16)
+            continue
         args = [a.strip() for a in rest.split(",")]
         dest, sources = args[0], [value(a) for a in args[1:]]
         if opcode == "mov.b32":
@@ -106,6 +126,8 @@ def run(asm: str, operands: dict[int, Any]) -> dict[int, Any]:
             result = (sources[0] * sources[1]) & MASK
         elif opcode == "mad.lo.u32":
             result = (sources[0] * sources[1] + sources[2]) & MASK
+        elif opcode == "prmt.b32":
+            result = _prmt(*sources)
         elif opcode == "fma.rn.bf16x2":
             result = _fma_bf16x2(*sources)
         else:

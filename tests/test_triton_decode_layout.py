@@ -93,7 +93,7 @@ def _compile(kernel_name: str, gemm: DecodeGemm, routes: int, mode: int = 0) -> 
 
     pointers = {
         "w_ptr": "*i32",
-        "ws_ptr": "*u8",
+        "ws_ptr": "*u16",
         "w_scale2_ptr": "*fp32",
         "sorted_route_ptr": "*i32",
         "tile_expert_ptr": "*i32",
@@ -184,8 +184,12 @@ def test_the_main_loop_feeds_weights_from_global_memory_into_mma_registers(kerne
     m_tiles, n_tiles, k_steps = gemm.rows // 16, routes // 8, gemm.block_k // 16
     assert opcodes["HMMA.16816.F32.BF16"] == operands * m_tiles * n_tiles * k_steps
     assert not {op for op in opcodes if op.startswith(("LDS", "STS", "LDSM", "BAR", "SHFL"))}
-    # each thread: rows r + 8 i, 16 code bytes per row per 128 columns
-    assert opcodes["LDG.E.128"] == operands * (gemm.rows // 8) * (gemm.block_k // 128)
+    # each thread: rows r + 8 i, 16 code bytes per row per 128 columns; 8 activations of each
+    # 32 columns per 8 routes, already in MMA operand order
+    weights = operands * (gemm.rows // 8) * (gemm.block_k // 128)
+    activations = (gemm.block_k // 32) * (routes // 8)
+    assert opcodes["LDG.E.128"] == weights + activations
+    assert not {op for op in opcodes if op.startswith("LDG.E.64")}
 
 
 @pytest.mark.parametrize(
@@ -251,13 +255,15 @@ hidden = 384
 x = torch.arange(2 * hidden, dtype=torch.float32).reshape(2, hidden)
 out = torch.empty_like(x)
 decode.permute_k_kernel[(2, 1)](x, out, hidden, BH=512)
-index = torch.tensor([128 * (c // 128) + decode.logical_to_physical(c % 128) for c in range(hidden)])
+index = torch.tensor(
+    [128 * (c // 128) + decode.logical_to_physical(decode.column_to_logical(c % 128)) for c in range(hidden)]
+)
 assert torch.equal(out, x[:, index]), (out, x[:, index])
 """
 
 
 @needs_gluon()
-def test_the_activation_permutation_kernel_applies_logical_to_physical():
+def test_the_activation_permutation_kernel_applies_the_column_order():
     """``permute_k_kernel`` computes the relabelling inline; run it in Triton's CPU interpreter
     (which must be chosen before Triton builds the kernel, hence a subprocess)."""
     import subprocess

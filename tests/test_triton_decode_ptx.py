@@ -31,19 +31,27 @@ def e4m3(byte: int) -> float:
 
 
 def factor_of(byte: int) -> int:
+    """The bf16 factor FACTOR_ASM decodes from ``byte`` (as the low byte of a pair)."""
     from a4prefill.ops.backends.triton_decode import FACTOR_ASM
 
-    return run(FACTOR_ASM.value, {1: byte})[0]
+    return run(FACTOR_ASM.value, {2: byte})[0]
 
 
-@pytest.mark.parametrize("byte", range(256))
-def test_the_scale_factor_is_the_e4m3_value_times_2_119_in_both_halves(byte):
-    factor = factor_of(byte)
-    expected = {0x7F: 480.0, 0xFF: -480.0}.get(byte, e4m3(byte) if byte not in NAN_BYTES else 0.0)
+def _expected_factor_bits(byte: int) -> int:
     # the NaN bytes decode as +-480 (documented in docs/numerics.md)
-    expected_bits = float_to_bf16(expected * 2.0**119)
-    assert factor & 0xFFFF == expected_bits
-    assert factor >> 16 == expected_bits
+    expected = {0x7F: 480.0, 0xFF: -480.0}.get(byte, e4m3(byte) if byte not in NAN_BYTES else 0.0)
+    return float_to_bf16(expected * 2.0**119)
+
+
+def test_every_pair_of_scale_bytes_decodes_to_the_e4m3_values_times_2_119():
+    """All 65536 pairs ``(low, high)`` of a uint16 at once: each half is its own byte's factor."""
+    from a4prefill.ops.backends.triton_decode import FACTOR_ASM
+
+    pairs = torch.arange(65536, dtype=torch.int64)
+    out = run(FACTOR_ASM.value, {2: pairs})
+    table = torch.tensor([_expected_factor_bits(b) for b in range(256)], dtype=torch.int64)
+    assert torch.equal(out[0], table[pairs & 0xFF])
+    assert torch.equal(out[1], table[pairs >> 8])
 
 
 def _codes_outputs(word: int, factor: int) -> list[int]:

@@ -19,9 +19,11 @@ bf16 io and few routes per active expert (decode sizes), and any call whose
   conversion. The MMA operand layout (``k_width=4``) is reached by *relabelling K*: the
   thread's 32 physical columns become its logical K slots in the order of
   :func:`logical_to_physical`.
-- **The activations are permuted once to match** (:func:`permute_k_kernel`): column ``L`` of
+- **The activations are permuted once to match** (:func:`permute_k_kernel`): column ``m`` of
   each 128-column block of the permuted activations is physical column
-  ``logical_to_physical(L)``. FC1 stores its output (FC2's input) directly in that order.
+  ``logical_to_physical(column_to_logical(m))``. FC1 stores its output (FC2's input) directly
+  in that order. :func:`column_to_logical` makes each thread's 8 activations of a 32-column
+  group one 128-bit load that is already the B operand of its two MMAs (no register moves).
 - **K is split over the warps of a CTA.** Each warp streams its own K slice of the same 16
   weight rows (a batched MMA layout whose batch axis is the warp); the fp32 partial sums are
   added across warps at the end. Small token counts get many CTAs without atomics.
@@ -64,6 +66,17 @@ def logical_to_physical(logical: int) -> int:
     return 32 * c + 8 * h + 4 * (p % 2) + p // 2 + 2 * s
 
 
+def column_to_logical(column: int) -> int:
+    """Logical K slot (0..127) held by column ``column`` (0..127) of a 128 block of the permuted
+    activations: column ``m = 32 b + 8 c + 4 h + 2 q + p`` holds slot ``32 b + 16 q + 4 c + 2 h +
+    p``. Lane group ``c``'s 8 columns ``32 b + 8 c ..`` are then the slots of its B operand
+    registers of MMAs ``2 b`` (``h = 0``) and ``2 b + 1`` (``h = 1``), in register order. The
+    kernels compute the same map inline (:func:`permute_k_kernel`) and its inverse
+    (``fc1_decode_kernel``'s store)."""
+    b, c, h, q, p = column // 32, (column // 8) % 4, (column // 4) % 2, (column // 2) % 2, column % 2
+    return 32 * b + 16 * q + 4 * c + 2 * h + p
+
+
 def _bases(axis: int, start: int, stop: int) -> list[list[int]]:
     """Linear-layout bases of a 3-D tensor: index ``start, 2 start, ...`` (below ``stop``) on
     ``axis``, one basis each."""
@@ -99,60 +112,66 @@ def operand_layouts(warps: int, block_k: int = BLOCK_K, rows: int = 16) -> tuple
     return codes, acc, a, b
 
 
-# $1: an e4m3 scale byte (zero-extended). $0: bf16x2 ``(scale * 2**119, scale * 2**119)``, exact.
-# The byte's sign goes to bf16 bit 15 and its other bits to bits 10..4: that bf16 is exactly
-# ``e4m3 * 2**-120`` (subnormal scales included); two bf16 products by 2**120 and 2**119 follow.
-# The multiplies by 16 and 0x00100010 are shifts on the FMA pipe (the logic pipe is the busier).
+# $2: two e4m3 scale bytes (a zero-extended uint16, byte 0 in bits 7..0). $0, $1: bf16
+# ``scale * 2**119`` of byte 0 and byte 1, exact. One ``prmt`` puts the bytes at bits 15..8 of
+# the two halves; a byte's sign is then bf16 bit 15
+# and its other bits go to bits 10..4: that bf16 is exactly ``e4m3 * 2**-120`` (subnormal scales
+# included); two bf16x2 products by 2**120 and 2**119 follow, for both bytes at once.
 FACTOR_ASM = gl.constexpr("""
 {
-.reg .b32 t, s, c120, c119, nz;
+.reg .b32 w, m, c120, c119, nz;
 mov.b32 c120, 0x7B807B80;
 mov.b32 c119, 0x7B007B00;
 mov.b32 nz, 0x80008000;
-and.b32 t, $1, 0x7F;
-and.b32 s, $1, 0x80;
-mad.lo.u32 t, s, 16, t;
-mul.lo.u32 t, t, 0x00100010;
-fma.rn.bf16x2 t, t, c120, nz;
-fma.rn.bf16x2 $0, t, c119, nz;
+prmt.b32 w, $2, $2, 0x1202;
+shr.b32 m, w, 4;
+and.b32 m, m, 0x07F007F0;
+and.b32 w, w, 0x80008000;
+or.b32 w, w, m;
+fma.rn.bf16x2 w, w, c120, nz;
+fma.rn.bf16x2 w, w, c119, nz;
+mov.b32 {$0, $1}, w;
 }
 """)
 
-# $4: four code bytes (eight e2m1 nibbles n0..n7, n0 in bits 0..3). $5: the bf16x2 factor of
-# their block. $0, $1: half s=0, elements (n0, n4), (n1, n5); $2, $3: half s=1, (n2, n6),
+# $4: four code bytes (eight e2m1 nibbles n0..n7, n0 in bits 0..3). $5: the bf16 factor of
+# their block (:data:`FACTOR_ASM`), used in both halves (``mov.b32 f, {$5, $5}`` costs nothing:
+# ptxas reads the factor's half through the multiply's operand swizzle). $0, $1: half s=0, elements (n0, n4), (n1, n5); $2, $3: half s=1, (n2, n6),
 # (n3, n7). Each bf16 is ``e2m1 * scale * 2**-7``, exact: a nibble's magnitude bits go to bf16
 # bits 8..6 (``e2m1 * 2**-126``) and its sign to bit 15, then one fma by the factor.
 # ``mul.hi`` by 2**30 is ``>> 2`` on the FMA pipe.
 CODES_ASM = gl.constexpr("""
 {
-.reg .b32 m, s, nz;
+.reg .b32 m, s, f, nz;
 mov.b32 nz, 0x80008000;
+mov.b32 f, {$5, $5};
 shl.b32 s, $4, 12; and.b32 s, s, 0x80008000;
 shl.b32 m, $4, 6; and.b32 m, m, 0x01C001C0; or.b32 s, s, m;
-fma.rn.bf16x2 $0, s, $5, nz;
+fma.rn.bf16x2 $0, s, f, nz;
 shl.b32 s, $4, 8; and.b32 s, s, 0x80008000;
 shl.b32 m, $4, 2; and.b32 m, m, 0x01C001C0; or.b32 s, s, m;
-fma.rn.bf16x2 $1, s, $5, nz;
+fma.rn.bf16x2 $1, s, f, nz;
 shl.b32 s, $4, 4; and.b32 s, s, 0x80008000;
 mul.hi.u32 m, $4, 0x40000000; and.b32 m, m, 0x01C001C0; or.b32 s, s, m;
-fma.rn.bf16x2 $2, s, $5, nz;
+fma.rn.bf16x2 $2, s, f, nz;
 and.b32 s, $4, 0x80008000;
 shr.b32 m, $4, 6; and.b32 m, m, 0x01C001C0; or.b32 s, s, m;
-fma.rn.bf16x2 $3, s, $5, nz;
+fma.rn.bf16x2 $3, s, f, nz;
 }
 """)
 
 
 @gluon.jit
-def _factors(scale_bytes, WORDS: gl.constexpr):
-    """Scale bytes ``[W, M, G]`` (:func:`scale_layout`) -> :data:`FACTOR_ASM` factors (int32)
-    repeated for the block's 2 code words: ``[W, M, 2 G]`` in the ``WORDS`` layout (register
-    copies only)."""
-    f = gl.inline_asm_elementwise(
-        FACTOR_ASM, "=r,r", [scale_bytes.to(gl.int32)], dtype=gl.int32, is_pure=True, pack=1
+def _factors(scale_pairs, WORDS: gl.constexpr):
+    """Scale byte pairs ``[W, M, G / 2]`` (uint16, :func:`scale_layout`) -> the :data:`FACTOR_ASM`
+    factors (bf16) of the ``G`` bytes, each repeated for its block's 2 code words: ``[W, M, 2 G]``
+    in the ``WORDS`` layout (register copies only)."""
+    shape: gl.constexpr = scale_pairs.shape
+    low, high = gl.inline_asm_elementwise(
+        FACTOR_ASM, "=h,=h,r", [scale_pairs.to(gl.int32)], dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1
     )
-    shape: gl.constexpr = scale_bytes.shape
-    f = gl.reshape(gl.join(f, f), [shape[0], shape[1], shape[2] * 2])
+    f = gl.reshape(gl.join(low, high), [shape[0], shape[1], shape[2] * 2])
+    f = gl.reshape(gl.join(f, f), [shape[0], shape[1], shape[2] * 4])
     return gl.convert_layout(f, WORDS)
 
 
@@ -177,7 +196,7 @@ def _dequant_words(words, factors):
     at ``4 J + p``)."""
     outs = gl.inline_asm_elementwise(
         WORD_CODES_ASM,
-        "=h,=h,=h,=h,=h,=h,=h,=h,r,r",
+        "=h,=h,=h,=h,=h,=h,=h,=h,r,h",
         [words, factors],
         dtype=(gl.bfloat16,) * 8,
         is_pure=True,
@@ -193,12 +212,21 @@ def _dequant_words(words, factors):
 
 @gluon.jit
 def _mma_step(
-    words, scale_bytes, act, acc, WORDS: gl.constexpr, A: gl.constexpr, WARPS: gl.constexpr, BK: gl.constexpr
+    words,
+    scale_pairs,
+    act,
+    acc,
+    WORDS: gl.constexpr,
+    A: gl.constexpr,
+    B: gl.constexpr,
+    WARPS: gl.constexpr,
+    BK: gl.constexpr,
 ):
-    """``acc + dequant(words, scale_bytes) @ act`` for one K step (``WORDS``/:func:`scale_layout`
-    operands, ``act`` the B operand ``[W, BK, TILE]``; weights ``* 2**-7``)."""
-    lo, hi = _dequant_words(words, _factors(scale_bytes, WORDS))
-    return mma_v2(_operand(lo, hi, A, WARPS, WORDS.shape[1], BK), act, acc)
+    """``acc + dequant(words, scale_pairs) @ act`` for one K step (``WORDS``/:func:`scale_layout`
+    operands, ``act [W, BK, TILE]`` the activations as loaded (:func:`activation_layout`);
+    weights ``* 2**-7``)."""
+    lo, hi = _dequant_words(words, _factors(scale_pairs, WORDS))
+    return mma_v2(_operand(lo, hi, A, WARPS, WORDS.shape[1], BK), _b_operand(act, B), acc)
 
 
 @gluon.jit
@@ -213,9 +241,22 @@ def _operand(low, high, layout: gl.constexpr, WARPS: gl.constexpr, ROWS: gl.cons
 
 
 @gluon.jit
+def _b_operand(act, layout: gl.constexpr):
+    """Activations ``[W, BK, TILE]`` as loaded (column ``m = 32 b + 8 c + 4 h + 2 q + p`` of a
+    step, :func:`activation_layout`) -> the B operand with logical ``k = 32 b + 16 q + 4 c + 2 h +
+    p`` (:func:`column_to_logical`; a relabelling: no data moves between threads)."""
+    W: gl.constexpr = act.shape[0]
+    BK: gl.constexpr = act.shape[1]
+    T: gl.constexpr = act.shape[2]
+    t = gl.reshape(act, [W, BK // 32, 4, 2, 2, 2, T])  # b, c, h, q, p
+    t = gl.permute(t, [0, 1, 4, 2, 3, 5, 6])  # b, q, c, h, p
+    return gl.convert_layout(gl.reshape(t, [W, BK, T]), layout)
+
+
+@gluon.jit
 def _weight_offsets(first_row, row_words, warp_rows, warp_words, WORDS: gl.constexpr, SCALES: gl.constexpr):
     """int32 offsets of one step's code words ``[W, M, BK / 8]`` (``WORDS``, in int32 words)
-    and scale bytes ``[W, M, BK / 16]`` (``SCALES``) within one expert: warp ``w`` reads rows
+    and scale byte pairs ``[W, M, BK / 32]`` (``SCALES``, in uint16) within one expert: warp ``w`` reads rows
     ``first_row + w * warp_rows + r`` from code word ``w * warp_words`` on (split K:
     ``warp_rows`` 0; split rows: ``warp_words`` 0)."""
     warps: gl.constexpr = WORDS.shape[0]
@@ -231,34 +272,35 @@ def _weight_offsets(first_row, row_words, warp_rows, warp_words, WORDS: gl.const
     )
     sw = gl.arange(0, warps, layout=gl.SliceLayout(1, gl.SliceLayout(2, SCALES)))
     sr = gl.arange(0, rows, layout=gl.SliceLayout(0, gl.SliceLayout(2, SCALES)))
-    sg = gl.arange(0, words // 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, SCALES)))
+    sg = gl.arange(0, words // 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, SCALES)))
     scale_off = (
-        (first_row + sw[:, None, None] * warp_rows + sr[None, :, None]) * (row_words // 2)
-        + (sw * (warp_words // 2))[:, None, None]
+        (first_row + sw[:, None, None] * warp_rows + sr[None, :, None]) * (row_words // 4)
+        + (sw * (warp_words // 4))[:, None, None]
         + sg[None, None, :]
     )
     return code_off, scale_off
 
 
 @gluon.jit
-def _activation_offsets(rows, row_stride, warp_cols, B: gl.constexpr, WARPS: gl.constexpr, BK: gl.constexpr):
-    """int32 offsets ``[W, BK, TILE]`` of one step's B operand: activation rows ``rows [TILE]``,
-    ``row_stride`` elements apart; warp ``w`` starts at column ``w * warp_cols``."""
-    w = gl.arange(0, WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, B)))
-    k = gl.arange(0, BK, layout=gl.SliceLayout(0, gl.SliceLayout(2, B)))
+def _activation_offsets(rows, row_stride, warp_cols, X: gl.constexpr, WARPS: gl.constexpr, BK: gl.constexpr):
+    """int32 offsets ``[W, BK, TILE]`` (layout ``X``, :func:`activation_layout`) of one step's
+    activations: rows ``rows [TILE]``, ``row_stride`` elements apart; warp ``w`` starts at column
+    ``w * warp_cols``."""
+    w = gl.arange(0, WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, X)))
+    k = gl.arange(0, BK, layout=gl.SliceLayout(0, gl.SliceLayout(2, X)))
     return (rows * row_stride)[None, None, :] + (w * warp_cols)[:, None, None] + k[None, :, None]
 
 
 @gluon.jit
-def _tile(tile_expert_ptr, tile_row_ptr, num_tiles_ptr, routes, TILE: gl.constexpr, B: gl.constexpr):
+def _tile(tile_expert_ptr, tile_row_ptr, num_tiles_ptr, routes, TILE: gl.constexpr, X: gl.constexpr):
     """Of the tile of program ``(pid_m, *)``: its expert, sorted positions ``rows [TILE]`` (a
-    slice of ``B``'s route axis), ``readable`` (``rows < routes``: their route ids may be read)
+    slice of ``X``'s route axis), ``readable`` (``rows < routes``: their route ids may be read)
     and ``idle`` (``pid_m`` is past the call's tiles: the program has nothing to do). Rows past
     the tile's segment belong to the next expert or to no route: :func:`_live` masks them."""
     pid_m = gl.program_id(0)
     num_tiles = gl.load(num_tiles_ptr)
     expert = gl.load(tile_expert_ptr + pid_m)
-    layout: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, B))
+    layout: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, X))
     rows = gl.load(tile_row_ptr + pid_m) + gl.arange(0, TILE, layout=layout)
     return expert, rows, rows < routes, pid_m >= num_tiles
 
@@ -386,13 +428,14 @@ def fc1_decode_kernel(
     ACC: gl.constexpr,
     A: gl.constexpr,
     B: gl.constexpr,
+    X: gl.constexpr,
 ):
     """FC1 + SwiGLU of up to ``TILE`` routes x ``M * W'`` features (``M`` rows per warp, 16 or 32):
     ``out[p, slot(n)] = io(io(silu(gate)) * up)`` for sorted positions ``p`` of one tile.
 
     ``x [T, H]`` bf16 in permuted K order (A4 rows: already quantized with ``gs1``, the values
     ``e2m1 * block_scale``), ``w [E, 2I, H/8]`` int32 (the uint8 codes, 4 per word), ``ws [E,
-    2I, H/16]`` e4m3 bytes, ``w_scale2 [E, 2]`` fp32, ``out [R, I]`` bf16 in permuted K order
+    2I, H/32]`` uint16 (the e4m3 scale bytes, 2 per element), ``w_scale2 [E, 2]`` fp32, ``out [R, I]`` bf16 in permuted K order
     (FC2's input; A4 routes re-quantized with ``gs2[e]``), ``ROUTES = R``. ``MODE`` 0 W4A16, 1
     A4, 2 per token (``flag [T]`` uint8, 1 = A4); ``gs1 [1]``, ``gs2 [E]`` fp32 encode scales
     (read in MODE 1 and 2 only). Routing tensors as in :mod:`triton_kernels` with
@@ -403,7 +446,7 @@ def fc1_decode_kernel(
     before step ``i``'s MMAs. Only a tile's own routes are read (:func:`_live`). Grid
     ``(max_tiles, I / (M W'))``; ``BK % 128 == 0``, ``I % 128 == 0``.
     """
-    expert, rows, readable, idle = _tile(tile_expert_ptr, tile_row_ptr, num_tiles_ptr, ROUTES, TILE, B)
+    expert, rows, readable, idle = _tile(tile_expert_ptr, tile_row_ptr, num_tiles_ptr, ROUTES, TILE, X)
     if idle:
         return
     ROWS: gl.constexpr = WORDS.shape[1]
@@ -413,10 +456,10 @@ def fc1_decode_kernel(
     up_off, up_soff = _weight_offsets(n0 + INTER, row_words, warp_rows, warp_cols // 8, WORDS, SCALES)
     expert_rows = expert.to(gl.int64) * (2 * INTER)
     w_base = w_ptr + expert_rows * row_words
-    s_base = ws_ptr + expert_rows * (row_words // 2)
+    s_base = ws_ptr + expert_rows * (row_words // 4)
     token = gl.load(sorted_route_ptr + rows, mask=readable, other=0) // TOPK
     live = _live(seg_start_ptr, seg_count_ptr, expert, rows, readable)
-    x_off = _activation_offsets(token, H, warp_cols, B, WARPS, BK)
+    x_off = _activation_offsets(token, H, warp_cols, X, WARPS, BK)
     x_mask = live[None, None, :]
     acc_g = gl.zeros([WARPS, ROWS, TILE], gl.float32, ACC)
     acc_u = gl.zeros([WARPS, ROWS, TILE], gl.float32, ACC)
@@ -428,26 +471,26 @@ def fc1_decode_kernel(
         for _ in range(steps - 1):
             xb = gl.load(x_ptr + x_off, mask=x_mask, other=0.0)
             w_base += BK // 8
-            s_base += BK // 16
+            s_base += BK // 32
             ngw, ngs = gl.load(w_base + gate_off), gl.load(s_base + gate_soff)
             nuw, nus = gl.load(w_base + up_off), gl.load(s_base + up_soff)
-            acc_g = _mma_step(gw, gs, xb, acc_g, WORDS, A, WARPS, BK)
-            acc_u = _mma_step(uw, us, xb, acc_u, WORDS, A, WARPS, BK)
+            acc_g = _mma_step(gw, gs, xb, acc_g, WORDS, A, B, WARPS, BK)
+            acc_u = _mma_step(uw, us, xb, acc_u, WORDS, A, B, WARPS, BK)
             gw, gs, uw, us = ngw, ngs, nuw, nus
             x_ptr += BK
         xb = gl.load(x_ptr + x_off, mask=x_mask, other=0.0)
-        acc_g = _mma_step(gw, gs, xb, acc_g, WORDS, A, WARPS, BK)
-        acc_u = _mma_step(uw, us, xb, acc_u, WORDS, A, WARPS, BK)
+        acc_g = _mma_step(gw, gs, xb, acc_g, WORDS, A, B, WARPS, BK)
+        acc_u = _mma_step(uw, us, xb, acc_u, WORDS, A, B, WARPS, BK)
     else:
         for _ in range(steps):
             # weights first: their addresses are known before the activations' (one load chain less)
             gw, gs = gl.load(w_base + gate_off), gl.load(s_base + gate_soff)
             uw, us = gl.load(w_base + up_off), gl.load(s_base + up_soff)
             xb = gl.load(x_ptr + x_off, mask=x_mask, other=0.0)
-            acc_g = _mma_step(gw, gs, xb, acc_g, WORDS, A, WARPS, BK)
-            acc_u = _mma_step(uw, us, xb, acc_u, WORDS, A, WARPS, BK)
+            acc_g = _mma_step(gw, gs, xb, acc_g, WORDS, A, B, WARPS, BK)
+            acc_u = _mma_step(uw, us, xb, acc_u, WORDS, A, B, WARPS, BK)
             w_base += BK // 8
-            s_base += BK // 16
+            s_base += BK // 32
             x_ptr += BK
     # Undo the 2**-7 of the dequantization; epilogue as triton_kernels.
     gate = _epilogue_index(acc_g, SPLIT_K)
@@ -460,10 +503,12 @@ def fc1_decode_kernel(
     h = swiglu(gate, up, limit, HAS_LIMIT, gl.bfloat16)
     if MODE != 0:
         h = _requantize(h, gs2_ptr + expert, is_a4, MODE)
-    # FC2 reads this in permuted K order: physical column n goes to its logical slot.
+    # FC2 reads this in permuted K order: physical column n goes to its logical slot, which is
+    # held by column 32 b + 8 c + 4 h + 2 q + p of slot 32 b + 16 q + 4 c + 2 h + p.
     q = n % 8
     slot = 16 * (2 * ((n // 8) % 4) + (q // 2) % 2) + 4 * ((n // 32) % 4) + 2 * (q % 2) + q // 4
-    column = (n // 128) * 128 + slot
+    column = slot - slot % 32 + 8 * ((slot // 4) % 4) + 4 * ((slot // 2) % 2) + 2 * ((slot // 16) % 2) + slot % 2
+    column = (n // 128) * 128 + column
     gl.store(out_ptr + out_rows * INTER + column, h, mask=out_mask & (n < INTER))
 
 
@@ -497,16 +542,17 @@ def fc2_decode_kernel(
     ACC: gl.constexpr,
     A: gl.constexpr,
     B: gl.constexpr,
+    X: gl.constexpr,
 ):
     """FC2 of up to ``TILE`` routes x ``M * W'`` outputs: ``y[route(p), n] = io(acc * alpha2)``.
 
     ``h [R, I]`` bf16 in permuted K order (sorted positions), ``w [E, H, I/8]`` int32, ``ws
-    [E, H, I/16]`` e4m3 bytes, ``w_scale2 [E]`` fp32, ``y [R, H]`` bf16 (one row per route),
+    [E, H, I/32]`` uint16 (scale byte pairs), ``w_scale2 [E]`` fp32, ``y [R, H]`` bf16 (one row per route),
     ``ROUTES = R``. ``MODE``, ``gs2 [E]`` and ``flag [T]`` as in :func:`fc1_decode_kernel`
     (alpha2 of an A4 route: ``w_scale2[e] / gs2[e]``). ``SPLIT_K``, ``PREFETCH`` and the routes
     read as there, with K = ``I``; grid ``(max_tiles, H / (M W'))``; ``BK % 128 == 0``.
     """
-    expert, rows, readable, idle = _tile(tile_expert_ptr, tile_row_ptr, num_tiles_ptr, ROUTES, TILE, B)
+    expert, rows, readable, idle = _tile(tile_expert_ptr, tile_row_ptr, num_tiles_ptr, ROUTES, TILE, X)
     if idle:
         return
     ROWS: gl.constexpr = WORDS.shape[1]
@@ -515,8 +561,8 @@ def fc2_decode_kernel(
     w_off, s_off = _weight_offsets(n0, row_words, warp_rows, warp_cols // 8, WORDS, SCALES)
     expert_rows = expert.to(gl.int64) * H
     w_base = w_ptr + expert_rows * row_words
-    s_base = ws_ptr + expert_rows * (row_words // 2)
-    h_off = _activation_offsets(rows, INTER, warp_cols, B, WARPS, BK)
+    s_base = ws_ptr + expert_rows * (row_words // 4)
+    h_off = _activation_offsets(rows, INTER, warp_cols, X, WARPS, BK)
     live = _live(seg_start_ptr, seg_count_ptr, expert, rows, readable)
     h_mask = live[None, None, :]
     acc = gl.zeros([WARPS, ROWS, TILE], gl.float32, ACC)
@@ -526,20 +572,20 @@ def fc2_decode_kernel(
         for _ in range(steps - 1):
             hb = gl.load(h_ptr + h_off, mask=h_mask, other=0.0)
             w_base += BK // 8
-            s_base += BK // 16
+            s_base += BK // 32
             nww, nws = gl.load(w_base + w_off), gl.load(s_base + s_off)
-            acc = _mma_step(ww, ws, hb, acc, WORDS, A, WARPS, BK)
+            acc = _mma_step(ww, ws, hb, acc, WORDS, A, B, WARPS, BK)
             ww, ws = nww, nws
             h_ptr += BK
         hb = gl.load(h_ptr + h_off, mask=h_mask, other=0.0)
-        acc = _mma_step(ww, ws, hb, acc, WORDS, A, WARPS, BK)
+        acc = _mma_step(ww, ws, hb, acc, WORDS, A, B, WARPS, BK)
     else:
         for _ in range(steps):
             ww, ws = gl.load(w_base + w_off), gl.load(s_base + s_off)
             hb = gl.load(h_ptr + h_off, mask=h_mask, other=0.0)
-            acc = _mma_step(ww, ws, hb, acc, WORDS, A, WARPS, BK)
+            acc = _mma_step(ww, ws, hb, acc, WORDS, A, B, WARPS, BK)
             w_base += BK // 8
-            s_base += BK // 16
+            s_base += BK // 32
             h_ptr += BK
     y = _epilogue_index(acc, SPLIT_K)
     n, out_rows, out_mask = _epilogue_rows(y, n0, rows, live)
@@ -551,30 +597,49 @@ def fc2_decode_kernel(
 
 @triton.jit
 def permute_k_kernel(x_ptr, out_ptr, H, BH: tl.constexpr):
-    """``out[t, 128 b + L] = x[t, 128 b + logical_to_physical(L)]`` (``x``, ``out`` ``[T, H]``,
-    ``H % 128 == 0``); grid ``(T, cdiv(H, BH))``."""
+    """``out[t, 128 b + m] = x[t, 128 b + logical_to_physical(column_to_logical(m))]`` (``x``,
+    ``out`` ``[T, H]``, ``H % 128 == 0``); grid ``(T, cdiv(H, BH))``."""
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BH + tl.arange(0, BH)
-    slot = cols % 128
+    column = cols % 128
+    slot = column - column % 32 + 16 * ((column // 2) % 2) + 4 * ((column // 8) % 4) + 2 * ((column // 4) % 2)
+    slot += column % 2
     p = slot % 4
     c = (slot // 4) % 4
     sigma = slot // 16
-    physical = (cols - slot) + 32 * c + 8 * (sigma // 2) + 4 * (p % 2) + p // 2 + 2 * (sigma % 2)
+    physical = (cols - column) + 32 * c + 8 * (sigma // 2) + 4 * (p % 2) + p // 2 + 2 * (sigma % 2)
     mask = cols < H
     tl.store(out_ptr + t * H + cols, tl.load(x_ptr + t * H + physical, mask=mask), mask=mask)
 
 
 def scale_layout(warps: int, block_k: int = BLOCK_K, rows: int = 16) -> object:
-    """Layout of one step's scale bytes ``[warps, rows, block_k / 16]``: thread ``(r, c)`` holds the
-    scale bytes of its code bytes ``16 c .. 16 c + 15`` (two per 128-column step) of rows
-    ``r + 8 i``, as in :func:`operand_layouts`."""
-    groups = block_k // 16
-    regs = [[0, 0, 1], [0, 8, 0], *_bases(2, 8, groups), *_bases(1, 16, rows)]
-    lanes = [[0, 0, 2], [0, 0, 4], [0, 1, 0], [0, 2, 0], [0, 4, 0]]
+    """Layout of one step's scale byte pairs ``[warps, rows, block_k / 32]`` (uint16: the bytes of
+    scale groups ``2 i`` and ``2 i + 1``): thread ``(r, c)`` holds the pair of its code bytes ``16
+    c .. 16 c + 15`` (one per 128-column step) of rows ``r + 8 i``, as in
+    :func:`operand_layouts`."""
+    pairs = block_k // 32
+    regs = [[0, 8, 0], *_bases(2, 4, pairs), *_bases(1, 16, rows)]
+    lanes = [[0, 0, 1], [0, 0, 2], [0, 1, 0], [0, 2, 0], [0, 4, 0]]
     return gl.DistributedLinearLayout(
         reg_bases=regs,
         lane_bases=lanes,
         warp_bases=_bases(0, 1, warps),
         block_bases=[],
-        shape=[warps, rows, groups],
+        shape=[warps, rows, pairs],
+    )
+
+
+def activation_layout(warps: int, block_k: int = BLOCK_K, routes: int = 8) -> object:
+    """Layout of one step's activations ``[warps, block_k, routes]`` as loaded: thread ``(n, c)``
+    (``n = lane / 4``, ``c = lane % 4``) holds the 8 consecutive columns ``32 b + 8 c ..`` (one
+    128-bit load) of route ``n + 8 i`` for each 32-column group ``b``; axis 0 is the warp.
+    :func:`_b_operand` relabels it into the B operand of :func:`operand_layouts`."""
+    regs = [[0, 1, 0], [0, 2, 0], [0, 4, 0], *_bases(1, 32, block_k), *_bases(2, 8, routes)]
+    lanes = [[0, 8, 0], [0, 16, 0], [0, 0, 1], [0, 0, 2], [0, 0, 4]]
+    return gl.DistributedLinearLayout(
+        reg_bases=regs,
+        lane_bases=lanes,
+        warp_bases=_bases(0, 1, warps),
+        block_bases=[],
+        shape=[warps, block_k, routes],
     )

@@ -570,6 +570,7 @@ def _decode_launch_args(gemm: DecodeGemm, routes: int) -> dict[str, Any]:
         "ACC": acc,
         "A": a_op,
         "B": b_op,
+        "X": decode.activation_layout(gemm.warps, gemm.block_k, routes),
         "WARPS": gemm.warps,
         "BK": gemm.block_k,
         "SPLIT_K": gemm.split == "k",
@@ -617,7 +618,7 @@ def _fused_moe_decode(
     decode.fc1_decode_kernel[(routing.max_tiles, inter // schedule.fc1.rows_per_cta)](
         x,
         experts.w13_weight.view(torch.int32),
-        experts.w13_weight_scale.view(torch.uint8),
+        experts.w13_weight_scale.view(torch.uint16),
         experts.w13_weight_scale_2,
         gs1,
         gs2,
@@ -637,7 +638,7 @@ def _fused_moe_decode(
     decode.fc2_decode_kernel[(routing.max_tiles, hidden // schedule.fc2.rows_per_cta)](
         h,
         experts.w2_weight.view(torch.int32),
-        experts.w2_weight_scale.view(torch.uint8),
+        experts.w2_weight_scale.view(torch.uint16),
         experts.w2_weight_scale_2,
         gs2,
         flags,
