@@ -181,14 +181,15 @@ def test_the_main_loop_feeds_weights_from_global_memory_into_mma_registers(kerne
     pieces (gate and up in FC1), each code word loaded once whatever the route tile."""
     opcodes = _main_loop_opcodes(_compile(kernel_name, gemm, routes))
     operands = 2 if kernel_name.startswith("fc1") else 1
+    steps = 2 if gemm.prefetch else 1  # a prefetching loop iteration takes two K steps
     m_tiles, n_tiles, k_steps = gemm.rows // 16, routes // 8, gemm.block_k // 16
-    assert opcodes["HMMA.16816.F32.BF16"] == operands * m_tiles * n_tiles * k_steps
+    assert opcodes["HMMA.16816.F32.BF16"] == steps * operands * m_tiles * n_tiles * k_steps
     assert not {op for op in opcodes if op.startswith(("LDS", "STS", "LDSM", "BAR", "SHFL"))}
     # each thread: rows r + 8 i, 16 code bytes per row per 128 columns; 8 activations of each
     # 32 columns per 8 routes, already in MMA operand order
     weights = operands * (gemm.rows // 8) * (gemm.block_k // 128)
     activations = (gemm.block_k // 32) * (routes // 8)
-    assert opcodes["LDG.E.128"] == weights + activations
+    assert opcodes["LDG.E.128"] == steps * (weights + activations)
     assert not {op for op in opcodes if op.startswith("LDG.E.64")}
 
 

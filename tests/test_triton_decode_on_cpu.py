@@ -41,7 +41,7 @@ pytestmark = [
 EXPERTS, HIDDEN, INTERMEDIATE, TOP_K = 5, 512, 256, 2
 # Every kind of schedule that fits H=512, I=256: warps 1-8, K and row splits, 16 and 32 rows per
 # warp, 128- and 256-column steps, 8-, 16- and 32-route tiles, with and without prefetching
-# (one K step per warp: the prefetching loop runs no iteration).
+# (1, 2 and 4 K steps per warp; odd counts above 1: test_prefetching_with_an_odd_step_count_...).
 SCHEDULES = [
     DecodeTiles(DecodeGemm(4, 128), DecodeGemm(2, 128)),
     DecodeTiles(DecodeGemm(2, 256, "rows"), DecodeGemm(4, 128, "rows")),
@@ -246,6 +246,22 @@ def _default_schedules() -> list[DecodeTiles]:
         if schedule is not None and schedule not in found:
             found.append(schedule)
     return found
+
+
+@pytest.mark.parametrize("hidden", [384, 640])
+def test_prefetching_with_an_odd_step_count_matches_the_reference(decode_on_cpu, hidden):
+    """3 and 5 K steps per warp: the prefetching loop's pairs plus its last step, no single step
+    before them (the even counts of SCHEDULES take that one)."""
+    tiny = make_tiny_layer(4, hidden, 384, 2, seed=8, calibration_tokens=32)
+    generator = torch.Generator().manual_seed(9)
+    x = (2 * torch.randn(5, hidden, generator=generator)).to(torch.bfloat16)
+    topk_weights, topk_ids = random_routing(5, 4, 2, generator)
+    schedule = DecodeTiles(
+        DecodeGemm(1, 128, "rows", prefetch=True), DecodeGemm(1, 128, "rows", prefetch=True)
+    )
+    result = run_decode(schedule, x, topk_weights, topk_ids, tiny.experts)
+    expected = moe_reference(x, topk_weights, topk_ids, tiny.experts, None)
+    assert_close_to_reference(result, expected, "w4a16")
 
 
 @pytest.mark.parametrize("schedule", _default_schedules(), ids=str)

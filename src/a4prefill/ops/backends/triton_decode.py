@@ -136,8 +136,8 @@ mov.b32 {$0, $1}, w;
 
 # $4: four code bytes (eight e2m1 nibbles n0..n7, n0 in bits 0..3). $5: the bf16 factor of
 # their block (:data:`FACTOR_ASM`), used in both halves (``mov.b32 f, {$5, $5}`` costs nothing:
-# ptxas reads the factor's half through the multiply's operand swizzle). $0, $1: half s=0, elements (n0, n4), (n1, n5); $2, $3: half s=1, (n2, n6),
-# (n3, n7). Each bf16 is ``e2m1 * scale * 2**-7``, exact: a nibble's magnitude bits go to bf16
+# ptxas reads the factor's half through the multiply's operand swizzle). $0, $1: half s=0,
+# elements (n0, n4), (n1, n5); $2, $3: half s=1, (n2, n6), (n3, n7). Each bf16 is ``e2m1 * scale * 2**-7``, exact: a nibble's magnitude bits go to bf16
 # bits 8..6 (``e2m1 * 2**-126``) and its sign to bit 15, then one fma by the factor.
 # ``mul.hi`` by 2**30 is ``>> 2`` on the FMA pipe.
 CODES_ASM = gl.constexpr("""
@@ -168,7 +168,12 @@ def _factors(scale_pairs, WORDS: gl.constexpr):
     in the ``WORDS`` layout (register copies only)."""
     shape: gl.constexpr = scale_pairs.shape
     low, high = gl.inline_asm_elementwise(
-        FACTOR_ASM, "=h,=h,r", [scale_pairs.to(gl.int32)], dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1
+        FACTOR_ASM,
+        "=h,=h,r",
+        [scale_pairs.to(gl.int32)],
+        dtype=(gl.bfloat16, gl.bfloat16),
+        is_pure=True,
+        pack=1,
     )
     f = gl.reshape(gl.join(low, high), [shape[0], shape[1], shape[2] * 2])
     f = gl.reshape(gl.join(f, f), [shape[0], shape[1], shape[2] * 4])
@@ -396,6 +401,33 @@ def _requantize(h, gs2_ptr, is_a4, MODE: gl.constexpr):
 
 
 @gluon.jit
+def _fc1_step(
+    x, x_mask, w_base, s_base, gate_off, gate_soff, up_off, up_soff, gw, gs, uw, us, acc_g, acc_u,
+    WORDS: gl.constexpr, A: gl.constexpr, B: gl.constexpr, WARPS: gl.constexpr, BK: gl.constexpr,
+):  # fmt: skip
+    """One prefetching FC1 step: loads its activations (pointers ``x``, mask ``x_mask``) and the
+    next step's gate and up weights (at ``w_base``/``s_base``), then its MMAs with the weights
+    ``gw, gs, uw, us`` loaded one step earlier. Returns the next weights and the sums."""
+    xb = gl.load(x, mask=x_mask, other=0.0)
+    ngw, ngs = gl.load(w_base + gate_off), gl.load(s_base + gate_soff)
+    nuw, nus = gl.load(w_base + up_off), gl.load(s_base + up_soff)
+    acc_g = _mma_step(gw, gs, xb, acc_g, WORDS, A, B, WARPS, BK)
+    acc_u = _mma_step(uw, us, xb, acc_u, WORDS, A, B, WARPS, BK)
+    return ngw, ngs, nuw, nus, acc_g, acc_u
+
+
+@gluon.jit
+def _fc2_step(
+    h, h_mask, w_base, s_base, w_off, s_off, ww, ws, acc,
+    WORDS: gl.constexpr, A: gl.constexpr, B: gl.constexpr, WARPS: gl.constexpr, BK: gl.constexpr,
+):  # fmt: skip
+    """:func:`_fc1_step` for FC2's one weight matrix."""
+    hb = gl.load(h, mask=h_mask, other=0.0)
+    nww, nws = gl.load(w_base + w_off), gl.load(s_base + s_off)
+    return nww, nws, _mma_step(ww, ws, hb, acc, WORDS, A, B, WARPS, BK)
+
+
+@gluon.jit
 def fc1_decode_kernel(
     x_ptr,
     w_ptr,
@@ -435,7 +467,8 @@ def fc1_decode_kernel(
 
     ``x [T, H]`` bf16 in permuted K order (A4 rows: already quantized with ``gs1``, the values
     ``e2m1 * block_scale``), ``w [E, 2I, H/8]`` int32 (the uint8 codes, 4 per word), ``ws [E,
-    2I, H/32]`` uint16 (the e4m3 scale bytes, 2 per element), ``w_scale2 [E, 2]`` fp32, ``out [R, I]`` bf16 in permuted K order
+    2I, H/32]`` uint16 (the e4m3 scale bytes, 2 per element), ``w_scale2 [E, 2]`` fp32, ``out
+    [R, I]`` bf16 in permuted K order
     (FC2's input; A4 routes re-quantized with ``gs2[e]``), ``ROUTES = R``. ``MODE`` 0 W4A16, 1
     A4, 2 per token (``flag [T]`` uint8, 1 = A4); ``gs1 [1]``, ``gs2 [E]`` fp32 encode scales
     (read in MODE 1 and 2 only). Routing tensors as in :mod:`triton_kernels` with
@@ -468,15 +501,28 @@ def fc1_decode_kernel(
         # step i + 1's weights are loaded before step i's MMAs: two steps in flight per warp
         gw, gs = gl.load(w_base + gate_off), gl.load(s_base + gate_soff)
         uw, us = gl.load(w_base + up_off), gl.load(s_base + up_soff)
-        for _ in range(steps - 1):
-            xb = gl.load(x_ptr + x_off, mask=x_mask, other=0.0)
+        for _ in range(1 - steps % 2):  # an even count: one step here, the rest in pairs below
             w_base += BK // 8
             s_base += BK // 32
-            ngw, ngs = gl.load(w_base + gate_off), gl.load(s_base + gate_soff)
-            nuw, nus = gl.load(w_base + up_off), gl.load(s_base + up_soff)
-            acc_g = _mma_step(gw, gs, xb, acc_g, WORDS, A, B, WARPS, BK)
-            acc_u = _mma_step(uw, us, xb, acc_u, WORDS, A, B, WARPS, BK)
-            gw, gs, uw, us = ngw, ngs, nuw, nus
+            gw, gs, uw, us, acc_g, acc_u = _fc1_step(
+                x_ptr + x_off, x_mask, w_base, s_base, gate_off, gate_soff, up_off, up_soff,
+                gw, gs, uw, us, acc_g, acc_u, WORDS, A, B, WARPS, BK,
+            )  # fmt: skip
+            x_ptr += BK
+        for _ in range((steps - 1) // 2):  # pairs: the second step loads into the first's registers
+            w_base += BK // 8
+            s_base += BK // 32
+            hgw, hgs, huw, hus, acc_g, acc_u = _fc1_step(
+                x_ptr + x_off, x_mask, w_base, s_base, gate_off, gate_soff, up_off, up_soff,
+                gw, gs, uw, us, acc_g, acc_u, WORDS, A, B, WARPS, BK,
+            )  # fmt: skip
+            x_ptr += BK
+            w_base += BK // 8
+            s_base += BK // 32
+            gw, gs, uw, us, acc_g, acc_u = _fc1_step(
+                x_ptr + x_off, x_mask, w_base, s_base, gate_off, gate_soff, up_off, up_soff,
+                hgw, hgs, huw, hus, acc_g, acc_u, WORDS, A, B, WARPS, BK,
+            )  # fmt: skip
             x_ptr += BK
         xb = gl.load(x_ptr + x_off, mask=x_mask, other=0.0)
         acc_g = _mma_step(gw, gs, xb, acc_g, WORDS, A, B, WARPS, BK)
@@ -507,7 +553,9 @@ def fc1_decode_kernel(
     # held by column 32 b + 8 c + 4 h + 2 q + p of slot 32 b + 16 q + 4 c + 2 h + p.
     q = n % 8
     slot = 16 * (2 * ((n // 8) % 4) + (q // 2) % 2) + 4 * ((n // 32) % 4) + 2 * (q % 2) + q // 4
-    column = slot - slot % 32 + 8 * ((slot // 4) % 4) + 4 * ((slot // 2) % 2) + 2 * ((slot // 16) % 2) + slot % 2
+    column = (
+        slot - slot % 32 + 8 * ((slot // 4) % 4) + 4 * ((slot // 2) % 2) + 2 * ((slot // 16) % 2) + slot % 2
+    )
     column = (n // 128) * 128 + column
     gl.store(out_ptr + out_rows * INTER + column, h, mask=out_mask & (n < INTER))
 
@@ -567,15 +615,27 @@ def fc2_decode_kernel(
     h_mask = live[None, None, :]
     acc = gl.zeros([WARPS, ROWS, TILE], gl.float32, ACC)
     steps = k_per_warp // BK
-    if PREFETCH:
+    if PREFETCH:  # as in fc1_decode_kernel
         ww, ws = gl.load(w_base + w_off), gl.load(s_base + s_off)
-        for _ in range(steps - 1):
-            hb = gl.load(h_ptr + h_off, mask=h_mask, other=0.0)
+        for _ in range(1 - steps % 2):
             w_base += BK // 8
             s_base += BK // 32
-            nww, nws = gl.load(w_base + w_off), gl.load(s_base + s_off)
-            acc = _mma_step(ww, ws, hb, acc, WORDS, A, B, WARPS, BK)
-            ww, ws = nww, nws
+            ww, ws, acc = _fc2_step(
+                h_ptr + h_off, h_mask, w_base, s_base, w_off, s_off, ww, ws, acc, WORDS, A, B, WARPS, BK
+            )
+            h_ptr += BK
+        for _ in range((steps - 1) // 2):
+            w_base += BK // 8
+            s_base += BK // 32
+            hww, hws, acc = _fc2_step(
+                h_ptr + h_off, h_mask, w_base, s_base, w_off, s_off, ww, ws, acc, WORDS, A, B, WARPS, BK
+            )
+            h_ptr += BK
+            w_base += BK // 8
+            s_base += BK // 32
+            ww, ws, acc = _fc2_step(
+                h_ptr + h_off, h_mask, w_base, s_base, w_off, s_off, hww, hws, acc, WORDS, A, B, WARPS, BK
+            )
             h_ptr += BK
         hb = gl.load(h_ptr + h_off, mask=h_mask, other=0.0)
         acc = _mma_step(ww, ws, hb, acc, WORDS, A, B, WARPS, BK)
