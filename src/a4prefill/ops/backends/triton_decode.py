@@ -137,8 +137,9 @@ mov.b32 {$0, $1}, w;
 # $4: four code bytes (eight e2m1 nibbles n0..n7, n0 in bits 0..3). $5: the bf16 factor of
 # their block (:data:`FACTOR_ASM`), used in both halves (``mov.b32 f, {$5, $5}`` costs nothing:
 # ptxas reads the factor's half through the multiply's operand swizzle). $0, $1: half s=0,
-# elements (n0, n4), (n1, n5); $2, $3: half s=1, (n2, n6), (n3, n7). Each bf16 is ``e2m1 * scale * 2**-7``, exact: a nibble's magnitude bits go to bf16
-# bits 8..6 (``e2m1 * 2**-126``) and its sign to bit 15, then one fma by the factor.
+# elements (n0, n4), (n1, n5); $2, $3: half s=1, (n2, n6), (n3, n7). Each bf16 is
+# ``e2m1 * scale * 2**-7``, exact: a nibble's magnitude bits go to bf16 bits 8..6
+# (``e2m1 * 2**-126``) and its sign to bit 15, then one fma by the factor.
 # ``mul.hi`` by 2**30 is ``>> 2`` on the FMA pipe.
 CODES_ASM = gl.constexpr("""
 {
