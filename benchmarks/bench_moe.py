@@ -186,6 +186,15 @@ DECODE_SWEEP = [
     ((4, 256, "rows"), (4, 128, "rows", 16, True)),
     ((4, 128), (2, 128, "k", 16, True)),
     ((4, 128, "k", 16, True), (4, 128, "rows", 16, True)),
+    ((4, 256, "rows", 16, False, 3), (4, 128, "rows", 16, False, 4)),
+    ((4, 256, "rows", 16, False, 4), (4, 128, "rows", 16, False, 6)),
+    ((4, 128, "rows", 16, False, 4), (4, 128, "rows", 16, False, 4)),
+    ((2, 256, "rows", 16, False, 3), (2, 256, "rows", 16, False, 3)),
+    ((4, 128, "k", 16, False, 4), (2, 128, "k", 16, False, 4)),
+    ((8, 128, "rows", 16, False, 4), (8, 128, "rows", 16, False, 4)),
+    ((4, 128, "rows", 32, False, 3), (4, 128, "rows", 32, False, 3)),
+    ((4, 256, "rows", 16, False, 3), (4, 128, "rows", 16, True)),
+    ((4, 256, "rows", 16, True), (4, 128, "rows", 16, False, 4)),
 ]
 DECODE_SWEEP_WIDE = [  # timed with 16- and 32-route tiles where experts average more than 4 routes
     ((4, 128), (2, 128)),
@@ -195,6 +204,9 @@ DECODE_SWEEP_WIDE = [  # timed with 16- and 32-route tiles where experts average
     ((2, 128, "rows"), (2, 128, "rows")),
     ((4, 128, "rows", 16, True), (4, 128, "rows", 16, True)),
     ((4, 128, "rows", 32, True), (4, 128, "rows", 32, True)),
+    ((4, 128, "rows", 16, False, 4), (4, 128, "rows", 16, False, 4)),
+    ((4, 256, "rows", 16, False, 3), (4, 128, "rows", 16, False, 4)),
+    ((4, 128, "rows", 32, False, 3), (4, 128, "rows", 32, False, 3)),
 ]
 DECODE_SWEEP_MAX_ROUTES = 8192  # decode schedules are timed up to 1024 tokens at top-8, past the default
 SWEEP = {  # block_m, fc1_n, fc1_k, fc2_n, fc2_k, warps, stages, ptx_dequant, split_k

@@ -41,7 +41,8 @@ pytestmark = [
 EXPERTS, HIDDEN, INTERMEDIATE, TOP_K = 5, 512, 256, 2
 # Every kind of schedule that fits H=512, I=256: warps 1-8, K and row splits, 16 and 32 rows per
 # warp, 128- and 256-column steps, 8-, 16- and 32-route tiles, with and without prefetching
-# (1, 2 and 4 K steps per warp; odd counts above 1: test_prefetching_with_an_odd_step_count_...).
+# (1, 2 and 4 K steps per warp; odd counts above 1: test_prefetching_with_an_odd_step_count_...),
+# code words staged through shared memory 2-6 steps deep (fewer steps than stages included).
 SCHEDULES = [
     DecodeTiles(DecodeGemm(4, 128), DecodeGemm(2, 128)),
     DecodeTiles(DecodeGemm(2, 256, "rows"), DecodeGemm(4, 128, "rows")),
@@ -51,6 +52,8 @@ SCHEDULES = [
     DecodeTiles(DecodeGemm(4, 128, "k", 32), DecodeGemm(2, 128, "rows", 32), routes=16),
     DecodeTiles(DecodeGemm(4, 128, prefetch=True), DecodeGemm(2, 128, "rows", prefetch=True)),
     DecodeTiles(DecodeGemm(1, 128, "rows", prefetch=True), DecodeGemm(2, 128, "k", 32, True), routes=16),
+    DecodeTiles(DecodeGemm(4, 128, "rows", stages=3), DecodeGemm(2, 128, "rows", stages=4)),
+    DecodeTiles(DecodeGemm(2, 128, "k", 32, stages=2), DecodeGemm(4, 128, "rows", stages=6), routes=16),
 ]
 TILED = GemmConfig(16, 32, 128, 64, 128, 2, 4)
 

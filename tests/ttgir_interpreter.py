@@ -17,6 +17,12 @@ the same launch has stored to: a GPU runs the programs in no fixed order, so tha
 outcome the interpreter's program order would hide. ``Kernel.launch`` can count the elements
 each buffer's loads read (masked-off lanes read nothing, as on a GPU).
 
+Shared memory (``ttg.local_alloc``) is a tensor per allocation, filled with a garbage pattern.
+``ttg.async_copy_global_to_local`` (``cp.async``) reads global memory when issued but lands as
+late as the program allows: its commit group is written only when a ``ttg.async_wait`` needs it
+(masked-off elements land as zeros, as ``cp.async`` zero-fills). A program that reads a stage
+before waiting for its copy, or overwrites it before reading it, gets the wrong data.
+
 Only the ops these kernels use are implemented; anything else raises ``NotImplementedError``
 naming the op, so a kernel change that needs more is noticed.
 """
@@ -264,6 +270,8 @@ class _Program:
         self.writers = writers
         self.reads = reads
         self.values: dict[str, Any] = {}
+        self.open_copies: list[tuple[torch.Tensor, torch.Tensor]] = []  # async copies not committed
+        self.copy_groups: list[list[tuple[torch.Tensor, torch.Tensor]]] = []  # committed, not landed
         for name, value in zip(kernel.arguments, arguments, strict=True):
             if isinstance(value, torch.Tensor):
                 if not value.is_contiguous():
@@ -511,12 +519,10 @@ class _Program:
             )
         return active
 
-    def _op_tt_load(self, op: Op) -> torch.Tensor:
-        args = self._args(op)
-        pointer, mask, other = [*args, None, None][:3]
-        (pointer_type,), _ = op.types
-        buffer = self._typed(pointer.buffer, pointer_type.pointee)
-        active = self._check_bounds(pointer, mask, f"load {op.results[0]}")
+    def _read(self, pointer: Pointer, mask: torch.Tensor | None, other: Any, element: str, what: str) -> torch.Tensor:
+        """The values a load of ``pointer`` (pointee type ``element``) reads; counts them."""
+        buffer = self._typed(pointer.buffer, element)
+        active = self._check_bounds(pointer, mask, what)
         key = buffer.untyped_storage().data_ptr()
         self.reads[key] = self.reads.get(key, 0) + int(active.sum())
         safe = torch.where(active, pointer.offsets, torch.zeros_like(pointer.offsets))
@@ -525,6 +531,12 @@ class _Program:
             fill = other if other is not None else torch.zeros((), dtype=buffer.dtype)
             values = torch.where(active, values, fill.to(buffer.dtype))
         return values
+
+    def _op_tt_load(self, op: Op) -> torch.Tensor:
+        args = self._args(op)
+        pointer, mask, other = [*args, None, None][:3]
+        (pointer_type,), _ = op.types
+        return self._read(pointer, mask, other, pointer_type.pointee, f"load {op.results[0]}")
 
     def _op_tt_store(self, op: Op) -> None:
         args = self._args(op)
@@ -542,6 +554,41 @@ class _Program:
             raise IndexError(f"program {self.program_id} stores to elements another program stored to")
         writer[offsets] = me
         buffer[offsets] = value[active]
+
+    # -- shared memory and cp.async ---------------------------------------------------------
+    def _op_ttg_local_alloc(self, op: Op) -> torch.Tensor:
+        match = re.search(r"-> !ttg\.memdesc<((?:\d+x)+)(\w+)", op.text)
+        if match is None or self._args(op):
+            raise NotImplementedError(f"ttg.local_alloc of {op.text[:120]}")
+        shape = [int(d) for d in match.group(1).rstrip("x").split("x")]
+        dtype = TORCH_TYPES[match.group(2)]
+        garbage = torch.full(shape, 0x5A5A5A5A if not dtype.is_floating_point else float("nan"))
+        return garbage.to(dtype)
+
+    def _op_ttg_memdesc_index(self, op: Op) -> torch.Tensor:
+        memory, index = self._args(op)
+        return memory[int(index)]  # a view: copies into it land in the allocation
+
+    def _op_ttg_async_copy_global_to_local(self, op: Op) -> None:
+        pointer, memory, *mask = self._args(op)
+        element = re.search(r"!tt\.ptr<(\w+)>", op.text).group(1)  # type: ignore[union-attr]
+        active = mask[0] if mask else None
+        values = self._read(pointer, active, None, element, f"async copy {op.results[0]}")
+        self.open_copies.append((memory, values.view(memory.dtype)))
+
+    def _op_ttg_async_commit_group(self, op: Op) -> None:
+        self.copy_groups.append(self.open_copies)
+        self.open_copies = []
+
+    def _op_ttg_async_wait(self, op: Op) -> None:
+        outstanding = int(_attribute(op, "num").split(":")[0])
+        while len(self.copy_groups) > outstanding:
+            for memory, values in self.copy_groups.pop(0):
+                memory.copy_(values)
+
+    def _op_ttg_local_load(self, op: Op) -> torch.Tensor:
+        (memory,) = self._args(op)
+        return memory.clone()
 
     # -- matrix product, reductions, inline assembly ---------------------------------------
     def _op_tt_dot(self, op: Op) -> torch.Tensor:

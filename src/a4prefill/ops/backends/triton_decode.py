@@ -45,9 +45,13 @@ import triton
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from a4prefill.ops.backends.triton_kernels import _quantize_groups, swiglu
+
+# cp.async into shared memory: ``async_load`` from Triton 3.7 on, ``async_copy_global_to_shared``
+# before (same arguments: shared memory, pointers, mask)
+_async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 
 BLOCK_K = 128  # K columns per warp step; the K relabelling repeats every 128 columns
 
@@ -429,6 +433,24 @@ def _fc2_step(
 
 
 @gluon.jit
+def _stages(w_off, STAGES: gl.constexpr):
+    """Shared memory for ``STAGES`` K steps of the code words at offsets ``w_off [W, M, BK / 8]``:
+    ``[STAGES, W, M, BK / 8]`` int32."""
+    layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+    return gl.allocate_shared_memory(gl.int32, [STAGES] + w_off.shape, layout)
+
+
+@gluon.jit
+def _copy_step(codes, w_base, w_off, step, steps, STAGES: gl.constexpr, BK: gl.constexpr):
+    """Starts copying K step ``step``'s code words (offsets ``w_off`` from ``w_base``) into stage
+    ``step % STAGES`` of ``codes`` (``cp.async``; nothing is read past the last of ``steps``).
+    Each thread copies the words it loads itself later (``WORDS`` layout); the caller commits."""
+    _async_load(
+        codes.index(step % STAGES), w_base + w_off + step * (BK // 8), mask=(w_off >= 0) & (step < steps)
+    )
+
+
+@gluon.jit
 def fc1_decode_kernel(
     x_ptr,
     w_ptr,
@@ -452,6 +474,7 @@ def fc1_decode_kernel(
     HAS_LIMIT: gl.constexpr,
     MODE: gl.constexpr,
     PREFETCH: gl.constexpr,
+    STAGES: gl.constexpr,
     WARPS: gl.constexpr,
     BK: gl.constexpr,
     SPLIT_K: gl.constexpr,
@@ -498,7 +521,31 @@ def fc1_decode_kernel(
     acc_g = gl.zeros([WARPS, ROWS, TILE], gl.float32, ACC)
     acc_u = gl.zeros([WARPS, ROWS, TILE], gl.float32, ACC)
     steps = k_per_warp // BK
-    if PREFETCH:
+    if STAGES > 0:
+        # code words go through shared memory, STAGES - 1 steps ahead (cp.async: no registers
+        # held while in flight); the scale bytes one step ahead in registers
+        gate, up = _stages(gate_off, STAGES), _stages(up_off, STAGES)
+        for step in gl.static_range(STAGES - 1):
+            _copy_step(gate, w_base, gate_off, step, steps, STAGES, BK)
+            _copy_step(up, w_base, up_off, step, steps, STAGES, BK)
+            async_copy.commit_group()
+        gs, us = gl.load(s_base + gate_soff), gl.load(s_base + up_soff)
+        for i in range(steps):
+            _copy_step(gate, w_base, gate_off, i + STAGES - 1, steps, STAGES, BK)
+            _copy_step(up, w_base, up_off, i + STAGES - 1, steps, STAGES, BK)
+            async_copy.commit_group()
+            xb = gl.load(x_ptr + x_off, mask=x_mask, other=0.0)
+            s_base += BK // 32
+            more = i + 1 < steps
+            ngs = gl.load(s_base + gate_soff, mask=(gate_soff >= 0) & more, other=0)
+            nus = gl.load(s_base + up_soff, mask=(up_soff >= 0) & more, other=0)
+            async_copy.wait_group(STAGES - 1)  # step i's copies are done
+            gw, uw = gate.index(i % STAGES).load(WORDS), up.index(i % STAGES).load(WORDS)
+            acc_g = _mma_step(gw, gs, xb, acc_g, WORDS, A, B, WARPS, BK)
+            acc_u = _mma_step(uw, us, xb, acc_u, WORDS, A, B, WARPS, BK)
+            gs, us = ngs, nus
+            x_ptr += BK
+    elif PREFETCH:
         # step i + 1's weights are loaded before step i's MMAs: two steps in flight per warp
         gw, gs = gl.load(w_base + gate_off), gl.load(s_base + gate_soff)
         uw, us = gl.load(w_base + up_off), gl.load(s_base + up_soff)
@@ -582,6 +629,7 @@ def fc2_decode_kernel(
     ROUTES,
     MODE: gl.constexpr,
     PREFETCH: gl.constexpr,
+    STAGES: gl.constexpr,
     WARPS: gl.constexpr,
     BK: gl.constexpr,
     SPLIT_K: gl.constexpr,
@@ -616,7 +664,23 @@ def fc2_decode_kernel(
     h_mask = live[None, None, :]
     acc = gl.zeros([WARPS, ROWS, TILE], gl.float32, ACC)
     steps = k_per_warp // BK
-    if PREFETCH:  # as in fc1_decode_kernel
+    if STAGES > 0:  # as in fc1_decode_kernel
+        codes = _stages(w_off, STAGES)
+        for step in gl.static_range(STAGES - 1):
+            _copy_step(codes, w_base, w_off, step, steps, STAGES, BK)
+            async_copy.commit_group()
+        ws = gl.load(s_base + s_off)
+        for i in range(steps):
+            _copy_step(codes, w_base, w_off, i + STAGES - 1, steps, STAGES, BK)
+            async_copy.commit_group()
+            hb = gl.load(h_ptr + h_off, mask=h_mask, other=0.0)
+            s_base += BK // 32
+            nws = gl.load(s_base + s_off, mask=(s_off >= 0) & (i + 1 < steps), other=0)
+            async_copy.wait_group(STAGES - 1)
+            acc = _mma_step(codes.index(i % STAGES).load(WORDS), ws, hb, acc, WORDS, A, B, WARPS, BK)
+            ws = nws
+            h_ptr += BK
+    elif PREFETCH:  # as in fc1_decode_kernel
         ww, ws = gl.load(w_base + w_off), gl.load(s_base + s_off)
         for _ in range(1 - steps % 2):
             w_base += BK // 8

@@ -106,6 +106,7 @@ class DecodeGemm:
     split: str = "k"
     rows: int = 16
     prefetch: bool = False
+    stages: int = 0
 
     def __post_init__(self) -> None:
         if self.warps not in (1, 2, 4, 8):
@@ -118,6 +119,11 @@ class DecodeGemm:
             raise ValueError(f"DecodeGemm.rows must be 16 or 32, got {self.rows}")
         if not isinstance(self.prefetch, bool):
             raise ValueError(f"DecodeGemm.prefetch must be a bool, got {self.prefetch!r}")
+        if self.stages not in (0, 2, 3, 4, 6) or (self.stages and self.prefetch):
+            raise ValueError(
+                f"DecodeGemm.stages must be 0, 2, 3, 4 or 6 and 0 with prefetch, got {self.stages} "
+                f"(prefetch={self.prefetch})"
+            )
 
     @property
     def rows_per_cta(self) -> int:
@@ -132,7 +138,8 @@ class DecodeGemm:
     def __str__(self) -> str:
         split = "r" if self.split == "rows" else ""
         rows = "" if self.rows == 16 else f"m{self.rows}"
-        return f"{self.warps}x{self.block_k}{split}{rows}" + ("p" if self.prefetch else "")
+        staged = f"s{self.stages}" if self.stages else ""
+        return f"{self.warps}x{self.block_k}{split}{rows}" + ("p" if self.prefetch else "") + staged
 
 
 @dataclass(frozen=True)
@@ -575,6 +582,7 @@ def _decode_launch_args(gemm: DecodeGemm, routes: int) -> dict[str, Any]:
         "BK": gemm.block_k,
         "SPLIT_K": gemm.split == "k",
         "PREFETCH": gemm.prefetch,
+        "STAGES": gemm.stages,
         "TILE": routes,
         "num_warps": gemm.warps,
     }
