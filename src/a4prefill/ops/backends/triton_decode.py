@@ -437,7 +437,8 @@ def _stages(w_off, STAGES: gl.constexpr):
     """Shared memory for ``STAGES`` K steps of the code words at offsets ``w_off [W, M, BK / 8]``:
     ``[STAGES, W, M, BK / 8]`` int32."""
     layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
-    return gl.allocate_shared_memory(gl.int32, [STAGES] + w_off.shape, layout)
+    shape: gl.constexpr = [STAGES] + w_off.shape  # noqa: RUF005 (no starred items in Gluon's frontend)
+    return gl.allocate_shared_memory(gl.int32, shape, layout)
 
 
 @gluon.jit

@@ -44,7 +44,7 @@ SMALL_ROUTING_MAX = 4096  # routes sorted by the one-program Triton kernel
 # H200: 4 warps are fastest up to 512 routes, 16 take 11.6 / 18.3 / 50.1 us at 1024 / 2048 / 4096
 # routes against 4 warps' 14.4 / 35.7 / 108.9 us).
 ROUTE_PREP_WARPS, ROUTE_PREP_WIDE_WARPS, ROUTE_PREP_WIDE_ROUTES = 4, 16, 512
-DECODE_MAX_ROWS_PER_EXPERT = 8  # W4A16 calls with at most this many routes per active expert (mean)
+DECODE_MAX_ROWS_PER_EXPERT = 32  # W4A16 calls with at most this many routes per active expert (mean)
 MODE_W4A16, MODE_A4, MODE_SPLIT = 0, 1, 2
 
 
@@ -166,27 +166,27 @@ class DecodeTiles:
         return f"fc1_{self.fc1}_fc2_{self.fc2}" + ("" if self.routes == 8 else f"_n{self.routes}")
 
 
-# The decode kernels' schedules by call size: each the fastest of its size in the last
-# `bench_moe.py --sweep decode` on the H200 (GLM-5.3-Flash TP2 shape, 49 schedules; tables and
-# JSON in benchmarks/results/README.md, "Against vLLM's Marlin NVFP4 MoE"). Rows: (most routes,
-# most routes per active expert, schedule); the first row that holds a call is used.
+# The decode kernels' schedules by call size: each the fastest of its size (or within 1% of it)
+# in the last two `bench_moe.py --sweep decode` runs on the H200 (GLM-5.3-Flash TP2 shape, 61
+# schedules; tables and JSON in benchmarks/results/README.md, "Against vLLM's Marlin NVFP4 MoE").
+# Rows: (most routes, most routes per active expert, schedule); the first row that holds a call
+# is used.
 DECODE_SCHEDULES = (
-    # 1-2 tokens: short FC1 K slices on 4 warps, the next step's weights loaded before this one's MMAs
-    (
-        16,
-        DECODE_MAX_ROWS_PER_EXPERT,
-        DecodeTiles(DecodeGemm(4, 128, prefetch=True), DecodeGemm(4, 128, "rows", prefetch=True)),
-    ),
-    # 3-8 tokens: each warp streams all of K for its own rows, 256 columns a step
-    (64, DECODE_MAX_ROWS_PER_EXPERT, DecodeTiles(DecodeGemm(2, 256, "rows"), DecodeGemm(2, 256, "rows"))),
-    # up to 4 routes per active expert (16-64 tokens at top-8 over 288 experts): 4 such warps, prefetched
+    # 1-2 tokens: both GEMMs split K over the warps (4 and 2), the next step's weights loaded
+    # before this one's MMAs
+    (16, 4.0, DecodeTiles(DecodeGemm(4, 128, prefetch=True), DecodeGemm(2, 128, prefetch=True))),
+    # up to 4 routes per active expert (3-64 tokens at top-8 over 288 experts): each warp streams
+    # all of K for its own rows; FC1's code words go through shared memory two steps ahead, FC2's
+    # next step is prefetched in registers
+    (None, 4.0, DecodeTiles(DecodeGemm(4, 256, "rows", stages=3), DecodeGemm(4, 128, "rows", prefetch=True))),
+    # up to 16 (256-512 tokens): 16-route tiles
+    (None, 16.0, DecodeTiles(DecodeGemm(4, 256, "rows"), DecodeGemm(4, 128, "rows"), routes=16)),
+    # up to 32 (1024 tokens): 32 weight rows per warp and 32-route tiles, prefetched
     (
         None,
-        4.0,
-        DecodeTiles(DecodeGemm(4, 256, "rows", prefetch=True), DecodeGemm(4, 128, "rows", prefetch=True)),
+        DECODE_MAX_ROWS_PER_EXPERT,
+        DecodeTiles(DecodeGemm(4, 128, "rows", 32, True), DecodeGemm(4, 128, "rows", 32, True), routes=32),
     ),
-    # up to 8 (256 tokens): 128 columns a step, no prefetch (fewer registers, more warps per SM)
-    (None, DECODE_MAX_ROWS_PER_EXPERT, DecodeTiles(DecodeGemm(4, 128, "rows"), DecodeGemm(4, 128, "rows"))),
 )
 
 
@@ -225,7 +225,7 @@ def choose_config(routes: int, experts: int, hidden: int, intermediate: int) -> 
             )
         return GemmConfig(16, 32, _block_k(hidden, 128), 64, _block_k(intermediate, 128), 2, 4, decode=decode)
     if rows_per_expert <= 96:
-        return GemmConfig(64, 64, _block_k(hidden, 64), 128, _block_k(intermediate, 64), 4, 3)
+        return GemmConfig(64, 64, _block_k(hidden, 64), 128, _block_k(intermediate, 64), 4, 3, decode=decode)
     return GemmConfig(128, 64, _block_k(hidden, 64), 128, _block_k(intermediate, 64), 8, 3)
 
 
