@@ -15,18 +15,23 @@ bf16 io and few routes per active expert (decode sizes), and any call whose
   once per tile rather than once per 8 routes.
 - **Codes go from global memory straight into MMA registers.** Each thread loads 16
   consecutive code bytes (one 128-bit load) of two weight rows per 128-column step and turns
-  them into bf16 in registers (:data:`CODES_ASM`): no shared-memory round trip, no layout
-  conversion. The MMA operand layout (``k_width=4``) is reached by *relabelling K*: the
-  thread's 32 physical columns become its logical K slots in the order of
-  :func:`logical_to_physical`.
+  them into bf16 in registers (:data:`CODES_ASM`; the scale bytes two at a time,
+  :data:`FACTOR_ASM`): no layout conversion. The MMA operand layout (``k_width=4``) is reached
+  by *relabelling K*: the thread's 32 physical columns become its logical K slots in the order
+  of :func:`logical_to_physical`. With ``STAGES`` (``DecodeGemm.stages``) the same 16-byte
+  chunks go through shared memory first: each thread ``cp.async``-copies its own chunks
+  ``STAGES - 1`` K steps ahead and loads them back when their group is done, so the bytes in
+  flight cost shared memory instead of registers; else ``PREFETCH`` keeps the next step's
+  weights in registers, or nothing runs ahead.
 - **The activations are permuted once to match** (:func:`permute_k_kernel`): column ``m`` of
   each 128-column block of the permuted activations is physical column
   ``logical_to_physical(column_to_logical(m))``. FC1 stores its output (FC2's input) directly
   in that order. :func:`column_to_logical` makes each thread's 8 activations of a 32-column
   group one 128-bit load that is already the B operand of its two MMAs (no register moves).
-- **K is split over the warps of a CTA.** Each warp streams its own K slice of the same 16
-  weight rows (a batched MMA layout whose batch axis is the warp); the fp32 partial sums are
-  added across warps at the end. Small token counts get many CTAs without atomics.
+- **K or the rows are split over the warps of a CTA.** With a K split each warp streams its own
+  K slice of the same 16 (or 32) weight rows (a batched MMA layout whose batch axis is the
+  warp) and the fp32 partial sums are added across warps at the end: small token counts get
+  many CTAs without atomics. With a row split each warp streams all of K for its own rows.
 
 Numerics: FP4 weights are dequantized exactly to ``e2m1 * block_scale * 2**-7`` in bf16 (at
 most 5 significant bits; the ``2**-7`` keeps the scale factor ``scale * 2**119`` below bf16's
