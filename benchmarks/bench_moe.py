@@ -208,6 +208,35 @@ DECODE_SWEEP_WIDE = [  # timed with 16- and 32-route tiles where experts average
     ((4, 256, "rows", 16, False, 3), (4, 128, "rows", 16, False, 4)),
     ((4, 128, "rows", 32, False, 3), (4, 128, "rows", 32, False, 3)),
 ]
+# `--sweep focus`: the default schedules of 1-256 tokens and their variants with L2 prefetch
+# (``l2_ahead``), a register cap (``max_registers``) and fewer warps per CTA; W4A16 and A4 timed
+DECODE_SWEEP_FOCUS = [
+    ((4, 128, "k", 16, True), (2, 128, "k", 16, True)),
+    ((4, 128, "k", 16, False, 0, 4), (2, 128, "k", 16, False, 0, 4)),
+    ((4, 128, "k", 16, True), (2, 128, "k", 16, False, 0, 4)),
+    ((4, 256, "rows", 16, False, 3), (4, 128, "rows", 16, True)),
+    ((4, 256, "rows", 16, False, 3, 0, 128), (4, 128, "rows", 16, True)),
+    ((4, 256, "rows", 16, False, 3, 4, 128), (4, 128, "rows", 16, True)),
+    ((4, 256, "rows", 16, False, 3, 8, 128), (4, 128, "rows", 16, True)),
+    ((4, 256, "rows", 16, False, 3, 8, 128), (4, 128, "rows", 16, False, 0, 4)),
+    ((4, 256, "rows", 16, False, 3, 8, 128), (4, 128, "rows", 16, False, 0, 8)),
+    ((4, 256, "rows", 16, False, 4, 8, 128), (4, 128, "rows", 16, False, 4, 8)),
+    ((4, 256, "rows", 16, False, 0, 4), (4, 128, "rows", 16, False, 0, 4)),
+    ((4, 256, "rows", 16, False, 0, 8), (4, 128, "rows", 16, False, 0, 8)),
+    ((4, 256, "rows", 16, False, 0, 4, 96), (4, 128, "rows", 16, False, 0, 4)),
+    ((4, 256, "rows"), (4, 128, "rows")),
+    ((1, 256, "rows", 16, False, 3), (4, 128, "rows", 16, True)),
+    ((2, 256, "rows", 16, False, 3), (4, 128, "rows", 16, True)),
+    ((1, 256, "rows", 16, False, 3, 0, 128), (1, 128, "rows", 16, False, 4)),
+    ((1, 256, "rows", 16, False, 3, 8, 128), (1, 128, "rows", 16, False, 4, 8)),
+]
+DECODE_SWEEP_FOCUS_WIDE = [  # 16-route tiles (256-512 tokens)
+    ((4, 256, "rows"), (4, 128, "rows")),
+    ((4, 256, "rows", 16, False, 0, 4), (4, 128, "rows", 16, False, 0, 4)),
+    ((4, 256, "rows", 16, False, 0, 8), (4, 128, "rows", 16, False, 0, 8)),
+    ((4, 256, "rows", 16, False, 3, 8, 128), (4, 128, "rows", 16, False, 0, 4)),
+    ((4, 256, "rows", 16, False, 0, 4), (4, 128, "rows")),
+]
 DECODE_SWEEP_MAX_ROUTES = 8192  # decode schedules are timed up to 1024 tokens at top-8, past the default
 SWEEP = {  # block_m, fc1_n, fc1_k, fc2_n, fc2_k, warps, stages, ptx_dequant, split_k
     "bm16_n32_k128_w4_triton": (16, 32, 128, 64, 128, 4, 4, False, 1),
@@ -240,16 +269,19 @@ def config_fits(sizes: tuple[Any, ...], routes: int, experts: int) -> bool:
     return (sizes[0] <= 16 and routes <= 8 * experts) or (sizes[0] > 16 and routes >= 2 * experts)
 
 
-def decode_schedules(routes: int, experts: int) -> list[Any]:
-    """The decode schedules the sweep times for a call of ``routes`` routes over ``experts``."""
+def decode_schedules(routes: int, experts: int, focus: bool = False) -> list[Any]:
+    """The decode schedules the sweep times for a call of ``routes`` routes over ``experts``:
+    :data:`DECODE_SWEEP` (and :data:`DECODE_SWEEP_WIDE` with wider tiles), or with ``focus``
+    :data:`DECODE_SWEEP_FOCUS` (and :data:`DECODE_SWEEP_FOCUS_WIDE` with 16-route tiles)."""
     from a4prefill.ops.backends.triton_moe import DecodeGemm, DecodeTiles
 
-    schedules = [DecodeTiles(DecodeGemm(*fc1), DecodeGemm(*fc2)) for fc1, fc2 in DECODE_SWEEP]
+    narrow, wide = (
+        (DECODE_SWEEP_FOCUS, DECODE_SWEEP_FOCUS_WIDE) if focus else (DECODE_SWEEP, DECODE_SWEEP_WIDE)
+    )
+    schedules = [DecodeTiles(DecodeGemm(*fc1), DecodeGemm(*fc2)) for fc1, fc2 in narrow]
     if routes > 4 * experts:
-        for tile_routes in (16, 32):
-            schedules += [
-                DecodeTiles(DecodeGemm(*fc1), DecodeGemm(*fc2), tile_routes) for fc1, fc2 in DECODE_SWEEP_WIDE
-            ]
+        for tile_routes in (16,) if focus else (16, 32):
+            schedules += [DecodeTiles(DecodeGemm(*fc1), DecodeGemm(*fc2), tile_routes) for fc1, fc2 in wide]
     return schedules
 
 
@@ -260,37 +292,42 @@ def sweep_configs(
     hidden: int,
     inter: int,
     flush: torch.Tensor,
-    decode_only: bool,
+    sweep: str,
     references: dict[str, torch.Tensor],
-) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
-    """Median microseconds of ``fn(config=...)`` for each tile config in :data:`SWEEP` (unless
-    ``decode_only``) and, up to :data:`DECODE_SWEEP_MAX_ROUTES` routes, each decode schedule of
-    :func:`decode_schedules` (labels ``decode_<schedule>``); and, per reference of
-    ``references`` (suffix -> expected fp32 output), each config's relative error."""
+    a4_fn: Callable[..., Any] | None = None,
+) -> tuple[dict[str, Any], dict[str, dict[str, float]], dict[str, Any]]:
+    """Median microseconds of ``fn(config=...)`` for each tile config in :data:`SWEEP` (``sweep``
+    ``"all"``) and, up to :data:`DECODE_SWEEP_MAX_ROUTES` routes, each decode schedule of
+    :func:`decode_schedules` (``focus`` with ``sweep == "focus"``; labels ``decode_<schedule>``);
+    per reference of ``references`` (suffix -> expected fp32 output), each config's relative
+    error; with ``sweep == "focus"``, ``a4_fn(config=...)``'s time for each decode schedule."""
     from a4prefill.ops.backends.triton_moe import GemmConfig, choose_config
 
     configs = {
         label: GemmConfig(*sizes)
         for label, sizes in SWEEP.items()
-        if not decode_only and config_fits(sizes, routes, experts)
+        if sweep == "all" and config_fits(sizes, routes, experts)
     }
     default = choose_config(routes, experts, hidden, inter)
     if routes <= DECODE_SWEEP_MAX_ROUTES:
-        for tiles in decode_schedules(routes, experts):
+        for tiles in decode_schedules(routes, experts, sweep == "focus"):
             if tiles.fits(hidden, inter):
                 configs[f"decode_{tiles}"] = dataclasses.replace(default, decode=tiles)
     times: dict[str, Any] = {}
+    a4_times: dict[str, Any] = {}
     errors: dict[str, dict[str, float]] = {suffix: {} for suffix in references}
     for label, config in configs.items():
         try:
             times[label] = time_graph(functools.partial(fn, config=config), 20, flush)
             output = fn(config=config).float()
+            if sweep == "focus" and a4_fn is not None and label.startswith("decode_"):
+                a4_times[label] = time_graph(functools.partial(a4_fn, config=config), 20, flush)
         except Exception as error:
             times[label] = repr(error)[:200]
             continue
         for suffix, expected in references.items():
             errors[suffix][label] = relative_error(output, expected)
-    return times, errors
+    return times, errors, a4_times
 
 
 def relative_error(output: torch.Tensor, expected: torch.Tensor) -> float:
@@ -366,16 +403,19 @@ def bench_shape(
                 result[f"{variant}_error"] = repr(error)[:300]
         if sweep:
             result["default_config"] = dataclasses.asdict(default_config)
-            result["sweep_w4a16_us"], errors = sweep_configs(
+            result["sweep_w4a16_us"], errors, a4_times = sweep_configs(
                 variants["w4a16"],
                 tokens * top_k,
                 experts,
                 hidden,
                 inter,
                 flush,
-                sweep == "decode",
+                sweep,
                 references,
+                variants["a4"],
             )
+            if a4_times:
+                result["sweep_a4_us"] = a4_times
             for suffix, by_label in errors.items():
                 result[f"sweep_w4a16_rel_err{suffix}"] = by_label
         w4, bf, ma = result.get("w4a16_us"), result.get("bf16_us"), result.get("marlin_us")
@@ -574,8 +614,9 @@ def main() -> None:
         "--sweep",
         nargs="?",
         const="all",
-        choices=["all", "decode"],
-        help="also time tile configs and decode schedules (W4A16); 'decode': decode schedules only",
+        choices=["all", "decode", "focus"],
+        help="also time tile configs and decode schedules (W4A16); 'decode': decode schedules only; "
+        "'focus': the DECODE_SWEEP_FOCUS schedules, W4A16 and A4",
     )
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--tokens", help="comma-separated token counts (overrides --quick)")

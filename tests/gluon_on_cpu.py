@@ -28,11 +28,17 @@ POINTER_TYPES = {
 
 
 def compile_sm90(
-    fn: Any, signature: dict[str, str], constexprs: dict[str, Any], num_warps: int, divisible: set[str]
+    fn: Any,
+    signature: dict[str, str],
+    constexprs: dict[str, Any],
+    num_warps: int,
+    divisible: set[str],
+    maxnreg: int | None = None,
 ) -> Any:
     """Compile Gluon kernel ``fn`` for sm_90a offline: ``signature`` maps its runtime arguments to
-    Triton types, ``divisible`` names those known divisible by 16. Returns the compiled kernel
-    (``.asm`` has ``ttgir``, ``ptx``, ``cubin``)."""
+    Triton types, ``divisible`` names those known divisible by 16, ``maxnreg`` caps the registers
+    per thread (launch option, as on the GPU). Returns the compiled kernel (``.asm`` has
+    ``ttgir``, ``ptx``, ``cubin``)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental import gluon
@@ -45,18 +51,22 @@ def compile_sm90(
         constexprs=constexprs,
         attrs=attrs,
     )
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    options = {"num_warps": num_warps, **({"maxnreg": maxnreg} if maxnreg else {})}
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
 class InterpretedKernel:
     """A Gluon kernel launched on CPU tensors: compiled offline for sm_90a per constexpr set and
     argument types (cached), its TTGIR interpreted program by program. ``launches`` records the
-    grid of every launch, ``reads`` the elements its loads read per tensor argument (by name)."""
+    grid of every launch, ``reads`` the elements its loads read per tensor argument (by name),
+    ``accessed`` per tensor argument which elements were read and which were prefetched into L2
+    (bool per element of its storage, ``None`` for none)."""
 
     def __init__(self, fn: Any) -> None:
         self.fn = fn
         self.launches: list[tuple[int, ...]] = []
         self.reads: list[dict[str, int]] = []
+        self.accessed: list[dict[str, tuple[torch.Tensor | None, torch.Tensor | None]]] = []
         self._kernels: dict[str, Kernel] = {}
 
     def __getitem__(self, grid: tuple[int, ...]) -> Any:
@@ -65,6 +75,7 @@ class InterpretedKernel:
     def _launch(self, grid: tuple[int, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         kwargs = dict(kwargs)
         num_warps = kwargs.pop("num_warps", 4)
+        maxnreg = kwargs.pop("maxnreg", None)
         bound = dict(zip(self.fn.arg_names, args, strict=False)) | kwargs
         constexprs, runtime, signature, divisible = {}, [], {}, set()
         for param in self.fn.params:
@@ -83,16 +94,25 @@ class InterpretedKernel:
                 signature[param.name] = "i32"
                 if value % 16 == 0:
                     divisible.add(param.name)
-        key = repr((sorted(constexprs.items()), sorted(signature.items()), sorted(divisible), num_warps))
+        key = repr(
+            (sorted(constexprs.items()), sorted(signature.items()), sorted(divisible), num_warps, maxnreg)
+        )
         if key not in self._kernels:
-            compiled = compile_sm90(self.fn, signature, constexprs, num_warps, divisible)
+            compiled = compile_sm90(self.fn, signature, constexprs, num_warps, divisible, maxnreg)
             self._kernels[key] = Kernel.from_ttgir(compiled.asm["ttgir"])
         self.launches.append(grid)
-        read = self._kernels[key].launch(grid, runtime)
+        accesses = self._kernels[key].launch(grid, runtime)
+        tensors = {name: value for name, value in bound.items() if isinstance(value, torch.Tensor)}
         self.reads.append(
             {
-                name: read.get(value.untyped_storage().data_ptr(), 0)
-                for name, value in bound.items()
-                if isinstance(value, torch.Tensor)
+                name: accesses.reads.get(value.untyped_storage().data_ptr(), 0)
+                for name, value in tensors.items()
+            }
+        )
+        self.accessed.append(
+            {
+                name: (accesses.read.get(key), accesses.prefetched.get(key))
+                for name, value in tensors.items()
+                for key in [value.untyped_storage().data_ptr()]
             }
         )

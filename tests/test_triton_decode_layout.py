@@ -104,6 +104,7 @@ def _compile(kernel_name: str, gemm: DecodeGemm, routes: int, mode: int = 0) -> 
     }
     constexprs = dict(_decode_launch_args(gemm, routes))
     warps = constexprs.pop("num_warps")
+    maxnreg = constexprs.pop("maxnreg", None)
     a4 = {"gs2_ptr": "*fp32", "flag_ptr": "*u8"}
     if kernel_name == "fc1_decode_kernel":
         signature = {
@@ -121,7 +122,7 @@ def _compile(kernel_name: str, gemm: DecodeGemm, routes: int, mode: int = 0) -> 
     constexprs["MODE"] = mode
     # what the launcher specializes: 16-byte aligned pointers, sizes divisible by 16
     divisible = {name for name, kind in signature.items() if kind.startswith("*") or name in ("H", "INTER")}
-    compiled = compile_sm90(getattr(decode, kernel_name), signature, constexprs, warps, divisible)
+    compiled = compile_sm90(getattr(decode, kernel_name), signature, constexprs, warps, divisible, maxnreg)
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(compiled.asm["cubin"])

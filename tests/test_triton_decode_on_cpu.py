@@ -42,7 +42,8 @@ EXPERTS, HIDDEN, INTERMEDIATE, TOP_K = 5, 512, 256, 2
 # Every kind of schedule that fits H=512, I=256: warps 1-8, K and row splits, 16 and 32 rows per
 # warp, 128- and 256-column steps, 8-, 16- and 32-route tiles, with and without prefetching
 # (1, 2 and 4 K steps per warp; odd counts above 1: test_prefetching_with_an_odd_step_count_...),
-# code words staged through shared memory 2-6 steps deep (fewer steps than stages included).
+# code words staged through shared memory 2-6 steps deep (fewer steps than stages included), L2
+# prefetches further ahead than the last step (clamped) and a register cap.
 SCHEDULES = [
     DecodeTiles(DecodeGemm(4, 128), DecodeGemm(2, 128)),
     DecodeTiles(DecodeGemm(2, 256, "rows"), DecodeGemm(4, 128, "rows")),
@@ -54,6 +55,10 @@ SCHEDULES = [
     DecodeTiles(DecodeGemm(1, 128, "rows", prefetch=True), DecodeGemm(2, 128, "k", 32, True), routes=16),
     DecodeTiles(DecodeGemm(4, 128, "rows", stages=3), DecodeGemm(2, 128, "rows", stages=4)),
     DecodeTiles(DecodeGemm(2, 128, "k", 32, stages=2), DecodeGemm(4, 128, "rows", stages=6), routes=16),
+    DecodeTiles(
+        DecodeGemm(4, 256, "rows", stages=3, l2_ahead=2, max_registers=128),
+        DecodeGemm(2, 128, "k", l2_ahead=4),
+    ),
 ]
 TILED = GemmConfig(16, 32, 128, 64, 128, 2, 4)
 
@@ -265,6 +270,28 @@ def test_prefetching_with_an_odd_step_count_matches_the_reference(decode_on_cpu,
     result = run_decode(schedule, x, topk_weights, topk_ids, tiny.experts)
     expected = moe_reference(x, topk_weights, topk_ids, tiny.experts, None)
     assert_close_to_reference(result, expected, "w4a16")
+
+
+def test_l2_prefetches_ask_for_the_lines_the_warps_read_next(decode_on_cpu):
+    """Every L2 prefetch points at a code word its kernel reads, and every 128-byte line of code
+    words past a row's first ``l2_ahead`` steps was asked for (H=1024: 8 FC1 steps of 128
+    columns, 2 ahead; I=512: 4 FC2 steps, 2 ahead, staged)."""
+    tiny = make_tiny_layer(4, 1024, 512, 2, seed=5, calibration_tokens=32)
+    generator = torch.Generator().manual_seed(7)
+    hidden = (2 * torch.randn(7, 1024, generator=generator)).to(torch.bfloat16)
+    topk_weights, topk_ids = random_routing(7, 4, 2, generator)
+    fc1, fc2 = DecodeGemm(2, 128, "rows", l2_ahead=2), DecodeGemm(1, 128, "rows", stages=2, l2_ahead=2)
+    run_decode(DecodeTiles(fc1, fc2), hidden, topk_weights, topk_ids, tiny.experts)
+    for name, k, gemm in (("fc1_decode_kernel", 1024, fc1), ("fc2_decode_kernel", 512, fc2)):
+        read, prefetched = decode_on_cpu[name].accessed[-1]["w_ptr"]
+        assert prefetched is not None and bool(prefetched.any()), name
+        assert not bool((prefetched & ~read).any()), f"{name}: a prefetch of a word no warp reads"
+        row_words, line_words = k // 8, 32
+        lines_read = read.view(-1, row_words // line_words, line_words).any(-1)
+        lines_prefetched = prefetched.view(-1, row_words // line_words, line_words).any(-1)
+        first = gemm.l2_ahead * gemm.block_k // 8 // line_words  # lines of the first steps
+        missed = lines_read[:, first:] & ~lines_prefetched[:, first:]
+        assert not bool(missed.any()), f"{name}: {int(missed.sum())} lines read without a prefetch"
 
 
 @pytest.mark.parametrize("schedule", _default_schedules(), ids=str)

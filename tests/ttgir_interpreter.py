@@ -14,8 +14,12 @@ Memory: pointer arguments are torch tensors (contiguous); a pointer value is ``(
 offsets)``. An unmasked load or store outside its buffer raises ``IndexError`` (on a GPU it would
 read or write another allocation silently), and so does a store to an element another program of
 the same launch has stored to: a GPU runs the programs in no fixed order, so that is a race whose
-outcome the interpreter's program order would hide. ``Kernel.launch`` can count the elements
-each buffer's loads read (masked-off lanes read nothing, as on a GPU).
+outcome the interpreter's program order would hide. ``Kernel.launch`` counts the elements
+each buffer's loads read (masked-off lanes read nothing, as on a GPU) and marks which.
+
+An inline asm whose only operand is a pointer and whose body is ``prefetch.global.L2 [$1]`` (an
+L2 prefetch) reads nothing: the interpreter checks its addresses against the buffer's bounds and
+marks the elements they point at.
 
 Shared memory (``ttg.local_alloc``) is a tensor per allocation, filled with a garbage pattern.
 ``ttg.async_copy_global_to_local`` (``cp.async``) reads global memory when issued but lands as
@@ -238,18 +242,35 @@ class Kernel:
                 return cls(match.group(1), arguments, body, warps)
         raise ValueError("no public tt.func in the module")
 
-    def launch(self, grid: tuple[int, ...], arguments: list[Any]) -> dict[int, int]:
+    def launch(self, grid: tuple[int, ...], arguments: list[Any]) -> Accesses:
         """Run every program of ``grid`` (1-3 axes, x fastest) with ``arguments`` (tensors for
-        pointer arguments, Python ints and floats for scalars) in the kernel's order. Returns the
-        elements the loads read, summed over the programs, per buffer (``data_ptr`` of its storage)."""
+        pointer arguments, Python ints and floats for scalars) in the kernel's order. Returns what
+        the programs' loads read and their L2 prefetches asked for."""
         grid = tuple(grid) + (1,) * (3 - len(grid))
         writers: dict[int, torch.Tensor] = {}  # buffer -> the program that stored each element
-        reads: dict[int, int] = {}
+        accesses = Accesses({}, {}, {})
         for z in range(grid[2]):
             for y in range(grid[1]):
                 for x in range(grid[0]):
-                    _Program(self, (x, y, z), arguments, writers, reads).run()
-        return reads
+                    _Program(self, (x, y, z), arguments, writers, accesses).run()
+        return accesses
+
+
+@dataclasses.dataclass
+class Accesses:
+    """What one launch's programs did with global memory, per buffer (``data_ptr`` of its storage):
+    ``reads`` the elements loads read (summed over programs and loads), ``read`` and
+    ``prefetched`` which elements were read and which an L2 prefetch pointed at (bool, one per
+    element)."""
+
+    reads: dict[int, int]
+    read: dict[int, torch.Tensor]
+    prefetched: dict[int, torch.Tensor]
+
+    @staticmethod
+    def mark(marks: dict[int, torch.Tensor], buffer: torch.Tensor, offsets: torch.Tensor) -> None:
+        key = buffer.untyped_storage().data_ptr()
+        marks.setdefault(key, torch.zeros(buffer.numel(), dtype=torch.bool))[offsets] = True
 
 
 class _Return(Exception):
@@ -263,12 +284,12 @@ class _Program:
         program_id: tuple[int, int, int],
         arguments: list[Any],
         writers: dict[int, torch.Tensor],
-        reads: dict[int, int],
+        accesses: Accesses,
     ) -> None:
         self.kernel = kernel
         self.program_id = program_id
         self.writers = writers
-        self.reads = reads
+        self.accesses = accesses
         self.values: dict[str, Any] = {}
         self.open_copies: list[tuple[torch.Tensor, torch.Tensor]] = []  # async copies not committed
         self.copy_groups: list[list[tuple[torch.Tensor, torch.Tensor]]] = []  # committed, not landed
@@ -413,6 +434,9 @@ class _Program:
     def _op_arith_remsi(self, op: Op) -> torch.Tensor:
         return self._binary(op, torch.fmod)
 
+    def _op_arith_minsi(self, op: Op) -> torch.Tensor:
+        return self._binary(op, torch.minimum)
+
     def _op_arith_andi(self, op: Op) -> torch.Tensor:
         return self._binary(op, torch.bitwise_and)
 
@@ -526,7 +550,8 @@ class _Program:
         buffer = self._typed(pointer.buffer, element)
         active = self._check_bounds(pointer, mask, what)
         key = buffer.untyped_storage().data_ptr()
-        self.reads[key] = self.reads.get(key, 0) + int(active.sum())
+        self.accesses.reads[key] = self.accesses.reads.get(key, 0) + int(active.sum())
+        Accesses.mark(self.accesses.read, buffer, pointer.offsets[active])
         safe = torch.where(active, pointer.offsets, torch.zeros_like(pointer.offsets))
         values = buffer[safe]
         if mask is not None:
@@ -623,6 +648,8 @@ class _Program:
             raise NotImplementedError("inline asm with packed_element > 1")
         inputs = self._args(op)
         _, result_types = op.types
+        if len(inputs) == 1 and isinstance(inputs[0], Pointer):
+            return self._l2_prefetch(asm, inputs[0], result_types[0].shape)
         outputs = [c for c in constraints if c.startswith("=")]
         operands = {}
         for index, value in enumerate(inputs):
@@ -635,6 +662,16 @@ class _Program:
             width = {"=r": torch.int32, "=h": torch.int16}[constraint]
             results.append(bits.to(width).view(TORCH_TYPES[result.element]))
         return results if len(results) > 1 else results[0]
+
+    def _l2_prefetch(self, asm: str, pointer: Pointer, shape: tuple[int, ...]) -> torch.Tensor:
+        """An inline asm of one pointer operand: only ``prefetch.global.L2 [$1]`` (and the dummy
+        result ``$0 = 0``) is known. Checks the addresses, marks them, returns the zeros."""
+        statements = [s.strip() for s in asm.strip().removeprefix("{").removesuffix("}").split(";")]
+        if [s for s in statements if s] != ["prefetch.global.L2 [$1]", "mov.b32 $0, 0"]:
+            raise NotImplementedError(f"inline asm with a pointer operand: {asm!r}")
+        self._check_bounds(pointer, None, "L2 prefetch")
+        Accesses.mark(self.accesses.prefetched, pointer.buffer, pointer.offsets.reshape(-1))
+        return torch.zeros(shape, dtype=torch.int32)
 
     # -- loops ------------------------------------------------------------------------------
     def _op_scf_for(self, op: Op) -> list[Any]:

@@ -269,31 +269,29 @@ def _b_operand(act, layout: gl.constexpr):
 
 
 @gluon.jit
-def _weight_offsets(first_row, row_words, warp_rows, warp_words, WORDS: gl.constexpr, SCALES: gl.constexpr):
-    """int32 offsets of one step's code words ``[W, M, BK / 8]`` (``WORDS``, in int32 words)
-    and scale byte pairs ``[W, M, BK / 32]`` (``SCALES``, in uint16) within one expert: warp ``w`` reads rows
-    ``first_row + w * warp_rows + r`` from code word ``w * warp_words`` on (split K:
+def _row_offsets(first_row, row_stride, warp_rows, warp_stride, index_stride, LAYOUT: gl.constexpr):
+    """int32 offsets ``[W, M, J]`` (``LAYOUT``) of index ``j`` of row ``r`` of warp ``w``:
+    ``(first_row + w * warp_rows + r) * row_stride + w * warp_stride + j * index_stride``."""
+    w = gl.arange(0, LAYOUT.shape[0], layout=gl.SliceLayout(1, gl.SliceLayout(2, LAYOUT)))
+    r = gl.arange(0, LAYOUT.shape[1], layout=gl.SliceLayout(0, gl.SliceLayout(2, LAYOUT)))
+    j = gl.arange(0, LAYOUT.shape[2], layout=gl.SliceLayout(0, gl.SliceLayout(1, LAYOUT)))
+    rows = first_row + w[:, None, None] * warp_rows + r[None, :, None]
+    return rows * row_stride + (w * warp_stride)[:, None, None] + j[None, None, :] * index_stride
+
+
+@gluon.jit
+def _weight_offsets(
+    first_row, row_words, warp_rows, warp_words, WORDS: gl.constexpr, SCALES: gl.constexpr, L2: gl.constexpr
+):
+    """int32 offsets of one step's code words ``[W, M, BK / 8]`` (``WORDS``, in int32 words),
+    scale byte pairs ``[W, M, BK / 32]`` (``SCALES``, in uint16) and the first code word of each
+    128-byte line ``[W, M, L]`` (``L2``, :func:`l2_prefetch_layout`) within one expert: warp ``w``
+    reads rows ``first_row + w * warp_rows + r`` from code word ``w * warp_words`` on (split K:
     ``warp_rows`` 0; split rows: ``warp_words`` 0)."""
-    warps: gl.constexpr = WORDS.shape[0]
-    rows: gl.constexpr = WORDS.shape[1]
-    words: gl.constexpr = WORDS.shape[2]
-    w = gl.arange(0, warps, layout=gl.SliceLayout(1, gl.SliceLayout(2, WORDS)))
-    r = gl.arange(0, rows, layout=gl.SliceLayout(0, gl.SliceLayout(2, WORDS)))
-    j = gl.arange(0, words, layout=gl.SliceLayout(0, gl.SliceLayout(1, WORDS)))
-    code_off = (
-        (first_row + w[:, None, None] * warp_rows + r[None, :, None]) * row_words
-        + (w * warp_words)[:, None, None]
-        + j[None, None, :]
-    )
-    sw = gl.arange(0, warps, layout=gl.SliceLayout(1, gl.SliceLayout(2, SCALES)))
-    sr = gl.arange(0, rows, layout=gl.SliceLayout(0, gl.SliceLayout(2, SCALES)))
-    sg = gl.arange(0, words // 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, SCALES)))
-    scale_off = (
-        (first_row + sw[:, None, None] * warp_rows + sr[None, :, None]) * (row_words // 4)
-        + (sw * (warp_words // 4))[:, None, None]
-        + sg[None, None, :]
-    )
-    return code_off, scale_off
+    code_off = _row_offsets(first_row, row_words, warp_rows, warp_words, 1, WORDS)
+    scale_off = _row_offsets(first_row, row_words // 4, warp_rows, warp_words // 4, 1, SCALES)
+    line_off = _row_offsets(first_row, row_words, warp_rows, warp_words, 32, L2)
+    return code_off, scale_off, line_off
 
 
 @gluon.jit
@@ -456,6 +454,27 @@ def _copy_step(codes, w_base, w_off, step, steps, STAGES: gl.constexpr, BK: gl.c
     )
 
 
+# $1: a global address; L2 fetches the 128-byte line that holds it (``prefetch.global.L2``: no
+# register waits for it, there is nothing to wait for). $0: a dummy result (inline asm needs one).
+L2_PREFETCH_ASM = gl.constexpr("{ prefetch.global.L2 [$1]; mov.b32 $0, 0; }")
+
+
+@gluon.jit
+def _l2_prefetch(step_base, line_off, step, steps, AHEAD: gl.constexpr, BK: gl.constexpr):
+    """With ``AHEAD > 0``: asks L2 for the code words of K step ``min(step + AHEAD, steps - 1)``
+    (lines at ``line_off``; ``step_base`` points at step ``step``'s words); nothing else."""
+    if AHEAD > 0:
+        ahead = gl.minimum(step + AHEAD, steps - 1) - step
+        gl.inline_asm_elementwise(
+            L2_PREFETCH_ASM,
+            "=r,l",
+            [step_base + line_off + ahead * (BK // 8)],
+            dtype=gl.int32,
+            is_pure=False,
+            pack=1,
+        )
+
+
 @gluon.jit
 def fc1_decode_kernel(
     x_ptr,
@@ -481,6 +500,7 @@ def fc1_decode_kernel(
     MODE: gl.constexpr,
     PREFETCH: gl.constexpr,
     STAGES: gl.constexpr,
+    L2_AHEAD: gl.constexpr,
     WARPS: gl.constexpr,
     BK: gl.constexpr,
     SPLIT_K: gl.constexpr,
@@ -491,6 +511,7 @@ def fc1_decode_kernel(
     A: gl.constexpr,
     B: gl.constexpr,
     X: gl.constexpr,
+    L2: gl.constexpr,
 ):
     """FC1 + SwiGLU of up to ``TILE`` routes x ``M * W'`` features (``M`` rows per warp, 16 or 32):
     ``out[p, slot(n)] = io(io(silu(gate)) * up)`` for sorted positions ``p`` of one tile.
@@ -506,8 +527,10 @@ def fc1_decode_kernel(
     ``SPLIT_K``: the ``WARPS`` warps stream K slices of the same ``M`` features (``W' = 1``,
     ``H % (WARPS * BK) == 0``); else each warp streams all of K for its own ``M`` features
     (``W' = WARPS``, ``H % BK == 0``). ``PREFETCH``: each warp loads step ``i + 1``'s weights
-    before step ``i``'s MMAs. Only a tile's own routes are read (:func:`_live`). Grid
-    ``(max_tiles, I / (M W'))``; ``BK % 128 == 0``, ``I % 128 == 0``.
+    before step ``i``'s MMAs; ``STAGES``: the code words go through shared memory ``STAGES - 1``
+    steps ahead; ``L2_AHEAD`` (not with ``PREFETCH``): at step ``i`` each warp asks L2 for step
+    ``i + L2_AHEAD``'s code words (lines in layout ``L2``). Only a tile's own routes are read
+    (:func:`_live`). Grid ``(max_tiles, I / (M W'))``; ``BK % 128 == 0``, ``I % 128 == 0``.
     """
     expert, rows, readable, idle = _tile(tile_expert_ptr, tile_row_ptr, num_tiles_ptr, ROUTES, TILE, X)
     if idle:
@@ -515,8 +538,12 @@ def fc1_decode_kernel(
     ROWS: gl.constexpr = WORDS.shape[1]
     k_per_warp, n0, warp_rows, warp_cols = _warp_split(H, ROWS, WARPS, BK, SPLIT_K)
     row_words = gl.multiple_of(H // 8, 16)  # H % 128 == 0
-    gate_off, gate_soff = _weight_offsets(n0, row_words, warp_rows, warp_cols // 8, WORDS, SCALES)
-    up_off, up_soff = _weight_offsets(n0 + INTER, row_words, warp_rows, warp_cols // 8, WORDS, SCALES)
+    gate_off, gate_soff, gate_lines = _weight_offsets(
+        n0, row_words, warp_rows, warp_cols // 8, WORDS, SCALES, L2
+    )
+    up_off, up_soff, up_lines = _weight_offsets(
+        n0 + INTER, row_words, warp_rows, warp_cols // 8, WORDS, SCALES, L2
+    )
     expert_rows = expert.to(gl.int64) * (2 * INTER)
     w_base = w_ptr + expert_rows * row_words
     s_base = ws_ptr + expert_rows * (row_words // 4)
@@ -540,6 +567,8 @@ def fc1_decode_kernel(
             _copy_step(gate, w_base, gate_off, i + STAGES - 1, steps, STAGES, BK)
             _copy_step(up, w_base, up_off, i + STAGES - 1, steps, STAGES, BK)
             async_copy.commit_group()
+            _l2_prefetch(w_base + i * (BK // 8), gate_lines, i, steps, L2_AHEAD, BK)
+            _l2_prefetch(w_base + i * (BK // 8), up_lines, i, steps, L2_AHEAD, BK)
             xb = gl.load(x_ptr + x_off, mask=x_mask, other=0.0)
             s_base += BK // 32
             more = i + 1 < steps
@@ -582,11 +611,13 @@ def fc1_decode_kernel(
         acc_g = _mma_step(gw, gs, xb, acc_g, WORDS, A, B, WARPS, BK)
         acc_u = _mma_step(uw, us, xb, acc_u, WORDS, A, B, WARPS, BK)
     else:
-        for _ in range(steps):
+        for i in range(steps):
             # weights first: their addresses are known before the activations' (one load chain less)
             gw, gs = gl.load(w_base + gate_off), gl.load(s_base + gate_soff)
             uw, us = gl.load(w_base + up_off), gl.load(s_base + up_soff)
             xb = gl.load(x_ptr + x_off, mask=x_mask, other=0.0)
+            _l2_prefetch(w_base, gate_lines, i, steps, L2_AHEAD, BK)
+            _l2_prefetch(w_base, up_lines, i, steps, L2_AHEAD, BK)
             acc_g = _mma_step(gw, gs, xb, acc_g, WORDS, A, B, WARPS, BK)
             acc_u = _mma_step(uw, us, xb, acc_u, WORDS, A, B, WARPS, BK)
             w_base += BK // 8
@@ -636,6 +667,7 @@ def fc2_decode_kernel(
     MODE: gl.constexpr,
     PREFETCH: gl.constexpr,
     STAGES: gl.constexpr,
+    L2_AHEAD: gl.constexpr,
     WARPS: gl.constexpr,
     BK: gl.constexpr,
     SPLIT_K: gl.constexpr,
@@ -646,6 +678,7 @@ def fc2_decode_kernel(
     A: gl.constexpr,
     B: gl.constexpr,
     X: gl.constexpr,
+    L2: gl.constexpr,
 ):
     """FC2 of up to ``TILE`` routes x ``M * W'`` outputs: ``y[route(p), n] = io(acc * alpha2)``.
 
@@ -661,7 +694,7 @@ def fc2_decode_kernel(
     ROWS: gl.constexpr = WORDS.shape[1]
     k_per_warp, n0, warp_rows, warp_cols = _warp_split(INTER, ROWS, WARPS, BK, SPLIT_K)
     row_words = gl.multiple_of(INTER // 8, 16)  # INTER % 128 == 0
-    w_off, s_off = _weight_offsets(n0, row_words, warp_rows, warp_cols // 8, WORDS, SCALES)
+    w_off, s_off, lines = _weight_offsets(n0, row_words, warp_rows, warp_cols // 8, WORDS, SCALES, L2)
     expert_rows = expert.to(gl.int64) * H
     w_base = w_ptr + expert_rows * row_words
     s_base = ws_ptr + expert_rows * (row_words // 4)
@@ -679,6 +712,7 @@ def fc2_decode_kernel(
         for i in range(steps):
             _copy_step(codes, w_base, w_off, i + STAGES - 1, steps, STAGES, BK)
             async_copy.commit_group()
+            _l2_prefetch(w_base + i * (BK // 8), lines, i, steps, L2_AHEAD, BK)
             hb = gl.load(h_ptr + h_off, mask=h_mask, other=0.0)
             s_base += BK // 32
             nws = gl.load(s_base + s_off, mask=(s_off >= 0) & (i + 1 < steps), other=0)
@@ -711,8 +745,9 @@ def fc2_decode_kernel(
         hb = gl.load(h_ptr + h_off, mask=h_mask, other=0.0)
         acc = _mma_step(ww, ws, hb, acc, WORDS, A, B, WARPS, BK)
     else:
-        for _ in range(steps):
+        for i in range(steps):
             ww, ws = gl.load(w_base + w_off), gl.load(s_base + s_off)
+            _l2_prefetch(w_base, lines, i, steps, L2_AHEAD, BK)
             hb = gl.load(h_ptr + h_off, mask=h_mask, other=0.0)
             acc = _mma_step(ww, ws, hb, acc, WORDS, A, B, WARPS, BK)
             w_base += BK // 8
@@ -757,6 +792,22 @@ def scale_layout(warps: int, block_k: int = BLOCK_K, rows: int = 16) -> object:
         warp_bases=_bases(0, 1, warps),
         block_bases=[],
         shape=[warps, rows, pairs],
+    )
+
+
+def l2_prefetch_layout(warps: int, block_k: int = BLOCK_K, rows: int = 16) -> object:
+    """Layout of one step's L2 prefetch addresses ``[warps, rows, lines]``: the first code word
+    of each 128-byte line (``lines = max(1, block_k / 256)``) of a warp's rows in one K step; a
+    128-column step asks for the line of its two steps at each. The lanes hold distinct lines
+    while there are as many lines as lanes, else two lanes ask for the same line."""
+    lines = max(1, block_k // 256)
+    bases = [*_bases(2, 1, lines), *_bases(1, 1, rows)]
+    return gl.DistributedLinearLayout(
+        reg_bases=bases[5:],
+        lane_bases=(bases + [[0, 0, 0]] * 5)[:5],
+        warp_bases=_bases(0, 1, warps),
+        block_bases=[],
+        shape=[warps, rows, lines],
     )
 
 

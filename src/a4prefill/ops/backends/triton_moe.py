@@ -99,7 +99,12 @@ class DecodeGemm:
     split (``"k"``: each streams one K slice of the same weight rows, summed at the end;
     ``"rows"``: each streams all of K for its own rows), weight rows per warp (16 or 32: one or
     two MMA tiles sharing each activation load) and ``prefetch``: each warp loads its next K
-    step's weights before this step's MMAs (two steps in flight, about twice the registers)."""
+    step's weights before this step's MMAs (two steps in flight, about twice the registers).
+    ``stages`` (2-6, not with ``prefetch``): the code words go through shared memory ``stages -
+    1`` steps ahead instead. ``l2_ahead`` (not with ``prefetch``): each warp asks L2 for the code
+    words ``l2_ahead`` steps ahead (``prefetch.global.L2``: no registers held); 0 for none.
+    ``max_registers``: the kernels' register cap per thread (``maxnreg``); 0 for the compiler's
+    choice."""
 
     warps: int
     block_k: int
@@ -107,6 +112,8 @@ class DecodeGemm:
     rows: int = 16
     prefetch: bool = False
     stages: int = 0
+    l2_ahead: int = 0
+    max_registers: int = 0
 
     def __post_init__(self) -> None:
         if self.warps not in (1, 2, 4, 8):
@@ -124,6 +131,16 @@ class DecodeGemm:
                 f"DecodeGemm.stages must be 0, 2, 3, 4 or 6 and 0 with prefetch, got {self.stages} "
                 f"(prefetch={self.prefetch})"
             )
+        if self.l2_ahead not in (0, 2, 4, 6, 8, 12, 16) or (self.l2_ahead and self.prefetch):
+            raise ValueError(
+                f"DecodeGemm.l2_ahead must be 0, 2, 4, 6, 8, 12 or 16 and 0 with prefetch, got "
+                f"{self.l2_ahead} (prefetch={self.prefetch})"
+            )
+        if self.max_registers not in (0, 64, 72, 80, 96, 128, 168, 255):
+            raise ValueError(
+                f"DecodeGemm.max_registers must be 0 (no cap) or one of 64, 72, 80, 96, 128, 168, "
+                f"255, got {self.max_registers}"
+            )
 
     @property
     def rows_per_cta(self) -> int:
@@ -139,7 +156,10 @@ class DecodeGemm:
         split = "r" if self.split == "rows" else ""
         rows = "" if self.rows == 16 else f"m{self.rows}"
         staged = f"s{self.stages}" if self.stages else ""
-        return f"{self.warps}x{self.block_k}{split}{rows}" + ("p" if self.prefetch else "") + staged
+        l2 = f"l{self.l2_ahead}" if self.l2_ahead else ""
+        cap = f"R{self.max_registers}" if self.max_registers else ""
+        prefetched = "p" if self.prefetch else ""
+        return f"{self.warps}x{self.block_k}{split}{rows}{prefetched}{staged}{l2}{cap}"
 
 
 @dataclass(frozen=True)
@@ -583,8 +603,11 @@ def _decode_launch_args(gemm: DecodeGemm, routes: int) -> dict[str, Any]:
         "SPLIT_K": gemm.split == "k",
         "PREFETCH": gemm.prefetch,
         "STAGES": gemm.stages,
+        "L2_AHEAD": gemm.l2_ahead,
+        "L2": decode.l2_prefetch_layout(gemm.warps, gemm.block_k, gemm.rows),
         "TILE": routes,
         "num_warps": gemm.warps,
+        **({"maxnreg": gemm.max_registers} if gemm.max_registers else {}),
     }
 
 
