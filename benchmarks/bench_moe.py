@@ -208,34 +208,24 @@ DECODE_SWEEP_WIDE = [  # timed with 16- and 32-route tiles where experts average
     ((4, 256, "rows", 16, False, 3), (4, 128, "rows", 16, False, 4)),
     ((4, 128, "rows", 32, False, 3), (4, 128, "rows", 32, False, 3)),
 ]
-# `--sweep focus`: the default schedules of 1-256 tokens and their variants with L2 prefetch
-# (``l2_ahead``), a register cap (``max_registers``) and fewer warps per CTA; W4A16 and A4 timed
+# `--sweep focus`: the default schedules by size and their variants: FC2 overlapping FC1
+# (``overlap``, the last item), FC1's register cap; W4A16 and A4 timed. Items: FC1, FC2 (as in
+# DECODE_SWEEP), routes per tile, overlap; 16- and 32-route tiles only where experts average more
+# than 4 routes.
 DECODE_SWEEP_FOCUS = [
-    ((4, 128, "k", 16, True), (2, 128, "k", 16, True)),
-    ((4, 128, "k", 16, False, 0, 4), (2, 128, "k", 16, False, 0, 4)),
-    ((4, 128, "k", 16, True), (2, 128, "k", 16, False, 0, 4)),
-    ((4, 256, "rows", 16, False, 3), (4, 128, "rows", 16, True)),
-    ((4, 256, "rows", 16, False, 3, 0, 128), (4, 128, "rows", 16, True)),
-    ((4, 256, "rows", 16, False, 3, 4, 128), (4, 128, "rows", 16, True)),
-    ((4, 256, "rows", 16, False, 3, 8, 128), (4, 128, "rows", 16, True)),
-    ((4, 256, "rows", 16, False, 3, 8, 128), (4, 128, "rows", 16, False, 0, 4)),
-    ((4, 256, "rows", 16, False, 3, 8, 128), (4, 128, "rows", 16, False, 0, 8)),
-    ((4, 256, "rows", 16, False, 4, 8, 128), (4, 128, "rows", 16, False, 4, 8)),
-    ((4, 256, "rows", 16, False, 0, 4), (4, 128, "rows", 16, False, 0, 4)),
-    ((4, 256, "rows", 16, False, 0, 8), (4, 128, "rows", 16, False, 0, 8)),
-    ((4, 256, "rows", 16, False, 0, 4, 96), (4, 128, "rows", 16, False, 0, 4)),
-    ((4, 256, "rows"), (4, 128, "rows")),
-    ((1, 256, "rows", 16, False, 3), (4, 128, "rows", 16, True)),
-    ((2, 256, "rows", 16, False, 3), (4, 128, "rows", 16, True)),
-    ((1, 256, "rows", 16, False, 3, 0, 128), (1, 128, "rows", 16, False, 4)),
-    ((1, 256, "rows", 16, False, 3, 8, 128), (1, 128, "rows", 16, False, 4, 8)),
-]
-DECODE_SWEEP_FOCUS_WIDE = [  # 16-route tiles (256-512 tokens)
-    ((4, 256, "rows"), (4, 128, "rows")),
-    ((4, 256, "rows", 16, False, 0, 4), (4, 128, "rows", 16, False, 0, 4)),
-    ((4, 256, "rows", 16, False, 0, 8), (4, 128, "rows", 16, False, 0, 8)),
-    ((4, 256, "rows", 16, False, 3, 8, 128), (4, 128, "rows", 16, False, 0, 4)),
-    ((4, 256, "rows", 16, False, 0, 4), (4, 128, "rows")),
+    ((4, 128, "k", 16, True), (2, 128, "k", 16, True), 8, False),
+    ((4, 128, "k", 16, True), (2, 128, "k", 16, True), 8, True),
+    ((4, 256, "rows", 16, False, 3), (4, 128, "rows", 16, True), 8, False),
+    ((4, 256, "rows", 16, False, 3, 128), (4, 128, "rows", 16, True), 8, False),
+    ((4, 256, "rows", 16, False, 3, 128), (4, 128, "rows", 16, True), 8, True),
+    ((4, 256, "rows", 16, False, 3, 128), (4, 128, "rows", 16, False, 4), 8, True),
+    ((4, 256, "rows", 16, False, 3, 128), (4, 128, "rows"), 8, True),
+    ((4, 256, "rows", 16, False, 3, 128), (2, 128, "rows", 16, True), 8, True),
+    ((4, 256, "rows"), (4, 128, "rows"), 16, False),
+    ((4, 256, "rows"), (4, 128, "rows"), 16, True),
+    ((4, 256, "rows", 16, False, 3, 128), (4, 128, "rows", 16, True), 16, True),
+    ((4, 128, "rows", 32, True), (4, 128, "rows", 32, True), 32, False),
+    ((4, 128, "rows", 32, True), (4, 128, "rows", 32, True), 32, True),
 ]
 DECODE_SWEEP_MAX_ROUTES = 8192  # decode schedules are timed up to 1024 tokens at top-8, past the default
 SWEEP = {  # block_m, fc1_n, fc1_k, fc2_n, fc2_k, warps, stages, ptx_dequant, split_k
@@ -272,16 +262,22 @@ def config_fits(sizes: tuple[Any, ...], routes: int, experts: int) -> bool:
 def decode_schedules(routes: int, experts: int, focus: bool = False) -> list[Any]:
     """The decode schedules the sweep times for a call of ``routes`` routes over ``experts``:
     :data:`DECODE_SWEEP` (and :data:`DECODE_SWEEP_WIDE` with wider tiles), or with ``focus``
-    :data:`DECODE_SWEEP_FOCUS` (and :data:`DECODE_SWEEP_FOCUS_WIDE` with 16-route tiles)."""
+    :data:`DECODE_SWEEP_FOCUS`."""
     from a4prefill.ops.backends.triton_moe import DecodeGemm, DecodeTiles
 
-    narrow, wide = (
-        (DECODE_SWEEP_FOCUS, DECODE_SWEEP_FOCUS_WIDE) if focus else (DECODE_SWEEP, DECODE_SWEEP_WIDE)
-    )
-    schedules = [DecodeTiles(DecodeGemm(*fc1), DecodeGemm(*fc2)) for fc1, fc2 in narrow]
-    if routes > 4 * experts:
-        for tile_routes in (16,) if focus else (16, 32):
-            schedules += [DecodeTiles(DecodeGemm(*fc1), DecodeGemm(*fc2), tile_routes) for fc1, fc2 in wide]
+    wide = routes > 4 * experts
+    if focus:
+        return [
+            DecodeTiles(DecodeGemm(*fc1), DecodeGemm(*fc2), tile_routes, overlap)
+            for fc1, fc2, tile_routes, overlap in DECODE_SWEEP_FOCUS
+            if wide or tile_routes == 8
+        ]
+    schedules = [DecodeTiles(DecodeGemm(*fc1), DecodeGemm(*fc2)) for fc1, fc2 in DECODE_SWEEP]
+    if wide:
+        for tile_routes in (16, 32):
+            schedules += [
+                DecodeTiles(DecodeGemm(*fc1), DecodeGemm(*fc2), tile_routes) for fc1, fc2 in DECODE_SWEEP_WIDE
+            ]
     return schedules
 
 
@@ -616,7 +612,7 @@ def main() -> None:
         const="all",
         choices=["all", "decode", "focus"],
         help="also time tile configs and decode schedules (W4A16); 'decode': decode schedules only; "
-        "'focus': the DECODE_SWEEP_FOCUS schedules, W4A16 and A4",
+        "'focus': the DECODE_SWEEP_FOCUS schedules, W4A16 and A4 timed",
     )
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--tokens", help="comma-separated token counts (overrides --quick)")

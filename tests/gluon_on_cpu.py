@@ -60,13 +60,16 @@ class InterpretedKernel:
     argument types (cached), its TTGIR interpreted program by program. ``launches`` records the
     grid of every launch, ``reads`` the elements its loads read per tensor argument (by name),
     ``accessed`` per tensor argument which elements were read and which were prefetched into L2
-    (bool per element of its storage, ``None`` for none)."""
+    (bool per element of its storage, ``None`` for none), ``before_wait`` the tensor arguments
+    a program read or wrote before its first ``griddepcontrol.wait``. ``launch_pdl`` is accepted
+    and ignored: the interpreter runs launches one after the other."""
 
     def __init__(self, fn: Any) -> None:
         self.fn = fn
         self.launches: list[tuple[int, ...]] = []
         self.reads: list[dict[str, int]] = []
         self.accessed: list[dict[str, tuple[torch.Tensor | None, torch.Tensor | None]]] = []
+        self.before_wait: list[set[str]] = []
         self._kernels: dict[str, Kernel] = {}
 
     def __getitem__(self, grid: tuple[int, ...]) -> Any:
@@ -76,6 +79,7 @@ class InterpretedKernel:
         kwargs = dict(kwargs)
         num_warps = kwargs.pop("num_warps", 4)
         maxnreg = kwargs.pop("maxnreg", None)
+        kwargs.pop("launch_pdl", None)  # launches run one after the other here
         bound = dict(zip(self.fn.arg_names, args, strict=False)) | kwargs
         constexprs, runtime, signature, divisible = {}, [], {}, set()
         for param in self.fn.params:
@@ -107,6 +111,14 @@ class InterpretedKernel:
             {
                 name: accesses.reads.get(value.untyped_storage().data_ptr(), 0)
                 for name, value in tensors.items()
+            }
+        )
+        self.before_wait.append(
+            {
+                name
+                for name, value in tensors.items()
+                if value.untyped_storage().data_ptr()
+                in accesses.read_before_wait | accesses.stored_before_wait
             }
         )
         self.accessed.append(

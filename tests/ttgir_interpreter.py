@@ -19,7 +19,10 @@ each buffer's loads read (masked-off lanes read nothing, as on a GPU) and marks 
 
 An inline asm whose only operand is a pointer and whose body is ``prefetch.global.L2 [$1]`` (an
 L2 prefetch) reads nothing: the interpreter checks its addresses against the buffer's bounds and
-marks the elements they point at.
+marks the elements they point at. ``griddepcontrol.launch_dependents`` and ``griddepcontrol.wait``
+(programmatic dependent launch) do nothing here, as launches run one after the other; what a
+program loads or stores before its first ``griddepcontrol.wait`` is recorded per buffer, since on a
+GPU it may run while the previous grid still does.
 
 Shared memory (``ttg.local_alloc``) is a tensor per allocation, filled with a garbage pattern.
 ``ttg.async_copy_global_to_local`` (``cp.async``) reads global memory when issued but lands as
@@ -248,7 +251,7 @@ class Kernel:
         the programs' loads read and their L2 prefetches asked for."""
         grid = tuple(grid) + (1,) * (3 - len(grid))
         writers: dict[int, torch.Tensor] = {}  # buffer -> the program that stored each element
-        accesses = Accesses({}, {}, {})
+        accesses = Accesses({}, {}, {}, set(), set())
         for z in range(grid[2]):
             for y in range(grid[1]):
                 for x in range(grid[0]):
@@ -261,11 +264,15 @@ class Accesses:
     """What one launch's programs did with global memory, per buffer (``data_ptr`` of its storage):
     ``reads`` the elements loads read (summed over programs and loads), ``read`` and
     ``prefetched`` which elements were read and which an L2 prefetch pointed at (bool, one per
-    element)."""
+    element), ``read_before_wait`` and ``stored_before_wait`` the buffers loaded from and stored
+    to by a program before its first ``griddepcontrol.wait`` (all of them in kernels that never
+    wait)."""
 
     reads: dict[int, int]
     read: dict[int, torch.Tensor]
     prefetched: dict[int, torch.Tensor]
+    read_before_wait: set[int]
+    stored_before_wait: set[int]
 
     @staticmethod
     def mark(marks: dict[int, torch.Tensor], buffer: torch.Tensor, offsets: torch.Tensor) -> None:
@@ -290,6 +297,7 @@ class _Program:
         self.program_id = program_id
         self.writers = writers
         self.accesses = accesses
+        self.waited = False  # griddepcontrol.wait seen
         self.values: dict[str, Any] = {}
         self.open_copies: list[tuple[torch.Tensor, torch.Tensor]] = []  # async copies not committed
         self.copy_groups: list[list[tuple[torch.Tensor, torch.Tensor]]] = []  # committed, not landed
@@ -551,6 +559,8 @@ class _Program:
         active = self._check_bounds(pointer, mask, what)
         key = buffer.untyped_storage().data_ptr()
         self.accesses.reads[key] = self.accesses.reads.get(key, 0) + int(active.sum())
+        if not self.waited and bool(active.any()):
+            self.accesses.read_before_wait.add(key)
         Accesses.mark(self.accesses.read, buffer, pointer.offsets[active])
         safe = torch.where(active, pointer.offsets, torch.zeros_like(pointer.offsets))
         values = buffer[safe]
@@ -574,6 +584,8 @@ class _Program:
         value = value.expand(pointer.offsets.shape).to(buffer.dtype)
         offsets = pointer.offsets[active]
         key = buffer.untyped_storage().data_ptr()
+        if not self.waited and offsets.numel():
+            self.accesses.stored_before_wait.add(key)
         writer = self.writers.setdefault(key, torch.full((buffer.numel(),), -1, dtype=torch.int64))
         me = (self.program_id[2] * 65536 + self.program_id[1]) * 65536 + self.program_id[0]
         earlier = writer[offsets]
@@ -647,6 +659,8 @@ class _Program:
         if int(_attribute(op, "packed_element").split(":")[0]) != 1:
             raise NotImplementedError("inline asm with packed_element > 1")
         inputs = self._args(op)
+        if not inputs:  # ``-> i32``: no signature to parse
+            return self._grid_dependency(asm)
         _, result_types = op.types
         if len(inputs) == 1 and isinstance(inputs[0], Pointer):
             return self._l2_prefetch(asm, inputs[0], result_types[0].shape)
@@ -662,6 +676,21 @@ class _Program:
             width = {"=r": torch.int32, "=h": torch.int16}[constraint]
             results.append(bits.to(width).view(TORCH_TYPES[result.element]))
         return results if len(results) > 1 else results[0]
+
+    def _grid_dependency(self, asm: str) -> torch.Tensor:
+        """An inline asm without operands (a scalar result): only
+        ``griddepcontrol.launch_dependents`` and ``griddepcontrol.wait`` (and the dummy result
+        ``$0 = 0``) are known."""
+        statements = [s.strip() for s in asm.strip().removeprefix("{").removesuffix("}").split(";")]
+        instruction, *rest = [s for s in statements if s]
+        if rest != ["mov.b32 $0, 0"] or instruction not in (
+            "griddepcontrol.launch_dependents",
+            "griddepcontrol.wait",
+        ):
+            raise NotImplementedError(f"inline asm without operands: {asm!r}")
+        if instruction == "griddepcontrol.wait":
+            self.waited = True
+        return torch.zeros((), dtype=torch.int32)
 
     def _l2_prefetch(self, asm: str, pointer: Pointer, shape: tuple[int, ...]) -> torch.Tensor:
         """An inline asm of one pointer operand: only ``prefetch.global.L2 [$1]`` (and the dummy

@@ -280,18 +280,14 @@ def _row_offsets(first_row, row_stride, warp_rows, warp_stride, index_stride, LA
 
 
 @gluon.jit
-def _weight_offsets(
-    first_row, row_words, warp_rows, warp_words, WORDS: gl.constexpr, SCALES: gl.constexpr, L2: gl.constexpr
-):
-    """int32 offsets of one step's code words ``[W, M, BK / 8]`` (``WORDS``, in int32 words),
-    scale byte pairs ``[W, M, BK / 32]`` (``SCALES``, in uint16) and the first code word of each
-    128-byte line ``[W, M, L]`` (``L2``, :func:`l2_prefetch_layout`) within one expert: warp ``w``
-    reads rows ``first_row + w * warp_rows + r`` from code word ``w * warp_words`` on (split K:
-    ``warp_rows`` 0; split rows: ``warp_words`` 0)."""
+def _weight_offsets(first_row, row_words, warp_rows, warp_words, WORDS: gl.constexpr, SCALES: gl.constexpr):
+    """int32 offsets of one step's code words ``[W, M, BK / 8]`` (``WORDS``, in int32 words)
+    and scale byte pairs ``[W, M, BK / 32]`` (``SCALES``, in uint16) within one expert: warp
+    ``w`` reads rows ``first_row + w * warp_rows + r`` from code word ``w * warp_words`` on
+    (split K: ``warp_rows`` 0; split rows: ``warp_words`` 0)."""
     code_off = _row_offsets(first_row, row_words, warp_rows, warp_words, 1, WORDS)
     scale_off = _row_offsets(first_row, row_words // 4, warp_rows, warp_words // 4, 1, SCALES)
-    line_off = _row_offsets(first_row, row_words, warp_rows, warp_words, 32, L2)
-    return code_off, scale_off, line_off
+    return code_off, scale_off
 
 
 @gluon.jit
@@ -457,18 +453,31 @@ def _copy_step(codes, w_base, w_off, step, steps, STAGES: gl.constexpr, BK: gl.c
 # $1: a global address; L2 fetches the 128-byte line that holds it (``prefetch.global.L2``: no
 # register waits for it, there is nothing to wait for). $0: a dummy result (inline asm needs one).
 L2_PREFETCH_ASM = gl.constexpr("{ prefetch.global.L2 [$1]; mov.b32 $0, 0; }")
+# Programmatic dependent launch (sm_90+): FC1's CTAs let FC2's start at once (FC2's CTAs then
+# fill the SMs FC1's last wave leaves idle); FC2 waits for FC1's grid to finish and its memory to
+# be visible before it reads FC1's output. Without a dependent launch both return at once.
+LAUNCH_DEPENDENTS_ASM = gl.constexpr("{ griddepcontrol.launch_dependents; mov.b32 $0, 0; }")
+WAIT_FOR_PREREQUISITES_ASM = gl.constexpr("{ griddepcontrol.wait; mov.b32 $0, 0; }")
 
 
 @gluon.jit
-def _l2_prefetch(step_base, line_off, step, steps, AHEAD: gl.constexpr, BK: gl.constexpr):
-    """With ``AHEAD > 0``: asks L2 for the code words of K step ``min(step + AHEAD, steps - 1)``
-    (lines at ``line_off``; ``step_base`` points at step ``step``'s words); nothing else."""
-    if AHEAD > 0:
-        ahead = gl.minimum(step + AHEAD, steps - 1) - step
+def _grid_dependency(ASM: gl.constexpr):
+    """One ``griddepcontrol`` instruction (:data:`LAUNCH_DEPENDENTS_ASM` or
+    :data:`WAIT_FOR_PREREQUISITES_ASM`), once per thread."""
+    gl.inline_asm_elementwise(ASM, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _l2_prefetch_rows(w_base, line_off, steps, BK: gl.constexpr):
+    """Asks L2 for every code word of a warp's rows over its ``steps`` K steps (``line_off`` the
+    first word of each 128-byte line of step 0, :func:`l2_prefetch_layout`; a 128-column step
+    shares its line with the next one, so those go two steps at a time)."""
+    STRIDE: gl.constexpr = 2 if BK == 128 else 1
+    for step in range(0, steps, STRIDE):
         gl.inline_asm_elementwise(
             L2_PREFETCH_ASM,
             "=r,l",
-            [step_base + line_off + ahead * (BK // 8)],
+            [w_base + line_off + step * (BK // 8)],
             dtype=gl.int32,
             is_pure=False,
             pack=1,
@@ -500,7 +509,7 @@ def fc1_decode_kernel(
     MODE: gl.constexpr,
     PREFETCH: gl.constexpr,
     STAGES: gl.constexpr,
-    L2_AHEAD: gl.constexpr,
+    OVERLAP: gl.constexpr,
     WARPS: gl.constexpr,
     BK: gl.constexpr,
     SPLIT_K: gl.constexpr,
@@ -511,7 +520,6 @@ def fc1_decode_kernel(
     A: gl.constexpr,
     B: gl.constexpr,
     X: gl.constexpr,
-    L2: gl.constexpr,
 ):
     """FC1 + SwiGLU of up to ``TILE`` routes x ``M * W'`` features (``M`` rows per warp, 16 or 32):
     ``out[p, slot(n)] = io(io(silu(gate)) * up)`` for sorted positions ``p`` of one tile.
@@ -528,22 +536,20 @@ def fc1_decode_kernel(
     ``H % (WARPS * BK) == 0``); else each warp streams all of K for its own ``M`` features
     (``W' = WARPS``, ``H % BK == 0``). ``PREFETCH``: each warp loads step ``i + 1``'s weights
     before step ``i``'s MMAs; ``STAGES``: the code words go through shared memory ``STAGES - 1``
-    steps ahead; ``L2_AHEAD`` (not with ``PREFETCH``): at step ``i`` each warp asks L2 for step
-    ``i + L2_AHEAD``'s code words (lines in layout ``L2``). Only a tile's own routes are read
-    (:func:`_live`). Grid ``(max_tiles, I / (M W'))``; ``BK % 128 == 0``, ``I % 128 == 0``.
+    steps ahead. ``OVERLAP`` (sm_90+): FC2 is launched as this grid's programmatic dependent and
+    may start as soon as every CTA here has (:data:`LAUNCH_DEPENDENTS_ASM`). Only a tile's own
+    routes are read (:func:`_live`). Grid ``(max_tiles, I / (M W'))``; ``BK % 128 == 0``, ``I % 128 == 0``.
     """
+    if OVERLAP:
+        _grid_dependency(LAUNCH_DEPENDENTS_ASM)
     expert, rows, readable, idle = _tile(tile_expert_ptr, tile_row_ptr, num_tiles_ptr, ROUTES, TILE, X)
     if idle:
         return
     ROWS: gl.constexpr = WORDS.shape[1]
     k_per_warp, n0, warp_rows, warp_cols = _warp_split(H, ROWS, WARPS, BK, SPLIT_K)
     row_words = gl.multiple_of(H // 8, 16)  # H % 128 == 0
-    gate_off, gate_soff, gate_lines = _weight_offsets(
-        n0, row_words, warp_rows, warp_cols // 8, WORDS, SCALES, L2
-    )
-    up_off, up_soff, up_lines = _weight_offsets(
-        n0 + INTER, row_words, warp_rows, warp_cols // 8, WORDS, SCALES, L2
-    )
+    gate_off, gate_soff = _weight_offsets(n0, row_words, warp_rows, warp_cols // 8, WORDS, SCALES)
+    up_off, up_soff = _weight_offsets(n0 + INTER, row_words, warp_rows, warp_cols // 8, WORDS, SCALES)
     expert_rows = expert.to(gl.int64) * (2 * INTER)
     w_base = w_ptr + expert_rows * row_words
     s_base = ws_ptr + expert_rows * (row_words // 4)
@@ -567,8 +573,6 @@ def fc1_decode_kernel(
             _copy_step(gate, w_base, gate_off, i + STAGES - 1, steps, STAGES, BK)
             _copy_step(up, w_base, up_off, i + STAGES - 1, steps, STAGES, BK)
             async_copy.commit_group()
-            _l2_prefetch(w_base + i * (BK // 8), gate_lines, i, steps, L2_AHEAD, BK)
-            _l2_prefetch(w_base + i * (BK // 8), up_lines, i, steps, L2_AHEAD, BK)
             xb = gl.load(x_ptr + x_off, mask=x_mask, other=0.0)
             s_base += BK // 32
             more = i + 1 < steps
@@ -611,13 +615,11 @@ def fc1_decode_kernel(
         acc_g = _mma_step(gw, gs, xb, acc_g, WORDS, A, B, WARPS, BK)
         acc_u = _mma_step(uw, us, xb, acc_u, WORDS, A, B, WARPS, BK)
     else:
-        for i in range(steps):
+        for _ in range(steps):
             # weights first: their addresses are known before the activations' (one load chain less)
             gw, gs = gl.load(w_base + gate_off), gl.load(s_base + gate_soff)
             uw, us = gl.load(w_base + up_off), gl.load(s_base + up_soff)
             xb = gl.load(x_ptr + x_off, mask=x_mask, other=0.0)
-            _l2_prefetch(w_base, gate_lines, i, steps, L2_AHEAD, BK)
-            _l2_prefetch(w_base, up_lines, i, steps, L2_AHEAD, BK)
             acc_g = _mma_step(gw, gs, xb, acc_g, WORDS, A, B, WARPS, BK)
             acc_u = _mma_step(uw, us, xb, acc_u, WORDS, A, B, WARPS, BK)
             w_base += BK // 8
@@ -667,7 +669,7 @@ def fc2_decode_kernel(
     MODE: gl.constexpr,
     PREFETCH: gl.constexpr,
     STAGES: gl.constexpr,
-    L2_AHEAD: gl.constexpr,
+    OVERLAP: gl.constexpr,
     WARPS: gl.constexpr,
     BK: gl.constexpr,
     SPLIT_K: gl.constexpr,
@@ -687,6 +689,9 @@ def fc2_decode_kernel(
     ``ROUTES = R``. ``MODE``, ``gs2 [E]`` and ``flag [T]`` as in :func:`fc1_decode_kernel`
     (alpha2 of an A4 route: ``w_scale2[e] / gs2[e]``). ``SPLIT_K``, ``PREFETCH`` and the routes
     read as there, with K = ``I``; grid ``(max_tiles, H / (M W'))``; ``BK % 128 == 0``.
+    ``OVERLAP`` (launched as FC1's programmatic dependent, sm_90+): a CTA may start while FC1
+    still runs, so it first asks L2 for all of its code words (lines in layout ``L2``), then
+    waits for FC1 (:data:`WAIT_FOR_PREREQUISITES_ASM`) before it reads ``h`` or writes ``y``.
     """
     expert, rows, readable, idle = _tile(tile_expert_ptr, tile_row_ptr, num_tiles_ptr, ROUTES, TILE, X)
     if idle:
@@ -694,7 +699,7 @@ def fc2_decode_kernel(
     ROWS: gl.constexpr = WORDS.shape[1]
     k_per_warp, n0, warp_rows, warp_cols = _warp_split(INTER, ROWS, WARPS, BK, SPLIT_K)
     row_words = gl.multiple_of(INTER // 8, 16)  # INTER % 128 == 0
-    w_off, s_off, lines = _weight_offsets(n0, row_words, warp_rows, warp_cols // 8, WORDS, SCALES, L2)
+    w_off, s_off = _weight_offsets(n0, row_words, warp_rows, warp_cols // 8, WORDS, SCALES)
     expert_rows = expert.to(gl.int64) * H
     w_base = w_ptr + expert_rows * row_words
     s_base = ws_ptr + expert_rows * (row_words // 4)
@@ -703,6 +708,10 @@ def fc2_decode_kernel(
     h_mask = live[None, None, :]
     acc = gl.zeros([WARPS, ROWS, TILE], gl.float32, ACC)
     steps = k_per_warp // BK
+    if OVERLAP:
+        lines = _row_offsets(n0, row_words, warp_rows, warp_cols // 8, 32, L2)
+        _l2_prefetch_rows(w_base, lines, steps, BK)
+        _grid_dependency(WAIT_FOR_PREREQUISITES_ASM)
     if STAGES > 0:  # as in fc1_decode_kernel
         codes = _stages(w_off, STAGES)
         for step in gl.static_range(STAGES - 1):
@@ -712,7 +721,6 @@ def fc2_decode_kernel(
         for i in range(steps):
             _copy_step(codes, w_base, w_off, i + STAGES - 1, steps, STAGES, BK)
             async_copy.commit_group()
-            _l2_prefetch(w_base + i * (BK // 8), lines, i, steps, L2_AHEAD, BK)
             hb = gl.load(h_ptr + h_off, mask=h_mask, other=0.0)
             s_base += BK // 32
             nws = gl.load(s_base + s_off, mask=(s_off >= 0) & (i + 1 < steps), other=0)
@@ -745,9 +753,8 @@ def fc2_decode_kernel(
         hb = gl.load(h_ptr + h_off, mask=h_mask, other=0.0)
         acc = _mma_step(ww, ws, hb, acc, WORDS, A, B, WARPS, BK)
     else:
-        for i in range(steps):
+        for _ in range(steps):
             ww, ws = gl.load(w_base + w_off), gl.load(s_base + s_off)
-            _l2_prefetch(w_base, lines, i, steps, L2_AHEAD, BK)
             hb = gl.load(h_ptr + h_off, mask=h_mask, other=0.0)
             acc = _mma_step(ww, ws, hb, acc, WORDS, A, B, WARPS, BK)
             w_base += BK // 8
@@ -797,9 +804,9 @@ def scale_layout(warps: int, block_k: int = BLOCK_K, rows: int = 16) -> object:
 
 def l2_prefetch_layout(warps: int, block_k: int = BLOCK_K, rows: int = 16) -> object:
     """Layout of one step's L2 prefetch addresses ``[warps, rows, lines]``: the first code word
-    of each 128-byte line (``lines = max(1, block_k / 256)``) of a warp's rows in one K step; a
-    128-column step asks for the line of its two steps at each. The lanes hold distinct lines
-    while there are as many lines as lanes, else two lanes ask for the same line."""
+    of each 128-byte line (``lines = max(1, block_k / 256)``) of a warp's rows in one K step (a
+    128-column step is half a line). The lanes hold distinct lines while there are as many
+    lines as lanes, else two lanes ask for the same line."""
     lines = max(1, block_k // 256)
     bases = [*_bases(2, 1, lines), *_bases(1, 1, rows)]
     return gl.DistributedLinearLayout(

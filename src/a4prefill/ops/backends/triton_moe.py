@@ -101,10 +101,8 @@ class DecodeGemm:
     two MMA tiles sharing each activation load) and ``prefetch``: each warp loads its next K
     step's weights before this step's MMAs (two steps in flight, about twice the registers).
     ``stages`` (2-6, not with ``prefetch``): the code words go through shared memory ``stages -
-    1`` steps ahead instead. ``l2_ahead`` (not with ``prefetch``): each warp asks L2 for the code
-    words ``l2_ahead`` steps ahead (``prefetch.global.L2``: no registers held); 0 for none.
-    ``max_registers``: the kernels' register cap per thread (``maxnreg``); 0 for the compiler's
-    choice."""
+    1`` steps ahead instead. ``max_registers``: the kernels' register cap per thread
+    (``maxnreg``); 0 for the compiler's choice."""
 
     warps: int
     block_k: int
@@ -112,7 +110,6 @@ class DecodeGemm:
     rows: int = 16
     prefetch: bool = False
     stages: int = 0
-    l2_ahead: int = 0
     max_registers: int = 0
 
     def __post_init__(self) -> None:
@@ -130,11 +127,6 @@ class DecodeGemm:
             raise ValueError(
                 f"DecodeGemm.stages must be 0, 2, 3, 4 or 6 and 0 with prefetch, got {self.stages} "
                 f"(prefetch={self.prefetch})"
-            )
-        if self.l2_ahead not in (0, 2, 4, 6, 8, 12, 16) or (self.l2_ahead and self.prefetch):
-            raise ValueError(
-                f"DecodeGemm.l2_ahead must be 0, 2, 4, 6, 8, 12 or 16 and 0 with prefetch, got "
-                f"{self.l2_ahead} (prefetch={self.prefetch})"
             )
         if self.max_registers not in (0, 64, 72, 80, 96, 128, 168, 255):
             raise ValueError(
@@ -156,10 +148,9 @@ class DecodeGemm:
         split = "r" if self.split == "rows" else ""
         rows = "" if self.rows == 16 else f"m{self.rows}"
         staged = f"s{self.stages}" if self.stages else ""
-        l2 = f"l{self.l2_ahead}" if self.l2_ahead else ""
         cap = f"R{self.max_registers}" if self.max_registers else ""
         prefetched = "p" if self.prefetch else ""
-        return f"{self.warps}x{self.block_k}{split}{rows}{prefetched}{staged}{l2}{cap}"
+        return f"{self.warps}x{self.block_k}{split}{rows}{prefetched}{staged}{cap}"
 
 
 @dataclass(frozen=True)
@@ -167,15 +158,20 @@ class DecodeTiles:
     """Schedule of :mod:`triton_decode`'s two GEMMs (FC1: K ``hidden``, ``intermediate`` rows per
     half; FC2: K ``intermediate``, ``hidden`` rows) and the routes of one expert per CTA that
     both share (``routes``: 8, 16 or 32, the MMA's N; each dequantized weight fragment feeds
-    ``routes / 8`` MMAs)."""
+    ``routes / 8`` MMAs). ``overlap`` (used on sm_90+ only): FC2 is launched as FC1's
+    programmatic dependent (PDL): its CTAs start in the SMs FC1's last wave leaves idle, ask L2
+    for their weights and wait for FC1's output there."""
 
     fc1: DecodeGemm
     fc2: DecodeGemm
     routes: int = 8
+    overlap: bool = False
 
     def __post_init__(self) -> None:
         if self.routes not in (8, 16, 32):
             raise ValueError(f"DecodeTiles.routes must be 8, 16 or 32, got {self.routes}")
+        if not isinstance(self.overlap, bool):
+            raise ValueError(f"DecodeTiles.overlap must be a bool, got {self.overlap!r}")
 
     def fits(self, hidden: int, intermediate: int) -> bool:
         """Whether both GEMMs split evenly; this also makes ``hidden`` and ``intermediate``
@@ -183,7 +179,8 @@ class DecodeTiles:
         return self.fc1.fits(hidden, intermediate) and self.fc2.fits(intermediate, hidden)
 
     def __str__(self) -> str:
-        return f"fc1_{self.fc1}_fc2_{self.fc2}" + ("" if self.routes == 8 else f"_n{self.routes}")
+        routes = "" if self.routes == 8 else f"_n{self.routes}"
+        return f"fc1_{self.fc1}_fc2_{self.fc2}{routes}" + ("_pdl" if self.overlap else "")
 
 
 # The decode kernels' schedules by call size: each the fastest of its size (or within 1% of it)
@@ -255,6 +252,12 @@ def decode_kernels_run(device: torch.device) -> bool:
     if torch.version.hip is not None or torch.cuda.get_device_capability(device) < (8, 0):
         return False
     return _decode_kernels_import()
+
+
+def grid_dependencies_run(device: torch.device) -> bool:
+    """Whether ``device`` runs programmatic dependent launches (``griddepcontrol``, sm_90+): what
+    ``DecodeTiles.overlap`` needs; elsewhere those schedules launch FC2 after FC1 as usual."""
+    return torch.version.hip is None and torch.cuda.get_device_capability(device) >= (9, 0)
 
 
 @functools.cache
@@ -603,8 +606,6 @@ def _decode_launch_args(gemm: DecodeGemm, routes: int) -> dict[str, Any]:
         "SPLIT_K": gemm.split == "k",
         "PREFETCH": gemm.prefetch,
         "STAGES": gemm.stages,
-        "L2_AHEAD": gemm.l2_ahead,
-        "L2": decode.l2_prefetch_layout(gemm.warps, gemm.block_k, gemm.rows),
         "TILE": routes,
         "num_warps": gemm.warps,
         **({"maxnreg": gemm.max_registers} if gemm.max_registers else {}),
@@ -645,6 +646,7 @@ def _fused_moe_decode(
     gs1, gs2 = encode_scales
     flags = row_flags if row_flags is not None else routing.seg_count  # unused unless MODE_SPLIT
     common = routing.kernel_args()
+    overlap = schedule.overlap and grid_dependencies_run(device)
     h = torch.empty(routes, inter, dtype=torch.bfloat16, device=device)
     decode.fc1_decode_kernel[(routing.max_tiles, inter // schedule.fc1.rows_per_cta)](
         x,
@@ -663,6 +665,7 @@ def _fused_moe_decode(
         float(swiglu_limit or 0.0),
         HAS_LIMIT=swiglu_limit is not None,
         MODE=mode,
+        OVERLAP=overlap,
         **_decode_launch_args(schedule.fc1, schedule.routes),
     )
     y = torch.empty(routes, hidden, dtype=torch.bfloat16, device=device)
@@ -680,6 +683,9 @@ def _fused_moe_decode(
         top_k,
         routes,
         MODE=mode,
+        OVERLAP=overlap,
+        L2=decode.l2_prefetch_layout(schedule.fc2.warps, schedule.fc2.block_k, schedule.fc2.rows),
+        launch_pdl=overlap,
         **_decode_launch_args(schedule.fc2, schedule.routes),
     )
     # y holds finished rows (FC2's epilogue applied each route's alpha2): the combine only sums
