@@ -40,6 +40,13 @@ SCHEDULES = [
     DecodeTiles(DecodeGemm(4, 128, "rows", 32, True), DecodeGemm(4, 128, "rows", 32, True), routes=32),
     DecodeTiles(DecodeGemm(4, 256, "rows", stages=3), DecodeGemm(4, 128, "rows", prefetch=True)),
     DecodeTiles(DecodeGemm(4, 128, stages=4), DecodeGemm(2, 128, "rows", stages=6), routes=16),
+    DecodeTiles(DecodeGemm(4, 128, prefetch=True), DecodeGemm(2, 128, prefetch=True), overlap=True),
+    DecodeTiles(
+        DecodeGemm(4, 256, "rows", stages=3, max_registers=128),
+        DecodeGemm(4, 128, "rows", prefetch=True),
+        routes=16,
+        overlap=True,
+    ),
 ]
 TILED = GemmConfig(16, 32, 128, 64, 128, 2, 4)  # the tiled kernels' decode tiles
 
@@ -156,7 +163,7 @@ def test_out_of_range_expert_ids_are_ignored(layer):
     assert_close_to_reference(result, expected, "w4a16")
 
 
-@pytest.mark.parametrize("schedule", [SCHEDULES[0], SCHEDULES[-1]], ids=str)
+@pytest.mark.parametrize("schedule", [SCHEDULES[0], SCHEDULES[-3], SCHEDULES[-1]], ids=str)
 def test_captured_decode_replays_new_inputs_without_host_syncs(layer, schedule):
     _, weights = layer
     config = decode_config(schedule)

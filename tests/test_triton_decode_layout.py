@@ -82,9 +82,13 @@ def test_the_built_in_tiny_model_keeps_the_tiled_kernels(tokens):
     assert config.decode is None
 
 
-def _compile(kernel_name: str, gemm: DecodeGemm, routes: int, mode: int = 0) -> str:
-    """Compile a decode kernel with ``gemm``'s launch constexprs, ``routes``-route tiles and
-    precision ``mode`` (``triton_moe.MODE_*``) for sm_90a offline; returns its SASS text."""
+def _compile(
+    kernel_name: str, gemm: DecodeGemm, routes: int, mode: int = 0, overlap: bool = False, dump: str = "-sass"
+) -> str:
+    """Compile a decode kernel with ``gemm``'s launch constexprs, ``routes``-route tiles,
+    precision ``mode`` (``triton_moe.MODE_*``) and ``overlap`` (``DecodeTiles.overlap``) for
+    sm_90a offline; returns what ``cuobjdump dump`` prints of it (SASS, or with
+    ``-res-usage`` the registers per thread)."""
     import triton
 
     from a4prefill.ops.backends import triton_decode as decode
@@ -120,6 +124,9 @@ def _compile(kernel_name: str, gemm: DecodeGemm, routes: int, mode: int = 0) -> 
         signature = {"h_ptr": "*bf16", "y_ptr": "*bf16", **a4, **pointers}
     signature.update({"H": "i32", "INTER": "i32", "TOPK": "i32", "ROUTES": "i32"})
     constexprs["MODE"] = mode
+    constexprs["OVERLAP"] = overlap
+    if kernel_name == "fc2_decode_kernel":
+        constexprs["L2"] = decode.l2_prefetch_layout(gemm.warps, gemm.block_k, gemm.rows)
     # what the launcher specializes: 16-byte aligned pointers, sizes divisible by 16
     divisible = {name for name, kind in signature.items() if kind.startswith("*") or name in ("H", "INTER")}
     compiled = compile_sm90(getattr(decode, kernel_name), signature, constexprs, warps, divisible, maxnreg)
@@ -128,7 +135,7 @@ def _compile(kernel_name: str, gemm: DecodeGemm, routes: int, mode: int = 0) -> 
         cubin.write(compiled.asm["cubin"])
         cubin.flush()
         return subprocess.run(
-            [os.path.join(tools, "cuobjdump"), "-sass", cubin.name],
+            [os.path.join(tools, "cuobjdump"), dump, cubin.name],
             capture_output=True,
             text=True,
             check=True,
@@ -216,6 +223,42 @@ def test_a_staged_main_loop_copies_the_code_words_through_shared_memory(kernel_n
     assert opcodes["LDS.128"] == chunks
     assert opcodes["LDG.E.128"] == gemm.block_k // 32
     assert opcodes["DEPBAR.LE"] == 1  # one wait a step
+
+
+@pytest.mark.slow
+@needs_gluon()
+@pytest.mark.parametrize("mode", [0, 1, 2], ids=["w4a16", "a4", "split"])
+def test_the_staged_fc1_of_3_to_64_tokens_fits_four_ctas_per_sm(mode):
+    """The default FC1 of 3-64 tokens (GLM shape) keeps to 128 registers per thread in every
+    precision: 4 CTAs of 128 threads per SM (65536 registers). Uncapped, the A4 and split
+    epilogues need 134-136 and fit 3."""
+    schedule = choose_decode_tiles(16 * 8, 128 / 105)
+    assert schedule is not None and schedule.fc1.stages and schedule.fc1.warps == 4
+    usage = _compile("fc1_decode_kernel", schedule.fc1, schedule.routes, mode, dump="-res-usage")
+    (registers,) = {int(r) for r in re.findall(r"REG:(\d+)", usage)}
+    assert registers <= 128
+
+
+@pytest.mark.slow
+@needs_gluon()
+def test_an_overlapping_fc2_waits_for_fc1_before_any_128_bit_load():
+    """With ``overlap``, FC1 lets its dependents start first thing (PREEXIT before its first
+    load) and FC2 asks L2 for its weights (CCTL.E.PF2) and waits for FC1 (ACQBULK) before it
+    loads any activations or weights (the 128-bit loads; only the routing is read before)."""
+    fc1, fc2 = DecodeGemm(4, 128, prefetch=True), DecodeGemm(4, 128, "rows", prefetch=True)
+
+    def opcodes(sass: str) -> list[str]:
+        return re.findall(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", sass)
+
+    first = opcodes(_compile("fc1_decode_kernel", fc1, 8, overlap=True))
+    assert "PREEXIT" in first
+    assert first.index("PREEXIT") < min(i for i, op in enumerate(first) if op.startswith("LDG"))
+    second = opcodes(_compile("fc2_decode_kernel", fc2, 8, overlap=True))
+    wait = second.index("ACQBULK")
+    assert "CCTL.E.PF2" in second[:wait]
+    assert not [op for op in second[:wait] if op.startswith("LDG.E.128")]
+    plain = opcodes(_compile("fc2_decode_kernel", fc2, 8))
+    assert "ACQBULK" not in plain and "CCTL.E.PF2" not in plain
 
 
 @pytest.mark.parametrize(

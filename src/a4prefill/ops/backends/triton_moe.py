@@ -184,18 +184,31 @@ class DecodeTiles:
 
 
 # The decode kernels' schedules by call size: each the fastest of its size (or within 1% of it)
-# in the last two `bench_moe.py --sweep decode` runs on the H200 (GLM-5.3-Flash TP2 shape, 61
-# schedules; tables and JSON in benchmarks/results/README.md, "Against vLLM's Marlin NVFP4 MoE").
-# Rows: (most routes, most routes per active expert, schedule); the first row that holds a call
-# is used.
+# in the `bench_moe.py --sweep decode` runs on the H200 (GLM-5.3-Flash TP2 shape, 61 schedules)
+# and the `--sweep focus` runs of their variants (tables and JSON in benchmarks/results/README.md,
+# "Against vLLM's Marlin NVFP4 MoE"). Rows: (most routes, most routes per active expert,
+# schedule); the first row that holds a call is used.
 DECODE_SCHEDULES = (
     # 1-2 tokens: both GEMMs split K over the warps (4 and 2), the next step's weights loaded
-    # before this one's MMAs
-    (16, 4.0, DecodeTiles(DecodeGemm(4, 128, prefetch=True), DecodeGemm(2, 128, prefetch=True))),
+    # before this one's MMAs; FC2 starts in FC1's last wave (overlap)
+    (
+        16,
+        4.0,
+        DecodeTiles(DecodeGemm(4, 128, prefetch=True), DecodeGemm(2, 128, prefetch=True), overlap=True),
+    ),
     # up to 4 routes per active expert (3-64 tokens at top-8 over 288 experts): each warp streams
-    # all of K for its own rows; FC1's code words go through shared memory two steps ahead, FC2's
-    # next step is prefetched in registers
-    (None, 4.0, DecodeTiles(DecodeGemm(4, 256, "rows", stages=3), DecodeGemm(4, 128, "rows", prefetch=True))),
+    # all of K for its own rows; FC1's code words go through shared memory two steps ahead (at
+    # most 128 registers: 4 CTAs per SM in A4 and split calls too), FC2's next step is
+    # prefetched in registers and FC2 starts in FC1's last wave
+    (
+        None,
+        4.0,
+        DecodeTiles(
+            DecodeGemm(4, 256, "rows", stages=3, max_registers=128),
+            DecodeGemm(4, 128, "rows", prefetch=True),
+            overlap=True,
+        ),
+    ),
     # up to 16 (256-512 tokens): 16-route tiles
     (None, 16.0, DecodeTiles(DecodeGemm(4, 256, "rows"), DecodeGemm(4, 128, "rows"), routes=16)),
     # up to 32 (1024 tokens): 32 weight rows per warp and 32-route tiles, prefetched
