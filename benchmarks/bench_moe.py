@@ -209,7 +209,7 @@ DECODE_SWEEP_WIDE = [  # timed with 16- and 32-route tiles where experts average
     ((4, 128, "rows", 32, False, 3), (4, 128, "rows", 32, False, 3)),
 ]
 # `--sweep focus`: the default schedules by size and their variants: FC2 overlapping FC1
-# (``overlap``, the last item), FC1's register cap; W4A16 and A4 timed. Items: FC1, FC2 (as in
+# (``overlap``, the last item), register caps; W4A16 and A4 timed. Items: FC1, FC2 (as in
 # DECODE_SWEEP), routes per tile, overlap; 16- and 32-route tiles only where experts average more
 # than 4 routes.
 DECODE_SWEEP_FOCUS = [
@@ -226,6 +226,10 @@ DECODE_SWEEP_FOCUS = [
     ((4, 256, "rows", 16, False, 3, 128), (4, 128, "rows", 16, True), 16, True),
     ((4, 128, "rows", 32, True), (4, 128, "rows", 32, True), 32, False),
     ((4, 128, "rows", 32, True), (4, 128, "rows", 32, True), 32, True),
+    ((4, 128, "rows", 32, True), (4, 128, "rows", 32, True, 0, 168), 32, False),
+    ((4, 128, "rows", 32, True), (4, 128, "rows", 32, True, 0, 168), 16, False),
+    ((4, 256, "rows"), (4, 128, "rows", 32, True, 0, 168), 16, False),
+    ((4, 256, "rows"), (4, 128, "rows", 16, True), 16, False),
 ]
 DECODE_SWEEP_MAX_ROUTES = 8192  # decode schedules are timed up to 1024 tokens at top-8, past the default
 SWEEP = {  # block_m, fc1_n, fc1_k, fc2_n, fc2_k, warps, stages, ptx_dequant, split_k
