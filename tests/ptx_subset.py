@@ -4,8 +4,8 @@ Runs ``triton_decode.FACTOR_ASM``, ``CODES_ASM`` and ``WORD_CODES_ASM`` bit for 
 32-bit integer ops (``mov``, ``and``, ``or``, ``shl``, ``shr``, ``mul.hi``/``mul.lo``/``mad.lo``
 ``.u32``), ``prmt.b32`` (default mode: each selector nibble 0..7 picks a byte of ``{b, a}``), the
 unpacking ``mov.b32 {lo, hi}, x`` and packing ``mov.b32 x, {lo, hi}`` (two 16-bit halves) and
-``fma.rn.bf16x2`` (each
-half: the exact product plus addend, rounded to nearest even bf16, subnormals kept). Operands
+``fma.rn.bf16x2`` (each half: the exact product plus addend, rounded to nearest even bf16,
+subnormals kept). Operands
 ``$N`` are the asm's inputs and outputs as uint32 (16-bit outputs of the unpacking: uint16), either
 Python ints or int64 torch tensors of one shape (every element one execution of the asm).
 """

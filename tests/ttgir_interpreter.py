@@ -280,6 +280,12 @@ class Accesses:
         marks.setdefault(key, torch.zeros(buffer.numel(), dtype=torch.bool))[offsets] = True
 
 
+def _statements(asm: str) -> list[str]:
+    """The non-empty ``;``-separated statements of a one-block inline asm ``{ ... }``."""
+    statements = (s.strip() for s in asm.strip().removeprefix("{").removesuffix("}").split(";"))
+    return [s for s in statements if s]
+
+
 class _Return(Exception):
     pass
 
@@ -441,9 +447,6 @@ class _Program:
 
     def _op_arith_remsi(self, op: Op) -> torch.Tensor:
         return self._binary(op, torch.fmod)
-
-    def _op_arith_minsi(self, op: Op) -> torch.Tensor:
-        return self._binary(op, torch.minimum)
 
     def _op_arith_andi(self, op: Op) -> torch.Tensor:
         return self._binary(op, torch.bitwise_and)
@@ -681,8 +684,7 @@ class _Program:
         """An inline asm without operands (a scalar result): only
         ``griddepcontrol.launch_dependents`` and ``griddepcontrol.wait`` (and the dummy result
         ``$0 = 0``) are known."""
-        statements = [s.strip() for s in asm.strip().removeprefix("{").removesuffix("}").split(";")]
-        instruction, *rest = [s for s in statements if s]
+        instruction, *rest = _statements(asm)
         if rest != ["mov.b32 $0, 0"] or instruction not in (
             "griddepcontrol.launch_dependents",
             "griddepcontrol.wait",
@@ -695,8 +697,7 @@ class _Program:
     def _l2_prefetch(self, asm: str, pointer: Pointer, shape: tuple[int, ...]) -> torch.Tensor:
         """An inline asm of one pointer operand: only ``prefetch.global.L2 [$1]`` (and the dummy
         result ``$0 = 0``) is known. Checks the addresses, marks them, returns the zeros."""
-        statements = [s.strip() for s in asm.strip().removeprefix("{").removesuffix("}").split(";")]
-        if [s for s in statements if s] != ["prefetch.global.L2 [$1]", "mov.b32 $0, 0"]:
+        if _statements(asm) != ["prefetch.global.L2 [$1]", "mov.b32 $0, 0"]:
             raise NotImplementedError(f"inline asm with a pointer operand: {asm!r}")
         self._check_bounds(pointer, None, "L2 prefetch")
         Accesses.mark(self.accesses.prefetched, pointer.buffer, pointer.offsets.reshape(-1))
