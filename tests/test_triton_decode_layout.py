@@ -125,8 +125,6 @@ def _compile(
     signature.update({"H": "i32", "INTER": "i32", "TOPK": "i32", "ROUTES": "i32"})
     constexprs["MODE"] = mode
     constexprs["OVERLAP"] = overlap
-    if kernel_name == "fc2_decode_kernel":
-        constexprs["L2"] = decode.l2_prefetch_layout(gemm.warps, gemm.block_k, gemm.rows)
     # what the launcher specializes: 16-byte aligned pointers, sizes divisible by 16
     divisible = {name for name, kind in signature.items() if kind.startswith("*") or name in ("H", "INTER")}
     compiled = compile_sm90(getattr(decode, kernel_name), signature, constexprs, warps, divisible, maxnreg)

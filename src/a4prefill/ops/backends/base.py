@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+from dataclasses import dataclass
 
 import torch
 
@@ -19,6 +20,16 @@ def _row_selector(spans: tuple[Span, ...], device: torch.device) -> slice | torc
     if device.type == "cuda":
         return index.pin_memory().to(device, non_blocking=True)
     return index.to(device)
+
+
+@dataclass(frozen=True)
+class WarmUp:
+    """What :meth:`MoEBackend.warm_up` did for one layer: distinct launch plans over the token
+    counts it covered, MoE calls it ran, wall seconds."""
+
+    plans: int
+    calls: int
+    seconds: float
 
 
 class MoEBackend(abc.ABC):
@@ -45,6 +56,22 @@ class MoEBackend(abc.ABC):
         swiglu_limit: float | None,
     ) -> torch.Tensor:
         """Every row W4A16 when ``a4_scales`` is None, else every row A4."""
+
+    def warm_up(
+        self,
+        experts: NvFp4Experts,
+        a4_scales: A4Scales | None,
+        swiglu_limit: float | None,
+        max_tokens: int,
+        dtype: torch.dtype,
+        top_k: int,
+    ) -> WarmUp:
+        """Compile now everything that later calls on this layer (``experts``, ``a4_scales``,
+        ``swiglu_limit`` as its calls pass them; ``1 .. max_tokens`` tokens of ``dtype``,
+        top-``top_k``; every precision the layer can run) would compile. Called at load time,
+        before any CUDA graph is captured. This default compiles nothing (for backends without
+        just-in-time kernels)."""
+        return WarmUp(0, 0, 0.0)
 
     def run_split(
         self,

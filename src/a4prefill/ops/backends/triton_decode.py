@@ -58,8 +58,6 @@ from a4prefill.ops.backends.triton_kernels import _quantize_groups, swiglu
 # before (same arguments: shared memory, pointers, mask)
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 
-BLOCK_K = 128  # K columns per warp step; the K relabelling repeats every 128 columns
-
 
 def logical_to_physical(logical: int) -> int:
     """Physical K column (0..127) of logical K slot ``logical`` (0..127) within a 128 block.
@@ -86,6 +84,7 @@ def column_to_logical(column: int) -> int:
     return 32 * b + 16 * q + 4 * c + 2 * h + p
 
 
+@gluon.constexpr_function
 def _bases(axis: int, start: int, stop: int) -> list[list[int]]:
     """Linear-layout bases of a 3-D tensor: index ``start, 2 start, ...`` (below ``stop``) on
     ``axis``, one basis each."""
@@ -96,29 +95,40 @@ def _bases(axis: int, start: int, stop: int) -> list[list[int]]:
     return bases
 
 
-def operand_layouts(warps: int, block_k: int = BLOCK_K, rows: int = 16) -> tuple[object, ...]:
-    """Gluon layouts ``(words [warps, rows, block_k / 8], acc [warps, rows, TILE], A, B)`` of one
-    step (the MMA layouts repeat over a tile of 8, 16 or 32 routes, ``TILE``).
+# The kernels' layouts are built inside the kernels from their int and bool constexprs (WARPS, BK,
+# ROWS, TILE) by the constexpr functions below: a kernel's launch arguments are then plain
+# values that any Triton post-compile hook can serialize (vLLM's JIT monitor, Triton's
+# ``jit_post_compile_hook``). The same functions return the layouts in host code (tests).
 
-    ``words``: the code words (int32, 4 code bytes each): thread ``(r, c)`` (``r = lane / 4``,
-    ``c = lane % 4``) holds 4 consecutive words (one 128-bit load, code bytes ``16 c .. 16 c +
-    15``) of each 16-word (64-byte) group, of rows ``r + 8 i``; axis 0 is the warp.
-    ``acc``: the batched ``mma.sync`` accumulator; ``A``/``B``: its operands with ``k_width=4``.
-    """
+
+@gluon.constexpr_function
+def words_layout(warps: int, block_k: int, rows: int) -> gl.DistributedLinearLayout:
+    """Layout of one step's code words ``[warps, rows, block_k / 8]`` (int32, 4 code bytes each):
+    thread ``(r, c)`` (``r = lane / 4``, ``c = lane % 4``) holds 4 consecutive words (one 128-bit
+    load, code bytes ``16 c .. 16 c + 15``) of each 16-word (64-byte) group, of rows ``r + 8 i``;
+    axis 0 is the warp."""
     words = block_k // 8
-    regs = [[0, 0, 1], [0, 0, 2], *_bases(2, 16, words), *_bases(1, 8, rows)]
-    lanes = [[0, 0, 4], [0, 0, 8], [0, 1, 0], [0, 2, 0], [0, 4, 0]]
-    codes = gl.DistributedLinearLayout(
-        reg_bases=regs,
-        lane_bases=lanes,
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [0, 0, 2], *_bases(2, 16, words), *_bases(1, 8, rows)],
+        lane_bases=[[0, 0, 4], [0, 0, 8], [0, 1, 0], [0, 2, 0], [0, 4, 0]],
         warp_bases=_bases(0, 1, warps),
         block_bases=[],
         shape=[warps, rows, words],
     )
-    acc = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[warps, 1, 1], instr_shape=[1, 16, 8])
-    a = gl.DotOperandLayout(operand_index=0, parent=acc, k_width=4)
-    b = gl.DotOperandLayout(operand_index=1, parent=acc, k_width=4)
-    return codes, acc, a, b
+
+
+@gluon.constexpr_function
+def mma_layout(warps: int) -> gl.NVMMADistributedLayout:
+    """The batched ``mma.sync`` accumulator ``[warps, rows, TILE]`` (axis 0 is the warp; the
+    layout repeats over 16-row and 8-route blocks)."""
+    return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[warps, 1, 1], instr_shape=[1, 16, 8])
+
+
+@gluon.constexpr_function
+def operand_layout(index: int, warps: int) -> gl.DotOperandLayout:
+    """Operand ``index`` (0: A, the weights; 1: B, the activations) of :func:`mma_layout`'s MMA,
+    ``k_width=4``."""
+    return gl.DotOperandLayout(operand_index=index, parent=mma_layout(warps), k_width=4)
 
 
 # $2: two e4m3 scale bytes (a zero-extended uint16, byte 0 in bits 7..0). $0, $1: bf16
@@ -484,7 +494,7 @@ def _l2_prefetch_rows(w_base, line_off, steps, BK: gl.constexpr):
         )
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=["ROUTES"])  # one compile for every route count
 def fc1_decode_kernel(
     x_ptr,
     w_ptr,
@@ -513,13 +523,8 @@ def fc1_decode_kernel(
     WARPS: gl.constexpr,
     BK: gl.constexpr,
     SPLIT_K: gl.constexpr,
+    ROWS: gl.constexpr,
     TILE: gl.constexpr,
-    WORDS: gl.constexpr,
-    SCALES: gl.constexpr,
-    ACC: gl.constexpr,
-    A: gl.constexpr,
-    B: gl.constexpr,
-    X: gl.constexpr,
 ):
     """FC1 + SwiGLU of up to ``TILE`` routes x ``M * W'`` features (``M`` rows per warp, 16 or 32):
     ``out[p, slot(n)] = io(io(silu(gate)) * up)`` for sorted positions ``p`` of one tile.
@@ -540,12 +545,17 @@ def fc1_decode_kernel(
     may start as soon as every CTA here has (:data:`LAUNCH_DEPENDENTS_ASM`). Only a tile's own
     routes are read (:func:`_live`). Grid ``(max_tiles, I / (M W'))``; ``BK % 128 == 0``, ``I % 128 == 0``.
     """
+    WORDS: gl.constexpr = words_layout(WARPS, BK, ROWS)
+    SCALES: gl.constexpr = scale_layout(WARPS, BK, ROWS)
+    ACC: gl.constexpr = mma_layout(WARPS)
+    A: gl.constexpr = operand_layout(0, WARPS)
+    B: gl.constexpr = operand_layout(1, WARPS)
+    X: gl.constexpr = activation_layout(WARPS, BK, TILE)
     if OVERLAP:
         _grid_dependency(LAUNCH_DEPENDENTS_ASM)
     expert, rows, readable, idle = _tile(tile_expert_ptr, tile_row_ptr, num_tiles_ptr, ROUTES, TILE, X)
     if idle:
         return
-    ROWS: gl.constexpr = WORDS.shape[1]
     k_per_warp, n0, warp_rows, warp_cols = _warp_split(H, ROWS, WARPS, BK, SPLIT_K)
     row_words = gl.multiple_of(H // 8, 16)  # H % 128 == 0
     gate_off, gate_soff = _weight_offsets(n0, row_words, warp_rows, warp_cols // 8, WORDS, SCALES)
@@ -647,7 +657,7 @@ def fc1_decode_kernel(
     gl.store(out_ptr + out_rows * INTER + column, h, mask=out_mask & (n < INTER))
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=["ROUTES"])
 def fc2_decode_kernel(
     h_ptr,
     w_ptr,
@@ -673,14 +683,8 @@ def fc2_decode_kernel(
     WARPS: gl.constexpr,
     BK: gl.constexpr,
     SPLIT_K: gl.constexpr,
+    ROWS: gl.constexpr,
     TILE: gl.constexpr,
-    WORDS: gl.constexpr,
-    SCALES: gl.constexpr,
-    ACC: gl.constexpr,
-    A: gl.constexpr,
-    B: gl.constexpr,
-    X: gl.constexpr,
-    L2: gl.constexpr,
 ):
     """FC2 of up to ``TILE`` routes x ``M * W'`` outputs: ``y[route(p), n] = io(acc * alpha2)``.
 
@@ -693,10 +697,15 @@ def fc2_decode_kernel(
     still runs, so it first asks L2 for all of its code words (lines in layout ``L2``), then
     waits for FC1 (:data:`WAIT_FOR_PREREQUISITES_ASM`) before it reads ``h`` or writes ``y``.
     """
+    WORDS: gl.constexpr = words_layout(WARPS, BK, ROWS)
+    SCALES: gl.constexpr = scale_layout(WARPS, BK, ROWS)
+    ACC: gl.constexpr = mma_layout(WARPS)
+    A: gl.constexpr = operand_layout(0, WARPS)
+    B: gl.constexpr = operand_layout(1, WARPS)
+    X: gl.constexpr = activation_layout(WARPS, BK, TILE)
     expert, rows, readable, idle = _tile(tile_expert_ptr, tile_row_ptr, num_tiles_ptr, ROUTES, TILE, X)
     if idle:
         return
-    ROWS: gl.constexpr = WORDS.shape[1]
     k_per_warp, n0, warp_rows, warp_cols = _warp_split(INTER, ROWS, WARPS, BK, SPLIT_K)
     row_words = gl.multiple_of(INTER // 8, 16)  # INTER % 128 == 0
     w_off, s_off = _weight_offsets(n0, row_words, warp_rows, warp_cols // 8, WORDS, SCALES)
@@ -709,6 +718,7 @@ def fc2_decode_kernel(
     acc = gl.zeros([WARPS, ROWS, TILE], gl.float32, ACC)
     steps = k_per_warp // BK
     if OVERLAP:
+        L2: gl.constexpr = l2_prefetch_layout(WARPS, BK, ROWS)
         lines = _row_offsets(n0, row_words, warp_rows, warp_cols // 8, 32, L2)
         _l2_prefetch_rows(w_base, lines, steps, BK)
         _grid_dependency(WAIT_FOR_PREREQUISITES_ASM)
@@ -785,11 +795,12 @@ def permute_k_kernel(x_ptr, out_ptr, H, BH: tl.constexpr):
     tl.store(out_ptr + t * H + cols, tl.load(x_ptr + t * H + physical, mask=mask), mask=mask)
 
 
-def scale_layout(warps: int, block_k: int = BLOCK_K, rows: int = 16) -> object:
+@gluon.constexpr_function
+def scale_layout(warps: int, block_k: int, rows: int) -> gl.DistributedLinearLayout:
     """Layout of one step's scale byte pairs ``[warps, rows, block_k / 32]`` (uint16: the bytes of
     scale groups ``2 i`` and ``2 i + 1``): thread ``(r, c)`` holds the pair of its code bytes ``16
     c .. 16 c + 15`` (one per 128-column step) of rows ``r + 8 i``, as in
-    :func:`operand_layouts`."""
+    :func:`words_layout`."""
     pairs = block_k // 32
     regs = [[0, 8, 0], *_bases(2, 4, pairs), *_bases(1, 16, rows)]
     lanes = [[0, 0, 1], [0, 0, 2], [0, 1, 0], [0, 2, 0], [0, 4, 0]]
@@ -802,7 +813,8 @@ def scale_layout(warps: int, block_k: int = BLOCK_K, rows: int = 16) -> object:
     )
 
 
-def l2_prefetch_layout(warps: int, block_k: int = BLOCK_K, rows: int = 16) -> object:
+@gluon.constexpr_function
+def l2_prefetch_layout(warps: int, block_k: int, rows: int) -> gl.DistributedLinearLayout:
     """Layout of one step's L2 prefetch addresses ``[warps, rows, lines]``: the first code word
     of each 128-byte line (``lines = max(1, block_k / 256)``) of a warp's rows in one K step (a
     128-column step is half a line). The lanes hold distinct lines while there are as many
@@ -818,11 +830,12 @@ def l2_prefetch_layout(warps: int, block_k: int = BLOCK_K, rows: int = 16) -> ob
     )
 
 
-def activation_layout(warps: int, block_k: int = BLOCK_K, routes: int = 8) -> object:
+@gluon.constexpr_function
+def activation_layout(warps: int, block_k: int, routes: int) -> gl.DistributedLinearLayout:
     """Layout of one step's activations ``[warps, block_k, routes]`` as loaded: thread ``(n, c)``
     (``n = lane / 4``, ``c = lane % 4``) holds the 8 consecutive columns ``32 b + 8 c ..`` (one
     128-bit load) of route ``n + 8 i`` for each 32-column group ``b``; axis 0 is the warp.
-    :func:`_b_operand` relabels it into the B operand of :func:`operand_layouts`."""
+    :func:`_b_operand` relabels it into the B operand of :func:`words_layout`."""
     regs = [[0, 1, 0], [0, 2, 0], [0, 4, 0], *_bases(1, 32, block_k), *_bases(2, 8, routes)]
     lanes = [[0, 8, 0], [0, 16, 0], [0, 0, 1], [0, 0, 2], [0, 0, 4]]
     return gl.DistributedLinearLayout(

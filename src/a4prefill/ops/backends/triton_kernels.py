@@ -184,7 +184,7 @@ def _mma_step(
     return tl.dot(a, tl.trans(w), acc)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])  # one compile for every token count
 def quantize_rows_kernel(
     x_ptr,
     out_ptr,
@@ -233,7 +233,7 @@ def quantize_rows_kernel(
         tl.store(scales_ptr + rows[:, None] * (H // 16) + scols[None, :], byte, mask=smask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R"])  # one compile per R_BLOCK, whatever R
 def route_prep_kernel(
     ids_ptr,
     sorted_route_ptr,

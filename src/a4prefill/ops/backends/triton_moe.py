@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from a4prefill.ops.backends.base import MoEBackend
+from a4prefill.ops.backends.base import MoEBackend, WarmUp
 from a4prefill.ops.modelopt import NvFp4Experts
 from a4prefill.ops.rows import RowTypes
 from a4prefill.ops.scales import A4Scales
@@ -352,18 +352,45 @@ def _routing_torch(ids: torch.Tensor, experts: int, block_m: int, max_tiles: int
     )
 
 
+@dataclass(frozen=True)
+class RoutingLaunch:
+    """How :func:`build_routing` sorts a call's routes: ``block_m`` routes per tile; the
+    one-program kernel with ``program_routes`` (its ``R_BLOCK``, a power of two) and ``warps``,
+    or torch ops when ``program_routes`` is 0."""
+
+    block_m: int
+    program_routes: int
+    warps: int
+
+
+def routing_launch(
+    routes: int, block_m: int, force_torch: bool = False, warps: int | None = None
+) -> RoutingLaunch:
+    """The :class:`RoutingLaunch` of ``routes`` routes in ``block_m``-route tiles: the one-program
+    kernel up to :data:`SMALL_ROUTING_MAX` routes (``warps`` default: :data:`ROUTE_PREP_WARPS`, or
+    :data:`ROUTE_PREP_WIDE_WARPS` above :data:`ROUTE_PREP_WIDE_ROUTES` routes;
+    ``benchmarks/bench_routing.py`` times 4, 8 and 16), torch ops above or with ``force_torch``."""
+    if force_torch or routes > SMALL_ROUTING_MAX:
+        return RoutingLaunch(block_m, 0, 0)
+    default = ROUTE_PREP_WIDE_WARPS if routes > ROUTE_PREP_WIDE_ROUTES else ROUTE_PREP_WARPS
+    return RoutingLaunch(block_m, max(16, _next_pow2(routes)), warps or default)
+
+
 def build_routing(
     topk_ids: torch.Tensor, experts: int, block_m: int, force_torch: bool = False, warps: int | None = None
 ) -> Routing:
-    """Sort the routes of ``topk_ids [T, k]`` by expert on the device (no host sync); ``warps``
-    of the one-program kernel (default: :data:`ROUTE_PREP_WARPS`, or :data:`ROUTE_PREP_WIDE_WARPS`
-    above :data:`ROUTE_PREP_WIDE_ROUTES` routes; ``benchmarks/bench_routing.py`` times 4, 8 and
-    16)."""
+    """Sort the routes of ``topk_ids [T, k]`` (int32) by expert on the device (no host sync), as
+    :func:`routing_launch` says for ``block_m``, ``force_torch`` and ``warps``."""
     ids = topk_ids.reshape(-1)
+    return _sort_routes(ids, experts, routing_launch(ids.numel(), block_m, force_torch, warps))
+
+
+def _sort_routes(ids: torch.Tensor, experts: int, launch: RoutingLaunch) -> Routing:
+    """:func:`build_routing` of the flat route ids ``ids [R]`` by ``launch``."""
     routes = ids.numel()
-    max_tiles = _cdiv(routes, block_m) + min(experts, routes)
-    if force_torch or routes > SMALL_ROUTING_MAX:
-        return _routing_torch(ids, experts, block_m, max_tiles)
+    max_tiles = _cdiv(routes, launch.block_m) + min(experts, routes)
+    if not launch.program_routes:
+        return _routing_torch(ids, experts, launch.block_m, max_tiles)
     device = ids.device
     i32 = torch.int32
     routing = Routing(
@@ -385,10 +412,10 @@ def build_routing(
         routing.num_tiles,
         routes,
         experts,
-        BLOCK_M=block_m,
-        R_BLOCK=max(16, _next_pow2(routes)),
+        BLOCK_M=launch.block_m,
+        R_BLOCK=launch.program_routes,
         E_BLOCK=_next_pow2(experts + 1),
-        num_warps=warps or (ROUTE_PREP_WIDE_WARPS if routes > ROUTE_PREP_WIDE_ROUTES else ROUTE_PREP_WARPS),
+        num_warps=launch.warps,
     )
     return routing
 
@@ -432,6 +459,58 @@ def quantize_rows(
     return out, codes, None if scales is None else scales.view(torch.float8_e4m3fn)
 
 
+@dataclass(frozen=True)
+class CallPlan:
+    """What one :func:`fused_moe` call launches, apart from its precision mode and its sizes: the
+    tiles (``config``), whether the decode kernels run (``decode``: their schedule, else None and
+    the tiled kernels run), how the routes are sorted, the bf16 PTX dequantization, the split-K
+    factors of FC1 and FC2 and whether FC2 overlaps FC1. A function of the call's shapes, io
+    dtype and device only (:func:`plan_call`): two calls with equal plans and modes compile and
+    launch the same kernels, which is what :func:`a4prefill.ops.backends.triton_warmup.warm_up`
+    relies on."""
+
+    config: GemmConfig
+    decode: DecodeTiles | None
+    routing: RoutingLaunch
+    ptx: bool
+    split_k: tuple[int, int]
+    overlap: bool
+
+
+def plan_call(
+    tokens: int,
+    top_k: int,
+    experts: int,
+    hidden: int,
+    intermediate: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    config: GemmConfig | None = None,
+) -> CallPlan:
+    """The :class:`CallPlan` of a call of ``tokens`` tokens (top-``top_k``) on a layer of
+    ``experts`` experts (``hidden``, ``intermediate``) with ``dtype`` io on ``device`` (a CUDA
+    device when the decode kernels may run); ``config`` overrides :func:`choose_config`. Raises
+    ``ValueError`` for a ``config.decode`` the shapes cannot take."""
+    routes = tokens * top_k
+    cfg = config or choose_config(routes, experts, hidden, intermediate)
+    if cfg.decode is not None:
+        _check_decode_call(cfg.decode, hidden, intermediate, routes)
+    decode = cfg.decode if cfg.decode is not None and dtype == torch.bfloat16 else None
+    if decode is not None and decode_kernels_run(device):
+        overlap = decode.overlap and grid_dependencies_run(device)
+        return CallPlan(cfg, decode, routing_launch(routes, decode.routes), False, (1, 1), overlap)
+    # bf16 bit tricks need the bf16 exponent range; fp16 io uses the fp32 variant.
+    ptx = cfg.ptx_dequant and dtype == torch.bfloat16
+    split_k = (_split_k(hidden, cfg.fc1_k, cfg.split_k), _split_k(intermediate, cfg.fc2_k, cfg.split_k))
+    return CallPlan(cfg, None, routing_launch(routes, cfg.block_m), ptx, split_k, False)
+
+
+def _aligned(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``, or a copy where its data is not 16-byte aligned: the kernels are compiled (and
+    warmed up) for aligned pointers, as the Triton launcher specializes them."""
+    return tensor if tensor.data_ptr() % 16 == 0 else tensor.clone()
+
+
 def fused_moe(
     hidden_states: torch.Tensor,
     topk_weights: torch.Tensor,
@@ -443,7 +522,11 @@ def fused_moe(
     config: GemmConfig | None = None,
 ) -> torch.Tensor:
     """The MoE on ``hidden_states [T, H]``: W4A16 (``a4_scales`` None), A4, or per row
-    (``row_flags`` uint8 [T], 1 = A4) when both are given. Returns ``[T, H]`` in the io dtype."""
+    (``row_flags`` uint8 [T], 1 = A4) when both are given. Returns ``[T, H]`` in the io dtype.
+
+    The router outputs reach the kernels as fp32 weights and int32 ids whatever their dtypes
+    (exact: the weights are applied in fp32, ids are below ``E``), and unaligned inputs as
+    aligned copies: the kernels a call launches depend on its :class:`CallPlan` and mode only."""
     tokens, hidden = hidden_states.shape
     num_experts, two_i, _ = experts.w13_weight.shape
     inter = two_i // 2
@@ -452,10 +535,14 @@ def fused_moe(
     output = torch.empty_like(hidden_states)
     if tokens == 0:
         return output
+    hidden_states = _aligned(hidden_states)
+    topk_weights = _aligned(topk_weights.to(torch.float32))
+    topk_ids = _aligned(topk_ids.to(torch.int32))
     kernels = _kernels()
-    cfg = config or choose_config(routes, num_experts, hidden, inter)
-    if cfg.decode is not None:
-        _check_decode_call(cfg.decode, hidden, inter, routes)
+    plan = plan_call(
+        tokens, top_k, num_experts, hidden, inter, hidden_states.dtype, hidden_states.device, config
+    )
+    cfg = plan.config
     if a4_scales is None:
         mode, fc1_input = MODE_W4A16, hidden_states
         gs1 = gs2 = experts.w2_weight_scale_2  # unused
@@ -463,34 +550,28 @@ def fused_moe(
         mode = MODE_A4 if row_flags is None else MODE_SPLIT
         gs1, gs2 = a4_scales.fc1_encode_scale, a4_scales.fc2_encode_scales
         fc1_input, _, _ = quantize_rows(hidden_states, gs1, row_flags)
-    if (
-        cfg.decode is not None
-        and hidden_states.dtype == torch.bfloat16
-        and decode_kernels_run(hidden_states.device)
-    ):
+    if plan.decode is not None:
         return _fused_moe_decode(
             fc1_input,
             topk_weights,
             topk_ids,
             experts,
             swiglu_limit,
-            cfg.decode,
+            (plan.decode, plan.routing, plan.overlap),
             output,
             mode,
             (gs1, gs2),
             row_flags,
         )
-    routing = build_routing(topk_ids, num_experts, cfg.block_m)
-    # bf16 bit tricks need the bf16 exponent range; fp16 io uses the fp32 variant.
-    ptx = cfg.ptx_dequant and hidden_states.dtype == torch.bfloat16
+    routing = _sort_routes(topk_ids.reshape(-1), num_experts, plan.routing)
+    ptx = plan.ptx
     flags = row_flags if row_flags is not None else routing.seg_count  # unused unless MODE_SPLIT
     w13_scale = experts.w13_weight_scale.view(torch.uint8)
     w2_scale = experts.w2_weight_scale.view(torch.uint8)
     h = torch.empty(routes, inter, dtype=hidden_states.dtype, device=hidden_states.device)
     limit = float(swiglu_limit or 0.0)
     common = routing.kernel_args()
-    split1 = _split_k(hidden, cfg.fc1_k, cfg.split_k)
-    split2 = _split_k(inter, cfg.fc2_k, cfg.split_k)
+    split1, split2 = plan.split_k
     f32 = torch.float32
     device = hidden_states.device
     acc1 = torch.zeros(routes, two_i, dtype=f32, device=device) if split1 > 1 else h
@@ -601,24 +682,16 @@ def _combine(
     )
 
 
-@functools.cache
 def _decode_launch_args(gemm: DecodeGemm, routes: int) -> dict[str, Any]:
-    """The layout constexprs and warp count of one :mod:`triton_decode` GEMM schedule with
-    ``routes``-route tiles."""
-    decode = _decode_kernels()
-    words, acc, a_op, b_op = decode.operand_layouts(gemm.warps, gemm.block_k, gemm.rows)
+    """The schedule constexprs and launch options of one :mod:`triton_decode` GEMM schedule with
+    ``routes``-route tiles (plain ints and bools: the kernels build their layouts from them)."""
     return {
-        "WORDS": words,
-        "SCALES": decode.scale_layout(gemm.warps, gemm.block_k, gemm.rows),
-        "ACC": acc,
-        "A": a_op,
-        "B": b_op,
-        "X": decode.activation_layout(gemm.warps, gemm.block_k, routes),
         "WARPS": gemm.warps,
         "BK": gemm.block_k,
         "SPLIT_K": gemm.split == "k",
         "PREFETCH": gemm.prefetch,
         "STAGES": gemm.stages,
+        "ROWS": gemm.rows,
         "TILE": routes,
         "num_warps": gemm.warps,
         **({"maxnreg": gemm.max_registers} if gemm.max_registers else {}),
@@ -631,13 +704,14 @@ def _fused_moe_decode(
     topk_ids: torch.Tensor,
     experts: NvFp4Experts,
     swiglu_limit: float | None,
-    schedule: DecodeTiles,
+    launch: tuple[DecodeTiles, RoutingLaunch, bool],
     output: torch.Tensor,
     mode: int,
     encode_scales: tuple[torch.Tensor, torch.Tensor],
     row_flags: torch.Tensor | None,
 ) -> torch.Tensor:
-    """The MoE through the decode kernels (bf16 io; ``schedule.fits`` the shapes): ``fc1_input
+    """The MoE through the decode kernels (bf16 io; ``launch`` is the :class:`CallPlan`'s decode
+    schedule, which fits the shapes, routing and overlap): ``fc1_input
     [T, H]`` as :func:`fused_moe` forms it (A4 rows already quantized), ``mode`` one of
     ``MODE_*``, ``encode_scales = (gs1 [1], gs2 [E])`` and ``row_flags [T]`` read only for the
     A4 rows of ``MODE_A4`` / ``MODE_SPLIT``.
@@ -651,7 +725,8 @@ def _fused_moe_decode(
     inter = two_i // 2
     top_k = topk_ids.shape[1]
     routes = tokens * top_k
-    routing = build_routing(topk_ids, num_experts, schedule.routes)
+    schedule, routing_plan, overlap = launch
+    routing = _sort_routes(topk_ids.reshape(-1), num_experts, routing_plan)
     device = fc1_input.device
     x = torch.empty_like(fc1_input)
     block_h = min(1024, _next_pow2(hidden))
@@ -659,7 +734,6 @@ def _fused_moe_decode(
     gs1, gs2 = encode_scales
     flags = row_flags if row_flags is not None else routing.seg_count  # unused unless MODE_SPLIT
     common = routing.kernel_args()
-    overlap = schedule.overlap and grid_dependencies_run(device)
     h = torch.empty(routes, inter, dtype=torch.bfloat16, device=device)
     decode.fc1_decode_kernel[(routing.max_tiles, inter // schedule.fc1.rows_per_cta)](
         x,
@@ -697,7 +771,6 @@ def _fused_moe_decode(
         routes,
         MODE=mode,
         OVERLAP=overlap,
-        L2=decode.l2_prefetch_layout(schedule.fc2.warps, schedule.fc2.block_k, schedule.fc2.rows),
         launch_pdl=overlap,
         **_decode_launch_args(schedule.fc2, schedule.routes),
     )
@@ -757,6 +830,20 @@ class TritonBackend(MoEBackend):
         swiglu_limit: float | None,
     ) -> torch.Tensor:
         return fused_moe(hidden_states, topk_weights, topk_ids, experts, a4_scales, swiglu_limit)
+
+    def warm_up(
+        self,
+        experts: NvFp4Experts,
+        a4_scales: A4Scales | None,
+        swiglu_limit: float | None,
+        max_tokens: int,
+        dtype: torch.dtype,
+        top_k: int,
+    ) -> WarmUp:
+        """One call per launch plan and precision (:mod:`triton_warmup`)."""
+        from a4prefill.ops.backends.triton_warmup import warm_up
+
+        return warm_up(experts, a4_scales, swiglu_limit, max_tokens, dtype, top_k)
 
     def run_split(
         self,

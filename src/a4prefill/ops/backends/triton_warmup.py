@@ -1,0 +1,88 @@
+"""Load-time warm-up of the ``triton`` backend: every kernel a layer's calls may launch is compiled
+before the engine serves, none while it serves.
+
+Triton compiles a kernel the first time it is launched with a new specialization (constexprs,
+argument dtypes, 16-byte alignment of pointers, sizes divisible by 16). A compile while serving
+is a latency spike of seconds, and vLLM's JIT monitor (``jit_monitor_mode``, on after the
+engine's warm-up) warns about it or, in ``error`` mode, fails the request. What a
+:func:`~a4prefill.ops.backends.triton_moe.fused_moe` call launches is fixed by its
+:class:`~a4prefill.ops.backends.triton_moe.CallPlan` (a function of the token count, given the
+layer's shapes, io dtype and device) and its precision mode: the kernels take the token and
+route counts unspecialized, the router outputs as fp32 weights and int32 ids, and every input
+aligned. So running the layer once per distinct plan among ``1 .. max_tokens`` tokens, in each
+precision the layer can run, compiles everything it can launch later.
+
+Who may call: :meth:`TritonBackend.warm_up <a4prefill.ops.backends.triton_moe.TritonBackend>`
+(weight processing, before any CUDA graph is captured), tests.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from a4prefill.ops.backends.base import WarmUp
+from a4prefill.ops.backends.triton_moe import CallPlan, fused_moe, plan_call
+from a4prefill.ops.modelopt import NvFp4Experts
+from a4prefill.ops.scales import A4Scales
+
+
+def plan_representatives(
+    max_tokens: int,
+    top_k: int,
+    experts: int,
+    hidden: int,
+    intermediate: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> dict[CallPlan, int]:
+    """The smallest token count of each distinct :class:`CallPlan` among calls of ``1 ..
+    max_tokens`` tokens (in increasing token counts). Host arithmetic only."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    representatives: dict[CallPlan, int] = {}
+    for tokens in range(1, max_tokens + 1):
+        plan = plan_call(tokens, top_k, experts, hidden, intermediate, dtype, device)
+        representatives.setdefault(plan, tokens)
+    return representatives
+
+
+def warm_up(
+    experts: NvFp4Experts,
+    a4_scales: A4Scales | None,
+    swiglu_limit: float | None,
+    max_tokens: int,
+    dtype: torch.dtype,
+    top_k: int,
+) -> WarmUp:
+    """Run the layer ``experts`` (on its device) once per plan of :func:`plan_representatives`
+    with ``dtype`` activations and top-``top_k`` routing, W4A16 and, with ``a4_scales``, also A4
+    and split (half the rows A4): zero activations, routes spread over the experts, outputs
+    discarded. ``swiglu_limit`` as the layer's calls pass it. Synchronizes once at the end.
+    Allocates: call at load time, never while a stream captures."""
+    started = time.perf_counter()
+    num_experts, two_i, hidden = (
+        experts.w13_weight.shape[0],
+        experts.w13_weight.shape[1],
+        experts.w2_weight.shape[1],
+    )
+    device = experts.w13_weight.device
+    plans = plan_representatives(max_tokens, top_k, num_experts, hidden, two_i // 2, dtype, device)
+    calls = 0
+    for tokens in plans.values():
+        x = torch.zeros(tokens, hidden, dtype=dtype, device=device)
+        ids = (
+            (torch.arange(tokens * top_k, device=device) % num_experts).to(torch.int32).reshape(tokens, top_k)
+        )
+        weights = torch.full((tokens, top_k), 1.0 / top_k, device=device)
+        fused_moe(x, weights, ids, experts, None, swiglu_limit)
+        calls += 1
+        if a4_scales is not None:
+            flags = (torch.arange(tokens, device=device) % 2).to(torch.uint8)
+            fused_moe(x, weights, ids, experts, a4_scales, swiglu_limit)
+            fused_moe(x, weights, ids, experts, a4_scales, swiglu_limit, flags)
+            calls += 2
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return WarmUp(len(plans), calls, time.perf_counter() - started)

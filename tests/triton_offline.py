@@ -1,0 +1,109 @@
+"""Triton's own launch path without a GPU (tests only): what the package's kernel launches compile
+on an H100/H200, and what a Triton post-compile hook (vLLM's JIT monitor) receives.
+
+:func:`offline_sm90_launches` makes the active Triton driver report an sm_90a target and turns
+every launch ``kernel[grid](...)`` of the package's kernels (the ``*_kernel`` Triton and Gluon
+functions of :mod:`a4prefill.ops.backends.triton_kernels` and ``triton_decode``) into Triton's
+``JITFunction.warmup``: Triton's binder specializes the arguments exactly as for a launch (constexprs,
+pointer dtypes, 16-byte alignment, sizes divisible by 16, values equal to 1), compiles on a
+miss of its in-memory cache (from its disk cache when it can), calls
+``knobs.runtime.jit_post_compile_hook`` with the specialization data serialized as Triton
+serializes it, and launches nothing. The in-memory caches start empty and are restored after.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+
+@dataclass(frozen=True)
+class Compile:
+    """One compile that Triton reported to the post-compile hook."""
+
+    kernel: str  # the kernel function's name
+    specialization: dict[str, Any]  # Triton's serialized specialization data, parsed back
+
+
+class _Sm90Driver:
+    """Stands in for Triton's active driver: device 0 of an sm_90a GPU, stream 0."""
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_current_target(self) -> Any:
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget("cuda", 90, 32)
+
+
+class _WarmupOnly:
+    """``kernel[grid](*args, **kwargs)`` -> ``kernel.warmup(*args, grid=grid, **kwargs)``."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+
+    def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., Any]:
+        return lambda *args, **kwargs: self.kernel.warmup(*args, grid=grid, **kwargs)
+
+
+def package_kernels() -> dict[str, Any]:
+    """``module.name -> kernel`` of every kernel the package launches (``*_kernel`` JIT functions)."""
+    from triton.runtime.jit import JITFunction
+
+    from a4prefill.ops.backends import triton_decode, triton_kernels
+
+    return {
+        f"{module.__name__}.{name}": value
+        for module in (triton_kernels, triton_decode)
+        for name, value in vars(module).items()
+        if name.endswith("_kernel") and isinstance(value, JITFunction)
+    }
+
+
+@contextmanager
+def offline_sm90_launches(on_compile: Callable[[Compile], None] | None = None) -> Iterator[list[Compile]]:
+    """While active, the package's launches compile for sm_90a and launch nothing (see the module
+    docstring); yields the list of :class:`Compile` events, in order. ``on_compile`` (for example
+    one that raises, as vLLM's monitor in ``error`` mode) is called with each event after it is
+    recorded. Tensors may live on the CPU: nothing reads them."""
+    import sys
+
+    from triton import knobs
+    from triton.runtime.driver import driver
+
+    kernels = package_kernels()
+    events: list[Compile] = []
+
+    def hook(**kwargs: Any) -> None:
+        data = json.loads(kwargs["compile"]["specialization_data"])
+        event = Compile(kwargs["fn"].name.rsplit(".", 1)[-1], data)
+        events.append(event)
+        if on_compile is not None:
+            on_compile(event)
+
+    saved_caches = {name: kernel.device_caches for name, kernel in kernels.items()}
+    saved_hook, saved_driver = knobs.runtime.jit_post_compile_hook, driver._active
+    with pytest.MonkeyPatch.context() as patch:
+        for qualified, kernel in kernels.items():
+            module, name = qualified.rsplit(".", 1)
+            kernel.device_caches = defaultdict(kernel.create_binder)
+            patch.setattr(sys.modules[module], name, _WarmupOnly(kernel))
+        driver.set_active(_Sm90Driver())
+        knobs.runtime.jit_post_compile_hook = hook
+        try:
+            yield events
+        finally:
+            knobs.runtime.jit_post_compile_hook = saved_hook
+            driver._active = saved_driver
+            for name, kernel in kernels.items():
+                kernel.device_caches = saved_caches[name]
