@@ -51,6 +51,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from a4prefill.tiny_model import REAL_SHAPE
+
 CONFIGS: dict[str, dict[str, Any]] = {
     "bf16": {"checkpoint": "bf16", "quantization": None, "split": False},
     "vllm_modelopt_fp4": {"checkpoint": "nvfp4", "quantization": "modelopt_fp4", "split": False},
@@ -60,14 +62,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
 REFERENCE = "bf16"
 MODELS: dict[str, dict[str, Any]] = {
     "large": {
+        **REAL_SHAPE,
         "num_layers": 4,
-        "hidden_size": 2048,
-        "moe_intermediate_size": 768,
-        "num_experts": 64,
-        "top_k": 8,
-        "num_heads": 16,
-        "num_kv_heads": 4,
-        "head_dim": 128,
         "max_position_embeddings": 16384,
         "uncalibrated_layer": None,
     },
@@ -104,9 +100,37 @@ def _timed(llm: Any, prompts: list[Any], params: Any) -> float:
     return time.perf_counter() - start
 
 
+# Substrings of the GPU kernels that serve the routed experts: the package's Triton and Gluon
+# kernels, vLLM's Marlin MoE and its unquantized fused MoE (routing, permutation and combine
+# included; the router's gate GEMM and top-k are not).
+MOE_KERNELS = (
+    "fc1_kernel",
+    "fc1_finalize_kernel",
+    "fc2_kernel",
+    "fc1_decode_kernel",
+    "fc2_decode_kernel",
+    "route_prep_kernel",
+    "quantize_rows_kernel",
+    "permute_k_kernel",
+    "combine_kernel",
+    "marlin",
+    "fused_moe",
+    "moe_align",
+    "moe_sum",
+    "count_and_sort_expert",
+)
+
+
+def is_moe_kernel(name: str) -> bool:
+    """Whether the GPU kernel ``name`` serves the routed experts (:data:`MOE_KERNELS`)."""
+    lowered = name.lower()
+    return any(part in lowered for part in MOE_KERNELS)
+
+
 def _gpu_profile(llm: Any, prompts: list[Any], params: Any) -> dict[str, Any]:
     """One ``generate`` under ``torch.profiler``: wall seconds, GPU kernel seconds (CUDA-graph
-    replays included where CUPTI reports them) and the 12 kernels with the most GPU time."""
+    replays included where CUPTI reports them), the MoE's share of them (:func:`is_moe_kernel`,
+    with the kernels counted) and the 12 kernels with the most GPU time."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -118,9 +142,12 @@ def _gpu_profile(llm: Any, prompts: list[Any], params: Any) -> dict[str, Any]:
         if event.device_type == torch.autograd.DeviceType.CUDA:
             kernels[event.name] = kernels.get(event.name, 0.0) + event.time_range.elapsed_us() * 1e-6
     top = sorted(kernels.items(), key=lambda item: -item[1])[:12]
+    moe = {name: seconds for name, seconds in kernels.items() if is_moe_kernel(name)}
     return {
         "wall_s": wall,
         "gpu_kernel_s": sum(kernels.values()),
+        "moe_gpu_s": sum(moe.values()),
+        "moe_kernels": sorted(name[:100] for name in moe),
         "top_kernels": [{"kernel": name[:100], "seconds": seconds} for name, seconds in top],
     }
 
@@ -231,6 +258,7 @@ def summarize(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         }
         for phase, profiled in result.get("profile", {}).items():
             row[f"{phase}_gpu_over_wall"] = [profiled["gpu_kernel_s"], profiled["wall_s"]]
+            row[f"{phase}_moe_gpu_s"] = profiled.get("moe_gpu_s")
         if REFERENCE in results and name != REFERENCE:
             row["logprob_vs_bf16"] = logprob_difference(
                 results[REFERENCE]["prompt_logprobs"], result["prompt_logprobs"]
@@ -240,14 +268,15 @@ def summarize(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def markdown_table(data: dict[str, Any]) -> str:
+    """The results as a markdown table: one row per configuration, failed ones with their exit."""
     summary = data["summary"]
     batches = [str(b) for b in DECODE_BATCHES]
     lines = [
         "| configuration | logprob diff vs bf16: median | p90 | max "
         + f"| prefill {data['prefill_tokens']} tok/s | "
         + " | ".join(f"decode b={b} tok/s" for b in batches)
-        + " | profiled GPU / wall ms: prefill | decode b=1 | MoE kernel |",
-        "|---|---|---|---|---|" + "---|" * len(batches) + "---|---|---|",
+        + " | profiled GPU / wall ms: prefill | decode b=1 | MoE GPU ms: prefill | decode b=1 | MoE kernel |",
+        "|---|---|---|---|---|" + "---|" * len(batches) + "---|---|---|---|---|",
     ]
     for name, row in summary.items():
         diff = row.get("logprob_vs_bf16") or {}
@@ -258,11 +287,18 @@ def markdown_table(data: dict[str, Any]) -> str:
             "{:.1f} / {:.1f}".format(*(1e3 * t for t in row[key])) if key in row else "-"
             for key in ("prefill_gpu_over_wall", "decode_batch_1_gpu_over_wall")
         ]
+        moe = [
+            f"{1e3 * row[key]:.1f}" if row.get(key) is not None else "-"
+            for key in ("prefill_moe_gpu_s", "decode_batch_1_moe_gpu_s")
+        ]
         lines.append(
             f"| {name} | "
-            + " | ".join([*cells, f"{row['prefill_tokens_per_s']:.0f}", *decode, *profiled, kernels])
+            + " | ".join([*cells, f"{row['prefill_tokens_per_s']:.0f}", *decode, *profiled, *moe, kernels])
             + " |"
         )
+    width = 10 + len(batches)
+    for name, failure in data.get("failed", {}).items():
+        lines.append(f"| {name} | failed: {failure['reason']} |" + " |" * (width - 2))
     return "\n".join(lines)
 
 
@@ -274,6 +310,10 @@ def plot(data: dict[str, Any], path: Path) -> None:
 
     summary = data["summary"]
     names = list(summary)
+    if not names:
+        raise ValueError(
+            f"no configuration completed: nothing to plot ({sorted(data.get('failed', {}))} failed)"
+        )
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     axes[0].bar(names, [summary[n]["prefill_tokens_per_s"] for n in names], color="tab:blue")
     axes[0].set_title(f"prefill, one {data['prefill_tokens']}-token prompt")
@@ -340,6 +380,7 @@ def main() -> None:
         (work / f"{args.model}-{args.one}.json").write_text(json.dumps(result))
         return
     results: dict[str, dict[str, Any]] = {}
+    failed: dict[str, dict[str, Any]] = {}
     for name in args.configs.split(","):
         if name not in CONFIGS:
             parser.error(f"--configs: unknown configuration {name!r}; expected some of {sorted(CONFIGS)}")
@@ -360,8 +401,14 @@ def main() -> None:
                 command += ["--prefill-length", str(args.prefill_length)]
                 code = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT).returncode
             if code != 0:
+                tail = log.read_text().splitlines()[-30:]
                 print(f"{name}: exit {code}; last lines of {log}:", file=sys.stderr)
-                print("\n".join(log.read_text().splitlines()[-30:]), file=sys.stderr)
+                print("\n".join(tail), file=sys.stderr)
+                errors = [line for line in tail if "Error" in line or "error" in line]
+                failed[name] = {
+                    "reason": f"exit {code}: {(errors or tail or [''])[-1][:160]}",
+                    "log_tail": tail,
+                }
                 continue
         results[name] = json.loads(path.read_text())
         print(f"{name}: done", flush=True)
@@ -376,11 +423,15 @@ def main() -> None:
         "prefill_tokens": args.prefill_length,
         "results": results,
         "summary": summarize(results),
+        "failed": failed,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / RESULT_FILE).write_text(json.dumps(data, indent=1))
     print(markdown_table(data))
+    if not results:
+        print("no plot: every configuration failed (the table lists why)")
+        return
     try:
         plot(data, out / RESULT_FILE.replace(".json", ".png"))
     except ImportError as error:

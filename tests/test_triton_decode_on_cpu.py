@@ -104,7 +104,7 @@ def decode_on_cpu():
             triton_decode, "permute_k_kernel", InterpretedFunction(triton_decode.permute_k_kernel.fn)
         )
         patch.setattr(
-            triton_moe, "build_routing", functools.partial(triton_moe.build_routing, force_torch=True)
+            triton_moe, "routing_launch", functools.partial(triton_moe.routing_launch, force_torch=True)
         )
         patch.setattr(triton_moe, "_combine", _combine_contract)
         patch.setattr(triton_moe, "quantize_rows", _quantize_rows_contract)

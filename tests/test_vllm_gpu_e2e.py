@@ -1,11 +1,15 @@
 """End to end on the real vLLM CUDA engine: row evidence that survives CUDA graphs, a warm
-restart from vLLM's compile cache, speculative decoding.
+restart from vLLM's compile cache, speculative decoding, no kernel compiled while serving.
 
 Needs a CUDA GPU and a CUDA build of vLLM (``scripts/test_gpu.sh``; verified with vLLM 0.26 on an
-H200). Every engine run is one subprocess of ``python -m a4prefill e2e --json`` on the built-in
-tiny model with the Triton backend, CUDA graphs FULL_AND_PIECEWISE, ``count_rows: true`` (device
-counters, which count replays of captured graphs too) and the long prompt set (mixed steps both
-below and above the capture size M).
+H200). Every engine run is one subprocess of ``python -m a4prefill e2e --json`` with the Triton
+backend, CUDA graphs FULL_AND_PIECEWISE, ``count_rows: true`` (device counters, which count
+replays of captured graphs too, and the kernel family of each call), the long prompt set (mixed
+steps below and above the capture size M, one step above 256 tokens) and vLLM's JIT monitor in
+``error`` mode (a Triton compile after the engine's warm-up fails the step). Every test runs on
+two built-in models (``--shape``): ``tiny`` (hidden 128, 8 experts: the tiled kernels only) and
+``real`` (hidden 2048, intermediate 768, 64 experts, top-8: captured decode steps take the decode
+kernels, the longest prefill step the tiled kernels).
 """
 
 from __future__ import annotations
@@ -41,13 +45,14 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
 FIRST_TOKEN_AGREEMENT_FLOOR = 0.6
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
+@pytest.fixture(scope="module", params=["tiny", "real"])
+def tiny_model(request, tmp_path_factory) -> Path:
+    """The built-in model of each shape (``--shape``)."""
     if "vllm" not in sys.modules:
         pytest.importorskip("vllm", reason="needs a CUDA build of vLLM")
-    from a4prefill.tiny_model import make_tiny_model
+    from a4prefill.vllm_integration.e2e import ensure_tiny_model
 
-    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+    return ensure_tiny_model(tmp_path_factory.mktemp(request.param) / "model", shape=request.param)
 
 
 def run_engine(model: Path, out: Path, *args: str, cache_root: Path | None = None) -> E2EResult:
@@ -60,6 +65,8 @@ def run_engine(model: Path, out: Path, *args: str, cache_root: Path | None = Non
         "--prompts",
         "long",
         "--steps",
+        "--jit-monitor-mode",
+        "error",
         "--additional-config",
         json.dumps({"count_rows": True}),
         *args,
@@ -67,7 +74,9 @@ def run_engine(model: Path, out: Path, *args: str, cache_root: Path | None = Non
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=500)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     print(done.stdout)
-    return E2EResult.from_json(out.read_text())
+    result = E2EResult.from_json(out.read_text())
+    assert result.served_compiles == [] and result.jit_monitor_mode == "error"
+    return result
 
 
 @pytest.fixture(scope="module")
@@ -180,6 +189,28 @@ def test_warm_restart_loads_the_compiled_graphs_and_runs_the_same_rows(split_run
     assert [s.device_rows for s in warm_run.steps] == [s.device_rows for s in split_run.steps]
     assert warm_run.outputs == split_run.outputs
     assert_row_rule(warm_run)
+
+
+def test_kernels_were_compiled_at_load_and_each_step_names_its_kernel_family(split_run, tiny_model):
+    """The warm-up ran in every layer (it compiles in the first only: later layers hit Triton's
+    caches); every step names the kernels that ran its calls. On the real shape the captured
+    decode steps replayed the decode kernels and the step above 256 tokens ran the tiled ones,
+    with its prefill rows A4."""
+    warmups = split_run.warmups
+    assert set(warmups) == {*CALIBRATED, UNCALIBRATED} and all(w["calls"] > 0 for w in warmups.values())
+    print("warm-up seconds per layer:", {layer: round(w["seconds"], 2) for layer, w in warmups.items()})
+    assert all(step.kernel_families for step in split_run.steps)
+    decode_steps = [s for s in split_run.steps if s.kind == "decode-only" and s.captured]
+    large = [s for s in split_run.steps if max(s.forward_tokens) > 256]
+    assert decode_steps and large and not any(s.captured for s in large)
+    if tiny_model.parent.name.startswith("real"):
+        for step in decode_steps:
+            assert all(step.kernel_calls[layer] == {"triton-decode": 1} for layer in CALIBRATED), step.index
+        for step in large:
+            assert all("triton-tiled" in step.kernel_calls[layer] for layer in CALIBRATED), step.index
+            assert step.evidence[CALIBRATED[0]]["a4"] == step.prefill_rows > 256
+    else:
+        assert {f for s in split_run.steps for f in s.kernel_families} == {"triton-tiled"}
 
 
 def test_speculative_verify_rows_run_w4a16(speculative_run):

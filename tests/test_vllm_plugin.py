@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from types import SimpleNamespace
+from typing import ClassVar
 
 import pytest
 import torch
@@ -22,13 +23,22 @@ from vllm.config import CompilationConfig, CUDAGraphMode, VllmConfig, set_curren
 
 import a4prefill
 from a4prefill import ops
+from a4prefill.ops.backends import register_backend
+from a4prefill.ops.backends.base import WarmUp
+from a4prefill.ops.backends.reference import ReferenceBackend
 from a4prefill.ops.moe import moe_w4a16
 from a4prefill.ops.scales import A4_READY
 from a4prefill.settings import LEGACY_THRESHOLD_ENV, A4PrefillSettings, ResolvedSettings
 from a4prefill.vllm_integration import QUANTIZATION_NAME, register
-from a4prefill.vllm_integration.engine import PASS_KEY, EngineSetup, captured_limit, engine_setup
+from a4prefill.vllm_integration.engine import (
+    PASS_KEY,
+    EngineSetup,
+    captured_limit,
+    engine_setup,
+    max_call_tokens,
+)
 from a4prefill.vllm_integration.row_provider import RowPolicy
-from conftest import make_inputs
+from conftest import TOP_K, make_inputs
 
 pytestmark = pytest.mark.vllm
 
@@ -176,7 +186,12 @@ def moe_config(dp_size: int = 1) -> SimpleNamespace:
 
     parallel = SimpleNamespace(dp_size=dp_size, pcp_size=1, use_ep=False)
     return SimpleNamespace(
-        activation=MoEActivation.SILU, is_act_and_mul=True, has_bias=False, moe_parallel_config=parallel
+        activation=MoEActivation.SILU,
+        is_act_and_mul=True,
+        has_bias=False,
+        moe_parallel_config=parallel,
+        in_dtype=torch.bfloat16,
+        experts_per_token=TOP_K,
     )
 
 
@@ -191,8 +206,8 @@ def build_layer(layer, monkeypatch):
     monkeypatch.setattr(parameter, "get_tensor_model_parallel_world_size", lambda: 1)
     from a4prefill.vllm_integration.moe_method import A4PrefillModelOptNvFp4MoEMethod
 
-    def build(name="model.layers.0.mlp.experts", dp_size=1, settings=None, weights=None):
-        setup = EngineSetup(settings or ResolvedSettings(True, 0, ()), RowPolicy(1))
+    def build(name="model.layers.0.mlp.experts", dp_size=1, settings=None, weights=None, max_tokens=8192):
+        setup = EngineSetup(settings or ResolvedSettings(True, 0, ()), RowPolicy(1), max_tokens)
         method = A4PrefillModelOptNvFp4MoEMethod(moe_config(dp_size), name, setup)  # type: ignore[arg-type]
         module = torch.nn.Module()
         q = weights or layer.quantized
@@ -285,3 +300,42 @@ def test_a_reload_that_changes_whether_a_layer_has_scales_is_an_error(build_laye
     module.w2_input_scale.data[0] = 0.0
     with pytest.raises(ValueError, match="change whether the layer has A4 scales"):
         method.process_weights_after_loading(module)
+
+
+class RecordingBackend(ReferenceBackend):
+    """The reference backend, recording the warm-ups it is asked for."""
+
+    name = "recording"
+    warm_ups: ClassVar[list[tuple]] = []
+
+    def warm_up(self, experts, a4_scales, swiglu_limit, max_tokens, dtype, top_k):
+        self.warm_ups.append((experts.w13_weight.data_ptr(), a4_scales is not None, max_tokens, dtype, top_k))
+        return WarmUp(1, 1, 0.0)
+
+
+def test_weight_processing_warms_the_backend_up_once_for_the_engines_sizes(build_layer, monkeypatch):
+    """The layer's backend is asked to compile for 1..max_call_tokens tokens of the layer's dtype
+    and top-k, with the layer's scales; a reload (same shapes) asks nothing more."""
+    register_backend("recording", RecordingBackend, priority=-1)
+    monkeypatch.setenv("A4PREFILL_BACKEND", "recording")
+    RecordingBackend.warm_ups.clear()
+    method, module = build_layer(max_tokens=3000)
+    assert RecordingBackend.warm_ups == [(module.w13_weight.data_ptr(), True, 3000, torch.bfloat16, TOP_K)]
+    assert module.a4prefill_warmup == WarmUp(1, 1, 0.0)
+    method.process_weights_after_loading(module)
+    assert len(RecordingBackend.warm_ups) == 1
+    build_layer(settings=ResolvedSettings(False, 0, ()), max_tokens=16)
+    assert RecordingBackend.warm_ups[-1][1:3] == (False, 16)  # W4A16 only
+
+
+def test_the_warm_up_bound_is_the_largest_call_of_a_step_times_data_parallel_ranks():
+    def config(batched, captured, dp):
+        return SimpleNamespace(
+            scheduler_config=SimpleNamespace(max_num_batched_tokens=batched),
+            compilation_config=SimpleNamespace(max_cudagraph_capture_size=captured),
+            parallel_config=SimpleNamespace(data_parallel_size=dp),
+        )
+
+    assert max_call_tokens(config(8192, 512, 1)) == 8192
+    assert max_call_tokens(config(256, 512, 1)) == 512
+    assert max_call_tokens(config(2048, None, 4)) == 8192

@@ -85,7 +85,20 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("directory")
     tiny.set_defaults(handler=_make_tiny_model)
     e2e = commands.add_parser("e2e", help="run the tiny model on vLLM; print rows per step kind")
-    e2e.add_argument("--model", default=None, help="checkpoint dir (default: built-in tiny model)")
+    e2e.add_argument("--model", default=None, help="checkpoint dir (default: a built-in model, --shape)")
+    e2e.add_argument(
+        "--shape",
+        choices=("tiny", "real"),
+        default="tiny",
+        help="the built-in model's sizes: tiny (hidden 128, 8 experts), or real (hidden 2048, "
+        "intermediate 768, 64 experts, top-8: reaches the triton backend's decode and tiled kernels)",
+    )
+    e2e.add_argument(
+        "--jit-monitor-mode",
+        choices=("warn", "error"),
+        default="warn",
+        help="vLLM's --jit-monitor-mode: error fails a step that compiles a kernel after warm-up",
+    )
     e2e.add_argument("--pass", dest="split_pass", default="a4prefill.split_prefill_pass")
     e2e.add_argument("--no-pass", action="store_true", help="run without the split pass")
     e2e.add_argument("--json", default=None, help="also write the full result as JSON here")

@@ -10,10 +10,10 @@ Keys (all optional):
   engine's, from the CUDA-graph modes it actually captures (under vLLM), else 0;
 - ``excluded_layers`` (list of regular expressions, default []): layers whose name matches one
   (``re.search``) never run A4, e.g. ``["mtp"]`` for speculative draft layers;
-- ``count_rows`` (bool, default false): count each layer's W4A16 and A4 rows on its device, inside
-  the op, so that replays of captured CUDA graphs count too
-  (:data:`a4prefill.ops.DEVICE_ROW_COUNTERS`); costs two tiny kernels per MoE call. Evidence
-  only: it changes no precision.
+- ``count_rows`` (bool, default false): count each layer's W4A16 and A4 rows and the calls of each
+  kernel family on its device, inside the op, so that replays of captured CUDA graphs count too
+  (:data:`a4prefill.ops.DEVICE_ROW_COUNTERS`); costs up to three tiny kernels per MoE call.
+  Evidence only: it changes no precision.
 
 The legacy variable ``B12X_W4A16_A4_PREFILL_MIN_TOKENS`` (deprecated) is an on/off switch: a
 valid integer >= 0 means on (one deprecation warning; its threshold is ignored: precision is

@@ -112,6 +112,22 @@ ARCHITECTURES = {
 }
 
 
+# The sizes of a real MoE layer at small scale (Qwen3-30B-A3B-like experts: hidden 2048, expert
+# intermediate 768, 64 experts, top-8): shapes that the triton backend's decode kernels take (H a
+# multiple of 512, I of 256) at decode sizes and its tiled kernels at prefill sizes, unlike the
+# tiny default. Used by the e2e harness (``--shape real``) and the served benchmark.
+REAL_SHAPE: dict[str, Any] = {
+    "hidden_size": 2048,
+    "moe_intermediate_size": 768,
+    "num_experts": 64,
+    "top_k": 8,
+    "num_heads": 16,
+    "num_kv_heads": 4,
+    "head_dim": 128,
+}
+MODEL_SHAPES = {"tiny": TinyModelSpec(), "real": TinyModelSpec(**REAL_SHAPE)}
+
+
 def recipe_stamp(spec: TinyModelSpec) -> dict[str, Any]:
     """What a built tiny model must match to be reused: package version, recipe hash, spec."""
     from a4prefill import __version__

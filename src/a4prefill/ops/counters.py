@@ -4,11 +4,13 @@ Two kinds, both recorded by the ops (``moe_w4a16``, ``moe_a4``, ``moe_split``) f
 
 - :data:`ROW_COUNTERS`: host ints, always on. Under CUDA-graph capture an op body runs once at
   capture and not on replay, so a captured graph counts once (its capture), never its replays.
-- :data:`DEVICE_ROW_COUNTERS`: opt-in, per layer, an int64 ``[2]`` tensor (W4A16 rows, A4 rows)
-  on the layer's device, incremented inside the op by two small kernels that are captured with
+- :data:`DEVICE_ROW_COUNTERS`: opt-in, per layer, an int64 tensor on the layer's device: W4A16
+  rows, A4 rows, then the calls each kernel family ran (:data:`KERNEL_FAMILIES`, as the backend
+  that ran the call names it), incremented inside the op by small kernels that are captured with
   it: every replay of a captured graph counts too. Attached at load time
   (:meth:`DeviceRowCounters.attach`; the vLLM plugin does it under ``count_rows: true``) and read
-  on the host only when a report asks (:meth:`DeviceRowCounters.snapshot`, one sync).
+  on the host only when a report asks (:meth:`DeviceRowCounters.snapshot`,
+  :meth:`DeviceRowCounters.kernel_calls`, one sync each).
 
 Neither decides anything: they are the evidence of what the three deciders made the ops run.
 """
@@ -17,12 +19,16 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Callable
 
 import torch
 
 W4A16 = "w4a16"
 A4 = "a4"
 PRECISIONS = (W4A16, A4)
+# What can run a MoE call (``MoEBackend.kernel_family``): the reference backend, the triton
+# backend's tiled or decode kernels, b12x.
+KERNEL_FAMILIES = ("reference", "triton-tiled", "triton-decode", "b12x")
 
 
 class RowCounters:
@@ -68,7 +74,8 @@ class DeviceRowCounters:
         return str(w13_weight.device), w13_weight.data_ptr()
 
     def attach(self, w13_weight: torch.Tensor, layer_name: str) -> torch.Tensor:
-        """Count the rows of every later op call on this layer; returns its int64 [2] counter.
+        """Count the rows and kernel families of every later op call on this layer; returns its
+        int64 ``[2 + len(KERNEL_FAMILIES)]`` counter.
 
         Allocates: call at load time, never while a stream captures. Re-attaching (weights
         processed again) keeps the existing counter.
@@ -77,12 +84,16 @@ class DeviceRowCounters:
         with self._lock:
             entry = self._counters.get(key)
             if entry is None or entry[0] != layer_name:
-                entry = (layer_name, torch.zeros(2, dtype=torch.int64, device=w13_weight.device))
+                size = len(PRECISIONS) + len(KERNEL_FAMILIES)
+                entry = (layer_name, torch.zeros(size, dtype=torch.int64, device=w13_weight.device))
                 self._counters[key] = entry
             return entry[1]
 
-    def record(self, w13_weight: torch.Tensor, w4a16_rows: int, a4_rows: int) -> None:
-        """Add one call's rows on the device (no host sync; captured with the call)."""
+    def record(
+        self, w13_weight: torch.Tensor, w4a16_rows: int, a4_rows: int, kernel_family: Callable[[], str]
+    ) -> None:
+        """Add one call's rows and its kernel family on the device (no host sync; captured with
+        the call). ``kernel_family`` is asked only for attached layers."""
         entry = self._counters.get(self._key(w13_weight))
         if entry is None:
             return
@@ -91,16 +102,29 @@ class DeviceRowCounters:
             counter[0].add_(w4a16_rows)
         if a4_rows:
             counter[1].add_(a4_rows)
+        counter[len(PRECISIONS) + KERNEL_FAMILIES.index(kernel_family())].add_(1)
+
+    def _read(self) -> list[tuple[str, list[int]]]:
+        with self._lock:
+            entries = list(self._counters.values())
+        return [(layer_name, counter.tolist()) for layer_name, counter in entries]
 
     def snapshot(self) -> dict[tuple[str, str], int]:
         """``(layer_name, precision) -> rows`` summed over the attached layers (host read)."""
-        with self._lock:
-            entries = list(self._counters.values())
         rows: Counter[tuple[str, str]] = Counter()
-        for layer_name, counter in entries:
-            for precision, value in zip(PRECISIONS, counter.tolist(), strict=True):
+        for layer_name, values in self._read():
+            for precision, value in zip(PRECISIONS, values, strict=False):
                 rows[(layer_name, precision)] += value
         return dict(rows)
+
+    def kernel_calls(self) -> dict[tuple[str, str], int]:
+        """``(layer_name, kernel family) -> calls`` summed over the attached layers (host read)."""
+        calls: Counter[tuple[str, str]] = Counter()
+        for layer_name, values in self._read():
+            for family, value in zip(KERNEL_FAMILIES, values[len(PRECISIONS) :], strict=True):
+                if value:
+                    calls[(layer_name, family)] += value
+        return dict(calls)
 
     def attached(self) -> bool:
         """True when at least one layer counts on its device."""
@@ -116,8 +140,11 @@ ROW_COUNTERS = RowCounters()
 DEVICE_ROW_COUNTERS = DeviceRowCounters()
 
 
-def record_rows(layer_name: str, w13_weight: torch.Tensor, w4a16_rows: int, a4_rows: int) -> None:
-    """What the ops call once per call: both kinds of counters."""
+def record_rows(
+    layer_name: str, w13_weight: torch.Tensor, w4a16_rows: int, a4_rows: int, kernel_family: Callable[[], str]
+) -> None:
+    """What the ops call once per call: both kinds of counters (``kernel_family`` names what runs
+    the call; asked only where the layer counts on its device)."""
     ROW_COUNTERS.record(layer_name, W4A16, w4a16_rows)
     ROW_COUNTERS.record(layer_name, A4, a4_rows)
-    DEVICE_ROW_COUNTERS.record(w13_weight, w4a16_rows, a4_rows)
+    DEVICE_ROW_COUNTERS.record(w13_weight, w4a16_rows, a4_rows, kernel_family)

@@ -87,8 +87,14 @@ class _Call:
         return call
 
     def count(self, w4a16_rows: int, a4_rows: int) -> None:
-        """Record this call's rows (host counters; device counters where attached)."""
-        record_rows(self.layer_name, self.experts.w13_weight, w4a16_rows, a4_rows)
+        """Record this call's rows (host counters; device counters where attached, with the kernel
+        family that runs the call)."""
+
+        def kernel_family() -> str:
+            backend = backend_for(self.hidden_states.device)
+            return backend.kernel_family(self.hidden_states, self.topk_ids, self.experts)
+
+        record_rows(self.layer_name, self.experts.w13_weight, w4a16_rows, a4_rows, kernel_family)
 
     def run(self, a4_scales: A4Scales | None) -> torch.Tensor:
         """Every row in one precision: W4A16 (``a4_scales`` None) or A4."""

@@ -11,10 +11,18 @@ first decodes (mixed steps). For every step it records
 - the CUDA-graph runtime mode and token count of each forward pass (from vLLM's forward context:
   ``FULL`` / ``PIECEWISE`` = replayed from a captured graph, ``NONE`` = run uncaptured);
 - the rows each MoE layer ran in W4A16 and A4: from the host counters, and under
-  ``count_rows: true`` from the device counters, which also count replays of captured graphs.
+  ``count_rows: true`` from the device counters, which also count replays of captured graphs,
+  together with the calls of each kernel family (``triton-decode``, ``triton-tiled``, ...).
+
+It also reports each layer's load-time kernel warm-up and every Triton compile that happened
+after vLLM's warm-up, while the engine served (a post-compile hook, removed at the end; with
+``jit_monitor_mode="error"`` vLLM itself fails such a step).
 
 Options reach vLLM as they would from the CLI: ``compilation`` (``-cc``), ``speculative``
-(``--speculative-config``), ``additional_config`` (the ``a4prefill`` settings). By default every
+(``--speculative-config``), ``additional_config`` (the ``a4prefill`` settings),
+``jit_monitor_mode`` (``--jit-monitor-mode``). ``shape`` picks the built-in model's sizes
+(:data:`a4prefill.tiny_model.MODEL_SHAPES`: ``tiny``, or ``real`` whose MoE layers reach the
+triton backend's decode and tiled kernels). By default every
 compile cache is off, so the pass runs and leaves records; ``compile_cache=True`` keeps vLLM's
 default compile cache (under ``VLLM_CACHE_ROOT``), as users run it, and reports how many compiled
 artifacts were loaded from it.
@@ -63,10 +71,13 @@ LONG_SECOND_PROMPTS = (
     "good morning people of the world",
     _LONG + " list the colors red green blue black white",
     "how do you make a fire",
+    " ".join([_LONG] * 9) + " the end",
 )
 """Prompts arriving two per step: two long ones (a mixed step above a CUDA-graph capture size of
-32), two short ones (a mixed step below it), a long and a short one. The repeated counting helps
-n-gram speculation find drafts."""
+32), two short ones (a mixed step below it), a long and a short one, then one of about 340 words
+(a step above 256 tokens: the triton backend's tiled kernels on the real-shape model, whose
+smaller steps take its decode kernels). The repeated counting helps n-gram speculation find
+drafts."""
 PROMPT_SETS = {"default": SECOND_PROMPTS, "long": LONG_SECOND_PROMPTS}
 
 
@@ -82,6 +93,12 @@ class StepRecord:
     device_rows: dict[str, dict[str, int]] | None = None  # the same from device counters
     modes: list[str] = field(default_factory=list)  # CUDA-graph runtime mode per forward pass
     forward_tokens: list[int] = field(default_factory=list)  # rows per forward pass (padded)
+    kernel_calls: dict[str, dict[str, int]] | None = None  # layer -> {kernel family: calls}, device
+
+    @property
+    def kernel_families(self) -> list[str]:
+        """The kernel families that ran the step's MoE calls (device counters; [] without)."""
+        return sorted({family for calls in (self.kernel_calls or {}).values() for family in calls})
 
     @property
     def kind(self) -> str:
@@ -113,42 +130,57 @@ class E2EResult:
     additional_config: dict[str, Any] = field(default_factory=dict)
     pass_records: list[dict[str, Any]] = field(default_factory=list)
     compiled_artifacts_loaded: int = 0  # from vLLM's compile cache (compile_cache=True)
+    warmups: dict[str, dict[str, float]] = field(default_factory=dict)  # layer -> plans, calls, seconds
+    served_compiles: list[str] = field(default_factory=list)  # Triton compiles after vLLM's warm-up
+    jit_monitor_mode: str = "warn"
 
     def to_json(self) -> str:
         data = asdict(self)
         for step, record in zip(data["steps"], self.steps, strict=True):
             step["kind"] = record.kind
             step["captured"] = record.captured
+            step["kernel_families"] = record.kernel_families
         return json.dumps(data, indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> E2EResult:
         data = json.loads(text)
-        derived = ("kind", "captured")
+        derived = ("kind", "captured", "kernel_families")
         steps = [StepRecord(**{k: v for k, v in s.items() if k not in derived}) for s in data.pop("steps")]
         return cls(steps=steps, **data)
 
 
-def default_model_dir() -> Path:
-    """Where the built-in tiny model lives (built on first use)."""
-    return Path(tempfile.gettempdir()) / "a4prefill-tiny-qwen3-moe"
+def default_model_dir(shape: str = "tiny") -> Path:
+    """Where the built-in model of ``shape`` lives (built on first use)."""
+    name = "a4prefill-tiny-qwen3-moe" if shape == "tiny" else f"a4prefill-{shape}-shape-qwen3-moe"
+    return Path(tempfile.gettempdir()) / name
 
 
-def ensure_tiny_model(directory: Path | None = None) -> Path:
-    """The built-in tiny model directory, (re)built unless it holds this package version's recipe.
-    Never called on a user's checkpoint (a directory given with ``--model`` is used as it is)."""
-    from a4prefill.tiny_model import STAMP_FILE, TinyModelSpec, make_tiny_model, recipe_stamp
+def ensure_tiny_model(directory: Path | None = None, shape: str = "tiny") -> Path:
+    """The built-in model directory of ``shape`` (``MODEL_SHAPES``), (re)built unless it holds
+    this package version's recipe. Never called on a user's checkpoint (a directory given with
+    ``--model`` is used as it is)."""
+    from a4prefill.tiny_model import MODEL_SHAPES, STAMP_FILE, make_tiny_model, recipe_stamp
 
-    directory = directory or default_model_dir()
+    if shape not in MODEL_SHAPES:
+        raise ValueError(f"shape must be one of {sorted(MODEL_SHAPES)}, got {shape!r}")
+    directory = directory or default_model_dir(shape)
     stamp = directory / STAMP_FILE
-    current = recipe_stamp(TinyModelSpec())
+    current = recipe_stamp(MODEL_SHAPES[shape])
     if (
         not (directory / "model.safetensors").exists()
         or not stamp.exists()
         or json.loads(stamp.read_text()) != current
     ):
-        make_tiny_model(directory)
+        make_tiny_model(directory, MODEL_SHAPES[shape])
     return directory
+
+
+def _layer_calls(snapshot: dict[tuple[str, str], int]) -> dict[str, dict[str, int]]:
+    calls: dict[str, dict[str, int]] = defaultdict(dict)
+    for (layer, family), count in snapshot.items():
+        calls[layer][family] = count
+    return dict(calls)
 
 
 def _layer_rows(snapshot: dict[tuple[str, str], int]) -> dict[str, dict[str, int]]:
@@ -215,6 +247,35 @@ def _forward_passes(log: list[tuple[str, int]]) -> Iterator[None]:
         forward_context.create_forward_context = create
 
 
+@contextmanager
+def _served_compiles(log: list[str]) -> Iterator[None]:
+    """Record ``module.kernel`` of every Triton compile once vLLM's JIT monitor is active (after
+    the engine's warm-up), through Triton's post-compile hook (vLLM's monitor, installed later,
+    chains to it). The previous hook is restored at the end unless vLLM's monitor has wrapped
+    this one by then. Nothing is recorded where Triton is not installed."""
+    try:
+        from triton import knobs
+    except ImportError:
+        yield
+        return
+    from vllm.utils import jit_monitor
+
+    previous = knobs.runtime.jit_post_compile_hook
+
+    def hook(**kwargs: Any) -> Any:
+        if jit_monitor.is_active():
+            info = kwargs.get("fn")
+            log.append(f"{getattr(info, 'module', '?')}.{getattr(info, 'name', '?')}")
+        return previous(**kwargs) if previous is not None else None
+
+    knobs.runtime.jit_post_compile_hook = hook
+    try:
+        yield
+    finally:
+        if knobs.runtime.jit_post_compile_hook is hook:
+            knobs.runtime.jit_post_compile_hook = previous
+
+
 def _artifacts_loaded() -> int:
     from vllm.compilation.counter import compilation_counter
 
@@ -234,41 +295,74 @@ def run_e2e(
     compilation: dict[str, Any] | None = None,
     speculative: dict[str, Any] | None = None,
     compile_cache: bool = False,
+    shape: str = "tiny",
+    jit_monitor_mode: str = "warn",
 ) -> E2EResult:
-    """Run the tiny model on the real engine; ``split_pass=None`` runs without the pass."""
+    """Run the built-in model of ``shape`` (or ``model_dir``) on the real engine;
+    ``split_pass=None`` runs without the pass."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     configure_caches(compile_cache)
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
 
-    from a4prefill.ops import DEVICE_ROW_COUNTERS, ROW_COUNTERS
     from a4prefill.vllm_integration import QUANTIZATION_NAME, register
-    from a4prefill.vllm_integration.engine import max_decode_len
-    from a4prefill.vllm_integration.moe_method import layer_statuses
 
     register()
-    model = Path(model_dir) if model_dir else ensure_tiny_model()
+    model = Path(model_dir) if model_dir else ensure_tiny_model(shape=shape)
     compilation_config: dict[str, Any] = dict(compilation or {})
     if split_pass is not None:
         # vLLM resolves "top_level_module.attribute" itself (the CLI form).
         compilation_config["inductor_passes"] = {PASS_KEY: split_pass}
     loaded_before = _artifacts_loaded()
-    llm = LLM(
-        model=str(model),
-        quantization=QUANTIZATION_NAME,  # type: ignore[arg-type]
-        dtype="bfloat16",
-        gpu_memory_utilization=0.3,
-        max_model_len=256,
-        max_num_seqs=16,
-        max_num_batched_tokens=512,
-        seed=0,
-        compilation_config=compilation_config,
-        speculative_config=speculative,
-        additional_config={"a4prefill": additional_config or {}},
-        enable_prefix_caching=False,
-    )
+    served_compiles: list[str] = []
+    with _served_compiles(served_compiles):
+        result = _serve(
+            model,
+            LLM(
+                model=str(model),
+                quantization=QUANTIZATION_NAME,  # type: ignore[arg-type]
+                dtype="bfloat16",
+                gpu_memory_utilization=0.3,
+                max_model_len=512,
+                max_num_seqs=16,
+                max_num_batched_tokens=512,
+                seed=0,
+                compilation_config=compilation_config,
+                speculative_config=speculative,
+                additional_config={"a4prefill": additional_config or {}},
+                enable_prefix_caching=False,
+                jit_monitor_mode=jit_monitor_mode,
+            ),
+            max_tokens,
+            decode_steps_alone,
+            first_prompts,
+            second_prompts,
+        )
+    result.split_pass = split_pass
+    result.additional_config = additional_config or {}
+    result.compiled_artifacts_loaded = _artifacts_loaded() - loaded_before
+    result.served_compiles = served_compiles
+    result.jit_monitor_mode = jit_monitor_mode
+    return result
+
+
+def _serve(
+    model: Path,
+    llm: Any,
+    max_tokens: int,
+    decode_steps_alone: int,
+    first_prompts: Sequence[str],
+    second_prompts: Sequence[str],
+) -> E2EResult:
+    """Drive ``llm`` step by step through the two prompt groups (see the module docstring)."""
+    from vllm import SamplingParams
+
+    from a4prefill.ops import DEVICE_ROW_COUNTERS, ROW_COUNTERS
+    from a4prefill.vllm_integration.engine import max_decode_len
+    from a4prefill.vllm_integration.moe_method import layer_statuses, layer_warmups
+
     engine = llm.llm_engine
-    core = engine.engine_core.engine_core  # type: ignore[attr-defined]  # in-process client
+    core = engine.engine_core.engine_core  # the in-process client
     decode_len = max_decode_len(engine.vllm_config)
     scheduled_log: list[dict[str, int]] = []
     original_schedule = core.scheduler.schedule
@@ -288,13 +382,14 @@ def run_e2e(
     def step() -> None:
         before = ROW_COUNTERS.snapshot()
         device_before = DEVICE_ROW_COUNTERS.snapshot() if counting else {}
+        calls_before = DEVICE_ROW_COUNTERS.kernel_calls() if counting else {}
         scheduled_log.clear()
         passes.clear()
         with _forward_passes(passes):
             finished = engine.step()
         for output in finished:
             if output.finished:
-                outputs[output.request_id] = list(output.outputs[0].token_ids)  # type: ignore[index]
+                outputs[output.request_id] = list(output.outputs[0].token_ids)
         scheduled: dict[str, int] = {}
         for entry in scheduled_log:
             for request, tokens in entry.items():
@@ -304,6 +399,7 @@ def run_e2e(
             return
         decode = sum(n for n in scheduled.values() if n <= decode_len)
         device = _layer_rows(_delta(DEVICE_ROW_COUNTERS.snapshot(), device_before)) if counting else None
+        calls = _layer_calls(_delta(DEVICE_ROW_COUNTERS.kernel_calls(), calls_before)) if counting else None
         steps.append(
             StepRecord(
                 len(steps),
@@ -314,6 +410,7 @@ def run_e2e(
                 device,
                 [mode for mode, _ in passes],
                 [tokens for _, tokens in passes],
+                calls,
             )
         )
 
@@ -331,14 +428,13 @@ def run_e2e(
         step()
     return E2EResult(
         model=str(model),
-        split_pass=split_pass,
+        split_pass=None,
         max_decode_len=decode_len,
         steps=steps,
         outputs=outputs,
         layer_status=llm.apply_model(layer_statuses)[0],
-        additional_config=additional_config or {},
-        pass_records=pass_records(engine.vllm_config) if split_pass else [],
-        compiled_artifacts_loaded=_artifacts_loaded() - loaded_before,
+        pass_records=pass_records(engine.vllm_config),
+        warmups=llm.apply_model(layer_warmups)[0],
     )
 
 
@@ -384,6 +480,7 @@ def format_steps(result: E2EResult) -> list[str]:
     """One line per step: mode, scheduled decode/prefill rows, rows per precision (all layers)."""
     lines = [
         f"{'step':>4} {'kind':<13}{'mode':<10}{'rows':>6}{'decode':>8}{'prefill':>8}{'W4A16':>8}{'A4':>6}"
+        "  kernels (device counters)"
     ]
     for step in result.steps:
         w4a16 = sum(c.get("w4a16", 0) for c in step.evidence.values())
@@ -392,7 +489,7 @@ def format_steps(result: E2EResult) -> list[str]:
         rows = ",".join(str(t) for t in step.forward_tokens if t >= 0) or "-"
         lines.append(
             f"{step.index:>4} {step.kind:<13}{mode:<10}{rows:>6}{step.decode_rows:>8}{step.prefill_rows:>8}"
-            f"{w4a16:>8}{a4:>6}"
+            f"{w4a16:>8}{a4:>6}  {','.join(step.kernel_families) or '-'}"
         )
     return lines
 
@@ -430,6 +527,20 @@ def format_report(result: E2EResult, per_step: bool = False) -> str:
         lines.append(
             f"compiled artifacts loaded from vLLM's compile cache: {result.compiled_artifacts_loaded}"
         )
+    for captured in (True, False):
+        used = {f for step in result.steps if step.captured is captured for f in step.kernel_families}
+        if used:
+            lines.append(
+                f"kernels in {'captured' if captured else 'uncaptured'} steps: {', '.join(sorted(used))}"
+            )
+    warmups = result.warmups.values()
+    if any(w["calls"] for w in warmups):
+        lines.append(
+            f"kernel warm-up at load: {len(warmups)} layers, {sum(w['plans'] for w in warmups):.0f} launch "
+            f"plans, {sum(w['calls'] for w in warmups):.0f} calls, {sum(w['seconds'] for w in warmups):.1f} s"
+        )
+    compiles = ", ".join(sorted(set(result.served_compiles))) or "none"
+    lines.append(f"Triton compiles while serving (JIT monitor mode {result.jit_monitor_mode}): {compiles}")
     return "\n".join(lines)
 
 
@@ -447,6 +558,8 @@ def run_e2e_cli(args: Any) -> int:
         compilation=parsed(args.compilation_config),
         speculative=parsed(args.speculative_config),
         compile_cache=args.compile_cache,
+        shape=args.shape,
+        jit_monitor_mode=args.jit_monitor_mode,
     )
     print(format_report(result, per_step=args.steps))
     if args.json:

@@ -11,6 +11,8 @@ construction, where a vLLM config is current, in the process that will compile t
   FULL_AND_PIECEWISE), 0 when they never are (NONE, FULL_DECODE_ONLY: mixed steps run
   uncaptured; captured decode-only steps stay W4A16 through the op's capture guard and the row
   provider);
+- derives the most tokens one MoE call can see (:func:`max_call_tokens`), the bound of the
+  layers' load-time kernel warm-up;
 - replaces a :class:`~a4prefill.passes.split_prefill.SplitPrefillPass` configured as
   ``post_grad_custom_post_pass`` with one bound to this engine (vLLM reads the pass when it first
   compiles, after model construction), so the pass sees the engine's settings also where vLLM
@@ -39,6 +41,7 @@ class EngineSetup:
 
     settings: ResolvedSettings
     row_policy: RowPolicy
+    max_call_tokens: int = 8192  # most tokens of one MoE call (:func:`max_call_tokens`)
 
 
 def captured_limit(vllm_config: Any) -> int:
@@ -52,6 +55,19 @@ def captured_limit(vllm_config: Any) -> int:
     if not sizes or mode is None or mode.mixed_mode() == CUDAGraphMode.NONE:
         return 0
     return int(compilation.max_cudagraph_capture_size or max(sizes))
+
+
+def max_call_tokens(vllm_config: Any) -> int:
+    """The most token rows one MoE call of this engine can see: a step's token budget
+    (``max_num_batched_tokens``) or the largest captured size where that is larger, times the
+    data-parallel ranks whose rows a dispatch gathers."""
+    scheduler = vllm_config.scheduler_config
+    compilation = vllm_config.compilation_config
+    parallel = getattr(vllm_config, "parallel_config", None)
+    step = max(
+        int(scheduler.max_num_batched_tokens), int(getattr(compilation, "max_cudagraph_capture_size", 0) or 0)
+    )
+    return step * max(1, int(getattr(parallel, "data_parallel_size", 1) or 1))
 
 
 def max_decode_len(vllm_config: Any) -> int:
@@ -101,7 +117,7 @@ def engine_setup(vllm_config: Any) -> EngineSetup:
     if split_pass is not None:
         inductor = vllm_config.compilation_config.inductor_compile_config
         inductor[PASS_KEY] = split_pass.for_engine(resolved)
-    setup = EngineSetup(resolved, _row_policy(vllm_config))
+    setup = EngineSetup(resolved, _row_policy(vllm_config), max_call_tokens(vllm_config))
     logger.info(
         "a4prefill: engine settings %s (engine captured limit %d), decode rows: query_len <= %d, "
         "split pass %s",

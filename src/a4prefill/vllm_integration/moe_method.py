@@ -21,6 +21,11 @@ Contract:
 - ``row_policy`` (the engine's decode length, sequence-parallel rank) is what the row provider
   reads for this layer. Under ``count_rows: true`` weight processing attaches the layer's device
   row counter (:data:`a4prefill.ops.DEVICE_ROW_COUNTERS`).
+- Weight processing (the first time) also warms the layer's backend up
+  (:meth:`~a4prefill.ops.backends.base.MoEBackend.warm_up`): every kernel its calls of 1 to the
+  engine's :func:`~.engine.max_call_tokens` tokens may launch, in every precision the layer can
+  run, is compiled before vLLM captures CUDA graphs and turns its JIT monitor on. What it did is
+  in ``layer.a4prefill_warmup`` (:class:`~a4prefill.ops.backends.base.WarmUp`).
 
 The class name contains ``ModelOpt`` on purpose: vLLM's expert weight loader picks the ModelOpt
 per-tensor-scale loading path by that substring.
@@ -39,6 +44,7 @@ from vllm.model_executor.parameter import ModelWeightParameter, PerTensorScalePa
 from vllm.model_executor.utils import set_weight_attrs
 
 from a4prefill.ops import DEVICE_ROW_COUNTERS, NvFp4Experts, NvFp4MoEWeights, call_moe, moe_split, moe_w4a16
+from a4prefill.ops.backends import backend_for
 from a4prefill.ops.scales import A4_READY, A4Scales, a4_calibration
 from a4prefill.ops.split_scope import is_split_enabled
 from a4prefill.vllm_integration.engine import EngineSetup
@@ -89,6 +95,7 @@ class A4PrefillModelOptNvFp4MoEMethod(FusedMoEMethodBase):
         self.row_policy: RowPolicy = setup.row_policy
         self.switched_off = switched_off_reason(moe, layer_name, setup)
         self.count_rows = setup.settings.count_rows
+        self.max_call_tokens = setup.max_call_tokens
 
     def uses_weight_scale_2_pattern(self) -> bool:
         return True
@@ -155,6 +162,32 @@ class A4PrefillModelOptNvFp4MoEMethod(FusedMoEMethodBase):
             DEVICE_ROW_COUNTERS.attach(layer.w13_weight, self.layer_name)
         if scales is None:
             logger.warning("a4prefill_nvfp4: layer %r runs W4A16 for every row: %s", self.layer_name, status)
+        if not hasattr(layer, "a4prefill_warmup"):  # a reload keeps the shapes: nothing new to compile
+            self._warm_up(layer, scales)
+
+    def _warm_up(self, layer: Any, scales: A4Scales | None) -> None:
+        limit = getattr(layer, "swiglu_limit", None)
+        backend = backend_for(layer.w13_weight.device)
+        report = backend.warm_up(
+            self.experts(layer),
+            scales,
+            None if limit is None else float(limit),
+            self.max_call_tokens,
+            self.moe.in_dtype,
+            self.moe.experts_per_token,
+        )
+        layer.a4prefill_warmup = report
+        log = logger.info if report.seconds >= 1.0 else logger.debug
+        log(
+            "a4prefill_nvfp4: layer %r: %s backend warmed up for 1..%d tokens: %d launch plans, "
+            "%d calls, %.1f s",
+            self.layer_name,
+            backend.name,
+            self.max_call_tokens,
+            report.plans,
+            report.calls,
+            report.seconds,
+        )
 
     def _store_a4_scales(self, layer: Any, scales: A4Scales | None, status: str) -> None:
         current = getattr(layer, FC1_SCALE_BUFFER, None)
@@ -217,6 +250,22 @@ class A4PrefillModelOptNvFp4MoEMethod(FusedMoEMethodBase):
             self.layer_name,
             None if limit is None else float(limit),
         )
+
+
+def layer_warmups(model: torch.nn.Module) -> dict[str, dict[str, float]]:
+    """Layer name -> what its load-time warm-up did (plans, calls, seconds) for every a4prefill
+    MoE layer of ``model``; for ``LLM.apply_model`` and reports."""
+    warmups = {}
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        report = getattr(module, "a4prefill_warmup", None)
+        if isinstance(method, A4PrefillModelOptNvFp4MoEMethod) and report is not None:
+            warmups[method.layer_name] = {
+                "plans": report.plans,
+                "calls": report.calls,
+                "seconds": report.seconds,
+            }
+    return warmups
 
 
 def layer_statuses(model: torch.nn.Module) -> dict[str, str]:

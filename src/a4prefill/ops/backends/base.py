@@ -45,6 +45,14 @@ class MoEBackend(abc.ABC):
     def unsupported_reason(self, device: torch.device) -> str | None:
         """Why this backend cannot run on ``device``, or None if it can."""
 
+    def kernel_family(
+        self, hidden_states: torch.Tensor, topk_ids: torch.Tensor, experts: NvFp4Experts
+    ) -> str:
+        """What runs a call on ``hidden_states [T, H]`` with ``topk_ids [T, k]``: one of
+        :data:`a4prefill.ops.counters.KERNEL_FAMILIES` (the device row counters count calls per
+        family). Host arithmetic on shapes only. This default is the backend's name."""
+        return self.name
+
     @abc.abstractmethod
     def run(
         self,

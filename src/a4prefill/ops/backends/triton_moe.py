@@ -831,6 +831,27 @@ class TritonBackend(MoEBackend):
     ) -> torch.Tensor:
         return fused_moe(hidden_states, topk_weights, topk_ids, experts, a4_scales, swiglu_limit)
 
+    def kernel_family(
+        self, hidden_states: torch.Tensor, topk_ids: torch.Tensor, experts: NvFp4Experts
+    ) -> str:
+        """``triton-decode`` where the call's :class:`CallPlan` runs the decode kernels, else
+        ``triton-tiled``."""
+        num_experts, two_i, hidden = (
+            experts.w13_weight.shape[0],
+            experts.w13_weight.shape[1],
+            hidden_states.shape[1],
+        )
+        plan = plan_call(
+            hidden_states.shape[0],
+            topk_ids.shape[1],
+            num_experts,
+            hidden,
+            two_i // 2,
+            hidden_states.dtype,
+            hidden_states.device,
+        )
+        return "triton-tiled" if plan.decode is None else "triton-decode"
+
     def warm_up(
         self,
         experts: NvFp4Experts,

@@ -1,14 +1,19 @@
-"""Triton's own launch path without a GPU (tests only): what the package's kernel launches compile
-on an H100/H200, and what a Triton post-compile hook (vLLM's JIT monitor) receives.
+"""What the package's Triton and Gluon kernel launches compile, seen by a Triton post-compile hook
+(tests only), on a CUDA GPU or offline for sm_90a on a machine without one.
 
-:func:`offline_sm90_launches` makes the active Triton driver report an sm_90a target and turns
-every launch ``kernel[grid](...)`` of the package's kernels (the ``*_kernel`` Triton and Gluon
-functions of :mod:`a4prefill.ops.backends.triton_kernels` and ``triton_decode``) into Triton's
-``JITFunction.warmup``: Triton's binder specializes the arguments exactly as for a launch (constexprs,
-pointer dtypes, 16-byte alignment, sizes divisible by 16, values equal to 1), compiles on a
-miss of its in-memory cache (from its disk cache when it can), calls
-``knobs.runtime.jit_post_compile_hook`` with the specialization data serialized as Triton
-serializes it, and launches nothing. The in-memory caches start empty and are restored after.
+:func:`fresh_launches` empties the in-memory compiled-kernel caches of the package's kernels (the
+``*_kernel`` functions of :mod:`a4prefill.ops.backends.triton_kernels` and ``triton_decode``) and
+installs ``knobs.runtime.jit_post_compile_hook``, the hook vLLM's JIT monitor uses; Triton
+serializes each new kernel's specialization (``serialize_specialization_data``) before it calls
+the hook. Everything is restored at the end.
+
+- ``device="cuda"``: the launches run on the current GPU.
+- ``device="cpu"``: the active Triton driver reports an sm_90a target (H100/H200) and every
+  launch ``kernel[grid](...)`` becomes Triton's ``JITFunction.warmup``: Triton's binder
+  specializes the arguments exactly as for a launch (constexprs, pointer dtypes, 16-byte
+  alignment, sizes divisible by 16, values equal to 1), compiles on a cache miss (from its disk
+  cache when it can), calls the hook, and launches nothing. Tensors live on the CPU; nothing
+  reads them.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,15 +76,32 @@ def package_kernels() -> dict[str, Any]:
 
 
 @contextmanager
-def offline_sm90_launches(on_compile: Callable[[Compile], None] | None = None) -> Iterator[list[Compile]]:
-    """While active, the package's launches compile for sm_90a and launch nothing (see the module
-    docstring); yields the list of :class:`Compile` events, in order. ``on_compile`` (for example
-    one that raises, as vLLM's monitor in ``error`` mode) is called with each event after it is
-    recorded. Tensors may live on the CPU: nothing reads them."""
+def _offline_sm90(kernels: dict[str, Any]) -> Iterator[None]:
     import sys
 
-    from triton import knobs
     from triton.runtime.driver import driver
+
+    saved_driver = driver._active
+    with pytest.MonkeyPatch.context() as patch:
+        for qualified, kernel in kernels.items():
+            module, name = qualified.rsplit(".", 1)
+            patch.setattr(sys.modules[module], name, _WarmupOnly(kernel))
+        driver.set_active(_Sm90Driver())
+        try:
+            yield
+        finally:
+            driver._active = saved_driver
+
+
+@contextmanager
+def fresh_launches(
+    device: str, on_compile: Callable[[Compile], None] | None = None
+) -> Iterator[list[Compile]]:
+    """While active, the package's kernels compile afresh on ``device`` (``"cuda"``, or ``"cpu"``
+    for offline sm_90a; see the module docstring); yields the list of :class:`Compile` events, in
+    order. ``on_compile`` (for example one that raises, as vLLM's monitor in ``error`` mode) is
+    called with each event after it is recorded."""
+    from triton import knobs
 
     kernels = package_kernels()
     events: list[Compile] = []
@@ -92,18 +114,16 @@ def offline_sm90_launches(on_compile: Callable[[Compile], None] | None = None) -
             on_compile(event)
 
     saved_caches = {name: kernel.device_caches for name, kernel in kernels.items()}
-    saved_hook, saved_driver = knobs.runtime.jit_post_compile_hook, driver._active
-    with pytest.MonkeyPatch.context() as patch:
-        for qualified, kernel in kernels.items():
-            module, name = qualified.rsplit(".", 1)
+    saved_hook = knobs.runtime.jit_post_compile_hook
+    with ExitStack() as stack:
+        if device == "cpu":
+            stack.enter_context(_offline_sm90(kernels))
+        for kernel in kernels.values():
             kernel.device_caches = defaultdict(kernel.create_binder)
-            patch.setattr(sys.modules[module], name, _WarmupOnly(kernel))
-        driver.set_active(_Sm90Driver())
         knobs.runtime.jit_post_compile_hook = hook
         try:
             yield events
         finally:
             knobs.runtime.jit_post_compile_hook = saved_hook
-            driver._active = saved_driver
             for name, kernel in kernels.items():
                 kernel.device_caches = saved_caches[name]
