@@ -31,7 +31,12 @@ Numbers per configuration:
 - decode tokens/s at batch 1, 16, 64 (16-token prompts): ``B * 128 / (t(129 tokens) - t(1 token))``,
   best of 3 after a warm-up; every decode step of these batches is a captured FULL graph;
 - on CUDA, one prefill and one batch-1 decode under ``torch.profiler``: wall time against GPU
-  kernel time (how host-bound the step is) and the kernels with the most GPU time.
+  kernel time (how host-bound the step is), the MoE's GPU time (the kernels
+  :func:`is_moe_kernel` names: experts, their routing, permutation and combine) and the kernels
+  with the most GPU time.
+
+A configuration that fails (its process exits non-zero) is a row of the table with the reason;
+the others are reported and plotted as usual.
 
 The model is random (word-level vocabulary of 512 tokens), so the lm_head is negligible and the
 MoE layers dominate; the timings include attention, sampling and the engine's scheduling.
@@ -314,7 +319,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
         raise ValueError(
             f"no configuration completed: nothing to plot ({sorted(data.get('failed', {}))} failed)"
         )
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    fig, axes = plt.subplots(1, 4, figsize=(21, 4.5))
     axes[0].bar(names, [summary[n]["prefill_tokens_per_s"] for n in names], color="tab:blue")
     axes[0].set_title(f"prefill, one {data['prefill_tokens']}-token prompt")
     axes[0].set_ylabel("tokens/s")
@@ -342,6 +347,20 @@ def plot(data: dict[str, Any], path: Path) -> None:
     axes[2].set_xticks([i + 0.2 for i in range(len(compared))], compared)
     axes[2].set_title("|prompt logprob - bf16 MoE| per token")
     axes[2].legend()
+    profiled = [n for n in names if summary[n].get("prefill_moe_gpu_s") is not None]
+    for offset, (key, label) in enumerate(
+        (("prefill_moe_gpu_s", "prefill (8K prompt)"), ("decode_batch_1_moe_gpu_s", "decode, batch 1"))
+    ):
+        axes[3].bar(
+            [i + offset * 0.4 for i in range(len(profiled))],
+            [1e3 * summary[n][key] for n in profiled],
+            0.4,
+            label=label,
+        )
+    axes[3].set_xticks([i + 0.2 for i in range(len(profiled))], profiled)
+    axes[3].set_ylabel("ms of GPU kernel time")
+    axes[3].set_title("the MoE's GPU time (profiled generate)")
+    axes[3].legend(fontsize=8)
     for axis in axes:
         axis.tick_params(axis="x", labelrotation=15, labelsize=8)
     model = data["model"]

@@ -189,7 +189,7 @@ def test_decode_sizes_take_the_decode_kernels_by_default(layer, monkeypatch):
     original = triton_moe._fused_moe_decode
 
     def spy(*args, **kwargs):
-        calls.append(args[5])  # the schedule
+        calls.append(args[5][0])  # the launch's schedule (launch: schedule, routing, overlap)
         return original(*args, **kwargs)
 
     monkeypatch.setattr(triton_moe, "_fused_moe_decode", spy)

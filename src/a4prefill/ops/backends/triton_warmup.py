@@ -10,7 +10,8 @@ engine's warm-up) warns about it or, in ``error`` mode, fails the request. What 
 layer's shapes, io dtype and device) and its precision mode: the kernels take the token and
 route counts unspecialized, the router outputs as fp32 weights and int32 ids, and every input
 aligned. So running the layer once per distinct plan among ``1 .. max_tokens`` tokens, in each
-precision the layer can run, compiles everything it can launch later.
+precision the layer can run, compiles everything it can launch later. What Triton and vLLM do
+that this relies on: docs/vllm-internals.md, section 9.
 
 Who may call: :meth:`TritonBackend.warm_up <a4prefill.ops.backends.triton_moe.TritonBackend>`
 (weight processing, before any CUDA graph is captured), tests.
