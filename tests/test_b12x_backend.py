@@ -6,6 +6,8 @@ import dataclasses
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 pytest.importorskip("b12x.moe.fused_moe", reason="b12x is installed by scripts/setup.sh")
 
@@ -212,6 +214,84 @@ def test_bad_geometry_names_the_argument(layer) -> None:
         B12xBackend(max_tokens=0)
     with pytest.raises(ValueError, match="w13_weight must be uint8"):
         b12x_plans.check_geometry(w.w13_weight.float(), w.w2_weight, 2, 8)
+
+
+# -- the plan invariant: calls on the W4A16 plan never exceed its A16 cutoff ----------------------
+
+
+def _prepared_plan(precision: str, geometry: b12x_plans.B12xGeometry, io_dtype=torch.bfloat16):
+    """A ``PreparedPlan`` whose cutoff is read from a real b12x weight plan (nothing prepared)."""
+    from a4prefill.ops.backends.b12x_moe import PreparedPlan
+
+    weight_plan = b12x_plans.plan_weights(geometry, precision, io_dtype, None)
+    return PreparedPlan(precision, None, None, None, weight_plan.activation.a16_max_tokens)
+
+
+def _prepared_layer(geometry, w4a16, a4, io_dtype=torch.bfloat16):
+    from a4prefill.ops.backends.b12x_moe import PreparedLayer, _TensorsSeen
+
+    return PreparedLayer(_TensorsSeen.of(()), geometry, io_dtype, w4a16, a4, None, 0)
+
+
+def test_a_w4a16_plan_whose_cutoff_differs_from_the_call_size_is_refused(layer) -> None:
+    """Calls are cut at the declarations' capacity; a W4A16 plan planned for another cutoff
+    would run the longer calls A4 (bf16), or be no pure A16 plan (fp16)."""
+    w = layer.quantized
+    geometry = b12x_plans.check_geometry(w.w13_weight, w.w2_weight, TOP_K, 256)
+    smaller = b12x_plans.check_geometry(w.w13_weight, w.w2_weight, TOP_K, 128)
+    assert _prepared_layer(geometry, _prepared_plan("w4a16", geometry), None).call_tokens == 256
+    with pytest.raises(ValueError, match="a16_max_tokens=128 but the backend cuts calls at 256 rows"):
+        _prepared_layer(geometry, _prepared_plan("w4a16", smaller), None)
+    with pytest.raises(ValueError, match="a16_max_tokens=0"):
+        _prepared_layer(geometry, _prepared_plan("a4", geometry), None)  # an A4 plan as W4A16
+    fp16 = _prepared_plan("w4a16", geometry, torch.float16)
+    assert _prepared_layer(geometry, fp16, None, torch.float16).w4a16.a16_max_tokens == 0
+
+
+@given(
+    lengths=st.lists(st.integers(1, 700), min_size=1, max_size=8),
+    kinds=st.lists(st.sampled_from(["decode", "prefill", "padding"]), min_size=8, max_size=8),
+    call_tokens=st.sampled_from([1, 16, 256]),
+)
+def test_every_row_goes_once_to_its_plan_in_calls_within_the_cutoff(layer, lengths, kinds, call_tokens):
+    """Decode and padding rows reach the W4A16 plan, prefill rows the A4 plan, each row once, in
+    calls of at most ``call_tokens`` rows, which is the W4A16 plan's A16 cutoff."""
+    w = layer.quantized
+    geometry = b12x_plans.check_geometry(w.w13_weight, w.w2_weight, TOP_K, call_tokens)
+    prepared = _prepared_layer(geometry, _prepared_plan("w4a16", geometry), _prepared_plan("a4", geometry))
+    labels = [kind for length, kind in zip(lengths, kinds, strict=False) for _ in range(length)]
+    rows = RowTypes.from_labels(labels)
+    seen = [0] * len(labels)
+    for plan, prefill, (start, end) in prepared.launches(rows):
+        assert end - start <= call_tokens
+        assert prefill is (plan.precision == "a4")
+        if plan.precision == "w4a16":
+            assert end - start <= plan.a16_max_tokens
+        for row in range(start, end):
+            seen[row] += 1
+            assert (labels[row] == "prefill") is prefill
+    assert seen == [1] * len(labels)
+
+
+def test_scratch_is_one_buffer_per_device_and_stream(monkeypatch) -> None:
+    """Two streams (dual-batch overlap) never share a scratch; one stream keeps its buffer,
+    grown when a layer needs more."""
+    from a4prefill.ops.backends import b12x_moe
+
+    backend = B12xBackend(max_tokens=8)
+    stream = {"id": 1}
+    monkeypatch.setattr(b12x_moe, "_stream_id", lambda device: stream["id"])
+    cpu = torch.device("cpu")
+    first = backend.scratch(cpu, 100)
+    assert first.numel() >= 100 and backend.scratch(cpu, 50) is first
+    stream["id"] = 2
+    second = backend.scratch(cpu, 100)
+    assert second.data_ptr() != first.data_ptr()
+    stream["id"] = 1
+    grown = backend.scratch(cpu, 1000)
+    assert grown.numel() >= 1000 and backend.scratch(cpu, 10) is grown
+    stream["id"] = 2
+    assert backend.scratch(cpu, 100) is second
 
 
 def test_b12x_151_has_no_per_call_a4_flag() -> None:

@@ -31,10 +31,11 @@ and runs decode and padding rows through the first, prefill rows through the sec
 separate calls. That is the row rule exactly, whatever the span sizes. Cost: both plans keep
 b12x's ``KEEP_SOURCE`` storage, so the weights are held once (our translated copy: w13 in
 b12x's up-first order, w2, 128x4-swizzled block scales padded to 128 rows x 4 scale columns)
-plus per-plan alphas ([E] fp32), compiled kernels and one scratch buffer shared by all layers
-on a device. The alternative, a pure ``mode=A16`` plan beside the A4 one, needs b12x's packed
-A16 layout, which b12x repacks in place: a second copy of every weight (2x memory). That is
-what fp16 activations get, because b12x's token cutoff accepts only bf16.
+plus per-plan alphas ([E] fp32), compiled kernels and one scratch buffer per device and stream,
+shared by all layers (calls on one stream run one after the other). The alternative, a pure
+``mode=A16`` plan beside the A4 one, needs b12x's packed A16 layout, which b12x repacks in
+place: a second copy of every weight (2x memory). That is what fp16 activations get, because
+b12x's token cutoff accepts only bf16.
 
 Remaining differences from the reference contract (docs/numerics.md, section 7): b12x's A4 path
 quantizes with its own (approximate-reciprocal) quantizer and may fuse the top-k sum
@@ -113,17 +114,24 @@ class _TensorsSeen:
 
 @dataclass(frozen=True)
 class PreparedPlan:
-    """One precision's prepared experts and execution declaration."""
+    """One precision's prepared experts and execution declaration; ``a16_max_tokens`` is its
+    weight plan's ``ActivationSpec.a16_max_tokens`` (calls of at most that many rows run W4A16;
+    0: none do)."""
 
     precision: str
     experts: Any
     declaration: Any
     tensors: B12xTensors
+    a16_max_tokens: int
 
 
 @dataclass(frozen=True)
 class PreparedLayer:
-    """Everything one layer needs at run time; ``a4`` is None for an uncalibrated layer."""
+    """Everything one layer needs at run time; ``a4`` is None for an uncalibrated layer.
+
+    Invariant (checked here): every call the backend makes on the ``w4a16`` plan has at most
+    :attr:`call_tokens` rows, and for bf16 (b12x's mixed plan) that is exactly the plan's
+    ``a16_max_tokens``: a longer call would run A4. For fp16 the plan is pure A16 (cutoff 0)."""
 
     seen: _TensorsSeen
     geometry: B12xGeometry
@@ -133,11 +141,40 @@ class PreparedLayer:
     per_call_flag: str | None
     scratch_nbytes: int
 
+    def __post_init__(self) -> None:
+        mixed = self.io_dtype == torch.bfloat16
+        cutoff = self.w4a16.a16_max_tokens
+        if (mixed and cutoff != self.call_tokens) or (not mixed and cutoff != 0):
+            raise ValueError(
+                f"b12x W4A16 plan: a16_max_tokens={cutoff} but the backend cuts calls at "
+                f"{self.call_tokens} rows ({self.io_dtype}): calls above the cutoff would run A4"
+            )
+
+    @property
+    def call_tokens(self) -> int:
+        """The most rows of one ``bind`` + ``run`` (the declarations' capacity)."""
+        return self.geometry.max_tokens
+
+    def launches(self, row_types: RowTypes) -> Iterator[tuple[PreparedPlan, bool, Span]]:
+        """``(plan, prefill, rows)`` of every call of one op call: decode and padding spans on the
+        W4A16 plan, prefill spans on the A4 plan, each cut at :attr:`call_tokens` rows."""
+        w4a16_spans = tuple(sorted(row_types.decode + row_types.padding))
+        for rows in _chunks(w4a16_spans, self.call_tokens):
+            yield self.w4a16, False, rows
+        if self.a4 is not None:
+            for rows in _chunks(row_types.prefill, self.call_tokens):
+                yield self.a4, True, rows
+
     def weight_nbytes(self) -> int:
         """Bytes of b12x-side weight copies (one, or two for fp16)."""
         plans = [self.w4a16] + ([self.a4] if self.a4 is not None else [])
         unique = {id(plan.tensors): plan.tensors for plan in plans}
         return sum(tensors.nbytes() for tensors in unique.values())
+
+
+def _stream_id(device: torch.device) -> int:
+    """The current stream of ``device`` (0 off CUDA)."""
+    return int(torch.cuda.current_stream(device).stream_id) if device.type == "cuda" else 0
 
 
 def _chunks(spans: tuple[Span, ...], max_tokens: int) -> Iterator[Span]:
@@ -158,7 +195,7 @@ class B12xBackend(MoEBackend):
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         self.max_tokens = max_tokens
         self._layers: dict[tuple, PreparedLayer] = {}
-        self._scratch: dict[str, torch.Tensor] = {}
+        self._scratch: dict[tuple[str, int], torch.Tensor] = {}
         self._lock = threading.Lock()
         self._logged: set[str] = set()
 
@@ -212,7 +249,7 @@ class B12xBackend(MoEBackend):
             a4 = w4a16
         scratch = max(b12x_plans.scratch_nbytes(p.declaration) for p in (w4a16, a4) if p is not None)
         layer = PreparedLayer(_TensorsSeen.of(tensors), geometry, io_dtype, w4a16, a4, flag, scratch)
-        self._ensure_scratch(experts.w13_weight.device, scratch)
+        self.scratch(experts.w13_weight.device, scratch)
         with self._lock:
             self._layers[slot] = layer
         logger.info(
@@ -240,14 +277,21 @@ class B12xBackend(MoEBackend):
         experts = b12x_plans.prepare_weights(weight_plan, tensors)
         declaration = b12x_plans.plan_execution(experts, geometry)
         b12x_plans.prepare_execution(declaration, f"{name}.{precision}")
-        return PreparedPlan(precision, experts, declaration, tensors)
+        return PreparedPlan(precision, experts, declaration, tensors, weight_plan.activation.a16_max_tokens)
 
-    def _ensure_scratch(self, device: torch.device, nbytes: int) -> torch.Tensor:
+    def scratch(self, device: torch.device, nbytes: int) -> torch.Tensor:
+        """The caller-owned scratch (uint8, at least ``nbytes``) of calls on ``device``'s current
+        stream: one buffer per device and stream, so that calls on two streams (dual-batch
+        overlap) never share one. Grown when too small. Under CUDA-graph capture a missing or too
+        small buffer is allocated for that graph alone (from its pool) and not kept."""
+        key = (str(device), _stream_id(device))
         with self._lock:
-            scratch = self._scratch.get(str(device))
-            if scratch is None or scratch.numel() < nbytes:
-                scratch = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
-                self._scratch[str(device)] = scratch
+            scratch = self._scratch.get(key)
+            if scratch is not None and scratch.numel() >= nbytes:
+                return scratch
+            scratch = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
+            if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+                self._scratch[key] = scratch
             return scratch
 
     # -- execution ---------------------------------------------------------------------------
@@ -260,7 +304,7 @@ class B12xBackend(MoEBackend):
         hidden_states, topk_weights, topk_ids, output = call
         start, end = rows
         kwargs: dict[str, Any] = {
-            "scratch": self._scratch[str(hidden_states.device)],
+            "scratch": self.scratch(hidden_states.device, layer.scratch_nbytes),
             "a": hidden_states[start:end],
             "experts": plan.experts,
             "topk_weights": topk_weights[start:end],
@@ -296,12 +340,8 @@ class B12xBackend(MoEBackend):
             raise ValueError("prefill rows need A4, but no A4 scales were given for this layer")
         layer = self.prepare_layer(experts, a4_scales, topk_ids.shape[1], hidden_states.dtype, swiglu_limit)
         call = (hidden_states, topk_weights, topk_ids, output)
-        w4a16_spans = tuple(sorted(row_types.decode + row_types.padding))
-        for rows in _chunks(w4a16_spans, layer.geometry.max_tokens):
-            self._launch(layer, layer.w4a16, False, rows, call)
-        if layer.a4 is not None:
-            for rows in _chunks(row_types.prefill, layer.geometry.max_tokens):
-                self._launch(layer, layer.a4, True, rows, call)
+        for plan, prefill, rows in layer.launches(row_types):
+            self._launch(layer, plan, prefill, rows, call)
         return output
 
     def run(
