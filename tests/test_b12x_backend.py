@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -398,3 +400,34 @@ def test_sm120_conftest_layer_and_inputs(layer) -> None:
         out = backend.run(*args, a4, None)
         ref = moe_reference(*args, a4)
         assert _relative_error(out, ref) < (A4_TOLERANCE if a4 else W4A16_TOLERANCE)
+
+
+# -- which b12x: PyPI's or FlashInfer's embedded copy ----------------------------------------------
+
+
+def test_the_installed_b12x_is_recognised_as_pypis() -> None:
+    import b12x
+
+    from a4prefill.ops.backends.b12x_source import PYPI, b12x_source
+
+    source = b12x_source()
+    assert source.kind == PYPI and source.location == str(Path(b12x.__file__).parent)
+    assert "PyPI b12x" in source.describe()
+
+
+@pytest.mark.parametrize(
+    ("file", "path", "kind"),
+    [
+        # FlashInfer >= 0.7.2: sys.modules["b12x"] is flashinfer/experimental/b12x/_api.py
+        ("/sp/flashinfer/experimental/b12x/_api.py", ["/sp/flashinfer/experimental/b12x"], "flashinfer"),
+        ("/sp/b12x/__init__.py", ["/sp/b12x"], "pypi"),
+        ("/home/u/src/b12x/b12x/__init__.py", ["/home/u/src/b12x/b12x"], "pypi"),  # a checkout
+    ],
+)
+def test_flashinfers_embedded_b12x_is_told_apart(file, path, kind) -> None:
+    from a4prefill.ops.backends.b12x_source import b12x_source
+
+    module = types.ModuleType("b12x")
+    module.__file__ = file
+    module.__path__ = path
+    assert b12x_source(module).kind == kind

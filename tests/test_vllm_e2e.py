@@ -111,6 +111,13 @@ def test_the_pass_saw_the_engines_settings(split_run):
     ]
 
 
+def test_every_moe_layer_is_served_by_the_packages_method_and_backend(split_run):
+    """``--quantization a4prefill_nvfp4`` claims every MoE layer: vLLM's own NVFP4 MoE backend
+    choice never runs for them; on the CPU the package's reference backend serves them."""
+    served = "A4PrefillModelOptNvFp4MoEMethod, a4prefill backend reference"
+    assert split_run.moe_backends == dict.fromkeys([CALIBRATED, EXCLUDED, UNCALIBRATED], served)
+
+
 def test_run_without_the_pass_has_no_a4_rows(plain_run):
     assert all(counts["a4"] == 0 for step in plain_run.steps for counts in step.rows.values())
     assert plain_run.steps

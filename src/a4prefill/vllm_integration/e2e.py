@@ -131,6 +131,7 @@ class E2EResult:
     pass_records: list[dict[str, Any]] = field(default_factory=list)
     compiled_artifacts_loaded: int = 0  # from vLLM's compile cache (compile_cache=True)
     warmups: dict[str, dict[str, float]] = field(default_factory=dict)  # layer -> plans, calls, seconds
+    moe_backends: dict[str, str] = field(default_factory=dict)  # layer -> what serves its experts
     served_compiles: list[str] = field(default_factory=list)  # Triton compiles after vLLM's warm-up
     jit_monitor_mode: str = "warn"
 
@@ -359,7 +360,7 @@ def _serve(
 
     from a4prefill.ops import DEVICE_ROW_COUNTERS, ROW_COUNTERS
     from a4prefill.vllm_integration.engine import max_decode_len
-    from a4prefill.vllm_integration.moe_method import layer_statuses, layer_warmups
+    from a4prefill.vllm_integration.moe_method import layer_backends, layer_statuses, layer_warmups
 
     engine = llm.llm_engine
     core = engine.engine_core.engine_core  # the in-process client
@@ -435,6 +436,7 @@ def _serve(
         layer_status=llm.apply_model(layer_statuses)[0],
         pass_records=pass_records(engine.vllm_config),
         warmups=llm.apply_model(layer_warmups)[0],
+        moe_backends=llm.apply_model(layer_backends)[0],
     )
 
 
@@ -511,6 +513,9 @@ def format_report(result: E2EResult, per_step: bool = False) -> str:
         )
     if per_step:
         lines += format_steps(result)
+    for served_by in sorted(set(result.moe_backends.values())):
+        count = sum(value == served_by for value in result.moe_backends.values())
+        lines.append(f"MoE layers served by {served_by}: {count}")
     for layer, status in sorted(result.layer_status.items()):
         if status != A4_READY:
             lines.append(f"W4A16 only: {layer}: {status}")

@@ -268,6 +268,20 @@ def layer_warmups(model: torch.nn.Module) -> dict[str, dict[str, float]]:
     return warmups
 
 
+def layer_backends(model: torch.nn.Module) -> dict[str, str]:
+    """Layer name -> what serves its experts (this method and the a4prefill backend its calls
+    take on the layer's device) for every a4prefill MoE layer of ``model``; for
+    ``LLM.apply_model`` and reports. vLLM's own NVFP4 MoE backend choice (Marlin, Humming, ...)
+    never runs for these layers: the quantization config hands them this method."""
+    backends = {}
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, A4PrefillModelOptNvFp4MoEMethod):
+            backend = backend_for(method.experts(module).w13_weight.device).name
+            backends[method.layer_name] = f"{type(method).__name__}, a4prefill backend {backend}"
+    return backends
+
+
 def layer_statuses(model: torch.nn.Module) -> dict[str, str]:
     """Layer name -> A4 status (``"A4 scales"`` or why the layer runs W4A16 only) of every
     a4prefill MoE layer of ``model``; for ``LLM.apply_model`` and reports."""

@@ -1,5 +1,7 @@
 """The ``b12x`` backend: b12x 1.5.1's fused NVFP4 MoE on SM120/SM121 GPUs (RTX PRO 6000, DGX Spark).
 
+PyPI's b12x 1.5.1 or the copy FlashInfer 0.7.2+ embeds (:mod:`.b12x_source`; same API).
+
 Selected only where ``b12x.moe.fused_moe.is_supported()`` is True (b12x imported lazily).
 Registration (in ``backends/__init__.py``): ``register_backend("b12x", B12xBackend, priority=20)``.
 
@@ -60,6 +62,7 @@ import torch
 
 from a4prefill.ops.backends import b12x_plans
 from a4prefill.ops.backends.b12x_plans import A4, W4A16, B12xGeometry
+from a4prefill.ops.backends.b12x_source import b12x_source
 from a4prefill.ops.backends.b12x_weights import B12xTensors, translate_weights
 from a4prefill.ops.backends.base import MoEBackend
 from a4prefill.ops.modelopt import NvFp4Experts
@@ -79,7 +82,10 @@ def b12x_unsupported_reason(device: torch.device) -> str | None:
     try:
         from b12x.moe import fused_moe
     except ImportError as error:
-        return f"b12x is not importable ({error}); install b12x==1.5.1 (scripts/setup.sh)"
+        return (
+            f"b12x is not importable ({error}); install b12x==1.5.1, or flashinfer-python>=0.7.2, "
+            "which embeds b12x"
+        )
     if not fused_moe.is_supported(device):
         return f"b12x.moe.fused_moe.is_supported() is False on {device} (b12x kernels need SM120/SM121)"
     return None
@@ -253,7 +259,8 @@ class B12xBackend(MoEBackend):
         with self._lock:
             self._layers[slot] = layer
         logger.info(
-            "a4prefill: b12x layer prepared (E=%d H=%d I=%d, A4 plan %s, %.1f MiB of weights)",
+            "a4prefill: b12x layer prepared with %s (E=%d H=%d I=%d, A4 plan %s, %.1f MiB of weights)",
+            b12x_source().describe(),
             geometry.num_experts,
             geometry.hidden_size,
             geometry.intermediate_size,
