@@ -71,6 +71,35 @@ def _numerics(args: argparse.Namespace) -> int:
     return 0
 
 
+def _b12x_compile(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from a4prefill.tools.b12x_compile import SHAPES, compile_layer, format_report, placeholder_layer, report
+
+    results = []
+    for shape in args.shape.split(","):
+        if shape not in SHAPES:
+            raise SystemExit(f"--shape: unknown shape {shape!r}; expected some of {sorted(SHAPES)}")
+        experts, hidden, intermediate, top_k = SHAPES[shape]
+        weights, scales = placeholder_layer(experts, hidden, intermediate)
+        for arch in args.arch.split(","):
+            print(
+                f"b12x kernels of the {shape} layer (E={experts} H={hidden} I={intermediate} top-{top_k}), "
+                f"calls of up to {args.max_tokens} tokens, compiled for {arch}:",
+                flush=True,
+            )
+            compilations = compile_layer(weights, scales, top_k, args.max_tokens, arch, workers=args.workers)
+            print(format_report(compilations), flush=True)
+            results.append(
+                {"shape": shape, "arch": arch, "max_tokens": args.max_tokens, **report(compilations)}
+            )
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+        print(f"wrote {args.json}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from a4prefill.vllm_integration.e2e import PROMPT_SETS
 
@@ -146,6 +175,16 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--captured-limit", type=int, default=256)
     inspect.add_argument("--out", default="a4prefill-dump", help="dump folder (one sub-folder per graph)")
     inspect.set_defaults(handler=_inspect)
+    b12x = commands.add_parser(
+        "b12x-compile",
+        help="compile the b12x backend's kernels for SM120/SM121 without that GPU (b12x's compile pool)",
+    )
+    b12x.add_argument("--arch", default="sm_120a,sm_121a", help="comma list of sm_120a, sm_121a")
+    b12x.add_argument("--shape", default="tiny,glm-tp2", help="comma list of tiny, glm-tp2")
+    b12x.add_argument("--max-tokens", type=int, default=8192, help="the backend's call capacity")
+    b12x.add_argument("--workers", type=int, default=1, help="b12x compile processes")
+    b12x.add_argument("--json", default=None, help="also write the programs and timings as JSON here")
+    b12x.set_defaults(handler=_b12x_compile)
     return parser
 
 
