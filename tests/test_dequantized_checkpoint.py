@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
-from a4prefill.numerics.dequantized_checkpoint import write_dequantized_checkpoint
+from a4prefill.tools.numerics.dequantized_checkpoint import write_dequantized_checkpoint
 
 # e2m1 magnitudes by the 3 low bits of a nibble; bit 3 is the sign (docs/numerics.md, section 2)
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from a4prefill.cli import main
-from a4prefill.passes.inspect_graphs import inspect_model, parse_spec
+from a4prefill.tools.inspect_graphs import inspect_model, parse_spec
 
 
 def test_dump_shows_split_nodes_only_beyond_the_captured_limit(tmp_path):
@@ -49,7 +49,7 @@ def test_inspect_a_vllm_run_of_a_checkpoint(tmp_path):
     import subprocess
     import sys
 
-    from a4prefill.tiny_model import make_tiny_model
+    from a4prefill.tools.tiny_model import make_tiny_model
 
     model = make_tiny_model(tmp_path / "tiny")
     settings = '{"a4prefill": {"excluded_layers": ["layers\\\\.1\\\\."]}}'

@@ -13,10 +13,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from a4prefill.numerics.checkpoint import ModelOptCheckpoint
-from a4prefill.numerics.layer_metrics import LayerNumerics, layer_numerics
-from a4prefill.numerics.report import logprob_difference, suggest_exclusions
-from a4prefill.tiny_model import ARCHITECTURES, TinyModelSpec, expert_tensors, make_tiny_model
+from a4prefill.tools.numerics.checkpoint import ModelOptCheckpoint
+from a4prefill.tools.numerics.layer_metrics import LayerNumerics, layer_numerics
+from a4prefill.tools.numerics.report import logprob_difference, suggest_exclusions
+from a4prefill.tools.tiny_model import ARCHITECTURES, TinyModelSpec, expert_tensors, make_tiny_model
 from conftest import make_inputs
 
 

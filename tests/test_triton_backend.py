@@ -14,7 +14,7 @@ from a4prefill import ops
 from a4prefill.ops import backends, nvfp4
 from a4prefill.ops.counters import A4, W4A16
 from a4prefill.ops.reference import moe_reference
-from a4prefill.tiny_layer import make_tiny_layer, random_routing
+from a4prefill.tools.tiny_layer import make_tiny_layer, random_routing
 from conftest import assert_close_to_reference, halves_case
 
 pytestmark = [

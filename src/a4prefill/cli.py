@@ -7,7 +7,7 @@ import sys
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from a4prefill.demo import format_table, run_demo
+    from a4prefill.tools.demo import format_table, run_demo
 
     print(
         "a4prefill demo: random NVFP4 MoE layer (E=8, H=256, I=128, top-2), "
@@ -18,14 +18,14 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _make_tiny_model(args: argparse.Namespace) -> int:
-    from a4prefill.tiny_model import make_tiny_model
+    from a4prefill.tools.tiny_model import make_tiny_model
 
     print(f"wrote {make_tiny_model(args.directory)}")
     return 0
 
 
 def _e2e(args: argparse.Namespace) -> int:
-    from a4prefill.vllm_integration.e2e import run_e2e_cli
+    from a4prefill.tools.e2e import run_e2e_cli
 
     return run_e2e_cli(args)
 
@@ -34,13 +34,13 @@ def _inspect(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     if args.model is not None:
-        from a4prefill.vllm_integration.inspect_engine import format_inspection, inspect_engine
+        from a4prefill.tools.inspect_engine import format_inspection, inspect_engine
 
         print(format_inspection(inspect_engine(args.model, Path(args.out), args.vllm_args)))
         return 0
     if args.vllm_args:
         raise SystemExit(f"unknown arguments {args.vllm_args} (vLLM arguments need --model)")
-    from a4prefill.passes.inspect_graphs import format_rows, inspect_model
+    from a4prefill.tools.inspect_graphs import format_rows, inspect_model
 
     specs = [spec for spec in args.sizes.split(",") if spec]
     print(f"a4prefill inspect: built-in 2-block NVFP4 MoE model, captured limit {args.captured_limit}")
@@ -51,8 +51,8 @@ def _inspect(args: argparse.Namespace) -> int:
 def _numerics(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from a4prefill.numerics.report import format_table, write_outputs
-    from a4prefill.numerics.run import run_numerics
+    from a4prefill.tools.numerics.report import format_table, write_outputs
+    from a4prefill.tools.numerics.run import run_numerics
 
     report = run_numerics(
         Path(args.checkpoint) if args.checkpoint else None,
@@ -101,7 +101,7 @@ def _b12x_compile(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from a4prefill.vllm_integration.e2e import PROMPT_SETS
+    from a4prefill.tools.e2e import PROMPT_SETS
 
     parser = argparse.ArgumentParser(prog="a4prefill", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from a4prefill.numerics.checkpoint import EXPERT_TENSOR
 from a4prefill.ops.modelopt import QuantizedStack, dequantize_expert_stack
+from a4prefill.tools.numerics.checkpoint import EXPERT_TENSOR
 
 INDEX_FILE = "model.safetensors.index.json"
 QUANTIZATION_FILES = ("hf_quant_config.json",)

@@ -6,5 +6,5 @@
 - :mod:`.report`: the per-layer report, the suggested ``excluded_layers`` and its files (table,
   JSON, CSV, PNG);
 - the inputs (router inputs and routing of every MoE layer, prompt logprobs) come from vLLM:
-  :mod:`a4prefill.vllm_integration.capture`.
+  :mod:`a4prefill.tools.capture`.
 """

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import torch
 
 from a4prefill import ops
-from a4prefill.numerics.layer_metrics import relative_error
 from a4prefill.ops.modelopt import dequantize_experts
 from a4prefill.ops.scales import derive_a4_scales
-from a4prefill.tiny_layer import dense_moe_fp32, make_tiny_layer, random_routing
+from a4prefill.tools.numerics.layer_metrics import relative_error
+from a4prefill.tools.tiny_layer import dense_moe_fp32, make_tiny_layer, random_routing
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,6 @@ Who may call: the numerics tool. Must run under ``if __name__ == "__main__":``.
 from __future__ import annotations
 
 import gc
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 import torch
 
 from a4prefill.passes.split_prefill import DEFAULT_PASS, PASS_KEY
+from a4prefill.tools.environment import in_process_engine, scoped_settings
 
 CAPTURE_ATTRIBUTE = "_a4prefill_captured"
 Captured = dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
@@ -76,8 +76,8 @@ def _collect(model: torch.nn.Module) -> Captured:
 
 
 def _llm(model: Path, max_model_len: int, gpu_memory_utilization: float, **kwargs: Any) -> Any:
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # capture and records live in this process
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    """An offline engine in this process (call under :func:`in_process_engine`'s settings:
+    capture and records live here)."""
     from vllm import LLM
 
     from a4prefill.vllm_integration import QUANTIZATION_NAME, register
@@ -124,6 +124,13 @@ def capture_moe_inputs(
 ) -> tuple[Captured, list[list[float]]]:
     """Every a4prefill MoE layer's inputs (hidden [T, H], topk_weights [T, k], topk_ids [T, k],
     at most ``max_tokens`` rows) and the W4A16 prompt logprobs, from one eager engine run."""
+    with scoped_settings(**in_process_engine(compile_cache=True)):  # eager: nothing compiles
+        return _capture(model, prompts, max_tokens, max_model_len, gpu_memory_utilization)
+
+
+def _capture(
+    model: Path, prompts: Sequence[str], max_tokens: int, max_model_len: int, gpu_memory_utilization: float
+) -> tuple[Captured, list[list[float]]]:
     llm = _llm(model, max_model_len, gpu_memory_utilization, enforce_eager=True)
     try:
         if not llm.apply_model(lambda m: _install_capture(m, max_tokens))[0]:
@@ -141,12 +148,11 @@ def split_prompt_logprobs(
     model: Path, prompts: Sequence[str], max_model_len: int, gpu_memory_utilization: float
 ) -> list[list[float]]:
     """The prompt logprobs with the split pass on: prompt rows run A4 where layers have scales."""
-    from a4prefill.vllm_integration.e2e import configure_caches
-
-    configure_caches(compile_cache=False)  # the pass must run: neither vLLM's nor Inductor's cache
     compilation = {"inductor_passes": {PASS_KEY: DEFAULT_PASS}}
-    llm = _llm(model, max_model_len, gpu_memory_utilization, compilation_config=compilation)
-    try:
-        return prompt_logprobs(llm, prompts)
-    finally:
-        _shutdown(llm)
+    # the pass must run: neither vLLM's nor Inductor's cache
+    with scoped_settings(**in_process_engine(compile_cache=False)):
+        llm = _llm(model, max_model_len, gpu_memory_utilization, compilation_config=compilation)
+        try:
+            return prompt_logprobs(llm, prompts)
+        finally:
+            _shutdown(llm)

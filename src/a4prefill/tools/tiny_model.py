@@ -20,7 +20,7 @@ tiny model: experts ``mlp.experts.E.{gate,up,down}_proj``) and ``mixtral`` (expe
   last; ``None``: every layer calibrated) has no ``input_scale`` tensors at all, like an MTP draft
   layer;
 - ``a4prefill_tiny_model.json``: the package version, a hash of this recipe and the spec.
-  :func:`a4prefill.vllm_integration.e2e.ensure_tiny_model` rebuilds a model whose stamp differs.
+  :func:`a4prefill.tools.e2e.ensure_tiny_model` rebuilds a model whose stamp differs.
 
 Who may call: the CLI (``python -m a4prefill make-tiny-model DIR``), the vLLM end-to-end run,
 tests. Needs ``safetensors``, ``tokenizers`` (both come with vLLM / transformers).
@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from a4prefill.ops.modelopt import NvFp4MoEWeights, quantize_moe_weights
+from a4prefill.tools.tiny_layer import routed_input_amax
 
 _WORD_TEXT = (
     "the a an and or of to in on at for with from by is are was were be been it this that these "
@@ -257,7 +257,10 @@ def make_tiny_model(directory: str | Path, spec: TinyModelSpec | None = None) ->
         w13 = rand(experts, 2 * inter, hidden, scale=hidden**-0.5)
         w2 = rand(experts, hidden, inter, scale=inter**-0.5)
         calibrated = index != spec.uncalibrated_index
-        fc1_amax, fc2_amax = _calibrate(_rms_norm(calibration), router, w13, spec.top_k)
+        normed = _rms_norm(calibration)
+        fc1_amax, fc2_amax = routed_input_amax(
+            normed, (normed @ router.T).topk(spec.top_k, dim=1).indices, w13
+        )
         quantized = quantize_moe_weights(
             w13, w2, fc1_amax if calibrated else None, fc2_amax if calibrated else None
         )
@@ -284,23 +287,6 @@ def make_tiny_model(directory: str | Path, spec: TinyModelSpec | None = None) ->
     (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
     (path / STAMP_FILE).write_text(json.dumps(recipe_stamp(spec), indent=2))
     return path
-
-
-def _calibrate(
-    tokens: torch.Tensor, router: torch.Tensor, w13: torch.Tensor, top_k: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-expert input amaxes (fp32 [E]) of FC1 and FC2 over the tokens routed to each expert."""
-    experts = w13.shape[0]
-    ids = (tokens @ router.T).topk(top_k, dim=1).indices
-    fc1, fc2 = torch.zeros(experts), torch.zeros(experts)
-    for expert in range(experts):
-        rows = tokens[(ids == expert).any(dim=1)]
-        if rows.numel() == 0:
-            rows = tokens
-        gate, up = (rows @ w13[expert].T).chunk(2, dim=1)
-        fc1[expert] = rows.abs().max()
-        fc2[expert] = (F.silu(gate) * up).abs().max()
-    return fc1, fc2
 
 
 def expert_tensors(

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from a4prefill.numerics.layer_metrics import LayerNumerics
+from a4prefill.tools.numerics.layer_metrics import LayerNumerics
 
 DEFAULT_EXCLUDE_FACTOR = 2.0
 

@@ -17,7 +17,7 @@ import torch
 from a4prefill import ops
 from a4prefill.passes.split_prefill import SplitPrefillPass, inductor_options
 from a4prefill.settings import A4PrefillSettings
-from a4prefill.tiny_layer import TinyMoEModel, make_tiny_layer
+from a4prefill.tools.tiny_layer import TinyMoEModel, make_tiny_layer
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """``python -m a4prefill numerics [CHECKPOINT] [--prompts FILE] [--out DIR]``: the whole run.
 
-1. vLLM runs the checkpoint on the prompts twice (:mod:`a4prefill.vllm_integration.capture`):
+1. vLLM runs the checkpoint on the prompts twice (:mod:`a4prefill.tools.capture`):
    eagerly with every row W4A16, capturing each MoE layer's inputs and the prompt logprobs, then
    with the split pass for the A4 prompt logprobs;
 2. the checkpoint is read one MoE layer at a time (:class:`.checkpoint.ModelOptCheckpoint`) and
@@ -19,9 +19,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from a4prefill.numerics.checkpoint import ModelOptCheckpoint
-from a4prefill.numerics.layer_metrics import LayerNumerics, layer_numerics
-from a4prefill.numerics.report import (
+from a4prefill.tools.numerics.checkpoint import ModelOptCheckpoint
+from a4prefill.tools.numerics.layer_metrics import LayerNumerics, layer_numerics
+from a4prefill.tools.numerics.report import (
     DEFAULT_EXCLUDE_FACTOR,
     NumericsReport,
     logprob_difference,
@@ -35,7 +35,7 @@ Item = TypeVar("Item")
 def read_prompts(path: Path | None) -> list[str]:
     """One prompt per non-empty line of ``path``; the e2e prompts by default."""
     if path is None:
-        from a4prefill.vllm_integration.e2e import FIRST_PROMPTS, LONG_SECOND_PROMPTS
+        from a4prefill.tools.e2e import FIRST_PROMPTS, LONG_SECOND_PROMPTS
 
         return [*FIRST_PROMPTS, *LONG_SECOND_PROMPTS]
     prompts = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
@@ -69,8 +69,8 @@ def run_numerics(
     exclude_factor: float = DEFAULT_EXCLUDE_FACTOR,
 ) -> NumericsReport:
     """Capture, measure every MoE layer, suggest exclusions (see the module docstring)."""
-    from a4prefill.vllm_integration.capture import capture_moe_inputs, split_prompt_logprobs
-    from a4prefill.vllm_integration.e2e import ensure_tiny_model
+    from a4prefill.tools.capture import capture_moe_inputs, split_prompt_logprobs
+    from a4prefill.tools.e2e import ensure_tiny_model
 
     model = Path(checkpoint) if checkpoint else ensure_tiny_model()
     reader = ModelOptCheckpoint(model)  # fails early on a checkpoint that is not one

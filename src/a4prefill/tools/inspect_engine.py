@@ -18,13 +18,13 @@ Who may call: the CLI; tests. Must run under ``if __name__ == "__main__":`` (vLL
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from a4prefill.passes.split_prefill import DEFAULT_PASS, PASS_KEY, PassRecord
+from a4prefill.tools.environment import in_process_engine, scoped_settings
 
 SPLIT_OP_NAMES = (
     "a4prefill.moe_split",
@@ -64,11 +64,14 @@ def _engine_args(model: str, vllm_args: Sequence[str], dump_dir: Path) -> Any:
 
 
 def inspect_engine(model: str, out_dir: Path, vllm_args: Sequence[str] = ()) -> EngineInspection:
-    """Start an engine on ``model`` with the pass, dumping into ``out_dir``; report the graphs."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the pass records live in this process
-    os.environ.setdefault("VLLM_DISABLE_COMPILE_CACHE", "1")
+    """Start an engine on ``model`` with the pass, dumping into ``out_dir``; report the graphs.
+    Every compile cache is off, so the pass runs (environment and Inductor config restored)."""
+    with scoped_settings(**in_process_engine(compile_cache=False)):
+        return _inspect_engine(model, out_dir, vllm_args)
+
+
+def _inspect_engine(model: str, out_dir: Path, vllm_args: Sequence[str]) -> EngineInspection:
     import depyf
-    import torch._inductor.config
     from vllm.platforms import current_platform
     from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -81,7 +84,7 @@ def inspect_engine(model: str, out_dir: Path, vllm_args: Sequence[str] = ()) -> 
     records = a4prefill.split_prefill_pass.records
     first = len(records)
     own_dump = depyf.prepare_debug(str(out_dir / "depyf")) if current_platform.is_cpu() else None
-    with torch._inductor.config.patch(force_disable_caches=True), own_dump or contextlib.nullcontext():
+    with own_dump or contextlib.nullcontext():
         engine = LLMEngine.from_engine_args(engine_args)
         del engine
     graphs = list(records[first:])

@@ -73,16 +73,26 @@ def make_tiny_layer(
     if calibrated:
         tokens = torch.randn(calibration_tokens, hidden_size, generator=generator)
         _, ids = random_routing(calibration_tokens, num_experts, top_k, generator)
-        fc1_amax = torch.zeros(num_experts)
-        fc2_amax = torch.zeros(num_experts)
-        for expert in range(num_experts):
-            rows = tokens[(ids == expert).any(dim=1)]
-            if rows.numel() == 0:
-                rows = tokens
-            gate, up = (rows @ w13[expert].T).chunk(2, dim=1)
-            fc1_amax[expert] = rows.abs().max()
-            fc2_amax[expert] = (F.silu(gate) * up).abs().max()
+        fc1_amax, fc2_amax = routed_input_amax(tokens, ids, w13)
     return TinyMoELayer(w13, w2, quantize_moe_weights(w13, w2, fc1_amax, fc2_amax), top_k)
+
+
+def routed_input_amax(
+    tokens: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Calibration: per expert, the largest absolute FC1 input (of ``tokens [T, H]`` routed to
+    it by ``topk_ids [T, k]``) and FC2 input (``silu(gate) * up`` with the float ``w13 [E, 2I,
+    H]``), fp32 [E] each; an expert no token reaches is calibrated on all of them."""
+    experts = w13.shape[0]
+    fc1, fc2 = torch.zeros(experts), torch.zeros(experts)
+    for expert in range(experts):
+        rows = tokens[(topk_ids == expert).any(dim=1)]
+        if rows.numel() == 0:
+            rows = tokens
+        gate, up = (rows @ w13[expert].T).chunk(2, dim=1)
+        fc1[expert] = rows.abs().max()
+        fc2[expert] = (F.silu(gate) * up).abs().max()
+    return fc1, fc2
 
 
 def dense_moe_fp32(
@@ -117,13 +127,14 @@ class TinyMoEModel(torch.nn.Module):
         self, layers: list[NvFp4MoEWeights], op: torch._ops.OpOverload, top_k: int = 2, seed: int = 0
     ):
         super().__init__()
-        torch.manual_seed(seed)
         num_experts, _, packed_hidden = layers[0].w13_weight.shape
         self.op = op
         self.top_k = top_k
-        self.routers = torch.nn.ModuleList(
-            torch.nn.Linear(packed_hidden * 2, num_experts, dtype=torch.bfloat16) for _ in layers
-        )
+        with torch.random.fork_rng(devices=[]):  # seeded routers; the caller's RNG is untouched
+            torch.manual_seed(seed)
+            self.routers = torch.nn.ModuleList(
+                torch.nn.Linear(packed_hidden * 2, num_experts, dtype=torch.bfloat16) for _ in layers
+            )
         self.expert_names = list(layers[0].experts().named_tensors())
         self.has_a4_scales = []
         for index, weights in enumerate(layers):

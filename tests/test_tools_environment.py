@@ -1,0 +1,41 @@
+"""Tools change process-wide settings only for a block (``a4prefill.tools.environment``)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch._inductor.config
+
+from a4prefill.tools.environment import in_process_engine, scoped_settings
+
+
+def test_variables_and_inductor_config_are_restored_even_after_an_error(monkeypatch):
+    monkeypatch.setenv("A4PREFILL_TEST_SET", "before")
+    monkeypatch.delenv("A4PREFILL_TEST_NEW", raising=False)
+    monkeypatch.setenv("A4PREFILL_TEST_DEFAULT", "user")
+    flag = torch._inductor.config.force_disable_caches
+    settings = scoped_settings(
+        {"A4PREFILL_TEST_SET": "during", "A4PREFILL_TEST_NEW": "new"},
+        {"A4PREFILL_TEST_DEFAULT": "tool"},
+        {"force_disable_caches": not flag},
+    )
+    with pytest.raises(RuntimeError, match="inside"), settings:
+        assert os.environ["A4PREFILL_TEST_SET"] == "during"
+        assert os.environ["A4PREFILL_TEST_NEW"] == "new"
+        assert os.environ["A4PREFILL_TEST_DEFAULT"] == "user"  # a default never overrides
+        assert torch._inductor.config.force_disable_caches is (not flag)
+        raise RuntimeError("inside")
+    assert os.environ["A4PREFILL_TEST_SET"] == "before"
+    assert "A4PREFILL_TEST_NEW" not in os.environ
+    assert torch._inductor.config.force_disable_caches is flag
+
+
+def test_an_in_process_engine_without_caches_turns_every_cache_off(monkeypatch):
+    monkeypatch.delenv("TORCHINDUCTOR_FORCE_DISABLE_CACHES", raising=False)
+    settings = in_process_engine(compile_cache=False)
+    assert settings["environment"] == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    assert settings["defaults"]["VLLM_DISABLE_COMPILE_CACHE"] == "1"
+    assert settings["inductor"] == {"force_disable_caches": True}
+    cached = in_process_engine(compile_cache=True)
+    assert "VLLM_DISABLE_COMPILE_CACHE" not in cached["defaults"] and "inductor" not in cached
