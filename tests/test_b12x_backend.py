@@ -305,13 +305,8 @@ def test_b12x_151_has_no_per_call_a4_flag() -> None:
 
 @pytest.fixture
 def b12x_registered():
-    """Register the backend as the registry will (restored afterwards)."""
-    saved = dict(backends._factories)
+    """Register the backend as the registry does (conftest's reset restores the registry)."""
     backends.register_backend("b12x", B12xBackend, priority=20)
-    yield
-    backends._factories.clear()
-    backends._factories.update(saved)
-    backends.reset_backends()
 
 
 def test_selected_exactly_where_b12x_supports_the_device(b12x_registered) -> None:

@@ -273,21 +273,18 @@ class RecordingBackend(ReferenceBackend):
 
 
 def test_registry_plugs_a_backend_in_without_touching_the_ops(layer, monkeypatch):
+    """(conftest's reset of the process state takes the registration back)"""
     recording = RecordingBackend()
     backends.register_backend("recording", lambda: recording, priority=100)
-    try:
-        hidden, topk_weights, topk_ids = make_inputs(7)
-        with ops.step_row_types(ops.row_types_from_query_lens([1, 6], 1)):
-            run(ops.moe_split, hidden, topk_weights, topk_ids, layer)
-        assert recording.calls == [(1, False), (6, True)]
-        monkeypatch.setenv(backends.BACKEND_ENV, "reference")
-        assert backends.backend_for(torch.device("cpu")).name == "reference"
-        monkeypatch.setenv(backends.BACKEND_ENV, "fastest")
-        with pytest.raises(ValueError, match="A4PREFILL_BACKEND='fastest'"):
-            backends.backend_for(torch.device("cpu"))
-    finally:
-        backends._factories.pop("recording")
-        backends.reset_backends()
+    hidden, topk_weights, topk_ids = make_inputs(7)
+    with ops.step_row_types(ops.row_types_from_query_lens([1, 6], 1)):
+        run(ops.moe_split, hidden, topk_weights, topk_ids, layer)
+    assert recording.calls == [(1, False), (6, True)]
+    monkeypatch.setenv(backends.BACKEND_ENV, "reference")
+    assert backends.backend_for(torch.device("cpu")).name == "reference"
+    monkeypatch.setenv(backends.BACKEND_ENV, "fastest")
+    with pytest.raises(ValueError, match="A4PREFILL_BACKEND='fastest'"):
+        backends.backend_for(torch.device("cpu"))
 
 
 # -- bad input -----------------------------------------------------------------------------------------

@@ -6,8 +6,7 @@
 
 from a4prefill import ops
 from a4prefill.passes import SplitPrefillPass, inductor_options
-
-split_prefill_pass = SplitPrefillPass()
+from a4prefill.passes.split_prefill import split_prefill_pass
 
 __all__ = ["SplitPrefillPass", "inductor_options", "ops", "split_prefill_pass"]
 __version__ = "0.1.0"

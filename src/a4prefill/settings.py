@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from a4prefill.ops.process_state import warn_once
+from a4prefill.process_state import warn_once
 
 logger = logging.getLogger(__name__)
 

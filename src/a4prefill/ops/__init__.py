@@ -6,7 +6,6 @@ Importing this package registers ``torch.ops.a4prefill.{moe_w4a16, moe_a4, moe_s
 from a4prefill.ops.counters import DEVICE_ROW_COUNTERS, ROW_COUNTERS
 from a4prefill.ops.modelopt import NvFp4Experts, NvFp4MoEWeights, dequantize_experts, quantize_moe_weights
 from a4prefill.ops.moe import call_moe, moe_a4, moe_split, moe_w4a16
-from a4prefill.ops.process_state import reset_process_state
 from a4prefill.ops.rows import (
     RowTypes,
     current_row_types,
@@ -17,6 +16,7 @@ from a4prefill.ops.rows import (
     step_row_types,
 )
 from a4prefill.ops.scales import A4Calibration, A4Scales, a4_calibration, derive_a4_scales
+from a4prefill.process_state import reset_process_state
 
 __all__ = [
     "DEVICE_ROW_COUNTERS",

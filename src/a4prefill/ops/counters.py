@@ -23,6 +23,8 @@ from collections.abc import Callable
 
 import torch
 
+from a4prefill.process_state import register_state
+
 W4A16 = "w4a16"
 A4 = "a4"
 PRECISIONS = (W4A16, A4)
@@ -138,6 +140,8 @@ class DeviceRowCounters:
 
 ROW_COUNTERS = RowCounters()
 DEVICE_ROW_COUNTERS = DeviceRowCounters()
+register_state(__name__, ROW_COUNTERS.reset, ROW_COUNTERS)
+register_state(__name__, DEVICE_ROW_COUNTERS.reset, DEVICE_ROW_COUNTERS)
 
 
 def record_rows(

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from a4prefill.ops.process_state import warn_once
+from a4prefill.process_state import register_state, warn_once
 
 logger = logging.getLogger(__name__)
 
@@ -178,6 +178,13 @@ _provider: RowProvider | None = None
 _step_rows: contextvars.ContextVar[RowTypes | None] = contextvars.ContextVar(
     "a4prefill_step_rows", default=None
 )
+
+
+def _forget_provider() -> None:
+    set_row_provider(None)
+
+
+register_state(__name__, _forget_provider)
 
 
 def set_row_provider(provider: RowProvider | None) -> RowProvider | None:

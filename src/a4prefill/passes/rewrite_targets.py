@@ -15,8 +15,19 @@ from __future__ import annotations
 import torch
 
 from a4prefill.ops import moe as moe_ops
+from a4prefill.process_state import register_state
 
-_twins: dict[torch._ops.OpOverload, torch._ops.OpOverload] = {moe_ops.moe_w4a16: moe_ops.moe_split}
+_BUILTIN = ((moe_ops.moe_w4a16, moe_ops.moe_split),)
+_twins: dict[torch._ops.OpOverload, torch._ops.OpOverload] = dict(_BUILTIN)
+
+
+def _forget_integrations() -> None:
+    """Back to the package's own pair (an integration registers its pairs again when it registers)."""
+    _twins.clear()
+    _twins.update(_BUILTIN)
+
+
+register_state(__name__, _forget_integrations, _twins)
 
 
 def register_split_twin(op: torch._ops.OpOverload, twin: torch._ops.OpOverload) -> None:

@@ -54,11 +54,13 @@ from torch.fx.operator_schemas import normalize_function
 
 from a4prefill.passes import rewrite_targets, token_range
 from a4prefill.passes.token_range import TokenRange
+from a4prefill.process_state import register_state
 from a4prefill.settings import A4PrefillSettings, ResolvedSettings, resolve_settings
 
 logger = logging.getLogger(__name__)
 
 PASS_KEY = "post_grad_custom_post_pass"  # Inductor's option (and vLLM's inductor_passes key)
+MAX_RECORDS = 1024  # a pass keeps the records of its newest graphs
 DEFAULT_PASS = "a4prefill.split_prefill_pass"  # the package's instance, as vLLM's -cc names it
 
 _AUTO_FUNCTIONALIZED = tuple(
@@ -140,8 +142,9 @@ class SplitPrefillPass(CustomGraphPass):
     """Rewrite W4A16 MoE nodes into split nodes where they may run uncaptured.
 
     ``settings``: the user's settings (None: all defaults), resolved when the pass runs (no
-    engine: captured limit 0). ``records`` lists what each call did (shared with the passes
-    bound from this one); reset it with ``records.clear()``.
+    engine: captured limit 0). ``records`` lists what each call did, the newest
+    :data:`MAX_RECORDS` (shared with the passes bound from this one); reset it with
+    ``records.clear()``.
     """
 
     def __init__(
@@ -238,6 +241,7 @@ class SplitPrefillPass(CustomGraphPass):
             graph.lint()
         _log_graph("after_a4prefill_split_pass", graph)
         self.records.append(record)
+        del self.records[:-MAX_RECORDS]
         logger.info("%s", record.summary())
         if record.rewritten:
             torch._logging.trace_structured(
@@ -273,9 +277,13 @@ class SplitPrefillPass(CustomGraphPass):
             moe.node.target = twin
 
 
+split_prefill_pass = SplitPrefillPass()
+"""The package's instance (``a4prefill.split_prefill_pass``, what vLLM's ``-cc`` names); its records
+are process state (:mod:`a4prefill.process_state`)."""
+register_state(__name__, split_prefill_pass.records.clear, split_prefill_pass.records)
+
+
 def inductor_options(split_pass: SplitPrefillPass | None = None) -> dict[str, Any]:
     """``torch.compile(..., options=inductor_options())`` runs the pass after Inductor's
     post-grad passes (default: the package's ``split_prefill_pass`` instance)."""
-    from a4prefill import split_prefill_pass
-
     return {PASS_KEY: split_pass or split_prefill_pass}

@@ -35,19 +35,20 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import torch
 
-from a4prefill.ops.process_state import warn_once
 from a4prefill.ops.rows import RowTypes, row_types_from_query_start_loc, shard_row_types
+from a4prefill.process_state import warn_once
 
 logger = logging.getLogger(__name__)
 
 CACHE_ATTRIBUTE = "_a4prefill_row_types"
 """Attribute set on the forward context object: ``{(num_rows, policy): RowTypes | None}``."""
 
-_LABEL_RANK = {"prefill": 0, "padding": 1, "decode": 2}
+_LABEL_RANK = MappingProxyType({"prefill": 0, "padding": 1, "decode": 2})
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ and 4).
 from __future__ import annotations
 
 import importlib
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -23,11 +24,13 @@ from a4prefill.ops.split_scope import split_enabled
 from a4prefill.passes import rewrite_targets
 
 NAMESPACE = "a4prefill"
-TWINS = {"moe_forward": "moe_forward_split", "moe_forward_shared": "moe_forward_shared_split"}
+TWINS = MappingProxyType(
+    {"moe_forward": "moe_forward_split", "moe_forward_shared": "moe_forward_shared_split"}
+)
 # vLLM's module that registers the MoE ops, and its Python implementations (whose annotations
 # carry the opaque ``LayerName`` type the schema needs).
 _VLLM_RUNNER = "vllm.model_executor.layers.fused_moe.runner.moe_runner"
-_VLLM_IMPLS = {"moe_forward": "_moe_forward", "moe_forward_shared": "_moe_forward_shared"}
+_VLLM_IMPLS = MappingProxyType({"moe_forward": "_moe_forward", "moe_forward_shared": "_moe_forward_shared"})
 _library: torch.library.Library | None = None
 
 

@@ -17,6 +17,7 @@ from a4prefill.ops.backends.b12x_moe import B12xBackend
 from a4prefill.ops.backends.base import MoEBackend
 from a4prefill.ops.backends.reference import ReferenceBackend
 from a4prefill.ops.backends.triton_moe import TritonBackend
+from a4prefill.process_state import register_state
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +83,18 @@ def backend_for(device: torch.device) -> MoEBackend:
     raise RuntimeError(f"no a4prefill backend supports {device}: {'; '.join(reasons)}")
 
 
-register_backend("reference", ReferenceBackend, priority=0)
-register_backend("triton", TritonBackend, priority=10)  # imports triton only when first used on CUDA
-register_backend("b12x", B12xBackend, priority=20)  # imports b12x only when asked about a device
+def _register_builtin_backends() -> None:
+    register_backend("reference", ReferenceBackend, priority=0)
+    register_backend("triton", TritonBackend, priority=10)  # imports triton only when first used on CUDA
+    register_backend("b12x", B12xBackend, priority=20)  # imports b12x only when asked about a device
+
+
+def _reset_registry() -> None:
+    """Back to the built-in backends, with no instance and no selection."""
+    _factories.clear()
+    _register_builtin_backends()
+    reset_backends()
+
+
+_register_builtin_backends()
+register_state(__name__, _reset_registry, _factories, _instances, _selected)

@@ -38,6 +38,7 @@ from a4prefill.ops.backends.base import MoEBackend, WarmUp
 from a4prefill.ops.modelopt import NvFp4Experts
 from a4prefill.ops.rows import RowTypes
 from a4prefill.ops.scales import A4Scales
+from a4prefill.process_state import register_state
 
 SMALL_ROUTING_MAX = 4096  # routes sorted by the one-program Triton kernel
 # Its warps: 4 up to ROUTE_PREP_WIDE_ROUTES routes, 16 above (benchmarks/results/bench_routing.json,
@@ -280,6 +281,9 @@ def _decode_kernels_import() -> bool:
     except (ImportError, AttributeError):
         return False
     return True
+
+
+register_state(__name__, _decode_kernels_import.cache_clear, _decode_kernels_import)
 
 
 def _check_decode_call(schedule: DecodeTiles, hidden: int, intermediate: int, routes: int) -> None:
