@@ -25,7 +25,7 @@ from a4prefill.ops.backends.b12x_weights import (
 from a4prefill.ops.reference import moe_reference
 from a4prefill.ops.rows import RowTypes
 from a4prefill.tools.tiny_layer import make_tiny_layer, random_routing
-from conftest import EXPERTS, HIDDEN, INTERMEDIATE, TOP_K, halves_case, make_inputs
+from helpers.layers import EXPERTS, HIDDEN, INTERMEDIATE, TOP_K, halves_case, make_inputs
 
 # (experts, hidden, intermediate, top_k): conftest's layer, make_tiny_layer's default, and the
 # expert shapes of a tiny Qwen3-MoE (hidden 128-256, 8 experts, top-2).

@@ -26,8 +26,8 @@ from a4prefill.ops.backends.b12x_weights import to_packed_weights, translate_wei
 from a4prefill.ops.reference import moe_reference
 from a4prefill.ops.rows import RowTypes
 from a4prefill.tools.tiny_layer import make_tiny_layer, random_routing
-from b12x_conventions import b12x_reference_from_modelopt
-from conftest import halves_case
+from helpers.b12x_conventions import b12x_reference_from_modelopt
+from helpers.layers import halves_case
 
 # b12x 1.5.1's evaluation orders of the activation quantizer (its kernels: micro, dynamic with and
 # without fast math; the older orders its own callers still use)

@@ -19,7 +19,7 @@ from a4prefill.ops.backends import BACKEND_ENV
 from a4prefill.ops.counters import A4, W4A16
 from a4prefill.settings import A4PrefillSettings
 from a4prefill.tools.tiny_layer import TinyMoEModel, make_tiny_layer
-from conftest import assert_close_to_reference
+from helpers.layers import assert_close_to_reference
 
 pytestmark = [
     pytest.mark.gpu,

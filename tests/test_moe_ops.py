@@ -19,7 +19,7 @@ from a4prefill.ops.backends.reference import ReferenceBackend
 from a4prefill.ops.counters import A4, W4A16
 from a4prefill.ops.reference import moe_reference, swiglu
 from a4prefill.tools.tiny_layer import TinyMoEModel
-from conftest import HIDDEN, halves_case, make_inputs, moe_inputs
+from helpers.layers import HIDDEN, halves_case, make_inputs, moe_inputs
 
 OPS = [ops.moe_w4a16, ops.moe_a4, ops.moe_split]
 

@@ -17,7 +17,7 @@ from a4prefill.tools.numerics.checkpoint import ModelOptCheckpoint
 from a4prefill.tools.numerics.layer_metrics import LayerNumerics, layer_numerics
 from a4prefill.tools.numerics.report import logprob_difference, suggest_exclusions
 from a4prefill.tools.tiny_model import ARCHITECTURES, TinyModelSpec, expert_tensors, make_tiny_model
-from conftest import make_inputs
+from helpers.layers import make_inputs
 
 
 @pytest.mark.parametrize("architecture", sorted(ARCHITECTURES))

@@ -17,7 +17,7 @@ from a4prefill import SplitPrefillPass, ops
 from a4prefill.ops.counters import A4
 from a4prefill.settings import A4PrefillSettings
 from a4prefill.tools.tiny_layer import TinyMoEModel
-from conftest import make_inputs
+from helpers.layers import make_inputs
 
 LIMIT = 16
 
@@ -181,7 +181,7 @@ CACHE_CHILD = textwrap.dedent(
     """
     import sys, torch
     sys.path.insert(0, {tests!r})
-    from conftest import make_inputs, EXPERTS, HIDDEN, INTERMEDIATE, TOP_K
+    from helpers.layers import make_inputs, EXPERTS, HIDDEN, INTERMEDIATE, TOP_K
     from a4prefill import SplitPrefillPass, ops
     from a4prefill.settings import A4PrefillSettings
     from a4prefill.tools.tiny_layer import TinyMoEModel, make_tiny_layer

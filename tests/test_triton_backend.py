@@ -2,7 +2,7 @@
 quantization, the split, no host syncs, CUDA-graph capture and replay. No speed assertions.
 
 Tolerance (fp32 accumulation in a different order than the reference, then io-dtype rounding):
-``conftest.assert_close_to_reference`` with the per-precision ``conftest.BOUNDS``.
+``helpers.layers.assert_close_to_reference`` with the per-precision ``helpers.layers.BOUNDS``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from a4prefill.ops import backends, nvfp4
 from a4prefill.ops.counters import A4, W4A16
 from a4prefill.ops.reference import moe_reference
 from a4prefill.tools.tiny_layer import make_tiny_layer, random_routing
-from conftest import assert_close_to_reference, halves_case
+from helpers.layers import assert_close_to_reference, halves_case
 
 pytestmark = [
     pytest.mark.gpu,

@@ -3,7 +3,7 @@ scale byte dequantized exactly through the relabelled K, numerics against the re
 global scales, CUDA-graph capture without host syncs, and the default choice at decode sizes.
 No speed assertions (``benchmarks/bench_moe.py`` measures them).
 
-Tolerance as in ``test_triton_backend.py``: ``conftest.assert_close_to_reference`` (fp32
+Tolerance as in ``test_triton_backend.py``: ``helpers.layers.assert_close_to_reference`` (fp32
 accumulation in another order than the reference, then bf16 rounding).
 """
 
@@ -18,7 +18,13 @@ from a4prefill.ops.backends import triton_moe
 from a4prefill.ops.backends.triton_moe import DecodeGemm, DecodeTiles, GemmConfig, choose_config, fused_moe
 from a4prefill.ops.reference import moe_reference
 from a4prefill.tools.tiny_layer import make_tiny_layer, random_routing
-from conftest import SCALE_BYTE_SETS, assert_close_to_reference, halves_case, one_hot_case, one_hot_expected
+from helpers.layers import (
+    SCALE_BYTE_SETS,
+    assert_close_to_reference,
+    halves_case,
+    one_hot_case,
+    one_hot_expected,
+)
 
 pytestmark = [
     pytest.mark.gpu,

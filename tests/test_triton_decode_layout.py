@@ -93,7 +93,7 @@ def _compile(
 
     from a4prefill.ops.backends import triton_decode as decode
     from a4prefill.ops.backends.triton_moe import _decode_launch_args
-    from gluon_on_cpu import compile_sm90
+    from helpers.gluon_on_cpu import compile_sm90
 
     pointers = {
         "w_ptr": "*i32",

@@ -27,7 +27,7 @@ import torch
 from a4prefill.ops.backends.triton_moe import DecodeGemm, DecodeTiles, GemmConfig, choose_config
 from a4prefill.ops.reference import moe_reference
 from a4prefill.tools.tiny_layer import make_tiny_layer, random_routing
-from conftest import SCALE_BYTE_SETS, assert_close_to_reference, one_hot_case, one_hot_expected
+from helpers.layers import SCALE_BYTE_SETS, assert_close_to_reference, one_hot_case, one_hot_expected
 
 pytestmark = [
     pytest.mark.slow,
@@ -91,7 +91,7 @@ def decode_on_cpu():
     from triton.runtime.interpreter import InterpretedFunction
 
     from a4prefill.ops.backends import triton_decode, triton_moe
-    from gluon_on_cpu import InterpretedKernel
+    from helpers.gluon_on_cpu import InterpretedKernel
 
     kernels = {
         name: InterpretedKernel(getattr(triton_decode, name))
@@ -208,7 +208,7 @@ def test_the_swiglu_limit_is_applied(decode_on_cpu, layer, schedule):
 @pytest.mark.parametrize("scale_set", sorted(SCALE_BYTE_SETS))
 @pytest.mark.parametrize("schedule", [SCHEDULES[0], SCHEDULES[2], SCHEDULES[4]], ids=str)
 def test_every_code_and_scale_byte_goes_through_its_k_slot(decode_on_cpu, schedule, scale_set):
-    """One product per output element (``conftest.one_hot_case``); the 128 one-hot columns cover
+    """One product per output element (``helpers.layers.one_hot_case``); the 128 one-hot columns cover
     every slot of the 128-column K relabelling, in every 128-column block and warp slice."""
     columns = torch.tensor([128 * (t % (HIDDEN // 128)) + (37 * t) % 128 for t in range(128)])
     weights, x, ids = one_hot_case(SCALE_BYTE_SETS[scale_set], len(scale_set), HIDDEN, INTERMEDIATE, columns)
@@ -219,7 +219,7 @@ def test_every_code_and_scale_byte_goes_through_its_k_slot(decode_on_cpu, schedu
 @pytest.mark.parametrize("precision", ["w4a16", "a4"])
 @pytest.mark.parametrize("schedule", [SCHEDULES[1], SCHEDULES[5]], ids=str)
 def test_one_product_per_output_is_bit_exact_with_the_reference(decode_on_cpu, schedule, precision):
-    """With one product per GEMM output (``conftest.one_hot_case``) every sum is exact, and the
+    """With one product per GEMM output (``helpers.layers.one_hot_case``) every sum is exact, and the
     interpreter computes SiLU with the reference's own exp: so the kernels' epilogues (alphas,
     bf16 roundings, SwiGLU, and for A4 the quantized FC1 input, the per-16 re-quantization of
     FC1's output with each expert's gs2 and alpha2) must give the reference's bits."""

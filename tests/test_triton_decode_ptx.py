@@ -14,7 +14,7 @@ import random
 import pytest
 import torch
 
-from ptx_subset import bf16_to_float, float_to_bf16, run
+from helpers.ptx_subset import bf16_to_float, float_to_bf16, run
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None

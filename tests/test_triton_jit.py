@@ -37,7 +37,7 @@ from a4prefill.ops.backends.triton_moe import (
 )
 from a4prefill.ops.modelopt import NvFp4Experts
 from a4prefill.ops.scales import A4Scales
-from triton_launches import Compile, fresh_launches, package_kernels
+from helpers.triton_launches import Compile, fresh_launches, package_kernels
 
 pytestmark = [
     pytest.mark.slow,

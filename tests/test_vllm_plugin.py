@@ -38,7 +38,7 @@ from a4prefill.vllm_integration.engine import (
     max_call_tokens,
 )
 from a4prefill.vllm_integration.row_provider import RowPolicy
-from conftest import TOP_K, make_inputs
+from helpers.layers import TOP_K, make_inputs
 
 pytestmark = pytest.mark.vllm
 

@@ -252,7 +252,7 @@ def test_sequence_parallel_rank_gets_its_slice():
 
 
 def test_provider_drives_the_split_op(layer):
-    from conftest import make_inputs
+    from helpers.layers import make_inputs
 
     hidden, weights, ids = make_inputs(6)
     ops.set_row_provider(forward_context_row_types)

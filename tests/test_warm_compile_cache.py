@@ -32,7 +32,7 @@ CHILD = textwrap.dedent(
     from vllm.model_executor.layers.fused_moe.runner.moe_runner_interface import MoERunnerInterface
     from vllm.utils.torch_utils import LayerName
     from a4prefill import SplitPrefillPass
-    from a4prefill.ops.split_scope import is_split_enabled
+    from a4prefill.vllm_integration.split_scope import is_split_enabled
     from a4prefill.settings import A4PrefillSettings
 
     NAME = "model.layers.0.mlp.experts"

@@ -11,8 +11,9 @@ rewrites, per MoE node whose token range reaches beyond the captured limit:
 Invariants:
 
 - The token range is decided per MoE node, from that node's ``hidden_states`` size (a static
-  8-row node in a dynamic graph is its own range), intersected with vLLM's compile range when the
-  pass runs under vLLM's pass manager. A node whose whole range fits in the captured limit keeps
+  8-row node in a dynamic graph is its own range), intersected with the engine's compile range
+  where the engine's integration provides one (:func:`.token_range.set_compile_range_source`;
+  vLLM's pass manager compiles one graph per range). A node whose whole range fits in the captured limit keeps
   W4A16 (it may run inside a captured CUDA graph); so do layers matching ``excluded_layers``,
   every node while ``enabled`` is false, and nodes whose A4 scale arguments are None (load time
   gave the layer none; the record says so).
@@ -21,8 +22,9 @@ Invariants:
   The split op's capture guard (W4A16 while a stream captures) is the second line of defence.
 - The pass is idempotent, keeps ``meta['val']`` valid (the replacement has the same outputs)
   and installs no guards (ranges are read with ``bound_sympy``).
-- ``uuid()`` covers the pass source, the resolved settings and the value ranges of the graph
-  being compiled, so Inductor's and vLLM's caches never serve a graph rewritten under another
+- ``uuid()`` covers the source of every module that decides what it rewrites
+  (:data:`DECIDING_MODULES`), the resolved settings and the value ranges of the graph being
+  compiled, so Inductor's and vLLM's caches never serve a graph rewritten under another
   decision. A graph loaded from a cache skips the pass (no record is added).
 
 Settings: the constructor's, resolved by :func:`a4prefill.settings.resolve_settings` when the
@@ -61,6 +63,14 @@ logger = logging.getLogger(__name__)
 
 PASS_KEY = "post_grad_custom_post_pass"  # Inductor's option (and vLLM's inductor_passes key)
 MAX_RECORDS = 1024  # a pass keeps the records of its newest graphs
+# The modules whose code decides what the pass rewrites: uuid() hashes their source, so a change
+# to any of them invalidates the graphs that compile caches hold
+DECIDING_MODULES = (
+    __name__,
+    "a4prefill.passes.token_range",
+    "a4prefill.passes.rewrite_targets",
+    "a4prefill.settings",
+)
 DEFAULT_PASS = "a4prefill.split_prefill_pass"  # the package's instance, as vLLM's -cc names it
 
 _AUTO_FUNCTIONALIZED = tuple(
@@ -180,12 +190,13 @@ class SplitPrefillPass(CustomGraphPass):
         return True
 
     def uuid(self) -> str:
-        vllm_range = token_range.vllm_compile_range()
+        engine_range = token_range.engine_compile_range()
+        sources = "".join(inspect.getsource(sys.modules[name]) for name in DECIDING_MODULES)
         state = {
-            "source": hashlib.sha256(inspect.getsource(sys.modules[__name__]).encode()).hexdigest(),
+            "source": hashlib.sha256(sources.encode()).hexdigest(),
             "settings": self.resolved().as_dict(),
             "symbol_ranges": token_range.shape_env_ranges(),
-            "compile_range": str(vllm_range) if vllm_range else None,
+            "compile_range": str(engine_range) if engine_range else None,
         }
         return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
 
@@ -220,7 +231,7 @@ class SplitPrefillPass(CustomGraphPass):
         if not moe_nodes:
             return
         settings = self.resolved()
-        compile_range = token_range.vllm_compile_range()
+        compile_range = token_range.engine_compile_range()
         ranges = {moe.node.name: self._node_range(moe, compile_range) for moe in moe_nodes}
         distinct = sorted({str(r) for r in ranges.values()})
         _log_graph("before_a4prefill_split_pass", graph)

@@ -1,16 +1,21 @@
 """The token range of a compiled graph, and whether it can run outside a captured CUDA graph.
 
 Reads value ranges from the ShapeEnv without installing guards (no ``n <= M`` in Python on a
-SymInt). Under vLLM's pass manager the compile range of the pass context is used instead.
+SymInt). Where an engine compiles one graph per token range (vLLM's compile ranges), the
+engine's integration installs a compile-range source (:func:`set_compile_range_source`, the vLLM
+plugin does when it registers) and the pass intersects each node's range with it; this module
+knows no engine.
 """
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch.utils._sympy.numbers import int_oo
+
+from a4prefill.process_state import register_state
 
 
 @dataclass(frozen=True)
@@ -62,14 +67,31 @@ def size_range(size: int | torch.SymInt) -> TokenRange:
     return TokenRange(_bound(bounds.lower) or 0, _bound(bounds.upper))
 
 
-def vllm_compile_range() -> TokenRange | None:
-    """The compile range of vLLM's current pass context, or None outside one (never imports vLLM)."""
-    module = sys.modules.get("vllm.compilation.passes.inductor_pass")
-    context = getattr(module, "_pass_context", None) if module else None
-    if context is None:
-        return None
-    compile_range = context.compile_range
-    return TokenRange(int(compile_range.start), int(compile_range.end))
+CompileRangeSource = Callable[[], "TokenRange | None"]
+"""Returns the token range of the graph the engine is compiling now, or None outside one."""
+
+_compile_range_source: CompileRangeSource | None = None
+
+
+def set_compile_range_source(source: CompileRangeSource | None) -> CompileRangeSource | None:
+    """Install the engine's compile-range source (integrations, when they register); returns
+    the previous one."""
+    global _compile_range_source
+    previous, _compile_range_source = _compile_range_source, source
+    return previous
+
+
+def _forget_source() -> None:
+    set_compile_range_source(None)
+
+
+register_state(__name__, _forget_source)
+
+
+def engine_compile_range() -> TokenRange | None:
+    """The token range the engine compiles the current graph for, or None (no source, or the
+    source knows of no compile in progress)."""
+    return _compile_range_source() if _compile_range_source is not None else None
 
 
 def shape_env_ranges() -> list[tuple[str, str]]:

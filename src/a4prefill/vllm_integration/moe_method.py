@@ -46,9 +46,9 @@ from vllm.model_executor.utils import set_weight_attrs
 from a4prefill.ops import DEVICE_ROW_COUNTERS, NvFp4Experts, NvFp4MoEWeights, call_moe, moe_split, moe_w4a16
 from a4prefill.ops.backends import backend_for
 from a4prefill.ops.scales import A4_READY, A4Scales, a4_calibration
-from a4prefill.ops.split_scope import is_split_enabled
 from a4prefill.vllm_integration.engine import EngineSetup
 from a4prefill.vllm_integration.row_provider import RowPolicy
+from a4prefill.vllm_integration.split_scope import is_split_enabled
 
 logger = logging.getLogger(__name__)
 

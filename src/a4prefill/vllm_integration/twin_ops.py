@@ -3,7 +3,7 @@
 ``a4prefill::moe_forward_split`` and ``a4prefill::moe_forward_shared_split`` have exactly the
 schemas of ``vllm::moe_forward`` / ``vllm::moe_forward_shared`` (hoisted ``layer_name``,
 ``hidden_dim_unpadded``) and the same tags. At run time they call vLLM's op inside
-:func:`a4prefill.ops.split_scope.split_enabled`, so the layer's MoE method runs ``moe_split``
+:func:`a4prefill.vllm_integration.split_scope.split_enabled`, so the layer's MoE method runs ``moe_split``
 (with the layer's own A4 scales and the row provider's row types); everything else is vLLM's.
 
 :func:`register_twins` runs when the plugin registers (the ``vllm.general_plugins`` entry point,
@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from a4prefill.ops.split_scope import split_enabled
 from a4prefill.passes import rewrite_targets
+from a4prefill.vllm_integration.split_scope import split_enabled
 
 NAMESPACE = "a4prefill"
 TWINS = MappingProxyType(

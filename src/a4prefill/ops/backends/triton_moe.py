@@ -28,13 +28,11 @@ nothing to the output); no error is raised, since checking would need a host syn
 from __future__ import annotations
 
 import functools
-import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from a4prefill.ops.backends.base import MoEBackend, WarmUp
 from a4prefill.ops.modelopt import NvFp4Experts
 from a4prefill.ops.rows import RowTypes
 from a4prefill.ops.scales import A4Scales
@@ -799,86 +797,3 @@ def row_flags_for(row_types: RowTypes, device: torch.device) -> torch.Tensor:
     for start, end in spans:
         host[start:end] = 1
     return host.pin_memory().to(device, non_blocking=True)
-
-
-class TritonBackend(MoEBackend):
-    """Grouped NVFP4 MoE in Triton (any CUDA GPU). Capture-safe, no host syncs.
-
-    ``run_split`` runs every row in one set of launches with a per-row precision flag (decode
-    and padding rows W4A16, prefill rows A4) into one output, without gathers.
-    Out-of-range expert ids: those routes are ignored (see the module docstring).
-    """
-
-    name = "triton"
-
-    def unsupported_reason(self, device: torch.device) -> str | None:
-        if torch.device(device).type != "cuda":
-            return f"needs a CUDA device, got {device}"
-        if not torch.cuda.is_available():
-            return "CUDA is not available"
-        if importlib.util.find_spec("triton") is None:
-            return "triton is not installed"
-        try:
-            _kernels()
-        except Exception as error:  # pragma: no cover - depends on the triton install
-            return f"triton kernels do not import: {error}"
-        return None
-
-    def run(
-        self,
-        hidden_states: torch.Tensor,
-        topk_weights: torch.Tensor,
-        topk_ids: torch.Tensor,
-        experts: NvFp4Experts,
-        a4_scales: A4Scales | None,
-        swiglu_limit: float | None,
-    ) -> torch.Tensor:
-        return fused_moe(hidden_states, topk_weights, topk_ids, experts, a4_scales, swiglu_limit)
-
-    def kernel_family(
-        self, hidden_states: torch.Tensor, topk_ids: torch.Tensor, experts: NvFp4Experts
-    ) -> str:
-        """``triton-decode`` where the call's :class:`CallPlan` runs the decode kernels, else
-        ``triton-tiled``."""
-        num_experts, two_i, hidden = (
-            experts.w13_weight.shape[0],
-            experts.w13_weight.shape[1],
-            hidden_states.shape[1],
-        )
-        plan = plan_call(
-            hidden_states.shape[0],
-            topk_ids.shape[1],
-            num_experts,
-            hidden,
-            two_i // 2,
-            hidden_states.dtype,
-            hidden_states.device,
-        )
-        return "triton-tiled" if plan.decode is None else "triton-decode"
-
-    def warm_up(
-        self,
-        experts: NvFp4Experts,
-        a4_scales: A4Scales | None,
-        swiglu_limit: float | None,
-        max_tokens: int,
-        dtype: torch.dtype,
-        top_k: int,
-    ) -> WarmUp:
-        """One call per launch plan and precision (:mod:`triton_warmup`)."""
-        from a4prefill.ops.backends.triton_warmup import warm_up
-
-        return warm_up(experts, a4_scales, swiglu_limit, max_tokens, dtype, top_k)
-
-    def run_split(
-        self,
-        hidden_states: torch.Tensor,
-        topk_weights: torch.Tensor,
-        topk_ids: torch.Tensor,
-        experts: NvFp4Experts,
-        a4_scales: A4Scales,
-        swiglu_limit: float | None,
-        row_types: RowTypes,
-    ) -> torch.Tensor:
-        flags = row_flags_for(row_types, hidden_states.device)
-        return fused_moe(hidden_states, topk_weights, topk_ids, experts, a4_scales, swiglu_limit, flags)

@@ -13,7 +13,7 @@ aligned. So running the layer once per distinct plan among ``1 .. max_tokens`` t
 precision the layer can run, compiles everything it can launch later. What Triton and vLLM do
 that this relies on: docs/vllm-internals.md, section 9.
 
-Who may call: :meth:`TritonBackend.warm_up <a4prefill.ops.backends.triton_moe.TritonBackend>`
+Who may call: :meth:`TritonBackend.warm_up <a4prefill.ops.backends.triton_backend.TritonBackend>`
 (weight processing, before any CUDA graph is captured), tests.
 """
 

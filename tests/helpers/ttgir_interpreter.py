@@ -42,9 +42,8 @@ import functools
 import re
 from typing import Any
 
-import torch
-
 import ptx_subset
+import torch
 
 TORCH_TYPES = {
     "i1": torch.bool,

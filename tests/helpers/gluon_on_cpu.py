@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ttgir_interpreter import Kernel
+from helpers.ttgir_interpreter import Kernel
 
 POINTER_TYPES = {
     torch.bfloat16: "*bf16",

@@ -1,0 +1,1 @@
+"""Modules the tests import: shared helpers (no fixtures, no tests)."""
