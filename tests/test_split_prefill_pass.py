@@ -225,3 +225,19 @@ def test_inductor_cache_never_serves_a_graph_rewritten_for_another_range(tmp_pat
         a4_rows = int(done.stdout.split("A4_ROWS")[-1])
         assert (a4_rows > 0) == (high > LIMIT), done.stdout + done.stderr[-2000:]
     assert any((tmp_path / "cache").rglob("*")), "the cache directory stayed empty: caching was off"
+
+
+def test_the_cache_key_covers_every_package_module_the_pass_decides_with():
+    """``uuid()`` hashes the source of ``DECIDING_MODULES``: every package module whose code the
+    pass module uses must be there (process_state only registers the records)."""
+    import types
+
+    from a4prefill.passes import split_prefill
+
+    used = {
+        value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", "")
+        for value in vars(split_prefill).values()
+        if isinstance(value, types.ModuleType) or callable(value)
+    }
+    used = {name for name in used if name.startswith("a4prefill")} - {"a4prefill.process_state"}
+    assert used <= set(split_prefill.DECIDING_MODULES), used - set(split_prefill.DECIDING_MODULES)
