@@ -22,6 +22,7 @@ from a4prefill.ops.backends.b12x_weights import (
     unswizzle_block_scales,
     untranslate_weights,
 )
+from a4prefill.ops.precision import MoECall, RowPlan
 from a4prefill.ops.reference import moe_reference
 from a4prefill.ops.rows import RowTypes
 from a4prefill.tools.tiny_layer import make_tiny_layer, random_routing
@@ -264,7 +265,7 @@ def test_every_row_goes_once_to_its_plan_in_calls_within_the_cutoff(layer, lengt
     labels = [kind for length, kind in zip(lengths, kinds, strict=False) for _ in range(length)]
     rows = RowTypes.from_labels(labels)
     seen = [0] * len(labels)
-    for plan, prefill, (start, end) in prepared.launches(rows):
+    for plan, prefill, (start, end) in prepared.launches(RowPlan.for_rows(rows)):
         assert end - start <= call_tokens
         assert prefill is (plan.precision == "a4")
         if plan.precision == "w4a16":
@@ -357,8 +358,9 @@ def _gpu_case(tokens: int, seed: int = 0):
 def test_sm120_w4a16_and_a4_match_the_reference(tokens: int) -> None:
     weights, hidden, topk_weights, topk_ids, scales = _gpu_case(tokens)
     backend = B12xBackend(max_tokens=512)
-    w4a16 = backend.run(hidden, topk_weights, topk_ids, weights, None, None)
-    a4 = backend.run(hidden, topk_weights, topk_ids, weights, scales, None)
+    call = MoECall(hidden, topk_weights, topk_ids, weights, scales)
+    w4a16 = backend.run_uniform(call, "w4a16")
+    a4 = backend.run_uniform(call, "a4")
     ref16 = moe_reference(hidden, topk_weights, topk_ids, weights, None)
     ref4 = moe_reference(hidden, topk_weights, topk_ids, weights, scales)
     assert _relative_error(w4a16, ref16) < W4A16_TOLERANCE
@@ -374,7 +376,7 @@ def test_sm120_split_runs_each_row_in_its_precision() -> None:
     labels = ["decode"] * 4 + ["prefill"] * 3 + ["decode"] * 2 + ["prefill"] * 29 + ["padding"] * 2
     rows = RowTypes.from_labels(labels)
     backend = B12xBackend(max_tokens=16)  # the long prefill span is cut into calls of 16
-    out = backend.run_split(hidden, topk_weights, topk_ids, weights, scales, None, rows)
+    out = backend.run(MoECall(hidden, topk_weights, topk_ids, weights, scales), RowPlan.for_rows(rows))
     ref16 = moe_reference(hidden, topk_weights, topk_ids, weights, None)
     ref4 = moe_reference(hidden, topk_weights, topk_ids, weights, scales)
     for start, end in rows.decode + rows.padding:
@@ -392,7 +394,7 @@ def test_sm120_a_layer_below_b12xs_w4a16_tiles_is_refused(layer) -> None:
     backend = B12xBackend(max_tokens=64)
     args = (hidden.cuda(), topk_weights.cuda(), topk_ids.cuda(), layer.experts.to("cuda"))
     with pytest.raises(ValueError, match="no valid W4A16 tile config"):
-        backend.run(*args, None, None)
+        backend.run_uniform(MoECall(*args), "w4a16")
 
 
 # -- which b12x: PyPI's or FlashInfer's embedded copy ----------------------------------------------

@@ -23,6 +23,7 @@ pytest.importorskip("b12x.moe.fused_moe", reason="b12x is installed by scripts/s
 from a4prefill.ops.backends import b12x_plans
 from a4prefill.ops.backends.b12x_moe import PreparedLayer, PreparedPlan, _TensorsSeen
 from a4prefill.ops.backends.b12x_weights import to_packed_weights, translate_weights
+from a4prefill.ops.precision import RowPlan
 from a4prefill.ops.reference import moe_reference
 from a4prefill.ops.rows import RowTypes
 from a4prefill.tools.tiny_layer import make_tiny_layer, random_routing
@@ -150,7 +151,7 @@ def test_a_step_of_decode_padding_and_prefill_rows_through_both_plans(layer):
     )
     output = torch.zeros(len(labels), HIDDEN)
     calls = []
-    for plan, prefill, (start, end) in prepared.launches(rows):
+    for plan, prefill, (start, end) in prepared.launches(RowPlan.for_rows(rows)):
         span = (hidden[start:end], topk_weights[start:end], topk_ids[start:end], experts)
         output[start:end] = b12x_reference(*span, scales if prefill else None).float()
         calls.append((plan.precision, end - start))

@@ -267,9 +267,9 @@ class RecordingBackend(ReferenceBackend):
     def __init__(self):
         self.calls = []
 
-    def run(self, hidden_states, topk_weights, topk_ids, experts, a4_scales, swiglu_limit):
-        self.calls.append((hidden_states.shape[0], a4_scales is not None))
-        return super().run(hidden_states, topk_weights, topk_ids, experts, a4_scales, swiglu_limit)
+    def run_uniform(self, call, precision):
+        self.calls.append((call.num_rows, precision == "a4"))
+        return super().run_uniform(call, precision)
 
 
 def test_registry_plugs_a_backend_in_without_touching_the_ops(layer, monkeypatch):

@@ -57,6 +57,13 @@ def triton_backend():
     return backends.get_backend("triton")
 
 
+def run_uniform(routed, weights, a4_scales, limit) -> torch.Tensor:
+    """The triton backend on ``(hidden, topk_weights, topk_ids)``: every row W4A16 (``a4_scales``
+    None) or A4."""
+    call = ops.MoECall(*routed, weights, a4_scales, limit, "test")
+    return triton_backend().run_uniform(call, "w4a16" if a4_scales is None else "a4")
+
+
 def test_backend_is_auto_selected_on_cuda():
     assert backends.backend_for(torch.device("cuda")).name == "triton"
     assert triton_backend().unsupported_reason(torch.device("cpu")) is not None
@@ -105,7 +112,7 @@ def test_matches_the_reference(gpu_layer, precision, limit, tokens):
     cpu_weights, weights, scales = gpu_layer
     hidden, topk_weights, topk_ids = inputs(tokens, seed=tokens)
     a4_scales = scales if precision == "a4" else None
-    result = triton_backend().run(*cuda(hidden, topk_weights, topk_ids), weights, a4_scales, limit)
+    result = run_uniform(cuda(hidden, topk_weights, topk_ids), weights, a4_scales, limit)
     expected = reference_on_cpu(cpu_weights, hidden, topk_weights, topk_ids, a4_scales, limit)
     assert result.dtype == hidden.dtype and result.shape == hidden.shape
     assert_close_to_reference(result, expected, precision)
@@ -154,7 +161,7 @@ def test_fp16_activations_match_the_reference(gpu_layer):
     cpu_weights, weights, scales = gpu_layer
     hidden, topk_weights, topk_ids = inputs(50, seed=1, dtype=torch.float16)
     for a4_scales in (None, scales):
-        result = triton_backend().run(*cuda(hidden, topk_weights, topk_ids), weights, a4_scales, None)
+        result = run_uniform(cuda(hidden, topk_weights, topk_ids), weights, a4_scales, None)
         expected = reference_on_cpu(cpu_weights, hidden, topk_weights, topk_ids, a4_scales)
         assert_close_to_reference(result, expected, "w4a16" if a4_scales is None else "a4")
 
@@ -166,7 +173,7 @@ def test_out_of_range_expert_ids_are_ignored(gpu_layer):
     bad_ids[::3, 0] = EXPERTS
     bad_ids[1::5, 1] = -1
     dropped = bad_ids != topk_ids
-    result = triton_backend().run(*cuda(hidden, topk_weights, bad_ids), weights, None, None)
+    result = run_uniform(cuda(hidden, topk_weights, bad_ids), weights, None, None)
     expected = moe_reference(
         hidden, torch.where(dropped, 0.0, topk_weights), topk_ids, cpu_weights, None, None
     )

@@ -42,8 +42,9 @@ import functools
 import re
 from typing import Any
 
-import ptx_subset
 import torch
+
+from helpers import ptx_subset
 
 TORCH_TYPES = {
     "i1": torch.bool,

@@ -6,6 +6,7 @@ Importing this package registers ``torch.ops.a4prefill.{moe_w4a16, moe_a4, moe_s
 from a4prefill.ops.counters import DEVICE_ROW_COUNTERS, ROW_COUNTERS
 from a4prefill.ops.modelopt import NvFp4Experts, NvFp4MoEWeights, dequantize_experts, quantize_moe_weights
 from a4prefill.ops.moe import call_moe, moe_a4, moe_split, moe_w4a16
+from a4prefill.ops.precision import MoECall, RowPlan
 from a4prefill.ops.rows import (
     RowTypes,
     current_row_types,
@@ -23,8 +24,10 @@ __all__ = [
     "ROW_COUNTERS",
     "A4Calibration",
     "A4Scales",
+    "MoECall",
     "NvFp4Experts",
     "NvFp4MoEWeights",
+    "RowPlan",
     "RowTypes",
     "a4_calibration",
     "call_moe",

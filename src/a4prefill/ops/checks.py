@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from a4prefill.ops.modelopt import NvFp4Experts
 from a4prefill.ops.nvfp4 import BLOCK_SIZE
+from a4prefill.ops.precision import MoECall
 from a4prefill.ops.scales import A4Scales
 
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
@@ -43,18 +43,13 @@ def _expect(tensor: torch.Tensor, name: str, shape: tuple[int, ...], dtypes: tup
         raise ValueError(f"{name} must be contiguous (got strides {tensor.stride()})")
 
 
-def check_moe_inputs(
-    hidden_states: torch.Tensor,
-    topk_weights: torch.Tensor,
-    topk_ids: torch.Tensor,
-    experts: NvFp4Experts,
-    a4_scales: A4Scales | None,
-    swiglu_limit: float | None,
-) -> MoEGeometry:
+def check_moe_call(call: MoECall) -> MoEGeometry:
     """Validate one MoE call against vLLM's ModelOpt expert tensors; return its geometry.
 
     Works on real and fake tensors (no data is read).
     """
+    hidden_states, topk_weights, topk_ids = call.hidden_states, call.topk_weights, call.topk_ids
+    experts, a4_scales, swiglu_limit = call.experts, call.a4_scales, call.swiglu_limit
     if not isinstance(hidden_states, torch.Tensor) or hidden_states.ndim != 2:
         shape = list(hidden_states.shape) if isinstance(hidden_states, torch.Tensor) else type(hidden_states)
         raise ValueError(f"hidden_states must be 2-D [T, H], got {shape}")

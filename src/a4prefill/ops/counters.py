@@ -23,11 +23,18 @@ from collections.abc import Callable
 
 import torch
 
+from a4prefill.ops.precision import A4, PRECISIONS, W4A16
 from a4prefill.process_state import register_state
 
-W4A16 = "w4a16"
-A4 = "a4"
-PRECISIONS = (W4A16, A4)
+__all__ = [
+    "A4",
+    "DEVICE_ROW_COUNTERS",
+    "KERNEL_FAMILIES",
+    "PRECISIONS",
+    "ROW_COUNTERS",
+    "W4A16",
+    "record_rows",
+]
 # What can run a MoE call (``MoEBackend.kernel_family``): the reference backend, the triton
 # backend's tiled or decode kernels, b12x.
 KERNEL_FAMILIES = ("reference", "triton-tiled", "triton-decode", "b12x")

@@ -27,9 +27,10 @@ from __future__ import annotations
 import torch
 
 from a4prefill.ops.backends import backend_for
-from a4prefill.ops.checks import a4_scales_argument, check_expert_ids, check_moe_inputs
+from a4prefill.ops.checks import a4_scales_argument, check_expert_ids, check_moe_call
 from a4prefill.ops.counters import record_rows
 from a4prefill.ops.modelopt import NvFp4Experts
+from a4prefill.ops.precision import A4, W4A16, MoECall, RowPlan
 from a4prefill.ops.rows import current_row_types
 from a4prefill.ops.scales import A4Scales
 
@@ -47,61 +48,51 @@ for _name in OP_NAMES:
     _library.define(_name + SCHEMA)
 
 
-class _Call:
-    """One op call's arguments, validated (see :func:`check_moe_inputs`)."""
+def _call(
+    hidden_states: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13_weight: torch.Tensor,
+    w13_weight_scale: torch.Tensor,
+    w13_weight_scale_2: torch.Tensor,
+    w2_weight: torch.Tensor,
+    w2_weight_scale: torch.Tensor,
+    w2_weight_scale_2: torch.Tensor,
+    layer_name: str,
+    a4_fc1_encode_scale: torch.Tensor | None = None,
+    a4_fc2_encode_scales: torch.Tensor | None = None,
+    swiglu_limit: float | None = None,
+) -> MoECall:
+    """The op's arguments (:data:`SCHEMA`) as one validated :class:`MoECall` (real or fake tensors)."""
+    experts = NvFp4Experts(
+        w13_weight, w13_weight_scale, w13_weight_scale_2, w2_weight, w2_weight_scale, w2_weight_scale_2
+    )
+    a4_scales = a4_scales_argument(a4_fc1_encode_scale, a4_fc2_encode_scales)
+    call = MoECall(hidden_states, topk_weights, topk_ids, experts, a4_scales, swiglu_limit, layer_name)
+    check_moe_call(call)
+    return call
 
-    def __init__(
-        self,
-        hidden_states: torch.Tensor,
-        topk_weights: torch.Tensor,
-        topk_ids: torch.Tensor,
-        w13_weight: torch.Tensor,
-        w13_weight_scale: torch.Tensor,
-        w13_weight_scale_2: torch.Tensor,
-        w2_weight: torch.Tensor,
-        w2_weight_scale: torch.Tensor,
-        w2_weight_scale_2: torch.Tensor,
-        layer_name: str,
-        a4_fc1_encode_scale: torch.Tensor | None = None,
-        a4_fc2_encode_scales: torch.Tensor | None = None,
-        swiglu_limit: float | None = None,
-    ) -> None:
-        self.hidden_states, self.topk_weights, self.topk_ids = hidden_states, topk_weights, topk_ids
-        self.experts = NvFp4Experts(
-            w13_weight, w13_weight_scale, w13_weight_scale_2, w2_weight, w2_weight_scale, w2_weight_scale_2
-        )
-        self.layer_name = layer_name
-        self.a4_scales = a4_scales_argument(a4_fc1_encode_scale, a4_fc2_encode_scales)
-        self.swiglu_limit = swiglu_limit
-        geometry = check_moe_inputs(
-            hidden_states, topk_weights, topk_ids, self.experts, self.a4_scales, swiglu_limit
-        )
-        self.num_experts = geometry.experts
 
-    @classmethod
-    def real(cls, *args: object, **kwargs: object) -> _Call:
-        """A call of a real (not fake) impl; expert ids are checked too where that reads no device."""
-        call = cls(*args, **kwargs)  # type: ignore[arg-type]
-        if call.topk_ids.device.type == "cpu":
-            check_expert_ids(call.topk_ids, call.num_experts)
-        return call
+def _real_call(*args: object, **kwargs: object) -> MoECall:
+    """A call of a real (not fake) impl; expert ids are checked too where that reads no device."""
+    call = _call(*args, **kwargs)  # type: ignore[arg-type]
+    if call.topk_ids.device.type == "cpu":
+        check_expert_ids(call.topk_ids, call.experts.w13_weight.shape[0])
+    return call
 
-    def count(self, w4a16_rows: int, a4_rows: int) -> None:
-        """Record this call's rows (host counters; device counters where attached, with the kernel
-        family that runs the call)."""
 
-        def kernel_family() -> str:
-            backend = backend_for(self.hidden_states.device)
-            return backend.kernel_family(self.hidden_states, self.topk_ids, self.experts)
-
-        record_rows(self.layer_name, self.experts.w13_weight, w4a16_rows, a4_rows, kernel_family)
-
-    def run(self, a4_scales: A4Scales | None) -> torch.Tensor:
-        """Every row in one precision: W4A16 (``a4_scales`` None) or A4."""
-        backend = backend_for(self.hidden_states.device)
-        return backend.run(
-            self.hidden_states, self.topk_weights, self.topk_ids, self.experts, a4_scales, self.swiglu_limit
-        )
+def _execute(call: MoECall, plan: RowPlan) -> torch.Tensor:
+    """Count ``plan``'s rows (host counters; device counters where attached, with the kernel family
+    that runs the call), then have the device's backend run it."""
+    backend = backend_for(call.hidden_states.device)
+    record_rows(
+        call.layer_name,
+        call.experts.w13_weight,
+        plan.rows(W4A16),
+        plan.rows(A4),
+        lambda: backend.kernel_family(call),
+    )
+    return backend.run(call, plan)
 
 
 def is_capturing(tensor: torch.Tensor) -> bool:
@@ -110,13 +101,12 @@ def is_capturing(tensor: torch.Tensor) -> bool:
 
 
 def _moe_w4a16(*args: object, **kwargs: object) -> torch.Tensor:
-    call = _Call.real(*args, **kwargs)
-    call.count(call.hidden_states.shape[0], 0)
-    return call.run(None)
+    call = _real_call(*args, **kwargs)
+    return _execute(call, RowPlan.uniform(W4A16, call.num_rows))
 
 
 def _moe_a4(*args: object, **kwargs: object) -> torch.Tensor:
-    call = _Call.real(*args, **kwargs)
+    call = _real_call(*args, **kwargs)
     if call.a4_scales is None:
         raise ValueError(
             f"moe_a4 on layer {call.layer_name!r} needs A4 scales (a4_fc1_encode_scale, "
@@ -127,37 +117,19 @@ def _moe_a4(*args: object, **kwargs: object) -> torch.Tensor:
             f"moe_a4 on layer {call.layer_name!r} was called while a CUDA stream is capturing: a "
             "captured CUDA graph never runs A4 (use moe_split, which runs W4A16 under capture)"
         )
-    call.count(0, call.hidden_states.shape[0])
-    return call.run(call.a4_scales)
+    return _execute(call, RowPlan.uniform(A4, call.num_rows))
 
 
 def _moe_split(*args: object, **kwargs: object) -> torch.Tensor:
-    call = _Call.real(*args, **kwargs)
-    num_rows = call.hidden_states.shape[0]
+    call = _real_call(*args, **kwargs)
     if call.a4_scales is None or is_capturing(call.hidden_states):
-        call.count(num_rows, 0)
-        return call.run(None)
-    row_types = current_row_types(num_rows, call.layer_name)
-    prefill_rows = row_types.num_prefill_rows
-    call.count(num_rows - prefill_rows, prefill_rows)
-    if prefill_rows == 0:
-        return call.run(None)
-    if prefill_rows == num_rows:
-        return call.run(call.a4_scales)
-    backend = backend_for(call.hidden_states.device)
-    return backend.run_split(
-        call.hidden_states,
-        call.topk_weights,
-        call.topk_ids,
-        call.experts,
-        call.a4_scales,
-        call.swiglu_limit,
-        row_types,
-    )
+        return _execute(call, RowPlan.uniform(W4A16, call.num_rows))
+    row_types = current_row_types(call.num_rows, call.layer_name)
+    return _execute(call, RowPlan.for_rows(row_types))
 
 
 def _moe_fake(*args: object, **kwargs: object) -> torch.Tensor:
-    call = _Call(*args, **kwargs)  # type: ignore[arg-type]
+    call = _call(*args, **kwargs)  # type: ignore[arg-type]
     return torch.empty_like(call.hidden_states)
 
 

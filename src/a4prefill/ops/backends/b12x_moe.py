@@ -61,12 +61,13 @@ from typing import Any
 import torch
 
 from a4prefill.ops.backends import b12x_plans
-from a4prefill.ops.backends.b12x_plans import A4, W4A16, B12xGeometry
+from a4prefill.ops.backends.b12x_plans import B12xGeometry
 from a4prefill.ops.backends.b12x_source import b12x_source
 from a4prefill.ops.backends.b12x_weights import B12xTensors, translate_weights
 from a4prefill.ops.backends.base import MoEBackend
 from a4prefill.ops.modelopt import NvFp4Experts
-from a4prefill.ops.rows import RowTypes, Span
+from a4prefill.ops.precision import A4, W4A16, MoECall, RowPlan
+from a4prefill.ops.rows import Span
 from a4prefill.ops.scales import A4Scales
 
 logger = logging.getLogger(__name__)
@@ -161,14 +162,14 @@ class PreparedLayer:
         """The most rows of one ``bind`` + ``run`` (the declarations' capacity)."""
         return self.geometry.max_tokens
 
-    def launches(self, row_types: RowTypes) -> Iterator[tuple[PreparedPlan, bool, Span]]:
-        """``(plan, prefill, rows)`` of every call of one op call: decode and padding spans on the
-        W4A16 plan, prefill spans on the A4 plan, each cut at :attr:`call_tokens` rows."""
-        w4a16_spans = tuple(sorted(row_types.decode + row_types.padding))
-        for rows in _chunks(w4a16_spans, self.call_tokens):
+    def launches(self, plan: RowPlan) -> Iterator[tuple[PreparedPlan, bool, Span]]:
+        """``(prepared plan, prefill, rows)`` of every b12x call of one op call under ``plan``:
+        W4A16 spans on the W4A16 plan, A4 (prefill) spans on the A4 plan, each cut at
+        :attr:`call_tokens` rows."""
+        for rows in _chunks(plan.spans(W4A16), self.call_tokens):
             yield self.w4a16, False, rows
         if self.a4 is not None:
-            for rows in _chunks(row_types.prefill, self.call_tokens):
+            for rows in _chunks(plan.spans(A4), self.call_tokens):
                 yield self.a4, True, rows
 
     def weight_nbytes(self) -> int:
@@ -327,60 +328,28 @@ class B12xBackend(MoEBackend):
         if isinstance(result, torch.Tensor) and result.data_ptr() != target.data_ptr():
             target.copy_(result)
 
-    def run_into(
-        self,
-        output: torch.Tensor,
-        hidden_states: torch.Tensor,
-        topk_weights: torch.Tensor,
-        topk_ids: torch.Tensor,
-        experts: NvFp4Experts,
-        a4_scales: A4Scales | None,
-        swiglu_limit: float | None,
-        row_types: RowTypes,
-    ) -> torch.Tensor:
-        """Write the MoE of ``hidden_states [T, H]`` into the caller's ``output [T, H]``.
+    def run_into(self, output: torch.Tensor, call: MoECall, plan: RowPlan) -> torch.Tensor:
+        """Write ``call`` under ``plan`` into the caller's ``output [T, H]``.
 
-        Decode and padding spans run the W4A16 plan, prefill spans the A4 plan, each span (cut
-        at ``max_tokens``) as one bind + run on views; no allocation once the layer is prepared.
+        W4A16 rows run the W4A16 plan, A4 rows the A4 plan, each span (cut at ``max_tokens``) as
+        one bind + run on views; no allocation once the layer is prepared.
         """
-        if row_types.prefill and a4_scales is None:
+        if plan.rows(A4) and call.a4_scales is None:
             raise ValueError("prefill rows need A4, but no A4 scales were given for this layer")
-        layer = self.prepare_layer(experts, a4_scales, topk_ids.shape[1], hidden_states.dtype, swiglu_limit)
-        call = (hidden_states, topk_weights, topk_ids, output)
-        for plan, prefill, rows in layer.launches(row_types):
-            self._launch(layer, plan, prefill, rows, call)
+        hidden_states, top_k = call.hidden_states, call.topk_ids.shape[1]
+        layer = self.prepare_layer(
+            call.experts, call.a4_scales, top_k, hidden_states.dtype, call.swiglu_limit
+        )
+        views = (hidden_states, call.topk_weights, call.topk_ids, output)
+        for prepared, prefill, rows in layer.launches(plan):
+            self._launch(layer, prepared, prefill, rows, views)
         return output
 
-    def run(
-        self,
-        hidden_states: torch.Tensor,
-        topk_weights: torch.Tensor,
-        topk_ids: torch.Tensor,
-        experts: NvFp4Experts,
-        a4_scales: A4Scales | None,
-        swiglu_limit: float | None,
-    ) -> torch.Tensor:
-        tokens = hidden_states.shape[0]
-        output = torch.empty_like(hidden_states)
-        if tokens == 0:
+    def run(self, call: MoECall, plan: RowPlan) -> torch.Tensor:
+        output = torch.empty_like(call.hidden_states)
+        if call.num_rows == 0:
             return output
-        spans = ((0, tokens),)
-        row_types = (
-            RowTypes(tokens, (), spans, ()) if a4_scales is not None else RowTypes(tokens, spans, (), ())
-        )
-        args = (hidden_states, topk_weights, topk_ids, experts, a4_scales, swiglu_limit)
-        return self.run_into(output, *args, row_types)
+        return self.run_into(output, call, plan)
 
-    def run_split(
-        self,
-        hidden_states: torch.Tensor,
-        topk_weights: torch.Tensor,
-        topk_ids: torch.Tensor,
-        experts: NvFp4Experts,
-        a4_scales: A4Scales,
-        swiglu_limit: float | None,
-        row_types: RowTypes,
-    ) -> torch.Tensor:
-        output = torch.empty_like(hidden_states)
-        args = (hidden_states, topk_weights, topk_ids, experts, a4_scales, swiglu_limit)
-        return self.run_into(output, *args, row_types)
+    def run_uniform(self, call: MoECall, precision: str) -> torch.Tensor:
+        return self.run(call, RowPlan.uniform(precision, call.num_rows))

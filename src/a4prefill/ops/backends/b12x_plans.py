@@ -23,9 +23,8 @@ import torch
 
 from a4prefill.ops.backends.b12x_weights import B12xTensors, to_packed_weights
 from a4prefill.ops.nvfp4 import BLOCK_SIZE
+from a4prefill.ops.precision import A4, W4A16
 
-W4A16 = "w4a16"
-A4 = "a4"
 PER_CALL_A4_PARAMETERS = ("a4_prefill",)
 """Names a b12x ``bind`` may take to choose A4 per call (not in 1.5.1; feature-detected)."""
 

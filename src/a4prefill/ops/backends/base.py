@@ -1,4 +1,4 @@
-"""The backend interface: run the MoE on rows in one precision, or split by row types."""
+"""The backend interface: run one MoE call under its row plan (:mod:`a4prefill.ops.precision`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import torch
 
 from a4prefill.ops.modelopt import NvFp4Experts
-from a4prefill.ops.rows import RowTypes, Span
+from a4prefill.ops.precision import PRECISIONS, SPLIT, MoECall, RowPlan
+from a4prefill.ops.rows import Span
 from a4prefill.ops.scales import A4Scales
 
 
@@ -33,10 +34,12 @@ class WarmUp:
 
 
 class MoEBackend(abc.ABC):
-    """One implementation of the NVFP4 MoE. Arguments are validated before they reach it.
+    """One implementation of the NVFP4 MoE. Calls are validated before they reach it.
 
-    Shapes: ``hidden_states [T, H]`` bf16/fp16, ``topk_weights [T, k]``, ``topk_ids [T, k]``,
-    ``experts`` as :class:`NvFp4Experts`. Returns a new ``[T, H]`` tensor in the input dtype.
+    A backend executes a :class:`~a4prefill.ops.precision.MoECall` under a
+    :class:`~a4prefill.ops.precision.RowPlan` (which rows run W4A16 and which A4) and returns a
+    new ``[T, H]`` tensor in the activations' dtype. It decides nothing about precision: rows
+    the plan gives W4A16 run W4A16 even where the call carries the layer's A4 scales.
     """
 
     name: str
@@ -45,25 +48,29 @@ class MoEBackend(abc.ABC):
     def unsupported_reason(self, device: torch.device) -> str | None:
         """Why this backend cannot run on ``device``, or None if it can."""
 
-    def kernel_family(
-        self, hidden_states: torch.Tensor, topk_ids: torch.Tensor, experts: NvFp4Experts
-    ) -> str:
-        """What runs a call on ``hidden_states [T, H]`` with ``topk_ids [T, k]``: one of
-        :data:`a4prefill.ops.counters.KERNEL_FAMILIES` (the device row counters count calls per
-        family). Host arithmetic on shapes only. This default is the backend's name."""
+    def kernel_family(self, call: MoECall) -> str:
+        """What runs ``call``: one of :data:`a4prefill.ops.counters.KERNEL_FAMILIES` (the device
+        row counters count calls per family). Host arithmetic on shapes only. This default is
+        the backend's name."""
         return self.name
 
     @abc.abstractmethod
-    def run(
-        self,
-        hidden_states: torch.Tensor,
-        topk_weights: torch.Tensor,
-        topk_ids: torch.Tensor,
-        experts: NvFp4Experts,
-        a4_scales: A4Scales | None,
-        swiglu_limit: float | None,
-    ) -> torch.Tensor:
-        """Every row W4A16 when ``a4_scales`` is None, else every row A4."""
+    def run_uniform(self, call: MoECall, precision: str) -> torch.Tensor:
+        """Every row of ``call`` in ``precision`` (``W4A16``, or ``A4`` with ``call.a4_scales``)."""
+
+    def run(self, call: MoECall, plan: RowPlan) -> torch.Tensor:
+        """``call`` under ``plan``. This default runs a uniform plan as one call and a split plan
+        as one call per precision on that precision's rows (gathered: a slice where contiguous),
+        into one output."""
+        if plan.kind != SPLIT:
+            return self.run_uniform(call, plan.kind)
+        output = torch.empty_like(call.hidden_states)
+        for precision in PRECISIONS:
+            spans = plan.spans(precision)
+            if spans:
+                rows = _row_selector(spans, call.hidden_states.device)
+                output[rows] = self.run_uniform(call.select(rows), precision)
+        return output
 
     def warm_up(
         self,
@@ -80,26 +87,3 @@ class MoEBackend(abc.ABC):
         before any CUDA graph is captured. This default compiles nothing (for backends without
         just-in-time kernels)."""
         return WarmUp(0, 0, 0.0)
-
-    def run_split(
-        self,
-        hidden_states: torch.Tensor,
-        topk_weights: torch.Tensor,
-        topk_ids: torch.Tensor,
-        experts: NvFp4Experts,
-        a4_scales: A4Scales,
-        swiglu_limit: float | None,
-        row_types: RowTypes,
-    ) -> torch.Tensor:
-        """Prefill rows A4, all other rows W4A16. This default gathers each precision's rows
-        (a slice when they are contiguous) and runs them as two calls."""
-        output = torch.empty_like(hidden_states)
-        w4a16_spans = tuple(sorted(row_types.decode + row_types.padding))
-        for spans, scales in ((w4a16_spans, None), (row_types.prefill, a4_scales)):
-            if not spans:
-                continue
-            rows = _row_selector(spans, hidden_states.device)
-            output[rows] = self.run(
-                hidden_states[rows], topk_weights[rows], topk_ids[rows], experts, scales, swiglu_limit
-            )
-        return output

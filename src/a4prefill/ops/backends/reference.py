@@ -6,9 +6,8 @@ import torch
 
 from a4prefill.ops.backends.base import MoEBackend
 from a4prefill.ops.checks import check_expert_ids
-from a4prefill.ops.modelopt import NvFp4Experts
+from a4prefill.ops.precision import A4, MoECall
 from a4prefill.ops.reference import moe_reference
-from a4prefill.ops.scales import A4Scales
 
 
 class ReferenceBackend(MoEBackend):
@@ -19,14 +18,9 @@ class ReferenceBackend(MoEBackend):
     def unsupported_reason(self, device: torch.device) -> str | None:
         return None
 
-    def run(
-        self,
-        hidden_states: torch.Tensor,
-        topk_weights: torch.Tensor,
-        topk_ids: torch.Tensor,
-        experts: NvFp4Experts,
-        a4_scales: A4Scales | None,
-        swiglu_limit: float | None,
-    ) -> torch.Tensor:
-        check_expert_ids(topk_ids, experts.w13_weight.shape[0])
-        return moe_reference(hidden_states, topk_weights, topk_ids, experts, a4_scales, swiglu_limit)
+    def run_uniform(self, call: MoECall, precision: str) -> torch.Tensor:
+        check_expert_ids(call.topk_ids, call.experts.w13_weight.shape[0])
+        scales = call.a4_scales if precision == A4 else None
+        return moe_reference(
+            call.hidden_states, call.topk_weights, call.topk_ids, call.experts, scales, call.swiglu_limit
+        )

@@ -14,14 +14,14 @@ from a4prefill.ops.backends import triton_warmup
 from a4prefill.ops.backends.base import MoEBackend, WarmUp
 from a4prefill.ops.backends.triton_moe import fused_moe, plan_call, row_flags_for
 from a4prefill.ops.modelopt import NvFp4Experts
-from a4prefill.ops.rows import RowTypes
+from a4prefill.ops.precision import W4A16, MoECall, RowPlan
 from a4prefill.ops.scales import A4Scales
 
 
 class TritonBackend(MoEBackend):
     """Grouped NVFP4 MoE in Triton (any CUDA GPU). Capture-safe, no host syncs.
 
-    ``run_split`` runs every row in one set of launches with a per-row precision flag (decode
+    A split plan runs every row in one set of launches with a per-row precision flag (decode
     and padding rows W4A16, prefill rows A4) into one output, without gathers.
     Out-of-range expert ids: those routes are ignored (:mod:`triton_moe`).
     """
@@ -41,33 +41,28 @@ class TritonBackend(MoEBackend):
             return f"triton kernels do not import: {error}"
         return None
 
-    def run(
-        self,
-        hidden_states: torch.Tensor,
-        topk_weights: torch.Tensor,
-        topk_ids: torch.Tensor,
-        experts: NvFp4Experts,
-        a4_scales: A4Scales | None,
-        swiglu_limit: float | None,
-    ) -> torch.Tensor:
-        return fused_moe(hidden_states, topk_weights, topk_ids, experts, a4_scales, swiglu_limit)
+    def run(self, call: MoECall, plan: RowPlan) -> torch.Tensor:
+        """One set of launches whatever the plan: a split plan flags each row's precision."""
+        scales = None if plan.kind == W4A16 else call.a4_scales
+        flags = None
+        if plan.row_types is not None:
+            flags = row_flags_for(plan.row_types, call.hidden_states.device)
+        routing = (call.topk_weights, call.topk_ids)
+        return fused_moe(call.hidden_states, *routing, call.experts, scales, call.swiglu_limit, flags)
 
-    def kernel_family(
-        self, hidden_states: torch.Tensor, topk_ids: torch.Tensor, experts: NvFp4Experts
-    ) -> str:
+    def run_uniform(self, call: MoECall, precision: str) -> torch.Tensor:
+        return self.run(call, RowPlan.uniform(precision, call.num_rows))
+
+    def kernel_family(self, call: MoECall) -> str:
         """``triton-decode`` where the call's :class:`CallPlan` runs the decode kernels, else
         ``triton-tiled``."""
-        num_experts, two_i, hidden = (
-            experts.w13_weight.shape[0],
-            experts.w13_weight.shape[1],
-            hidden_states.shape[1],
-        )
+        hidden_states, w13 = call.hidden_states, call.experts.w13_weight
         plan = plan_call(
             hidden_states.shape[0],
-            topk_ids.shape[1],
-            num_experts,
-            hidden,
-            two_i // 2,
+            call.topk_ids.shape[1],
+            w13.shape[0],
+            hidden_states.shape[1],
+            w13.shape[1] // 2,
             hidden_states.dtype,
             hidden_states.device,
         )
@@ -84,16 +79,3 @@ class TritonBackend(MoEBackend):
     ) -> WarmUp:
         """One call per launch plan and precision (:mod:`triton_warmup`)."""
         return triton_warmup.warm_up(experts, a4_scales, swiglu_limit, max_tokens, dtype, top_k)
-
-    def run_split(
-        self,
-        hidden_states: torch.Tensor,
-        topk_weights: torch.Tensor,
-        topk_ids: torch.Tensor,
-        experts: NvFp4Experts,
-        a4_scales: A4Scales,
-        swiglu_limit: float | None,
-        row_types: RowTypes,
-    ) -> torch.Tensor:
-        flags = row_flags_for(row_types, hidden_states.device)
-        return fused_moe(hidden_states, topk_weights, topk_ids, experts, a4_scales, swiglu_limit, flags)

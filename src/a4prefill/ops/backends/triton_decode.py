@@ -53,6 +53,12 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from a4prefill.ops.backends.triton_kernels import _quantize_groups, swiglu
+from a4prefill.ops.precision import MODE_A4, MODE_SPLIT, MODE_W4A16
+
+# The kernels' MODE (a4prefill.ops.precision), as Gluon constexprs
+W4A16_MODE: gl.constexpr = gl.constexpr(MODE_W4A16)
+A4_MODE: gl.constexpr = gl.constexpr(MODE_A4)
+SPLIT_MODE: gl.constexpr = gl.constexpr(MODE_SPLIT)
 
 # cp.async into shared memory: ``async_load`` from Triton 3.7 on, ``async_copy_global_to_shared``
 # before (same arguments: shared memory, pointers, mask)
@@ -373,9 +379,9 @@ def _epilogue_rows(y, n0, rows, live):
 @gluon.jit
 def _route_is_a4(flag_ptr, route, out_mask, TOPK, MODE: gl.constexpr):
     """Per route of the epilogue (``route [1, 1, TILE]``, route ids): whether its token's row
-    flag says A4 (MODE 2); in MODE 0 and 1 every route has the call's precision and this is
+    flag says A4 (``SPLIT_MODE``); in the uniform modes every route has the call's precision and this is
     only a placeholder."""
-    if MODE == 2:
+    if MODE == SPLIT_MODE:
         return gl.load(flag_ptr + route // TOPK, mask=out_mask, other=0) != 0
     else:
         return out_mask
@@ -385,10 +391,10 @@ def _route_is_a4(flag_ptr, route, out_mask, TOPK, MODE: gl.constexpr):
 def _alpha(scale2, encode_scale_ptr, is_a4, MODE: gl.constexpr):
     """The epilogue multiplier of one GEMM: ``scale2`` for W4A16 routes, ``div_rn(scale2,
     encode_scale)`` for A4 routes (docs/numerics.md section 3), times 128 to undo the weights'
-    ``2**-7`` (exact). MODE 2 picks per route with ``is_a4 [1, 1, TILE]``."""
-    if MODE == 0:
+    ``2**-7`` (exact). ``SPLIT_MODE`` picks per route with ``is_a4 [1, 1, TILE]``."""
+    if MODE == W4A16_MODE:
         return scale2 * 128.0
-    elif MODE == 1:
+    elif MODE == A4_MODE:
         return gl.div_rn(scale2, gl.load(encode_scale_ptr)) * 128.0
     else:
         return gl.where(is_a4, gl.div_rn(scale2, gl.load(encode_scale_ptr)) * 128.0, scale2 * 128.0)
@@ -399,7 +405,7 @@ def _requantize(h, gs2_ptr, is_a4, MODE: gl.constexpr):
     """FC1's bf16 output ``h [W', M, TILE]`` (features ``n0 + M w + r`` on axes 0-1, routes on
     axis 2) of A4 routes quantized per 16 features with the expert's encode scale ``gs2``, as
     ``triton_kernels``' A4 epilogue (:func:`triton_kernels._quantize_groups`): the values
-    ``e2m1 * block_scale`` in bf16. W4A16 routes (MODE 2, ``is_a4`` False) keep ``h``."""
+    ``e2m1 * block_scale`` in bf16. W4A16 routes (``SPLIT_MODE``, ``is_a4`` False) keep ``h``."""
     W: gl.constexpr = h.shape[0]
     M: gl.constexpr = h.shape[1]
     T: gl.constexpr = h.shape[2]
@@ -408,7 +414,7 @@ def _requantize(h, gs2_ptr, is_a4, MODE: gl.constexpr):
     rows = gl.reshape(gl.permute(h.to(gl.float32), [2, 0, 1]), [T, W * M])
     q, _, _ = _quantize_groups(rows, gs2, inv_gs2, T, W * M)
     q = gl.convert_layout(gl.permute(gl.reshape(q, [T, W, M]), [1, 2, 0]), h.type.layout).to(gl.bfloat16)
-    if MODE == 1:
+    if MODE == A4_MODE:
         return q
     else:
         return gl.where(is_a4, q, h)
@@ -533,9 +539,10 @@ def fc1_decode_kernel(
     ``e2m1 * block_scale``), ``w [E, 2I, H/8]`` int32 (the uint8 codes, 4 per word), ``ws [E,
     2I, H/32]`` uint16 (the e4m3 scale bytes, 2 per element), ``w_scale2 [E, 2]`` fp32, ``out
     [R, I]`` bf16 in permuted K order
-    (FC2's input; A4 routes re-quantized with ``gs2[e]``), ``ROUTES = R``. ``MODE`` 0 W4A16, 1
-    A4, 2 per token (``flag [T]`` uint8, 1 = A4); ``gs1 [1]``, ``gs2 [E]`` fp32 encode scales
-    (read in MODE 1 and 2 only). Routing tensors as in :mod:`triton_kernels` with
+    (FC2's input; A4 routes re-quantized with ``gs2[e]``), ``ROUTES = R``. ``MODE``: ``W4A16_MODE``,
+    ``A4_MODE``, or ``SPLIT_MODE`` per token (``flag [T]`` uint8, 1 = A4); ``gs1 [1]``, ``gs2 [E]``
+    fp32 encode scales
+    (read in ``A4_MODE`` and ``SPLIT_MODE`` only). Routing tensors as in :mod:`triton_kernels` with
     ``TILE``-route tiles.
     ``SPLIT_K``: the ``WARPS`` warps stream K slices of the same ``M`` features (``W' = 1``,
     ``H % (WARPS * BK) == 0``); else each warp streams all of K for its own ``M`` features
@@ -644,7 +651,7 @@ def fc1_decode_kernel(
     gate = gate * _alpha(gl.load(w_scale2_ptr + expert * 2), gs1_ptr, is_a4, MODE)
     up = up * _alpha(gl.load(w_scale2_ptr + expert * 2 + 1), gs1_ptr, is_a4, MODE)
     h = swiglu(gate, up, limit, HAS_LIMIT, gl.bfloat16)
-    if MODE != 0:
+    if MODE != W4A16_MODE:
         h = _requantize(h, gs2_ptr + expert, is_a4, MODE)
     # FC2 reads this in permuted K order: physical column n goes to its logical slot, which is
     # held by column 32 b + 8 c + 4 h + 2 q + p of slot 32 b + 16 q + 4 c + 2 h + p.

@@ -25,10 +25,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from a4prefill.ops import precision
+
 # Row precision modes of the GEMM kernels.
-MODE_W4A16 = 0
-MODE_A4 = 1
-MODE_SPLIT = 2  # per-token flag: 1 = A4, 0 = W4A16
+# The kernels' MODE (a4prefill.ops.precision): every row W4A16, every row A4, or per token (a
+# flag per token: 1 = A4, 0 = W4A16)
+W4A16_MODE: tl.constexpr = tl.constexpr(precision.MODE_W4A16)
+A4_MODE: tl.constexpr = tl.constexpr(precision.MODE_A4)
+SPLIT_MODE: tl.constexpr = tl.constexpr(precision.MODE_SPLIT)
 
 
 @triton.jit
@@ -200,7 +204,7 @@ def quantize_rows_kernel(
     BH: tl.constexpr,
 ):
     """FC1 input of the A4 path: ``out [T, H] = e2m1 * block_scale`` of ``x [T, H]`` quantized
-    with the shared ``gs_ptr[0]`` (rows whose flag is 0 in MODE_SPLIT are copied unchanged).
+    with the shared ``gs_ptr[0]`` (rows whose flag is 0 in ``SPLIT_MODE`` are copied unchanged).
     With WRITE_CODES also packed codes uint8 [T, H/2] and e4m3 scale bytes uint8 [T, H/16]."""
     rows = tl.program_id(0) * BT + tl.arange(0, BT)
     cols = tl.program_id(1) * BH + tl.arange(0, BH)
@@ -211,7 +215,7 @@ def quantize_rows_kernel(
     inv_gs = tl.math.div_rn(gs * 0.0 + 1.0, gs)
     value, code, scale = _quantize_groups(x.to(tl.float32), gs, inv_gs, BT, BH)
     result = value.to(x.dtype)
-    if MODE == 2:
+    if MODE == SPLIT_MODE:
         flag = tl.load(flag_ptr + rows, mask=rmask, other=0)
         result = tl.where(flag[:, None] != 0, result, x)
     tl.store(out_ptr + rows[:, None] * H + cols[None, :], result, mask=mask)
@@ -290,11 +294,11 @@ def _tile_rows(tile_expert_ptr, tile_row_ptr, seg_start_ptr, seg_count_ptr, pid_
 def _fc1_alpha(scale2, gs1_ptr, is_a4, MODE: tl.constexpr, BM: tl.constexpr):
     """Per-row FC1 epilogue multiplier [BM] of one half: ``scale2`` (W4A16) or ``scale2 / gs1`` (A4);
     ``is_a4`` [BM] picks per row in ``MODE`` 2."""
-    if MODE == 0:
+    if MODE == W4A16_MODE:
         alpha = tl.full([BM], 1.0, tl.float32) * scale2
     else:
         alpha_a4 = tl.math.div_rn(scale2, tl.load(gs1_ptr))
-        if MODE == 1:  # noqa: SIM108 (constexpr branch)
+        if MODE == A4_MODE:
             alpha = tl.full([BM], 1.0, tl.float32) * alpha_a4
         else:
             alpha = tl.where(is_a4, alpha_a4, scale2)
@@ -343,17 +347,17 @@ def _fc1_epilogue(
     dtype = out_ptr.dtype.element_ty
     acc_g = _unscale(acc_g, PTX)
     acc_u = _unscale(acc_u, PTX)
-    is_a4 = rmask  # per-row A4 flags in MODE 2; unused otherwise
-    if MODE == 2:
+    is_a4 = rmask  # per-row A4 flags in SPLIT_MODE; unused otherwise
+    if MODE == SPLIT_MODE:
         is_a4 = tl.load(flag_ptr + token, mask=rmask, other=0) != 0
     alpha_g = _fc1_alpha(tl.load(w_scale2_ptr + expert * 2), gs1_ptr, is_a4, MODE, BM)
     alpha_u = _fc1_alpha(tl.load(w_scale2_ptr + expert * 2 + 1), gs1_ptr, is_a4, MODE, BM)
     h = swiglu(acc_g * alpha_g[:, None], acc_u * alpha_u[:, None], limit, HAS_LIMIT, dtype)
-    if MODE != 0:
+    if MODE != W4A16_MODE:
         gs2 = tl.load(gs2_ptr + expert)
         inv_gs2 = tl.math.div_rn(gs2 * 0.0 + 1.0, gs2)
         q, _, _ = _quantize_groups(h.to(tl.float32), gs2, inv_gs2, BM, BN)
-        if MODE == 1:  # noqa: SIM108 (constexpr branch)
+        if MODE == A4_MODE:  # noqa: SIM108 (constexpr branch)
             h = q.to(dtype)
         else:
             h = tl.where(is_a4[:, None], q.to(dtype), h)
@@ -581,11 +585,11 @@ def fc2_kernel(
         return
     scale2 = tl.load(w_scale2_ptr + expert)
     acc = _unscale(acc, PTX)
-    if MODE == 0:
+    if MODE == W4A16_MODE:
         alpha = tl.full([BM], 1.0, tl.float32) * scale2
     else:
         alpha_a4 = tl.math.div_rn(scale2, tl.load(gs2_ptr + expert))
-        if MODE == 1:
+        if MODE == A4_MODE:
             alpha = tl.full([BM], 1.0, tl.float32) * alpha_a4
         else:
             is_a4 = tl.load(flag_ptr + route // TOPK, mask=rmask, other=0) != 0
@@ -631,9 +635,9 @@ def combine_kernel(
             safe = tl.where((expert >= 0) & (expert < E), expert, 0)
             alpha = tl.load(w_scale2_ptr + safe)
             y = _unscale(y, PTX)
-            if MODE != 0:
+            if MODE != W4A16_MODE:
                 alpha_a4 = tl.math.div_rn(alpha, tl.load(gs2_ptr + safe))
-                if MODE == 1:  # noqa: SIM108 (constexpr branch)
+                if MODE == A4_MODE:  # noqa: SIM108 (constexpr branch)
                     alpha = alpha_a4
                 else:
                     alpha = tl.where(tl.load(flag_ptr + t) != 0, alpha_a4, alpha)

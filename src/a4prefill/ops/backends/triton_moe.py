@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from a4prefill.ops.modelopt import NvFp4Experts
+from a4prefill.ops.precision import MODE_A4, MODE_SPLIT, MODE_W4A16
 from a4prefill.ops.rows import RowTypes
 from a4prefill.ops.scales import A4Scales
 from a4prefill.process_state import register_state
@@ -44,7 +45,6 @@ SMALL_ROUTING_MAX = 4096  # routes sorted by the one-program Triton kernel
 # routes against 4 warps' 14.4 / 35.7 / 108.9 us).
 ROUTE_PREP_WARPS, ROUTE_PREP_WIDE_WARPS, ROUTE_PREP_WIDE_ROUTES = 4, 16, 512
 DECODE_MAX_ROWS_PER_EXPERT = 32  # W4A16 calls with at most this many routes per active expert (mean)
-MODE_W4A16, MODE_A4, MODE_SPLIT = 0, 1, 2
 
 
 def _kernels() -> Any:
