@@ -36,7 +36,6 @@ Who may call: ``python -m a4prefill b12x-compile``, ``scripts/compile_b12x.sh``,
 from __future__ import annotations
 
 import contextlib
-import json
 import multiprocessing
 import os
 import struct
@@ -390,7 +389,3 @@ def format_report(compilations: list[PlanCompilation]) -> str:
                 f"  {p.dialect:<6} {p.name:<34} {','.join(p.archs) or 'NO DEVICE CODE':<10} {kernels}"
             )
     return "\n".join(lines)
-
-
-def dumps(compilations: list[PlanCompilation]) -> str:
-    return json.dumps(report(compilations), indent=1)
