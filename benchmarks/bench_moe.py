@@ -157,7 +157,7 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() / seconds / 1e9
 
 
-# triton_moe.DecodeGemm fields (warps, block_k, split, rows, prefetch) of FC1, then FC2; 8-route tiles
+# triton.schedules.DecodeGemm fields (warps, block_k, split, rows, prefetch) of FC1, then FC2; 8-route tiles
 DECODE_SWEEP = [
     ((4, 128), (2, 128)),
     ((2, 256), (2, 128)),
@@ -267,7 +267,7 @@ def decode_schedules(routes: int, experts: int, focus: bool = False) -> list[Any
     """The decode schedules the sweep times for a call of ``routes`` routes over ``experts``:
     :data:`DECODE_SWEEP` (and :data:`DECODE_SWEEP_WIDE` with wider tiles), or with ``focus``
     :data:`DECODE_SWEEP_FOCUS`."""
-    from a4prefill.ops.backends.triton_moe import DecodeGemm, DecodeTiles
+    from a4prefill.ops.backends.triton.schedules import DecodeGemm, DecodeTiles
 
     wide = routes > 4 * experts
     if focus:
@@ -301,7 +301,7 @@ def sweep_configs(
     :func:`decode_schedules` (``focus`` with ``sweep == "focus"``; labels ``decode_<schedule>``);
     per reference of ``references`` (suffix -> expected fp32 output), each config's relative
     error; with ``sweep == "focus"``, ``a4_fn(config=...)``'s time for each decode schedule."""
-    from a4prefill.ops.backends.triton_moe import GemmConfig, choose_config
+    from a4prefill.ops.backends.triton.schedules import GemmConfig, choose_config
 
     configs = {
         label: GemmConfig(*sizes)
@@ -338,7 +338,8 @@ def relative_error(output: torch.Tensor, expected: torch.Tensor) -> float:
 def bench_shape(
     name: str, shape: dict[str, int], tokens_list: list[int], sweep: str | None, log: Any
 ) -> dict[str, Any]:
-    from a4prefill.ops.backends.triton_moe import choose_config, fused_moe
+    from a4prefill.ops.backends.triton.fused import fused_moe
+    from a4prefill.ops.backends.triton.schedules import choose_config
     from a4prefill.ops.reference import moe_reference
     from a4prefill.ops.scales import derive_a4_scales
 
@@ -548,7 +549,7 @@ def committed_time(
     """The label, time and relative error (bf16 io), in a result row, of the config this
     checkout chooses for ``routes`` routes: the run's own default if it is the same config, else
     its sweep entry."""
-    from a4prefill.ops.backends.triton_moe import choose_config
+    from a4prefill.ops.backends.triton.schedules import choose_config
 
     config = choose_config(routes, shape["experts"], shape["hidden"], shape["intermediate"])
     label = "tiled" if config.decode is None else f"decode_{config.decode}"

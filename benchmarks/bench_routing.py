@@ -23,7 +23,7 @@ WARPS = [4, 8, 16]
 
 
 def main() -> None:
-    from a4prefill.ops.backends.triton_moe import build_routing
+    from a4prefill.ops.backends.triton.routing import build_routing
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True)

@@ -43,8 +43,9 @@ def kernel_facts(jit_function: Any) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    from a4prefill.ops.backends import triton_kernels
-    from a4prefill.ops.backends.triton_moe import GemmConfig, choose_config, fused_moe
+    from a4prefill.ops.backends.triton import tiled_kernels
+    from a4prefill.ops.backends.triton.fused import fused_moe
+    from a4prefill.ops.backends.triton.schedules import GemmConfig, choose_config
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -68,7 +69,7 @@ def main() -> None:
             if bench_moe.config_fits(sizes, routes, experts):
                 configs[label] = GemmConfig(*sizes)
         for label, config in configs.items():
-            for jit_function in (triton_kernels.fc1_kernel, triton_kernels.fc2_kernel):
+            for jit_function in (tiled_kernels.fc1_kernel, tiled_kernels.fc2_kernel):
                 jit_function.device_caches.clear()
             run = functools.partial(
                 fused_moe, x, topk_w, topk_ids, weights.experts(), None, None, config=config
@@ -78,12 +79,12 @@ def main() -> None:
                 row["w4a16_us"] = bench_moe.time_graph(run, 20, flush)
             except Exception as error:  # keep the rest of the report
                 row["error"] = repr(error)[:300]
-            row["fc1"] = kernel_facts(triton_kernels.fc1_kernel)
-            row["fc2"] = kernel_facts(triton_kernels.fc2_kernel)
+            row["fc1"] = kernel_facts(tiled_kernels.fc1_kernel)
+            row["fc2"] = kernel_facts(tiled_kernels.fc2_kernel)
             report["rows"].append(row)
             print(json.dumps(row), flush=True)
             if label == "default" and tokens == min(int(t) for t in args.tokens.split(",")):
-                for cache in triton_kernels.fc1_kernel.device_caches.values():
+                for cache in tiled_kernels.fc1_kernel.device_caches.values():
                     for kernel in cache[0].values():
                         for kind in ("ttgir", "ptx"):
                             with open(os.path.join(args.out, f"fc1_default.{kind}"), "w") as handle:

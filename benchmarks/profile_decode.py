@@ -74,7 +74,7 @@ def ncu_summary(csv_path: str) -> list[dict[str, Any]]:
 
 def implementations(shape: dict[str, int]) -> dict[str, Callable[..., torch.Tensor]]:
     """``name -> fn(hidden, topk_weights, topk_ids)`` on the same random weights."""
-    from a4prefill.ops.backends.triton_moe import fused_moe
+    from a4prefill.ops.backends.triton.fused import fused_moe
 
     torch.manual_seed(0)
     weights = random_weights(shape["experts"], shape["hidden"], shape["intermediate"], "cuda")

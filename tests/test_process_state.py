@@ -25,7 +25,15 @@ def runtime_modules() -> list[types.ModuleType]:
     if importlib.util.find_spec("vllm") is None:
         skipped += ("a4prefill.vllm_integration",)
     if importlib.util.find_spec("triton") is None:
-        skipped += ("a4prefill.ops.backends.triton_kernels", "a4prefill.ops.backends.triton_decode")
+        kernel_modules = (
+            "numerics",
+            "shared_kernels",
+            "tiled_kernels",
+            "decode_kernels",
+            "decode_layouts",
+            "decode_asm",
+        )
+        skipped += tuple(f"a4prefill.ops.backends.triton.{name}" for name in kernel_modules)
     return [importlib.import_module(n) for n in names if not n.startswith(skipped)]
 
 

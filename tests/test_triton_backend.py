@@ -72,7 +72,7 @@ def test_backend_is_auto_selected_on_cuda():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("tokens", [1, 33, 1000])
 def test_activation_quantization_is_bit_exact_with_the_reference(dtype, tokens):
-    from a4prefill.ops.backends.triton_moe import quantize_rows
+    from a4prefill.ops.backends.triton.quantize import quantize_rows
 
     generator = torch.Generator().manual_seed(tokens)
     x = torch.randn(tokens, 512, generator=generator) * torch.logspace(-6, 3, 512)[torch.randperm(512)]
@@ -91,7 +91,7 @@ def test_activation_quantization_is_bit_exact_with_the_reference(dtype, tokens):
 
 @pytest.mark.parametrize("routes", [8, 300, 4096, 5000])
 def test_routing_kernel_equals_torch_routing(routes):
-    from a4prefill.ops.backends.triton_moe import build_routing
+    from a4prefill.ops.backends.triton.routing import build_routing
 
     generator = torch.Generator().manual_seed(routes)
     ids = torch.randint(-1, EXPERTS + 1, (routes // 4, 4), generator=generator, dtype=torch.int32).cuda()
@@ -123,7 +123,8 @@ def test_matches_the_reference(gpu_layer, precision, limit, tokens):
     [(False, 16, 1), (False, 64, 1), (False, 16, 4), (True, 16, 1), (True, 64, 1), (True, 16, 2)],
 )
 def test_every_kernel_variant_matches_the_reference(gpu_layer, ptx, block_m, split_k):
-    from a4prefill.ops.backends.triton_moe import GemmConfig, fused_moe
+    from a4prefill.ops.backends.triton.fused import fused_moe
+    from a4prefill.ops.backends.triton.schedules import GemmConfig
 
     cpu_weights, weights, scales = gpu_layer
     config = GemmConfig(block_m, 32, 64, 64, 64, 4, 3, ptx, split_k)
@@ -137,7 +138,8 @@ def test_every_kernel_variant_matches_the_reference(gpu_layer, ptx, block_m, spl
 @pytest.mark.parametrize(("block_m", "split_k"), [(16, 1), (64, 1), (16, 2)])
 def test_ptx_dequantization_equals_the_triton_one_bit_for_bit(gpu_layer, block_m, split_k):
     """The PTX path forms the same exact weights (times 2**-7, undone in fp32) for the same MMAs."""
-    from a4prefill.ops.backends.triton_moe import GemmConfig, fused_moe
+    from a4prefill.ops.backends.triton.fused import fused_moe
+    from a4prefill.ops.backends.triton.schedules import GemmConfig
 
     _, weights, scales = gpu_layer
     hidden, topk_weights, topk_ids = cuda(*inputs(120, seed=block_m))
@@ -187,7 +189,8 @@ def test_gate_and_up_global_scales_apply_per_half_bit_exactly(tiny, ratio, mode,
     """Per-half ``w13_weight_scale_2`` against one global scale with the ratio moved into the up
     block scales (an exact identity for power-of-two ratios): bit-identical outputs, also through
     the split-K epilogue kernel."""
-    from a4prefill.ops.backends.triton_moe import GemmConfig, fused_moe, row_flags_for
+    from a4prefill.ops.backends.triton.fused import fused_moe, row_flags_for
+    from a4prefill.ops.backends.triton.schedules import GemmConfig
 
     halves, uniform = (experts.to("cuda") for experts in halves_case(tiny, ratio))
     scales = None if mode == "w4a16" else tiny.a4_scales.to("cuda")

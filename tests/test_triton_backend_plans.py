@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from a4prefill.ops.backends import triton_moe
-from a4prefill.ops.backends.triton_backend import TritonBackend
+from a4prefill.ops.backends.triton import plan as call_plans
+from a4prefill.ops.backends.triton.backend import TritonBackend
 from a4prefill.ops.modelopt import NvFp4Experts
 from a4prefill.ops.precision import A4, MODE_A4, MODE_SPLIT, MODE_W4A16, SPLIT, W4A16, MoECall, RowPlan
 from a4prefill.ops.rows import RowTypes
@@ -69,8 +69,8 @@ def _mode(event) -> int | None:
 def test_the_kernels_run_the_plans_mode(plan, mode, quantized, monkeypatch):
     from helpers.triton_launches import fresh_launches
 
-    monkeypatch.setattr(triton_moe, "decode_kernels_run", lambda device: True)
-    monkeypatch.setattr(triton_moe, "grid_dependencies_run", lambda device: True)
+    monkeypatch.setattr(call_plans, "decode_kernels_run", lambda device: True)
+    monkeypatch.setattr(call_plans, "grid_dependencies_run", lambda device: True)
     with fresh_launches("cpu") as compiles:
         TritonBackend().run(call(12), plan)
     launched = {event.kernel: _mode(event) for event in compiles}

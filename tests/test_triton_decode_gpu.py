@@ -1,4 +1,4 @@
-"""The ``triton`` backend's decode kernels (``triton_decode``) on a CUDA GPU: every code and
+"""The ``triton`` backend's decode kernels (``triton.decode_kernels``) on a CUDA GPU: every code and
 scale byte dequantized exactly through the relabelled K, numerics against the reference, per-half
 global scales, CUDA-graph capture without host syncs, and the default choice at decode sizes.
 No speed assertions (``benchmarks/bench_moe.py`` measures them).
@@ -14,8 +14,9 @@ import dataclasses
 import pytest
 import torch
 
-from a4prefill.ops.backends import triton_moe
-from a4prefill.ops.backends.triton_moe import DecodeGemm, DecodeTiles, GemmConfig, choose_config, fused_moe
+from a4prefill.ops.backends.triton import fused
+from a4prefill.ops.backends.triton.fused import fused_moe
+from a4prefill.ops.backends.triton.schedules import DecodeGemm, DecodeTiles, GemmConfig, choose_config
 from a4prefill.ops.reference import moe_reference
 from a4prefill.tools.tiny_layer import make_tiny_layer, random_routing
 from helpers.layers import (
@@ -192,13 +193,13 @@ def test_captured_decode_replays_new_inputs_without_host_syncs(layer, schedule):
 def test_decode_sizes_take_the_decode_kernels_by_default(layer, monkeypatch):
     _, weights = layer
     calls = []
-    original = triton_moe._fused_moe_decode
+    original = fused._fused_moe_decode
 
     def spy(*args, **kwargs):
         calls.append(args[5][0])  # the launch's schedule (launch: schedule, routing, overlap)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(triton_moe, "_fused_moe_decode", spy)
+    monkeypatch.setattr(fused, "_fused_moe_decode", spy)
     for tokens in (2, 16, 1000):
         gpu = [t.cuda() for t in inputs(tokens, seed=tokens)]
         fused_moe(*gpu, weights, None, None)

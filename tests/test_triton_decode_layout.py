@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from a4prefill.ops.backends.triton_moe import (
+from a4prefill.ops.backends.triton.schedules import (
     DECODE_MAX_ROWS_PER_EXPERT,
     DECODE_SCHEDULES,
     DecodeGemm,
@@ -43,11 +43,11 @@ def test_the_schedule_table_covers_exactly_the_decode_sizes(routes, rows_per_exp
     assert (tiles is not None) is (rows_per_expert <= DECODE_MAX_ROWS_PER_EXPERT)
 
 
-@pytest.mark.parametrize("row", DECODE_SCHEDULES, ids=lambda row: str(row[2]))
-def test_every_scheduled_decode_size_of_the_glm_shape_keeps_its_schedule(row):
+@pytest.mark.parametrize("rule", DECODE_SCHEDULES, ids=lambda rule: rule.name)
+def test_every_scheduled_decode_size_of_the_glm_shape_keeps_its_schedule(rule):
     """A schedule of the table that did not divide the shape it was chosen on would send those
     calls to the tiled kernels without a word."""
-    assert row[2].fits(GLM["hidden"], GLM["intermediate"])
+    assert rule.tiles.fits(GLM["hidden"], GLM["intermediate"])
 
 
 @pytest.mark.parametrize(
@@ -79,13 +79,13 @@ def _compile(
     kernel_name: str, gemm: DecodeGemm, routes: int, mode: int = 0, overlap: bool = False, dump: str = "-sass"
 ) -> str:
     """Compile a decode kernel with ``gemm``'s launch constexprs, ``routes``-route tiles,
-    precision ``mode`` (``triton_moe.MODE_*``) and ``overlap`` (``DecodeTiles.overlap``) for
+    precision ``mode`` (``a4prefill.ops.precision.MODE_*``) and ``overlap`` (``DecodeTiles.overlap``) for
     sm_90a offline; returns what ``cuobjdump dump`` prints of it (SASS, or with
     ``-res-usage`` the registers per thread)."""
     import triton
 
-    from a4prefill.ops.backends import triton_decode as decode
-    from a4prefill.ops.backends.triton_moe import _decode_launch_args
+    from a4prefill.ops.backends.triton import decode_kernels
+    from a4prefill.ops.backends.triton.fused import _decode_launch_args
     from helpers.gluon_on_cpu import compile_sm90
 
     pointers = {
@@ -120,7 +120,8 @@ def _compile(
     constexprs["OVERLAP"] = overlap
     # what the launcher specializes: 16-byte aligned pointers, sizes divisible by 16
     divisible = {name for name, kind in signature.items() if kind.startswith("*") or name in ("H", "INTER")}
-    compiled = compile_sm90(getattr(decode, kernel_name), signature, constexprs, warps, divisible, maxnreg)
+    kernel = getattr(decode_kernels, kernel_name)
+    compiled = compile_sm90(kernel, signature, constexprs, warps, divisible, maxnreg)
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(compiled.asm["cubin"])
@@ -296,7 +297,8 @@ def test_an_explicit_schedule_that_does_not_divide_the_shapes_is_refused():
     """Before any launch: the kernels would read past the rows' ends otherwise."""
     import torch
 
-    from a4prefill.ops.backends.triton_moe import GemmConfig, fused_moe
+    from a4prefill.ops.backends.triton.fused import fused_moe
+    from a4prefill.ops.backends.triton.schedules import GemmConfig
     from a4prefill.tools.tiny_layer import make_tiny_layer, random_routing
 
     layer = make_tiny_layer(4, 256, 128, 2, seed=0, calibrated=False)  # 256 % (4 * 128) != 0
@@ -312,13 +314,14 @@ def test_an_explicit_schedule_that_does_not_divide_the_shapes_is_refused():
 
 PERMUTE_CHECK = """
 import torch
-from a4prefill.ops.backends import triton_decode as decode
+from a4prefill.ops.backends.triton.decode_kernels import permute_k_kernel
+from a4prefill.ops.backends.triton.decode_layouts import column_to_logical, logical_to_physical
 hidden = 384
 x = torch.arange(2 * hidden, dtype=torch.float32).reshape(2, hidden)
 out = torch.empty_like(x)
-decode.permute_k_kernel[(2, 1)](x, out, hidden, BH=512)
+permute_k_kernel[(2, 1)](x, out, hidden, BH=512)
 index = torch.tensor(
-    [128 * (c // 128) + decode.logical_to_physical(decode.column_to_logical(c % 128)) for c in range(hidden)]
+    [128 * (c // 128) + logical_to_physical(column_to_logical(c % 128)) for c in range(hidden)]
 )
 assert torch.equal(out, x[:, index]), (out, x[:, index])
 """

@@ -23,7 +23,7 @@ import functools
 import pytest
 import torch
 
-from a4prefill.ops.backends.triton_moe import DecodeGemm, DecodeTiles, GemmConfig, choose_config
+from a4prefill.ops.backends.triton.schedules import DecodeGemm, DecodeTiles, GemmConfig, choose_config
 from a4prefill.ops.reference import moe_reference
 from a4prefill.tools.tiny_layer import make_tiny_layer, random_routing
 from helpers.layers import SCALE_BYTE_SETS, assert_close_to_reference, one_hot_case, one_hot_expected
@@ -60,7 +60,7 @@ TILED = GemmConfig(16, 32, 128, 64, 128, 2, 4)
 
 
 def _combine_contract(y, topk_weights, topk_ids, output, experts, *_):
-    """``triton_kernels.combine_kernel`` for W4A16 rows: ``out[t] = bf16(sum_j fp32(w[t, j]) *
+    """``shared_kernels.combine_kernel`` for W4A16 rows: ``out[t] = bf16(sum_j fp32(w[t, j]) *
     fp32(y[t k + j]))`` over the routes with a valid expert id."""
     tokens, top_k = topk_ids.shape
     valid = (topk_ids >= 0) & (topk_ids < experts.w13_weight.shape[0])
@@ -69,7 +69,7 @@ def _combine_contract(y, topk_weights, topk_ids, output, experts, *_):
 
 
 def _quantize_rows_contract(x, encode_scale, row_flags=None, write_codes=False):
-    """``triton_moe.quantize_rows`` without codes: ``e2m1 * block_scale`` of every row (rows whose
+    """``quantize.quantize_rows`` without codes: ``e2m1 * block_scale`` of every row (rows whose
     flag is 0 copied), bit-exact with the reference quantizer."""
     from a4prefill.ops import nvfp4
 
@@ -86,26 +86,24 @@ def decode_on_cpu():
     interpreted GEMM kernels (their ``launches`` record the grids)."""
     from triton.runtime.interpreter import InterpretedFunction
 
-    from a4prefill.ops.backends import triton_decode, triton_moe
+    from a4prefill.ops.backends.triton import decode_kernels, fused, plan
     from helpers.gluon_on_cpu import InterpretedKernel
 
     kernels = {
-        name: InterpretedKernel(getattr(triton_decode, name))
+        name: InterpretedKernel(getattr(decode_kernels, name))
         for name in ("fc1_decode_kernel", "fc2_decode_kernel")
     }
     with pytest.MonkeyPatch.context() as patch:
         for name, kernel in kernels.items():
-            patch.setattr(triton_decode, name, kernel)
+            patch.setattr(decode_kernels, name, kernel)
         patch.setattr(
-            triton_decode, "permute_k_kernel", InterpretedFunction(triton_decode.permute_k_kernel.fn)
+            decode_kernels, "permute_k_kernel", InterpretedFunction(decode_kernels.permute_k_kernel.fn)
         )
-        patch.setattr(
-            triton_moe, "routing_launch", functools.partial(triton_moe.routing_launch, force_torch=True)
-        )
-        patch.setattr(triton_moe, "_combine", _combine_contract)
-        patch.setattr(triton_moe, "quantize_rows", _quantize_rows_contract)
-        patch.setattr(triton_moe, "decode_kernels_run", lambda device: True)
-        patch.setattr(triton_moe, "grid_dependencies_run", lambda device: True)
+        patch.setattr(plan, "routing_launch", functools.partial(plan.routing_launch, force_torch=True))
+        patch.setattr(fused, "_combine", _combine_contract)
+        patch.setattr(fused, "quantize_rows", _quantize_rows_contract)
+        patch.setattr(plan, "decode_kernels_run", lambda device: True)
+        patch.setattr(plan, "grid_dependencies_run", lambda device: True)
         yield kernels
 
 
@@ -124,7 +122,7 @@ def inputs(tokens: int, seed: int):
 def run_decode(
     schedule: DecodeTiles, *args, limit: float | None = None, a4_scales=None, row_flags=None
 ) -> torch.Tensor:
-    from a4prefill.ops.backends.triton_moe import fused_moe
+    from a4prefill.ops.backends.triton.fused import fused_moe
 
     config = dataclasses.replace(TILED, decode=schedule)
     return fused_moe(*args, a4_scales, limit, row_flags, config=config)

@@ -28,7 +28,7 @@ def e4m3(byte: int) -> float:
 
 def factor_of(byte: int) -> int:
     """The bf16 factor FACTOR_ASM decodes from ``byte`` (as the low byte of a pair)."""
-    from a4prefill.ops.backends.triton_decode import FACTOR_ASM
+    from a4prefill.ops.backends.triton.decode_asm import FACTOR_ASM
 
     return run(FACTOR_ASM.value, {2: byte})[0]
 
@@ -41,7 +41,7 @@ def _expected_factor_bits(byte: int) -> int:
 
 def test_every_pair_of_scale_bytes_decodes_to_the_e4m3_values_times_2_119():
     """All 65536 pairs ``(low, high)`` of a uint16 at once: each half is its own byte's factor."""
-    from a4prefill.ops.backends.triton_decode import FACTOR_ASM
+    from a4prefill.ops.backends.triton.decode_asm import FACTOR_ASM
 
     pairs = torch.arange(65536, dtype=torch.int64)
     out = run(FACTOR_ASM.value, {2: pairs})
@@ -52,7 +52,7 @@ def test_every_pair_of_scale_bytes_decodes_to_the_e4m3_values_times_2_119():
 
 def _codes_outputs(word: int, factor: int) -> list[int]:
     """The 8 bf16 results of CODES_ASM, in output order: $0 low/high, $1 low/high, ..."""
-    from a4prefill.ops.backends.triton_decode import CODES_ASM
+    from a4prefill.ops.backends.triton.decode_asm import CODES_ASM
 
     out = run(CODES_ASM.value, {4: word, 5: factor})
     return [(out[n] >> shift) & 0xFFFF for n in range(4) for shift in (0, 16)]
@@ -96,7 +96,7 @@ def test_every_code_in_every_nibble_is_e2m1_times_scale_times_2_minus_7(scale_by
 def test_the_k_relabelling_follows_the_simulated_nibble_order():
     """Slot ``16 (2 h + s) + 4 c + p`` is lane group c's byte group h, half s, element p; the
     element-to-nibble map is the one the PTX was just shown to produce."""
-    from a4prefill.ops.backends.triton_decode import logical_to_physical
+    from a4prefill.ops.backends.triton.decode_layouts import logical_to_physical
 
     order = _nibble_order()  # result index 4 s + p holds nibble order[4 s + p]
     expected = {}

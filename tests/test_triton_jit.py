@@ -22,19 +22,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from a4prefill.ops.backends import triton_moe
 from a4prefill.ops.backends.base import WarmUp
-from a4prefill.ops.backends.triton_moe import (
-    DECODE_SCHEDULES,
-    MODE_A4,
-    MODE_SPLIT,
-    MODE_W4A16,
-    DecodeGemm,
-    DecodeTiles,
-    GemmConfig,
-    fused_moe,
-)
+from a4prefill.ops.backends.triton import plan
+from a4prefill.ops.backends.triton.fused import fused_moe
+from a4prefill.ops.backends.triton.schedules import DECODE_SCHEDULES, DecodeGemm, DecodeTiles, GemmConfig
 from a4prefill.ops.modelopt import NvFp4Experts
+from a4prefill.ops.precision import MODE_A4, MODE_SPLIT, MODE_W4A16
 from a4prefill.ops.scales import A4Scales
 from helpers.markers import needs_gluon
 from helpers.triton_launches import Compile, fresh_launches, package_kernels
@@ -103,13 +96,13 @@ def on(device: str) -> Iterator[None]:
     launches); on a GPU they answer for it."""
     with pytest.MonkeyPatch.context() as patch:
         if device == "cpu":
-            patch.setattr(triton_moe, "decode_kernels_run", lambda _: True)
-            patch.setattr(triton_moe, "grid_dependencies_run", lambda _: True)
+            patch.setattr(plan, "decode_kernels_run", lambda _: True)
+            patch.setattr(plan, "grid_dependencies_run", lambda _: True)
         yield
 
 
 MODES = {"w4a16": MODE_W4A16, "a4": MODE_A4, "split": MODE_SPLIT}
-CASES = [(row[2], mode) for row in DECODE_SCHEDULES for mode in MODES] + [
+CASES = [(rule.tiles, mode) for rule in DECODE_SCHEDULES for mode in MODES] + [
     (schedule, "w4a16") for schedule in OPTION_SCHEDULES
 ]
 
@@ -167,7 +160,7 @@ def _refuse(event: Compile) -> None:
 def warmed_up(device: str) -> Iterator[tuple[WarmUp, list[Compile]]]:
     """A real-shape layer's load-time warm-up on ``device``; yields its report and the list of
     compiles, which records every compile until the end (the warm-up's come first)."""
-    from a4prefill.ops.backends.triton_warmup import warm_up
+    from a4prefill.ops.backends.triton.warmup import warm_up
 
     experts, scales = layer_tensors(True, device)
     with on(device), fresh_launches(device) as compiles:

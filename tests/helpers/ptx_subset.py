@@ -1,6 +1,6 @@
 """A tiny interpreter for the PTX subset of the decode kernels' inline assembly (tests only).
 
-Runs ``triton_decode.FACTOR_ASM``, ``CODES_ASM`` and ``WORD_CODES_ASM`` bit for bit on the CPU:
+Runs ``decode_asm.FACTOR_ASM``, ``CODES_ASM`` and ``WORD_CODES_ASM`` bit for bit on the CPU:
 32-bit integer ops (``mov``, ``and``, ``or``, ``shl``, ``shr``, ``mul.hi``/``mul.lo``/``mad.lo``
 ``.u32``), ``prmt.b32`` (default mode: each selector nibble 0..7 picks a byte of ``{b, a}``), the
 unpacking ``mov.b32 {lo, hi}, x`` and packing ``mov.b32 x, {lo, hi}`` (two 16-bit halves) and

@@ -2,7 +2,7 @@
 (tests only), on a CUDA GPU or offline for sm_90a on a machine without one.
 
 :func:`fresh_launches` empties the in-memory compiled-kernel caches of the package's kernels (the
-``*_kernel`` functions of :mod:`a4prefill.ops.backends.triton_kernels` and ``triton_decode``) and
+``*_kernel`` functions of the kernel modules of :mod:`a4prefill.ops.backends.triton`) and
 installs ``knobs.runtime.jit_post_compile_hook``, the hook vLLM's JIT monitor uses; Triton
 serializes each new kernel's specialization (``serialize_specialization_data``) before it calls
 the hook. Everything is restored at the end.
@@ -65,11 +65,11 @@ def package_kernels() -> dict[str, Any]:
     """``module.name -> kernel`` of every kernel the package launches (``*_kernel`` JIT functions)."""
     from triton.runtime.jit import JITFunction
 
-    from a4prefill.ops.backends import triton_decode, triton_kernels
+    from a4prefill.ops.backends.triton import decode_kernels, shared_kernels, tiled_kernels
 
     return {
         f"{module.__name__}.{name}": value
-        for module in (triton_kernels, triton_decode)
+        for module in (shared_kernels, tiled_kernels, decode_kernels)
         for name, value in vars(module).items()
         if name.endswith("_kernel") and isinstance(value, JITFunction)
     }

@@ -16,7 +16,7 @@ import torch
 from a4prefill.ops.backends.b12x_moe import B12xBackend
 from a4prefill.ops.backends.base import MoEBackend
 from a4prefill.ops.backends.reference import ReferenceBackend
-from a4prefill.ops.backends.triton_backend import TritonBackend
+from a4prefill.ops.backends.triton.backend import TritonBackend
 from a4prefill.process_state import register_state
 
 logger = logging.getLogger(__name__)

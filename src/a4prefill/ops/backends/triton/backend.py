@@ -1,18 +1,18 @@
-"""The ``triton`` backend: :mod:`triton_moe`'s fused MoE behind the backend interface, with its
-load-time warm-up (:mod:`triton_warmup`). Registration (in ``backends/__init__.py``):
+"""The ``triton`` backend: :mod:`fused`'s fused MoE behind the backend interface, with its
+load-time warm-up (:mod:`warmup`). Registration (in ``backends/__init__.py``):
 ``register_backend("triton", TritonBackend, priority=10)``.
 """
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 
 import torch
 
-from a4prefill.ops.backends import triton_warmup
 from a4prefill.ops.backends.base import MoEBackend, WarmUp
-from a4prefill.ops.backends.triton_moe import fused_moe, plan_call, row_flags_for
+from a4prefill.ops.backends.triton import kernel_modules, warmup
+from a4prefill.ops.backends.triton.fused import fused_moe, row_flags_for
+from a4prefill.ops.backends.triton.plan import plan_call
 from a4prefill.ops.modelopt import NvFp4Experts
 from a4prefill.ops.precision import W4A16, MoECall, RowPlan
 from a4prefill.ops.scales import A4Scales
@@ -23,7 +23,7 @@ class TritonBackend(MoEBackend):
 
     A split plan runs every row in one set of launches with a per-row precision flag (decode
     and padding rows W4A16, prefill rows A4) into one output, without gathers.
-    Out-of-range expert ids: those routes are ignored (:mod:`triton_moe`).
+    Out-of-range expert ids: those routes are ignored (:mod:`fused`).
     """
 
     name = "triton"
@@ -36,7 +36,8 @@ class TritonBackend(MoEBackend):
         if importlib.util.find_spec("triton") is None:
             return "triton is not installed"
         try:
-            importlib.import_module("a4prefill.ops.backends.triton_kernels")
+            kernel_modules.shared()
+            kernel_modules.tiled()
         except Exception as error:  # pragma: no cover - depends on the triton install
             return f"triton kernels do not import: {error}"
         return None
@@ -54,7 +55,7 @@ class TritonBackend(MoEBackend):
         return self.run(call, RowPlan.uniform(precision, call.num_rows))
 
     def kernel_family(self, call: MoECall) -> str:
-        """``triton-decode`` where the call's :class:`CallPlan` runs the decode kernels, else
+        """``triton-decode`` where the call's :class:`plan.CallPlan` runs the decode kernels, else
         ``triton-tiled``."""
         hidden_states, w13 = call.hidden_states, call.experts.w13_weight
         plan = plan_call(
@@ -77,5 +78,5 @@ class TritonBackend(MoEBackend):
         dtype: torch.dtype,
         top_k: int,
     ) -> WarmUp:
-        """One call per launch plan and precision (:mod:`triton_warmup`)."""
-        return triton_warmup.warm_up(experts, a4_scales, swiglu_limit, max_tokens, dtype, top_k)
+        """One call per launch plan and precision (:mod:`warmup`)."""
+        return warmup.warm_up(experts, a4_scales, swiglu_limit, max_tokens, dtype, top_k)

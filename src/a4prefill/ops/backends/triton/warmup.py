@@ -5,15 +5,15 @@ Triton compiles a kernel the first time it is launched with a new specialization
 argument dtypes, 16-byte alignment of pointers, sizes divisible by 16). A compile while serving
 is a latency spike of seconds, and vLLM's JIT monitor (``jit_monitor_mode``, on after the
 engine's warm-up) warns about it or, in ``error`` mode, fails the request. What a
-:func:`~a4prefill.ops.backends.triton_moe.fused_moe` call launches is fixed by its
-:class:`~a4prefill.ops.backends.triton_moe.CallPlan` (a function of the token count, given the
+:func:`~a4prefill.ops.backends.triton.fused.fused_moe` call launches is fixed by its
+:class:`~a4prefill.ops.backends.triton.plan.CallPlan` (a function of the token count, given the
 layer's shapes, io dtype and device) and its precision mode: the kernels take the token and
 route counts unspecialized, the router outputs as fp32 weights and int32 ids, and every input
 aligned. So running the layer once per distinct plan among ``1 .. max_tokens`` tokens, in each
 precision the layer can run, compiles everything it can launch later. What Triton and vLLM do
 that this relies on: docs/vllm-internals.md, section 9.
 
-Who may call: :meth:`TritonBackend.warm_up <a4prefill.ops.backends.triton_backend.TritonBackend>`
+Who may call: :meth:`TritonBackend.warm_up <a4prefill.ops.backends.triton.backend.TritonBackend>`
 (weight processing, before any CUDA graph is captured), tests.
 """
 
@@ -24,7 +24,8 @@ import time
 import torch
 
 from a4prefill.ops.backends.base import WarmUp
-from a4prefill.ops.backends.triton_moe import CallPlan, fused_moe, plan_call
+from a4prefill.ops.backends.triton.fused import fused_moe
+from a4prefill.ops.backends.triton.plan import CallPlan, plan_call
 from a4prefill.ops.modelopt import NvFp4Experts
 from a4prefill.ops.scales import A4Scales
 

@@ -2,10 +2,10 @@
 W4A16, A4 and split (per-token precision) calls.
 
 Imported lazily (needs ``triton.experimental.gluon``, Triton 3.6+, and a CUDA GPU of sm_80+).
-Launched by :func:`a4prefill.ops.backends.triton_moe.fused_moe`: its default for calls with
+Launched by :func:`a4prefill.ops.backends.triton.fused.fused_moe`: its default for calls with
 bf16 io and few routes per active expert (decode sizes), and any call whose
 ``GemmConfig.decode`` is set explicitly (the tests, the benchmark's sweep). The math is the one of
-:mod:`triton_kernels` (docs/numerics.md sections 2 and 4), the schedule is different:
+:mod:`tiled_kernels` (docs/numerics.md sections 2 and 4), the schedule is different:
 
 - **Weights on the MMA's M side, routes on N.** One ``mma.sync.m16n8k16`` multiplies 16 weight
   rows by up to 8 routes of one expert. A decode step has one or two routes per expert, so no
@@ -15,19 +15,20 @@ bf16 io and few routes per active expert (decode sizes), and any call whose
   once per tile rather than once per 8 routes.
 - **Codes go from global memory straight into MMA registers.** Each thread loads 16
   consecutive code bytes (one 128-bit load) of two weight rows per 128-column step and turns
-  them into bf16 in registers (:data:`CODES_ASM`; the scale bytes two at a time,
-  :data:`FACTOR_ASM`): no layout conversion. The MMA operand layout (``k_width=4``) is reached
-  by *relabelling K*: the thread's 32 physical columns become its logical K slots in the order
-  of :func:`logical_to_physical`. With ``STAGES`` (``DecodeGemm.stages``) the same 16-byte
-  chunks go through shared memory first: each thread ``cp.async``-copies its own chunks
-  ``STAGES - 1`` K steps ahead and loads them back when their group is done, so the bytes in
-  flight cost shared memory instead of registers; else ``PREFETCH`` keeps the next step's
-  weights in registers, or nothing runs ahead.
+  them into bf16 in registers (:data:`decode_asm.CODES_ASM`; the scale bytes two at a time,
+  :data:`decode_asm.FACTOR_ASM`): no layout conversion. The MMA operand layout (``k_width=4``)
+  is reached by *relabelling K*: the thread's 32 physical columns become its logical K slots in
+  the order of :func:`decode_layouts.logical_to_physical`. With ``STAGES``
+  (``DecodeGemm.stages``) the same 16-byte chunks go through shared memory first: each thread
+  ``cp.async``-copies its own chunks ``STAGES - 1`` K steps ahead and loads them back when their
+  group is done, so the bytes in flight cost shared memory instead of registers; else
+  ``PREFETCH`` keeps the next step's weights in registers, or nothing runs ahead.
 - **The activations are permuted once to match** (:func:`permute_k_kernel`): column ``m`` of
   each 128-column block of the permuted activations is physical column
   ``logical_to_physical(column_to_logical(m))``. FC1 stores its output (FC2's input) directly
-  in that order. :func:`column_to_logical` makes each thread's 8 activations of a 32-column
-  group one 128-bit load that is already the B operand of its two MMAs (no register moves).
+  in that order. :func:`decode_layouts.column_to_logical` makes each thread's 8 activations of a
+  32-column group one 128-bit load that is already the B operand of its two MMAs (no register
+  moves).
 - **K or the rows are split over the warps of a CTA.** With a K split each warp streams its own
   K slice of the same 16 (or 32) weight rows (a batched MMA layout whose batch axis is the
   warp) and the fp32 partial sums are added across warps at the end: small token counts get
@@ -38,10 +39,12 @@ most 5 significant bits; the ``2**-7`` keeps the scale factor ``scale * 2**119``
 largest value and is undone in fp32),
 the MMAs accumulate in fp32, and the epilogues apply alpha, the io roundings, clamp, SwiGLU and
 (A4 routes) the per-16 re-quantization of FC1's output with ``gs2[e]`` exactly as
-:mod:`triton_kernels` does, with the A4 activations quantized by the same pass before FC1. Only
+:mod:`tiled_kernels` does, with the A4 activations quantized by the same pass before FC1. Only
 the order of the fp32 additions differs.
 Scale bytes are decoded as e4m3 values including subnormals and sign; like
-:mod:`triton_kernels`, the NaN bytes ``0x7f``/``0xff`` decode as 480/-480 (not NaN).
+:mod:`tiled_kernels`, the NaN bytes ``0x7f``/``0xff`` decode as 480/-480 (not NaN).
+
+The layouts and the K relabelling: :mod:`decode_layouts`; the inline PTX: :mod:`decode_asm`.
 """
 
 from __future__ import annotations
@@ -52,7 +55,25 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from a4prefill.ops.backends.triton_kernels import _quantize_groups, swiglu
+from a4prefill.ops.backends.triton.decode_asm import (
+    LAUNCH_DEPENDENTS_ASM,
+    WAIT_FOR_PREREQUISITES_ASM,
+    _dequant_words,
+    _factors,
+    _grid_dependency,
+    _l2_prefetch_rows,
+)
+from a4prefill.ops.backends.triton.decode_layouts import (
+    _b_operand,
+    _operand,
+    activation_layout,
+    l2_prefetch_layout,
+    mma_layout,
+    operand_layout,
+    scale_layout,
+    words_layout,
+)
+from a4prefill.ops.backends.triton.numerics import _quantize_groups, swiglu
 from a4prefill.ops.precision import MODE_A4, MODE_SPLIT, MODE_W4A16
 
 # The kernels' MODE (a4prefill.ops.precision), as Gluon constexprs
@@ -63,182 +84,6 @@ SPLIT_MODE: gl.constexpr = gl.constexpr(MODE_SPLIT)
 # cp.async into shared memory: ``async_load`` from Triton 3.7 on, ``async_copy_global_to_shared``
 # before (same arguments: shared memory, pointers, mask)
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
-
-
-def logical_to_physical(logical: int) -> int:
-    """Physical K column (0..127) of logical K slot ``logical`` (0..127) within a 128 block.
-
-    Slot ``L = 16 * (2 h + s) + 4 c + p`` belongs to lane group ``c`` (code bytes
-    ``16 c .. 16 c + 15`` of the block's 64), byte group ``h`` of those (4 bytes, 8 nibbles),
-    half ``s`` and element ``p`` of :data:`CODES_ASM`'s output, which holds nibble
-    ``4 (p & 1) + (p >> 1) + 2 s`` of the byte group. The kernels compute the same map inline
-    (:func:`permute_k_kernel`) and its inverse (``fc1_decode_kernel``'s store).
-    """
-    p, c, sigma = logical % 4, (logical // 4) % 4, logical // 16
-    h, s = sigma // 2, sigma % 2
-    return 32 * c + 8 * h + 4 * (p % 2) + p // 2 + 2 * s
-
-
-def column_to_logical(column: int) -> int:
-    """Logical K slot (0..127) held by column ``column`` (0..127) of a 128 block of the permuted
-    activations: column ``m = 32 b + 8 c + 4 h + 2 q + p`` holds slot ``32 b + 16 q + 4 c + 2 h +
-    p``. Lane group ``c``'s 8 columns ``32 b + 8 c ..`` are then the slots of its B operand
-    registers of MMAs ``2 b`` (``h = 0``) and ``2 b + 1`` (``h = 1``), in register order. The
-    kernels compute the same map inline (:func:`permute_k_kernel`) and its inverse
-    (``fc1_decode_kernel``'s store)."""
-    b, c, h, q, p = column // 32, (column // 8) % 4, (column // 4) % 2, (column // 2) % 2, column % 2
-    return 32 * b + 16 * q + 4 * c + 2 * h + p
-
-
-@gluon.constexpr_function
-def _bases(axis: int, start: int, stop: int) -> list[list[int]]:
-    """Linear-layout bases of a 3-D tensor: index ``start, 2 start, ...`` (below ``stop``) on
-    ``axis``, one basis each."""
-    bases = []
-    while start < stop:
-        bases.append([start if dim == axis else 0 for dim in range(3)])
-        start *= 2
-    return bases
-
-
-# The kernels' layouts are built inside the kernels from their int and bool constexprs (WARPS, BK,
-# ROWS, TILE) by the constexpr functions below: a kernel's launch arguments are then plain
-# values that any Triton post-compile hook can serialize (vLLM's JIT monitor, Triton's
-# ``jit_post_compile_hook``). The same functions return the layouts in host code (tests).
-
-
-@gluon.constexpr_function
-def words_layout(warps: int, block_k: int, rows: int) -> gl.DistributedLinearLayout:
-    """Layout of one step's code words ``[warps, rows, block_k / 8]`` (int32, 4 code bytes each):
-    thread ``(r, c)`` (``r = lane / 4``, ``c = lane % 4``) holds 4 consecutive words (one 128-bit
-    load, code bytes ``16 c .. 16 c + 15``) of each 16-word (64-byte) group, of rows ``r + 8 i``;
-    axis 0 is the warp."""
-    words = block_k // 8
-    return gl.DistributedLinearLayout(
-        reg_bases=[[0, 0, 1], [0, 0, 2], *_bases(2, 16, words), *_bases(1, 8, rows)],
-        lane_bases=[[0, 0, 4], [0, 0, 8], [0, 1, 0], [0, 2, 0], [0, 4, 0]],
-        warp_bases=_bases(0, 1, warps),
-        block_bases=[],
-        shape=[warps, rows, words],
-    )
-
-
-@gluon.constexpr_function
-def mma_layout(warps: int) -> gl.NVMMADistributedLayout:
-    """The batched ``mma.sync`` accumulator ``[warps, rows, TILE]`` (axis 0 is the warp; the
-    layout repeats over 16-row and 8-route blocks)."""
-    return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[warps, 1, 1], instr_shape=[1, 16, 8])
-
-
-@gluon.constexpr_function
-def operand_layout(index: int, warps: int) -> gl.DotOperandLayout:
-    """Operand ``index`` (0: A, the weights; 1: B, the activations) of :func:`mma_layout`'s MMA,
-    ``k_width=4``."""
-    return gl.DotOperandLayout(operand_index=index, parent=mma_layout(warps), k_width=4)
-
-
-# $2: two e4m3 scale bytes (a zero-extended uint16, byte 0 in bits 7..0). $0, $1: bf16
-# ``scale * 2**119`` of byte 0 and byte 1, exact. One ``prmt`` puts the bytes at bits 15..8 of
-# the two halves; a byte's sign is then bf16 bit 15
-# and its other bits go to bits 10..4: that bf16 is exactly ``e4m3 * 2**-120`` (subnormal scales
-# included); two bf16x2 products by 2**120 and 2**119 follow, for both bytes at once.
-FACTOR_ASM = gl.constexpr("""
-{
-.reg .b32 w, m, c120, c119, nz;
-mov.b32 c120, 0x7B807B80;
-mov.b32 c119, 0x7B007B00;
-mov.b32 nz, 0x80008000;
-prmt.b32 w, $2, $2, 0x1202;
-shr.b32 m, w, 4;
-and.b32 m, m, 0x07F007F0;
-and.b32 w, w, 0x80008000;
-or.b32 w, w, m;
-fma.rn.bf16x2 w, w, c120, nz;
-fma.rn.bf16x2 w, w, c119, nz;
-mov.b32 {$0, $1}, w;
-}
-""")
-
-# $4: four code bytes (eight e2m1 nibbles n0..n7, n0 in bits 0..3). $5: the bf16 factor of
-# their block (:data:`FACTOR_ASM`), used in both halves (``mov.b32 f, {$5, $5}`` costs nothing:
-# ptxas reads the factor's half through the multiply's operand swizzle). $0, $1: half s=0,
-# elements (n0, n4), (n1, n5); $2, $3: half s=1, (n2, n6), (n3, n7). Each bf16 is
-# ``e2m1 * scale * 2**-7``, exact: a nibble's magnitude bits go to bf16 bits 8..6
-# (``e2m1 * 2**-126``) and its sign to bit 15, then one fma by the factor.
-# ``mul.hi`` by 2**30 is ``>> 2`` on the FMA pipe.
-CODES_ASM = gl.constexpr("""
-{
-.reg .b32 m, s, f, nz;
-mov.b32 nz, 0x80008000;
-mov.b32 f, {$5, $5};
-shl.b32 s, $4, 12; and.b32 s, s, 0x80008000;
-shl.b32 m, $4, 6; and.b32 m, m, 0x01C001C0; or.b32 s, s, m;
-fma.rn.bf16x2 $0, s, f, nz;
-shl.b32 s, $4, 8; and.b32 s, s, 0x80008000;
-shl.b32 m, $4, 2; and.b32 m, m, 0x01C001C0; or.b32 s, s, m;
-fma.rn.bf16x2 $1, s, f, nz;
-shl.b32 s, $4, 4; and.b32 s, s, 0x80008000;
-mul.hi.u32 m, $4, 0x40000000; and.b32 m, m, 0x01C001C0; or.b32 s, s, m;
-fma.rn.bf16x2 $2, s, f, nz;
-and.b32 s, $4, 0x80008000;
-shr.b32 m, $4, 6; and.b32 m, m, 0x01C001C0; or.b32 s, s, m;
-fma.rn.bf16x2 $3, s, f, nz;
-}
-""")
-
-
-@gluon.jit
-def _factors(scale_pairs, WORDS: gl.constexpr):
-    """Scale byte pairs ``[W, M, G / 2]`` (uint16, :func:`scale_layout`) -> the :data:`FACTOR_ASM`
-    factors (bf16) of the ``G`` bytes, each repeated for its block's 2 code words: ``[W, M, 2 G]``
-    in the ``WORDS`` layout (register copies only)."""
-    shape: gl.constexpr = scale_pairs.shape
-    low, high = gl.inline_asm_elementwise(
-        FACTOR_ASM,
-        "=h,=h,r",
-        [scale_pairs.to(gl.int32)],
-        dtype=(gl.bfloat16, gl.bfloat16),
-        is_pure=True,
-        pack=1,
-    )
-    f = gl.reshape(gl.join(low, high), [shape[0], shape[1], shape[2] * 2])
-    f = gl.reshape(gl.join(f, f), [shape[0], shape[1], shape[2] * 4])
-    return gl.convert_layout(f, WORDS)
-
-
-def _split_outputs(asm: str) -> str:
-    """:data:`CODES_ASM` with its four bf16x2 results split into eight bf16 outputs ``$0..$7``
-    (``$2 i`` the low half of result ``i``) and its inputs renumbered to ``$8`` (word), ``$9``."""
-    body = asm.strip().removeprefix("{").removesuffix("}")
-    for i in range(4):
-        body = body.replace(f"${i},", f"o{i},")
-    body = body.replace("$4", "$8").replace("$5", "$9")
-    splits = "".join(f"mov.b32 {{${2 * i}, ${2 * i + 1}}}, o{i};\n" for i in range(4))
-    return "{\n.reg .b32 o0, o1, o2, o3;" + body + splits + "}"
-
-
-WORD_CODES_ASM = gl.constexpr(_split_outputs(CODES_ASM.value))
-
-
-@gluon.jit
-def _dequant_words(words, factors):
-    """Code words (int32, 4 code bytes each) and their factors (same shape and layout) -> the
-    halves ``(s=0, s=1)`` of :func:`_dequant`, ``[..., 4 n]`` bf16 (byte ``4 J + p`` of word ``J``
-    at ``4 J + p``)."""
-    outs = gl.inline_asm_elementwise(
-        WORD_CODES_ASM,
-        "=h,=h,=h,=h,=h,=h,=h,=h,r,h",
-        [words, factors],
-        dtype=(gl.bfloat16,) * 8,
-        is_pure=True,
-        pack=1,
-    )
-    shape: gl.constexpr = words.shape
-    low = gl.join(gl.join(outs[0], outs[2]), gl.join(outs[1], outs[3]))
-    high = gl.join(gl.join(outs[4], outs[6]), gl.join(outs[5], outs[7]))
-    low = gl.reshape(low, [shape[0], shape[1], shape[2] * 4])
-    high = gl.reshape(high, [shape[0], shape[1], shape[2] * 4])
-    return low, high
 
 
 @gluon.jit
@@ -258,30 +103,6 @@ def _mma_step(
     weights ``* 2**-7``)."""
     lo, hi = _dequant_words(words, _factors(scale_pairs, WORDS))
     return mma_v2(_operand(lo, hi, A, WARPS, WORDS.shape[1], BK), _b_operand(act, B), acc)
-
-
-@gluon.jit
-def _operand(low, high, layout: gl.constexpr, WARPS: gl.constexpr, ROWS: gl.constexpr, BK: gl.constexpr):
-    """Halves ``[W, R, BK / 2]`` (byte ``j = 64 g + 16 c + 4 h + p``) -> A ``[W, R, BK]`` with logical
-    ``k = 16 * (8 g + 2 h + s) + 4 c + p`` (a relabelling: no data moves between threads)."""
-    t = gl.join(low, high)
-    t = gl.reshape(t, [WARPS, ROWS, BK // 128, 4, 4, 4, 2])  # g, c, h, p, s
-    t = gl.permute(t, [0, 1, 2, 4, 6, 3, 5])  # g, h, s, c, p
-    t = gl.reshape(t, [WARPS, ROWS, BK])
-    return gl.convert_layout(t, layout)
-
-
-@gluon.jit
-def _b_operand(act, layout: gl.constexpr):
-    """Activations ``[W, BK, TILE]`` as loaded (column ``m = 32 b + 8 c + 4 h + 2 q + p`` of a
-    step, :func:`activation_layout`) -> the B operand with logical ``k = 32 b + 16 q + 4 c + 2 h +
-    p`` (:func:`column_to_logical`; a relabelling: no data moves between threads)."""
-    W: gl.constexpr = act.shape[0]
-    BK: gl.constexpr = act.shape[1]
-    T: gl.constexpr = act.shape[2]
-    t = gl.reshape(act, [W, BK // 32, 4, 2, 2, 2, T])  # b, c, h, q, p
-    t = gl.permute(t, [0, 1, 4, 2, 3, 5, 6])  # b, q, c, h, p
-    return gl.convert_layout(gl.reshape(t, [W, BK, T]), layout)
 
 
 @gluon.jit
@@ -404,7 +225,7 @@ def _alpha(scale2, encode_scale_ptr, is_a4, MODE: gl.constexpr):
 def _requantize(h, gs2_ptr, is_a4, MODE: gl.constexpr):
     """FC1's bf16 output ``h [W', M, TILE]`` (features ``n0 + M w + r`` on axes 0-1, routes on
     axis 2) of A4 routes quantized per 16 features with the expert's encode scale ``gs2``, as
-    ``triton_kernels``' A4 epilogue (:func:`triton_kernels._quantize_groups`): the values
+    ``tiled_kernels``' A4 epilogue (:func:`numerics._quantize_groups`): the values
     ``e2m1 * block_scale`` in bf16. W4A16 routes (``SPLIT_MODE``, ``is_a4`` False) keep ``h``."""
     W: gl.constexpr = h.shape[0]
     M: gl.constexpr = h.shape[1]
@@ -466,40 +287,6 @@ def _copy_step(codes, w_base, w_off, step, steps, STAGES: gl.constexpr, BK: gl.c
     )
 
 
-# $1: a global address; L2 fetches the 128-byte line that holds it (``prefetch.global.L2``: no
-# register waits for it, there is nothing to wait for). $0: a dummy result (inline asm needs one).
-L2_PREFETCH_ASM = gl.constexpr("{ prefetch.global.L2 [$1]; mov.b32 $0, 0; }")
-# Programmatic dependent launch (sm_90+): FC1's CTAs let FC2's start at once (FC2's CTAs then
-# fill the SMs FC1's last wave leaves idle); FC2 waits for FC1's grid to finish and its memory to
-# be visible before it reads FC1's output. Without a dependent launch both return at once.
-LAUNCH_DEPENDENTS_ASM = gl.constexpr("{ griddepcontrol.launch_dependents; mov.b32 $0, 0; }")
-WAIT_FOR_PREREQUISITES_ASM = gl.constexpr("{ griddepcontrol.wait; mov.b32 $0, 0; }")
-
-
-@gluon.jit
-def _grid_dependency(ASM: gl.constexpr):
-    """One ``griddepcontrol`` instruction (:data:`LAUNCH_DEPENDENTS_ASM` or
-    :data:`WAIT_FOR_PREREQUISITES_ASM`), once per thread."""
-    gl.inline_asm_elementwise(ASM, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _l2_prefetch_rows(w_base, line_off, steps, BK: gl.constexpr):
-    """Asks L2 for every code word of a warp's rows over its ``steps`` K steps (``line_off`` the
-    first word of each 128-byte line of step 0, :func:`l2_prefetch_layout`; a 128-column step
-    shares its line with the next one, so those go two steps at a time)."""
-    STRIDE: gl.constexpr = 2 if BK == 128 else 1
-    for step in range(0, steps, STRIDE):
-        gl.inline_asm_elementwise(
-            L2_PREFETCH_ASM,
-            "=r,l",
-            [w_base + line_off + step * (BK // 8)],
-            dtype=gl.int32,
-            is_pure=False,
-            pack=1,
-        )
-
-
 @gluon.jit(do_not_specialize=["ROUTES"])  # one compile for every route count
 def fc1_decode_kernel(
     x_ptr,
@@ -542,7 +329,7 @@ def fc1_decode_kernel(
     (FC2's input; A4 routes re-quantized with ``gs2[e]``), ``ROUTES = R``. ``MODE``: ``W4A16_MODE``,
     ``A4_MODE``, or ``SPLIT_MODE`` per token (``flag [T]`` uint8, 1 = A4); ``gs1 [1]``, ``gs2 [E]``
     fp32 encode scales
-    (read in ``A4_MODE`` and ``SPLIT_MODE`` only). Routing tensors as in :mod:`triton_kernels` with
+    (read in ``A4_MODE`` and ``SPLIT_MODE`` only). Routing tensors as in :mod:`routing` with
     ``TILE``-route tiles.
     ``SPLIT_K``: the ``WARPS`` warps stream K slices of the same ``M`` features (``W' = 1``,
     ``H % (WARPS * BK) == 0``); else each warp streams all of K for its own ``M`` features
@@ -642,7 +429,7 @@ def fc1_decode_kernel(
             w_base += BK // 8
             s_base += BK // 32
             x_ptr += BK
-    # Undo the 2**-7 of the dequantization; epilogue as triton_kernels.
+    # Undo the 2**-7 of the dequantization; epilogue as tiled_kernels.
     gate = _epilogue_index(acc_g, SPLIT_K)
     up = _epilogue_index(acc_u, SPLIT_K)
     n, out_rows, out_mask = _epilogue_rows(gate, n0, rows, live)
@@ -800,55 +587,3 @@ def permute_k_kernel(x_ptr, out_ptr, H, BH: tl.constexpr):
     physical = (cols - column) + 32 * c + 8 * (sigma // 2) + 4 * (p % 2) + p // 2 + 2 * (sigma % 2)
     mask = cols < H
     tl.store(out_ptr + t * H + cols, tl.load(x_ptr + t * H + physical, mask=mask), mask=mask)
-
-
-@gluon.constexpr_function
-def scale_layout(warps: int, block_k: int, rows: int) -> gl.DistributedLinearLayout:
-    """Layout of one step's scale byte pairs ``[warps, rows, block_k / 32]`` (uint16: the bytes of
-    scale groups ``2 i`` and ``2 i + 1``): thread ``(r, c)`` holds the pair of its code bytes ``16
-    c .. 16 c + 15`` (one per 128-column step) of rows ``r + 8 i``, as in
-    :func:`words_layout`."""
-    pairs = block_k // 32
-    regs = [[0, 8, 0], *_bases(2, 4, pairs), *_bases(1, 16, rows)]
-    lanes = [[0, 0, 1], [0, 0, 2], [0, 1, 0], [0, 2, 0], [0, 4, 0]]
-    return gl.DistributedLinearLayout(
-        reg_bases=regs,
-        lane_bases=lanes,
-        warp_bases=_bases(0, 1, warps),
-        block_bases=[],
-        shape=[warps, rows, pairs],
-    )
-
-
-@gluon.constexpr_function
-def l2_prefetch_layout(warps: int, block_k: int, rows: int) -> gl.DistributedLinearLayout:
-    """Layout of one step's L2 prefetch addresses ``[warps, rows, lines]``: the first code word
-    of each 128-byte line (``lines = max(1, block_k / 256)``) of a warp's rows in one K step (a
-    128-column step is half a line). The lanes hold distinct lines while there are as many
-    lines as lanes, else two lanes ask for the same line."""
-    lines = max(1, block_k // 256)
-    bases = [*_bases(2, 1, lines), *_bases(1, 1, rows)]
-    return gl.DistributedLinearLayout(
-        reg_bases=bases[5:],
-        lane_bases=(bases + [[0, 0, 0]] * 5)[:5],
-        warp_bases=_bases(0, 1, warps),
-        block_bases=[],
-        shape=[warps, rows, lines],
-    )
-
-
-@gluon.constexpr_function
-def activation_layout(warps: int, block_k: int, routes: int) -> gl.DistributedLinearLayout:
-    """Layout of one step's activations ``[warps, block_k, routes]`` as loaded: thread ``(n, c)``
-    (``n = lane / 4``, ``c = lane % 4``) holds the 8 consecutive columns ``32 b + 8 c ..`` (one
-    128-bit load) of route ``n + 8 i`` for each 32-column group ``b``; axis 0 is the warp.
-    :func:`_b_operand` relabels it into the B operand of :func:`words_layout`."""
-    regs = [[0, 1, 0], [0, 2, 0], [0, 4, 0], *_bases(1, 32, block_k), *_bases(2, 8, routes)]
-    lanes = [[0, 8, 0], [0, 16, 0], [0, 0, 1], [0, 0, 2], [0, 0, 4]]
-    return gl.DistributedLinearLayout(
-        reg_bases=regs,
-        lane_bases=lanes,
-        warp_bases=_bases(0, 1, warps),
-        block_bases=[],
-        shape=[warps, block_k, routes],
-    )

@@ -1,0 +1,50 @@
+"""The host side's one door to the ``triton`` backend's kernel modules, which import Triton (and
+Gluon) and are therefore imported lazily: at the first launch, or when the backend is asked about
+a CUDA device. The host modules (schedules, routing, plan, quantize, fused, warmup, backend)
+import without Triton; they reach the kernels only through these functions, which return the
+modules as ``Any`` (a launch reads its kernel from the module at call time, so tests may replace
+a kernel by setting the module's attribute).
+
+- :func:`shared`: :mod:`shared_kernels` (routing, A4 row quantization, the top-k combine; Triton);
+- :func:`tiled`: :mod:`tiled_kernels` (the tiled GEMMs; Triton);
+- :func:`decode`: :mod:`decode_kernels` (the decode GEMMs; Gluon, Triton 3.6+);
+  :func:`decode_imports` says, once per process, whether that module imports.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from a4prefill.process_state import register_state
+
+
+def shared() -> Any:
+    from a4prefill.ops.backends.triton import shared_kernels
+
+    return shared_kernels
+
+
+def tiled() -> Any:
+    from a4prefill.ops.backends.triton import tiled_kernels
+
+    return tiled_kernels
+
+
+def decode() -> Any:
+    from a4prefill.ops.backends.triton import decode_kernels
+
+    return decode_kernels
+
+
+@functools.cache
+def decode_imports() -> bool:
+    """Whether :mod:`decode_kernels` imports (a Triton whose Gluon has what the kernels use)."""
+    try:
+        decode()
+    except (ImportError, AttributeError):
+        return False
+    return True
+
+
+register_state(__name__, decode_imports.cache_clear, decode_imports)

@@ -1,0 +1,178 @@
+"""Triton JIT building blocks of the ``triton`` backend's kernels (imported lazily: needs triton):
+the kernels' ``MODE`` constexprs, e4m3 and e2m1 rounding, per-16 quantization
+(:func:`_quantize_groups`), weight dequantization in Triton ops or inline PTX
+(:func:`_dequant_tile`, :func:`_dequant_tile_ptx`) and SwiGLU (:func:`swiglu`). Used by
+:mod:`shared_kernels` and :mod:`tiled_kernels`; the Gluon :mod:`decode_kernels` use the
+quantization and SwiGLU.
+
+Numerics (docs/numerics.md, sections 2 and 4; reference: :mod:`a4prefill.ops.reference`):
+
+- NVFP4 weights are dequantized in registers to ``e2m1 * block_scale`` in the io dtype (exact),
+  the MMA is ``tl.dot`` with fp32 accumulation, global scales are applied in the epilogue;
+- e2m1 and e4m3 are decoded with bit tricks through fp16 (no fp8 dtype, no table): a code ``c``
+  placed as fp16 bits ``(c & 7) << 9 | (c & 8) << 12`` is ``e2m1 * 2**-14``; an e4m3 byte ``b``
+  placed as ``(b & 0x7f) << 7 | (b & 0x80) << 8`` is ``e4m3 * 2**-8``; their fp32 product times
+  ``2**22`` is exact. With bf16 io the ``PTX`` variant does this in inline PTX with bf16x2 math
+  (about 2 instructions per weight instead of about 10; see :func:`_dequant_tile_ptx`);
+- activations are quantized with the operation order of :func:`a4prefill.ops.nvfp4.quantize_codes`
+  (IEEE divisions via ``div_rn``, e4m3 round-to-nearest-even by bit manipulation), so codes and
+  block scales are bit-exact with it.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from a4prefill.ops import precision
+
+# Row precision modes of the GEMM kernels.
+# The kernels' MODE (a4prefill.ops.precision): every row W4A16, every row A4, or per token (a
+# flag per token: 1 = A4, 0 = W4A16)
+W4A16_MODE: tl.constexpr = tl.constexpr(precision.MODE_W4A16)
+A4_MODE: tl.constexpr = tl.constexpr(precision.MODE_A4)
+SPLIT_MODE: tl.constexpr = tl.constexpr(precision.MODE_SPLIT)
+
+
+@triton.jit
+def _rne_e4m3(s):
+    """Round fp32 ``s`` in [0, 448] to the nearest e4m3 value (ties to even), as fp32."""
+    bits = s.to(tl.int32, bitcast=True)
+    # Normal range: keep 3 mantissa bits, round to nearest even.
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)
+    # Subnormal range (< 2**-6): multiples of 2**-9; the fp32 ulp at 2**14 is 2**-9.
+    big = s + 16384.0
+    subnormal = big - 16384.0
+    return tl.where(s < 0.015625, subnormal, normal)
+
+
+@triton.jit
+def _e2m1_round(scaled):
+    """e2m1 magnitude (fp32) and code (int32, 0..7) of ``|scaled|`` <= 6, ties to even code."""
+    m = tl.abs(scaled)
+    code = (
+        (m > 0.25).to(tl.int32)
+        + (m >= 0.75).to(tl.int32)
+        + (m > 1.25).to(tl.int32)
+        + (m >= 1.75).to(tl.int32)
+        + (m > 2.5).to(tl.int32)
+        + (m >= 3.5).to(tl.int32)
+        + (m > 5.0).to(tl.int32)
+    )
+    value = tl.where(
+        code < 4,
+        code.to(tl.float32) * 0.5,
+        tl.where(code == 4, 2.0, tl.where(code == 5, 3.0, tl.where(code == 6, 4.0, 6.0))),
+    )
+    return value, code
+
+
+@triton.jit
+def _quantize_groups(v, gs, inv_gs, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Quantize fp32 ``v [ROWS, COLS]`` per 16 columns with encode scale ``gs`` (scalar or [ROWS, 1]).
+
+    Returns the dequantized blocks ``e2m1 * block_scale`` (fp32 [ROWS, COLS], no global scale),
+    the signed codes (int32 [ROWS, COLS], 0..15) and the block scales (fp32 [ROWS, COLS // 16]).
+    """
+    g = tl.reshape(v, [ROWS, COLS // 16, 16])
+    amax = tl.max(tl.abs(g), axis=2)
+    scale = _rne_e4m3(tl.minimum(gs * (amax * 0.16666666666666666), 448.0))
+    denom = scale * inv_gs
+    # ones shaped like denom (denom is finite), built from it: Gluon callers (decode_kernels) cannot
+    # make a tensor without a layout
+    multiplier = tl.where(denom == 0.0, 0.0, tl.math.div_rn(denom * 0.0 + 1.0, denom))
+    scaled = g * multiplier[:, :, None]
+    scaled = tl.minimum(tl.maximum(scaled, -6.0), 6.0)
+    magnitude, code = _e2m1_round(scaled)
+    negative = (scaled < 0.0) & (code > 0)
+    code = code | tl.where(negative, 8, 0)
+    value = tl.where(negative, -magnitude, magnitude) * scale[:, :, None]
+    return tl.reshape(value, [ROWS, COLS]), tl.reshape(code, [ROWS, COLS]), scale
+
+
+@triton.jit
+def _dequant_tile(w_ptrs, s_ptrs, mask_n, BN: tl.constexpr, BK: tl.constexpr, DTYPE: tl.constexpr):
+    """Load packed e2m1 ``[BN, BK/2]`` and e4m3 scales ``[BN, BK/16]``; return ``[BN, BK]`` in DTYPE."""
+    packed = tl.load(w_ptrs, mask=mask_n[:, None], other=0).to(tl.int32)
+    codes = tl.reshape(tl.join(packed & 0xF, packed >> 4), [BN, BK])
+    values = (((codes & 7) << 9) | ((codes & 8) << 12)).to(tl.int16).to(tl.float16, bitcast=True)
+    scales = _scales_f32(s_ptrs, mask_n)
+    w = tl.reshape(values.to(tl.float32), [BN, BK // 16, 16]) * (scales * 16384.0)[:, :, None]
+    return tl.reshape(w, [BN, BK]).to(DTYPE)
+
+
+@triton.jit
+def _scales_f32(s_ptrs, mask_n):
+    """Load e4m3 block-scale bytes ``[BN, G]`` and decode them to fp32 (exact)."""
+    sbyte = tl.load(s_ptrs, mask=mask_n[:, None], other=0).to(tl.int32)
+    sbits = ((sbyte & 0x7F) << 7) | ((sbyte & 0x80) << 8)
+    return sbits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * 256.0
+
+
+@triton.jit
+def _dequant_tile_ptx(w_ptrs, s_ptrs, mask_n, BN: tl.constexpr, BK: tl.constexpr):
+    """Like :func:`_dequant_tile` for bf16, in inline PTX (sm_80+), returning ``w * 2**-7``.
+
+    Four packed bytes per PTX block: a ``prmt`` spreads two bytes over a bf16 pair, a few logic
+    ops move each nibble's sign and e2m1 bits to the bf16 bits of ``e2m1 * 2**-126``, and one
+    ``fma.rn.bf16x2`` per pair multiplies by ``bf16(scale * 2**119)`` (exact: at most 5
+    significant bits). The even (low nibble) and odd K columns are joined back into K order.
+    """
+    groups: tl.constexpr = BK // 16
+    packed = tl.load(w_ptrs, mask=mask_n[:, None], other=0)
+    factor = (_scales_f32(s_ptrs, mask_n) * 6.646139978924579e35).to(tl.bfloat16)
+    codes = tl.reshape(packed, [BN, groups, 8])
+    scale = tl.broadcast_to(factor[:, :, None], [BN, groups, 8])
+    even, odd = tl.inline_asm_elementwise(
+        """
+        {
+        .reg .b32 t0, t1, m, s, zero, nz, e0, e1, o0, o1;
+        mov.b32 zero, 0;
+        mov.b32 nz, 0x80008000;
+        prmt.b32 t0, $4, zero, 0x1404;
+        prmt.b32 t1, $4, zero, 0x3424;
+        shr.b32 m, t0, 2; and.b32 m, m, 0x01C001C0; shl.b32 s, t0, 4; and.b32 s, s, 0x80008000;
+        or.b32 e0, m, s;
+        shr.b32 m, t1, 2; and.b32 m, m, 0x01C001C0; shl.b32 s, t1, 4; and.b32 s, s, 0x80008000;
+        or.b32 e1, m, s;
+        shr.b32 m, t0, 6; and.b32 m, m, 0x01C001C0; and.b32 s, t0, 0x80008000;
+        or.b32 o0, m, s;
+        shr.b32 m, t1, 6; and.b32 m, m, 0x01C001C0; and.b32 s, t1, 0x80008000;
+        or.b32 o1, m, s;
+        fma.rn.bf16x2 $0, e0, $5, nz;
+        fma.rn.bf16x2 $1, e1, $6, nz;
+        fma.rn.bf16x2 $2, o0, $5, nz;
+        fma.rn.bf16x2 $3, o1, $6, nz;
+        }
+        """,
+        "=r,=r,=r,=r,r,r,r",
+        [codes, scale],
+        dtype=(tl.bfloat16, tl.bfloat16),
+        is_pure=True,
+        pack=4,
+    )
+    even = tl.reshape(even, [BN, BK // 2])
+    odd = tl.reshape(odd, [BN, BK // 2])
+    return tl.reshape(tl.join(even, odd), [BN, BK])
+
+
+@triton.jit
+def _unscale(acc, PTX: tl.constexpr):
+    """Undo the ``2**-7`` that the PTX dequantization folds into the weights."""
+    if PTX:
+        acc = acc * 128.0
+    return acc
+
+
+@triton.jit
+def swiglu(gate, up, limit, HAS_LIMIT: tl.constexpr, dtype: tl.constexpr):
+    """``io(io(silu(gate)) * up)`` of fp32 ``gate``/``up`` (global scales applied), each first
+    rounded to the io ``dtype``, clamped when ``HAS_LIMIT`` (gate <= limit, |up| <= limit): the
+    FC1 epilogue math of :mod:`a4prefill.ops.reference`, shared with :mod:`decode_kernels`."""
+    gate = gate.to(dtype).to(tl.float32)
+    up = up.to(dtype).to(tl.float32)
+    if HAS_LIMIT:
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+    silu = tl.math.div_rn(gate, 1.0 + tl.exp(-gate))
+    return (silu.to(dtype).to(tl.float32) * up).to(dtype)

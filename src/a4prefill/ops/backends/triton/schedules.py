@@ -1,0 +1,244 @@
+"""Schedules of the ``triton`` backend: the tile sizes of the tiled kernels and the schedules of
+the decode kernels, as named objects, chosen by call size. Host arithmetic only (no triton import).
+
+- :class:`GemmConfig`: one call's tiles (``block_m`` rows per tile shared by FC1 and FC2), its
+  bf16 PTX dequantization and split-K factor, and ``decode``: the decode kernels' schedule.
+- :class:`DecodeGemm`, :class:`DecodeTiles`: the schedule of one decode GEMM and of the pair.
+- :class:`DecodeScheduleRule`, :data:`DECODE_SCHEDULES`: the decode schedule of each call size,
+  one named rule a row; :func:`choose_decode_tiles` takes the first rule that holds a call.
+- :func:`choose_config`: the :class:`GemmConfig` of a call (tiles by the mean number of routes per
+  active expert, and the decode schedule where the shapes fit it).
+
+Also the block-size arithmetic of the host modules (:func:`cdiv`, :func:`next_pow2`).
+
+Who may call: :mod:`plan` (every call's plan), :mod:`fused` (the decode kernels' launch
+arguments), :mod:`routing` and :mod:`quantize` (block sizes), tests and benchmarks (explicit
+configs through ``fused_moe(..., config=...)``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DECODE_MAX_ROWS_PER_EXPERT = 32  # W4A16 calls with at most this many routes per active expert (mean)
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` of positive ints (grid sizes)."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= ``n`` (1 for ``n <= 1``; block sizes)."""
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _block_k(k: int, preferred: int) -> int:
+    """The largest power of two <= ``preferred`` dividing ``k`` (``k % 16 == 0``)."""
+    block = preferred
+    while k % block:
+        block //= 2
+    return block
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Tile sizes of one call: ``block_m`` rows per tile (shared by FC1 and FC2)."""
+
+    block_m: int
+    fc1_n: int
+    fc1_k: int
+    fc2_n: int
+    fc2_k: int
+    warps: int
+    stages: int
+    ptx_dequant: bool = True  # bf16 io: dequantize in inline PTX (fp16 io always uses Triton ops)
+    split_k: int = 1  # > 1: K slices summed with fp32 atomics (few-route calls: more programs)
+    decode: DecodeTiles | None = None  # W4A16, bf16 io, sm_80+: the decode kernels instead
+
+
+@dataclass(frozen=True)
+class DecodeGemm:
+    """Schedule of one :mod:`decode_kernels` GEMM: warps per CTA (1, 2, 4 or 8), K columns per
+    warp step (128, 256 or 512: the K relabelling repeats every 128 columns), what the warps
+    split (``"k"``: each streams one K slice of the same weight rows, summed at the end;
+    ``"rows"``: each streams all of K for its own rows), weight rows per warp (16 or 32: one or
+    two MMA tiles sharing each activation load) and ``prefetch``: each warp loads its next K
+    step's weights before this step's MMAs (two steps in flight, about twice the registers).
+    ``stages`` (2-6, not with ``prefetch``): the code words go through shared memory ``stages -
+    1`` steps ahead instead. ``max_registers``: the kernels' register cap per thread
+    (``maxnreg``); 0 for the compiler's choice."""
+
+    warps: int
+    block_k: int
+    split: str = "k"
+    rows: int = 16
+    prefetch: bool = False
+    stages: int = 0
+    max_registers: int = 0
+
+    def __post_init__(self) -> None:
+        if self.warps not in (1, 2, 4, 8):
+            raise ValueError(f"DecodeGemm.warps must be 1, 2, 4 or 8, got {self.warps}")
+        if self.block_k not in (128, 256, 512):
+            raise ValueError(f"DecodeGemm.block_k must be 128, 256 or 512, got {self.block_k}")
+        if self.split not in ("k", "rows"):
+            raise ValueError(f"DecodeGemm.split must be 'k' or 'rows', got {self.split!r}")
+        if self.rows not in (16, 32):
+            raise ValueError(f"DecodeGemm.rows must be 16 or 32, got {self.rows}")
+        if not isinstance(self.prefetch, bool):
+            raise ValueError(f"DecodeGemm.prefetch must be a bool, got {self.prefetch!r}")
+        if self.stages not in (0, 2, 3, 4, 6) or (self.stages and self.prefetch):
+            raise ValueError(
+                f"DecodeGemm.stages must be 0, 2, 3, 4 or 6 and 0 with prefetch, got {self.stages} "
+                f"(prefetch={self.prefetch})"
+            )
+        if self.max_registers not in (0, 64, 72, 80, 96, 128, 168, 255):
+            raise ValueError(
+                f"DecodeGemm.max_registers must be 0 (no cap) or one of 64, 72, 80, 96, 128, 168, "
+                f"255, got {self.max_registers}"
+            )
+
+    @property
+    def rows_per_cta(self) -> int:
+        """Output rows of one CTA (the grid's second axis is ``out_rows / rows_per_cta``)."""
+        return self.rows * (self.warps if self.split == "rows" else 1)
+
+    def fits(self, k: int, out_rows: int) -> bool:
+        """Whether K and the output rows split evenly into the warps' steps and the CTAs."""
+        step = self.block_k * (self.warps if self.split == "k" else 1)
+        return k % step == 0 and out_rows % self.rows_per_cta == 0
+
+    def __str__(self) -> str:
+        split = "r" if self.split == "rows" else ""
+        rows = "" if self.rows == 16 else f"m{self.rows}"
+        staged = f"s{self.stages}" if self.stages else ""
+        cap = f"R{self.max_registers}" if self.max_registers else ""
+        prefetched = "p" if self.prefetch else ""
+        return f"{self.warps}x{self.block_k}{split}{rows}{prefetched}{staged}{cap}"
+
+
+@dataclass(frozen=True)
+class DecodeTiles:
+    """Schedule of :mod:`decode_kernels`'s two GEMMs (FC1: K ``hidden``, ``intermediate`` rows per
+    half; FC2: K ``intermediate``, ``hidden`` rows) and the routes of one expert per CTA that
+    both share (``routes``: 8, 16 or 32, the MMA's N; each dequantized weight fragment feeds
+    ``routes / 8`` MMAs). ``overlap`` (used on sm_90+ only): FC2 is launched as FC1's
+    programmatic dependent (PDL): its CTAs start in the SMs FC1's last wave leaves idle, ask L2
+    for their weights and wait for FC1's output there."""
+
+    fc1: DecodeGemm
+    fc2: DecodeGemm
+    routes: int = 8
+    overlap: bool = False
+
+    def __post_init__(self) -> None:
+        if self.routes not in (8, 16, 32):
+            raise ValueError(f"DecodeTiles.routes must be 8, 16 or 32, got {self.routes}")
+        if not isinstance(self.overlap, bool):
+            raise ValueError(f"DecodeTiles.overlap must be a bool, got {self.overlap!r}")
+
+    def fits(self, hidden: int, intermediate: int) -> bool:
+        """Whether both GEMMs split evenly; this also makes ``hidden`` and ``intermediate``
+        multiples of 128, as the K relabelling needs."""
+        return self.fc1.fits(hidden, intermediate) and self.fc2.fits(intermediate, hidden)
+
+    def __str__(self) -> str:
+        routes = "" if self.routes == 8 else f"_n{self.routes}"
+        return f"fc1_{self.fc1}_fc2_{self.fc2}{routes}" + ("_pdl" if self.overlap else "")
+
+
+@dataclass(frozen=True)
+class DecodeScheduleRule:
+    """One row of :data:`DECODE_SCHEDULES`: the decode kernels run ``tiles`` for a call of at most
+    ``max_routes`` routes (None: any number) with on average at most ``max_rows_per_expert``
+    routes per active expert. ``name`` says which calls those are (test ids, reports)."""
+
+    name: str
+    max_routes: int | None
+    max_rows_per_expert: float
+    tiles: DecodeTiles
+
+    def holds(self, routes: int, rows_per_expert: float) -> bool:
+        """Whether a call of ``routes`` routes, ``rows_per_expert`` per active expert, is this rule's."""
+        fewer_routes = self.max_routes is None or routes <= self.max_routes
+        return fewer_routes and rows_per_expert <= self.max_rows_per_expert
+
+
+# The decode kernels' schedules by call size: each the fastest of its size (or within 1% of it)
+# in the `bench_moe.py --sweep decode` runs on the H200 (GLM-5.3-Flash TP2 shape, 61 schedules)
+# and the `--sweep focus` runs of their variants (tables and JSON in benchmarks/results/README.md,
+# "Against vLLM's Marlin NVFP4 MoE"). One DecodeScheduleRule a row; the first rule that holds a
+# call is used.
+DECODE_SCHEDULES = (
+    # 1-2 tokens: both GEMMs split K over the warps (4 and 2), the next step's weights loaded
+    # before this one's MMAs; FC2 starts in FC1's last wave (overlap)
+    DecodeScheduleRule(
+        "one_or_two_tokens",
+        max_routes=16,
+        max_rows_per_expert=4.0,
+        tiles=DecodeTiles(DecodeGemm(4, 128, prefetch=True), DecodeGemm(2, 128, prefetch=True), overlap=True),
+    ),
+    # up to 4 routes per active expert (3-64 tokens at top-8 over 288 experts): each warp streams
+    # all of K for its own rows; FC1's code words go through shared memory two steps ahead (at
+    # most 128 registers: 4 CTAs per SM in A4 and split calls too), FC2's next step is
+    # prefetched in registers and FC2 starts in FC1's last wave
+    DecodeScheduleRule(
+        "up_to_4_per_expert",
+        max_routes=None,
+        max_rows_per_expert=4.0,
+        tiles=DecodeTiles(
+            DecodeGemm(4, 256, "rows", stages=3, max_registers=128),
+            DecodeGemm(4, 128, "rows", prefetch=True),
+            overlap=True,
+        ),
+    ),
+    # up to 16 (256-512 tokens): 16-route tiles
+    DecodeScheduleRule(
+        "up_to_16_per_expert",
+        max_routes=None,
+        max_rows_per_expert=16.0,
+        tiles=DecodeTiles(DecodeGemm(4, 256, "rows"), DecodeGemm(4, 128, "rows"), routes=16),
+    ),
+    # up to 32 (1024 tokens): 32 weight rows per warp and 32-route tiles, prefetched
+    DecodeScheduleRule(
+        "up_to_32_per_expert",
+        max_routes=None,
+        max_rows_per_expert=DECODE_MAX_ROWS_PER_EXPERT,
+        tiles=DecodeTiles(
+            DecodeGemm(4, 128, "rows", 32, True), DecodeGemm(4, 128, "rows", 32, True), routes=32
+        ),
+    ),
+)
+
+
+def choose_decode_tiles(routes: int, rows_per_expert: float) -> DecodeTiles | None:
+    """The :data:`DECODE_SCHEDULES` schedule of a call of ``routes`` routes with on average
+    ``rows_per_expert`` routes per active expert (the tiles of the first rule that holds it);
+    ``None`` above :data:`DECODE_MAX_ROWS_PER_EXPERT` (the tiled kernels' sizes)."""
+    for rule in DECODE_SCHEDULES:
+        if rule.holds(routes, rows_per_expert):
+            return rule.tiles
+    return None
+
+
+def choose_config(routes: int, experts: int, hidden: int, intermediate: int) -> GemmConfig:
+    """Tile sizes by the mean number of rows per active expert (decode: few, prefill: many).
+
+    Up to :data:`DECODE_MAX_ROWS_PER_EXPERT` rows per expert, ``decode`` names the schedule of
+    the decode kernels when the shapes fit them (used for W4A16 with bf16 io; the tiles are
+    the fallback for other calls). Chosen from the H200 sweeps in ``benchmarks/results``
+    (GLM-5.3-Flash TP2 shape).
+    """
+    rows_per_expert = routes / max(1, min(experts, routes))
+    tiles = choose_decode_tiles(routes, rows_per_expert)
+    decode = tiles if tiles is not None and tiles.fits(hidden, intermediate) else None
+    if rows_per_expert <= 24:
+        if routes <= 16:  # about one token: longer K steps keep more bytes in flight
+            return GemmConfig(
+                16, 32, _block_k(hidden, 256), 64, _block_k(intermediate, 256), 4, 3, decode=decode
+            )
+        return GemmConfig(16, 32, _block_k(hidden, 128), 64, _block_k(intermediate, 128), 2, 4, decode=decode)
+    if rows_per_expert <= 96:
+        return GemmConfig(64, 64, _block_k(hidden, 64), 128, _block_k(intermediate, 64), 4, 3, decode=decode)
+    return GemmConfig(128, 64, _block_k(hidden, 64), 128, _block_k(intermediate, 64), 8, 3)

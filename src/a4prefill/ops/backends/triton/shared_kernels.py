@@ -1,0 +1,159 @@
+"""The Triton kernels of the ``triton`` backend that both GEMM paths launch (imported lazily:
+needs triton):
+
+- :func:`route_prep_kernel`: one program sorts up to ``R_BLOCK`` routes by expert and builds the
+  tile table (the routing layout of :mod:`routing`, which launches it);
+- :func:`quantize_rows_kernel`: the FC1 input of A4 rows, ``e2m1 * block_scale`` (launched by
+  :mod:`quantize`);
+- :func:`combine_kernel`: the weighted top-k sum of FC2's rows into ``[T, H]`` (launched by
+  :mod:`fused`; after a K split of the tiled FC2 it also applies alpha2).
+
+Numerics: :mod:`numerics`.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from a4prefill.ops.backends.triton.numerics import A4_MODE, SPLIT_MODE, W4A16_MODE, _quantize_groups, _unscale
+
+
+@triton.jit(do_not_specialize=["T"])  # one compile for every token count
+def quantize_rows_kernel(
+    x_ptr,
+    out_ptr,
+    codes_ptr,
+    scales_ptr,
+    flag_ptr,
+    gs_ptr,
+    T,
+    H,
+    MODE: tl.constexpr,
+    WRITE_CODES: tl.constexpr,
+    BT: tl.constexpr,
+    BH: tl.constexpr,
+):
+    """FC1 input of the A4 path: ``out [T, H] = e2m1 * block_scale`` of ``x [T, H]`` quantized
+    with the shared ``gs_ptr[0]`` (rows whose flag is 0 in ``SPLIT_MODE`` are copied unchanged).
+    With WRITE_CODES also packed codes uint8 [T, H/2] and e4m3 scale bytes uint8 [T, H/16]."""
+    rows = tl.program_id(0) * BT + tl.arange(0, BT)
+    cols = tl.program_id(1) * BH + tl.arange(0, BH)
+    rmask = rows < T
+    mask = rmask[:, None] & (cols[None, :] < H)
+    x = tl.load(x_ptr + rows[:, None] * H + cols[None, :], mask=mask, other=0.0)
+    gs = tl.load(gs_ptr)
+    inv_gs = tl.math.div_rn(gs * 0.0 + 1.0, gs)
+    value, code, scale = _quantize_groups(x.to(tl.float32), gs, inv_gs, BT, BH)
+    result = value.to(x.dtype)
+    if MODE == SPLIT_MODE:
+        flag = tl.load(flag_ptr + rows, mask=rmask, other=0)
+        result = tl.where(flag[:, None] != 0, result, x)
+    tl.store(out_ptr + rows[:, None] * H + cols[None, :], result, mask=mask)
+    if WRITE_CODES:
+        pairs = tl.reshape(code, [BT, BH // 2, 2])
+        low, high = tl.split(pairs)
+        packed = (low | (high << 4)).to(tl.uint8)
+        pcols = tl.program_id(1) * (BH // 2) + tl.arange(0, BH // 2)
+        pmask = rmask[:, None] & (pcols[None, :] < H // 2)
+        tl.store(codes_ptr + rows[:, None] * (H // 2) + pcols[None, :], packed, mask=pmask)
+        sbits = scale.to(tl.int32, bitcast=True)
+        # fp32 -> e4m3 bits for values that are exactly e4m3 (>= 0).
+        exp = (sbits >> 23) & 0xFF
+        normal_byte = ((exp - 120) << 3) | ((sbits >> 20) & 7)
+        sub_byte = (scale * 512.0).to(tl.int32)
+        byte = tl.where(exp >= 121, normal_byte, sub_byte).to(tl.uint8)
+        scols = tl.program_id(1) * (BH // 16) + tl.arange(0, BH // 16)
+        smask = rmask[:, None] & (scols[None, :] < H // 16)
+        tl.store(scales_ptr + rows[:, None] * (H // 16) + scols[None, :], byte, mask=smask)
+
+
+@triton.jit(do_not_specialize=["R"])  # one compile per R_BLOCK, whatever R
+def route_prep_kernel(
+    ids_ptr,
+    sorted_route_ptr,
+    seg_start_ptr,
+    seg_count_ptr,
+    tile_expert_ptr,
+    tile_row_ptr,
+    num_tiles_ptr,
+    R,
+    E,
+    BLOCK_M: tl.constexpr,
+    R_BLOCK: tl.constexpr,
+    E_BLOCK: tl.constexpr,
+):
+    """One program: sort ``R <= R_BLOCK`` routes by expert id and build the tile table.
+
+    Ids outside [0, E) go to the sentinel bucket E (no tile). ``E_BLOCK > E`` (power of two).
+    """
+    r = tl.arange(0, R_BLOCK)
+    ids = tl.load(ids_ptr + r, mask=r < R, other=E).to(tl.int32)
+    key = tl.where((ids >= 0) & (ids < E), ids, E)
+    hist = tl.histogram(key, E_BLOCK)
+    hist = tl.where(tl.arange(0, E_BLOCK) < E, hist, 0)
+    seg_start = tl.cumsum(hist, 0) - hist
+    tiles = (hist + BLOCK_M - 1) // BLOCK_M
+    tile_start = tl.cumsum(tiles, 0) - tiles
+    e_index = tl.arange(0, E_BLOCK)
+    tl.store(seg_start_ptr + e_index, seg_start, mask=e_index < E)
+    tl.store(seg_count_ptr + e_index, hist, mask=e_index < E)
+    tl.store(num_tiles_ptr, tl.sum(tiles, 0))
+    ordered = tl.sort(key * R_BLOCK + r)
+    expert = ordered // R_BLOCK
+    route = ordered % R_BLOCK
+    tl.store(sorted_route_ptr + r, route, mask=r < R)
+    valid = expert < E
+    safe_expert = tl.where(valid, expert, 0)
+    local = r - tl.gather(seg_start, safe_expert, 0)
+    tile = tl.gather(tile_start, safe_expert, 0) + local // BLOCK_M
+    starts = valid & (local % BLOCK_M == 0)
+    tl.store(tile_expert_ptr + tile, expert, mask=starts)
+    tl.store(tile_row_ptr + tile, r, mask=starts)
+
+
+@triton.jit
+def combine_kernel(
+    y_ptr,
+    topk_w_ptr,
+    topk_ids_ptr,
+    out_ptr,
+    w_scale2_ptr,
+    gs2_ptr,
+    flag_ptr,
+    H,
+    E,
+    TOPK,
+    FROM_ACC: tl.constexpr,
+    MODE: tl.constexpr,
+    PTX: tl.constexpr,
+    BH: tl.constexpr,
+):
+    """``out[t] = io(sum_j fp32(topk_w[t, j]) * fp32(y[t * TOPK + j]))`` over valid ids only.
+
+    ``FROM_ACC``: ``y`` holds FC2 split-K fp32 sums; ``y = io(acc * alpha2[e])`` is formed here.
+    """
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BH + tl.arange(0, BH)
+    cmask = cols < H
+    acc = tl.zeros([BH], dtype=tl.float32)
+    dtype = out_ptr.dtype.element_ty
+    for j in range(TOPK):
+        expert = tl.load(topk_ids_ptr + t * TOPK + j)
+        weight = tl.load(topk_w_ptr + t * TOPK + j).to(tl.float32)
+        expert_vec = tl.zeros([BH], dtype=tl.int32) + expert
+        valid = (expert_vec >= 0) & (expert_vec < E)
+        y = tl.load(y_ptr + (t * TOPK + j) * H + cols, mask=cmask & valid, other=0.0)
+        if FROM_ACC:
+            safe = tl.where((expert >= 0) & (expert < E), expert, 0)
+            alpha = tl.load(w_scale2_ptr + safe)
+            y = _unscale(y, PTX)
+            if MODE != W4A16_MODE:
+                alpha_a4 = tl.math.div_rn(alpha, tl.load(gs2_ptr + safe))
+                if MODE == A4_MODE:  # noqa: SIM108 (constexpr branch)
+                    alpha = alpha_a4
+                else:
+                    alpha = tl.where(tl.load(flag_ptr + t) != 0, alpha_a4, alpha)
+            y = (y * alpha).to(dtype)
+        acc += weight * y.to(tl.float32)
+    tl.store(out_ptr + t * H + cols, acc.to(dtype), mask=cmask)
