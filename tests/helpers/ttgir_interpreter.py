@@ -290,6 +290,22 @@ class _Return(Exception):
     pass
 
 
+class _PendingDot:
+    """An asynchronous wgmma in flight: its operands (shared-memory views or tensors) and its
+    accumulator (a tensor or the previous wgmma in flight). :meth:`result` computes it once."""
+
+    def __init__(self, a: Any, b: Any, c: Any, use_c: bool) -> None:
+        self.a, self.b, self.c, self.use_c = a, b, c, use_c
+        self.done: torch.Tensor | None = None
+
+    def result(self) -> torch.Tensor:
+        if self.done is None:
+            c = self.c.result() if isinstance(self.c, _PendingDot) else self.c
+            product = torch.matmul(self.a.double(), self.b.double())
+            self.done = (product + (c.double() if self.use_c else 0.0)).float()
+        return self.done
+
+
 class _Program:
     def __init__(
         self,
@@ -307,6 +323,7 @@ class _Program:
         self.values: dict[str, Any] = {}
         self.open_copies: list[tuple[torch.Tensor, torch.Tensor]] = []  # async copies not committed
         self.copy_groups: list[list[tuple[torch.Tensor, torch.Tensor]]] = []  # committed, not landed
+        self.pending_dots: list[_PendingDot] = []  # asynchronous wgmmas not retired, oldest first
         for name, value in zip(kernel.arguments, arguments, strict=True):
             if isinstance(value, torch.Tensor):
                 if not value.is_contiguous():
@@ -365,6 +382,8 @@ class _Program:
 
     # -- constants, ranges, ids ------------------------------------------------------------
     def _op_arith_constant(self, op: Op) -> torch.Tensor:
+        if op.text.strip() in ("true", "false"):  # ``arith.constant true``: an i1 without a type
+            return torch.tensor(op.text.strip() == "true")
         _, (result,) = op.types
         literal = op.text.split(" : ")[0].strip()
         literal = literal.removeprefix("dense<").removesuffix(">")
@@ -451,6 +470,18 @@ class _Program:
     def _op_arith_andi(self, op: Op) -> torch.Tensor:
         return self._binary(op, torch.bitwise_and)
 
+    def _op_arith_shli(self, op: Op) -> torch.Tensor:
+        return self._binary(op, torch.bitwise_left_shift)
+
+    def _op_arith_ori(self, op: Op) -> torch.Tensor:
+        return self._binary(op, torch.bitwise_or)
+
+    def _op_arith_minsi(self, op: Op) -> torch.Tensor:
+        return self._binary(op, torch.minimum)
+
+    def _op_arith_maxsi(self, op: Op) -> torch.Tensor:
+        return self._binary(op, torch.maximum)
+
     def _op_arith_shrsi(self, op: Op) -> torch.Tensor:
         return self._binary(op, torch.bitwise_right_shift)
 
@@ -510,6 +541,12 @@ class _Program:
         if value.dtype == torch.bool:
             return value.to(dtype)
         return value.view(UNSIGNED[value.dtype]).to(dtype)
+
+    def _op_arith_trunci(self, op: Op) -> torch.Tensor:
+        value, dtype = self._convert(op)
+        bits = 8 * torch.empty((), dtype=dtype).element_size()
+        low = value.long() & ((1 << bits) - 1)
+        return torch.where(low >= 1 << (bits - 1), low - (1 << bits), low).to(dtype)
 
     def _op_arith_truncf(self, op: Op) -> torch.Tensor:
         value, dtype = self._convert(op)
@@ -632,7 +669,46 @@ class _Program:
         (memory,) = self._args(op)
         return memory.clone()
 
+    def _op_ttg_local_store(self, op: Op) -> None:
+        value, memory = self._args(op)
+        memory.copy_(value)
+
+    def _op_ttg_memdesc_trans(self, op: Op) -> torch.Tensor:
+        (memory,) = self._args(op)
+        order = [int(i) for i in re.search(r"order = array<i32: ([\d, ]+)>", op.text).group(1).split(",")]  # type: ignore[union-attr]
+        return memory.permute(order)  # a view: later stores to the allocation show through
+
+    def _op_ttng_fence_async_shared(self, op: Op) -> None:
+        """Orders this program's shared-memory stores before its wgmmas' reads: the interpreter's
+        reads happen at the wait anyway (see :meth:`_op_ttng_warp_group_dot`)."""
+
+    def _op_gpu_barrier(self, op: Op) -> None:
+        """A CTA barrier (``gpu.barrier`` in Triton 3.6, ``ttg.barrier`` later): a program is one
+        sequential run here."""
+
+    _op_ttg_barrier = _op_gpu_barrier
+
     # -- matrix product, reductions, inline assembly ---------------------------------------
+    def _op_ttng_warp_group_dot(self, op: Op) -> Any:
+        """A wgmma: operands from shared memory (views) or registers, fp32 accumulator. An
+        asynchronous one reads its shared operands as late as the program allows, at the
+        ``warp_group_dot_wait`` that retires it: a program that rewrites an operand's buffer
+        before that wait gets the wrong product, as it may on a GPU."""
+        a, b, c, *use = self._args(op)
+        dot = _PendingDot(a, b, c, bool(use[0]) if use else True)
+        if "isAsync = true" not in op.text:
+            return dot.result()
+        self.pending_dots.append(dot)
+        return dot
+
+    def _op_ttng_warp_group_dot_wait(self, op: Op) -> Any:
+        pendings = int(_attribute(op, "pendings").split(":")[0])
+        while len(self.pending_dots) > pendings:
+            self.pending_dots.pop(0).result()
+        retired = [isinstance(d, _PendingDot) and d.done is not None for d in self._args(op)]
+        deps = [d.result() if done else d for d, done in zip(self._args(op), retired, strict=True)]
+        return deps if len(deps) > 1 else deps[0]
+
     def _op_tt_dot(self, op: Op) -> torch.Tensor:
         a, b, c = self._args(op)[:3]
         return (torch.matmul(a.double(), b.double()) + c.double()).float()
@@ -659,14 +735,21 @@ class _Program:
         asm = re.match(r'\s*"((?:[^"\\]|\\.)*)"', op.text).group(1)  # type: ignore[union-attr]
         asm = re.sub(r"\\([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), asm)
         constraints = re.search(r'constraints = "([^"]*)"', op.text).group(1).split(",")  # type: ignore[union-attr]
-        if int(_attribute(op, "packed_element").split(":")[0]) != 1:
-            raise NotImplementedError("inline asm with packed_element > 1")
+        pack = int(_attribute(op, "packed_element").split(":")[0])
         inputs = self._args(op)
         if not inputs:  # ``-> i32``: no signature to parse
             return self._grid_dependency(asm)
         _, result_types = op.types
         if len(inputs) == 1 and isinstance(inputs[0], Pointer):
             return self._l2_prefetch(asm, inputs[0], result_types[0].shape)
+        if pack == 1:
+            return self._inline_asm_elementwise(asm, constraints, inputs, result_types)
+        return self._inline_asm_packed(asm, pack, inputs, result_types)
+
+    def _inline_asm_elementwise(
+        self, asm: str, constraints: list[str], inputs: list[Any], result_types: list[Type]
+    ) -> Any:
+        """One asm execution per element: operand ``$N`` is one element's bits."""
         outputs = [c for c in constraints if c.startswith("=")]
         operands = {}
         for index, value in enumerate(inputs):
@@ -678,6 +761,38 @@ class _Program:
             bits = torch.as_tensor(executed[index]).expand(result.shape)
             width = {"=r": torch.int32, "=h": torch.int16}[constraint]
             results.append(bits.to(width).view(TORCH_TYPES[result.element]))
+        return results if len(results) > 1 else results[0]
+
+    def _inline_asm_packed(self, asm: str, pack: int, inputs: list[Any], result_types: list[Type]) -> Any:
+        """One asm execution per ``pack`` consecutive elements of the last axis (the elements
+        Triton packs into a thread's registers), every operand and result 32-bit registers:
+        ``pack * element bytes / 4`` of them each, outputs numbered first, little-endian."""
+
+        def registers(value: torch.Tensor) -> list[torch.Tensor]:
+            if value.shape[-1] % pack:
+                raise NotImplementedError(f"inline asm: last axis {value.shape[-1]} not a multiple of {pack}")
+            raw = value.contiguous().view(torch.uint8).reshape(-1, pack * value.element_size()).long()
+            if raw.shape[1] % 4:
+                raise NotImplementedError("inline asm: packed operands of whole 32-bit registers only")
+            words = raw.reshape(raw.shape[0], -1, 4)
+            packed = words[..., 0] | words[..., 1] << 8 | words[..., 2] << 16 | words[..., 3] << 24
+            return list(packed.unbind(1))
+
+        sizes = [torch.empty((), dtype=TORCH_TYPES[r.element]).element_size() for r in result_types]
+        counts = [pack * size // 4 for size in sizes]
+        operands: dict[int, Any] = {}
+        number = sum(counts)
+        for value in inputs:
+            for word in registers(value):
+                operands[number] = word
+                number += 1
+        executed = ptx_subset.run(asm, operands)
+        results, number = [], 0
+        for count, result in zip(counts, result_types, strict=True):
+            words = torch.stack([torch.as_tensor(executed[number + i]) for i in range(count)], 1)
+            number += count
+            raw = torch.stack([(words >> shift) & 0xFF for shift in (0, 8, 16, 24)], -1).to(torch.uint8)
+            results.append(raw.reshape(-1).view(TORCH_TYPES[result.element]).reshape(result.shape))
         return results if len(results) > 1 else results[0]
 
     def _grid_dependency(self, asm: str) -> torch.Tensor:

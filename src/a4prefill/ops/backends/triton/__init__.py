@@ -15,6 +15,7 @@ Host side (imports without Triton; launches without a host sync):
   ``build_routing``) and the routing layout every GEMM kernel reads;
 - :mod:`quantize`: A4 rows quantized on the GPU (``quantize_rows``);
 - :mod:`warmup`: the load-time warm-up, one call per plan and precision;
+- :mod:`prefill`: ``launch_prefill_gemm``, the host side of the prefill GEMM;
 - :mod:`kernel_modules`: the host side's lazy imports of the kernel modules below.
 
 Kernel side (imported lazily, at the first launch or when the backend is asked about a CUDA
@@ -27,10 +28,10 @@ device; needs Triton, the decode modules Triton 3.6+ with Gluon):
 - :mod:`tiled_kernels`: the tiled FC1 and FC2 GEMMs;
 - :mod:`decode_kernels`: the Gluon FC1 and FC2 GEMMs for few routes per expert, and the
   activation permutation they read;
-- :mod:`decode_layouts`: their layouts and K relabelling; :mod:`decode_asm`: their inline PTX.
-
-Kernels written for prefill-size calls would join as a module of their own beside these, with
-their schedule in :mod:`schedules` and their choice in :mod:`plan`.
+- :mod:`decode_layouts`: their layouts and K relabelling; :mod:`decode_asm`: their inline PTX;
+- :mod:`prefill_kernels`: the Hopper prefill GEMM (Gluon, sm_90a, wgmma; issue 23, in progress:
+  the GEMM core, launched by :mod:`prefill` for the tests and the benchmark, not yet chosen by
+  :mod:`plan`).
 
 The package shares its name with the Triton library, which does not shadow it: every module of
 the project imports absolutely (``import triton`` is the library everywhere, this package is only

@@ -8,7 +8,8 @@ a kernel by setting the module's attribute).
 - :func:`shared`: :mod:`shared_kernels` (routing, A4 row quantization, the top-k combine; Triton);
 - :func:`tiled`: :mod:`tiled_kernels` (the tiled GEMMs; Triton);
 - :func:`decode`: :mod:`decode_kernels` (the decode GEMMs; Gluon, Triton 3.6+);
-  :func:`decode_imports` says, once per process, whether that module imports.
+  :func:`decode_imports` says, once per process, whether that module imports;
+- :func:`prefill`: :mod:`prefill_kernels` (the Hopper prefill GEMM; Gluon, Triton 3.6+, sm_90a).
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ def decode() -> Any:
     from a4prefill.ops.backends.triton import decode_kernels
 
     return decode_kernels
+
+
+def prefill() -> Any:
+    from a4prefill.ops.backends.triton import prefill_kernels
+
+    return prefill_kernels
 
 
 @functools.cache

@@ -34,6 +34,36 @@ A4_MODE: tl.constexpr = tl.constexpr(precision.MODE_A4)
 SPLIT_MODE: tl.constexpr = tl.constexpr(precision.MODE_SPLIT)
 
 
+# Four packed code bytes (``$4``) and the bf16 factors ``scale * 2**119`` of their elements in
+# pairs (``$5``: bytes 0 and 1, ``$6``: bytes 2 and 3) -> ``$0, $1``: the low nibbles (even K
+# columns), ``$2, $3``: the high nibbles (odd columns), each bf16 ``e2m1 * scale * 2**-7``, exact.
+# A ``prmt`` spreads two bytes over a bf16 pair, a few logic ops move each nibble's sign and e2m1
+# bits to the bf16 bits of ``e2m1 * 2**-126``, one ``fma.rn.bf16x2`` per pair multiplies by the
+# factor (at most 5 significant bits). Launched with ``pack=4`` by :func:`_dequant_tile_ptx` and
+# the prefill kernels.
+BYTE_DEQUANT_ASM = tl.constexpr("""
+{
+.reg .b32 t0, t1, m, s, zero, nz, e0, e1, o0, o1;
+mov.b32 zero, 0;
+mov.b32 nz, 0x80008000;
+prmt.b32 t0, $4, zero, 0x1404;
+prmt.b32 t1, $4, zero, 0x3424;
+shr.b32 m, t0, 2; and.b32 m, m, 0x01C001C0; shl.b32 s, t0, 4; and.b32 s, s, 0x80008000;
+or.b32 e0, m, s;
+shr.b32 m, t1, 2; and.b32 m, m, 0x01C001C0; shl.b32 s, t1, 4; and.b32 s, s, 0x80008000;
+or.b32 e1, m, s;
+shr.b32 m, t0, 6; and.b32 m, m, 0x01C001C0; and.b32 s, t0, 0x80008000;
+or.b32 o0, m, s;
+shr.b32 m, t1, 6; and.b32 m, m, 0x01C001C0; and.b32 s, t1, 0x80008000;
+or.b32 o1, m, s;
+fma.rn.bf16x2 $0, e0, $5, nz;
+fma.rn.bf16x2 $1, e1, $6, nz;
+fma.rn.bf16x2 $2, o0, $5, nz;
+fma.rn.bf16x2 $3, o1, $6, nz;
+}
+""")
+
+
 @triton.jit
 def _rne_e4m3(s):
     """Round fp32 ``s`` in [0, 448] to the nearest e4m3 value (ties to even), as fp32."""
@@ -104,7 +134,13 @@ def _dequant_tile(w_ptrs, s_ptrs, mask_n, BN: tl.constexpr, BK: tl.constexpr, DT
 @triton.jit
 def _scales_f32(s_ptrs, mask_n):
     """Load e4m3 block-scale bytes ``[BN, G]`` and decode them to fp32 (exact)."""
-    sbyte = tl.load(s_ptrs, mask=mask_n[:, None], other=0).to(tl.int32)
+    return e4m3_bytes_f32(tl.load(s_ptrs, mask=mask_n[:, None], other=0))
+
+
+@triton.jit
+def e4m3_bytes_f32(scale_bytes):
+    """e4m3 bytes (uint8, any shape) -> fp32 values, exact (``0x7f``/``0xff`` -> +-480, not NaN)."""
+    sbyte = scale_bytes.to(tl.int32)
     sbits = ((sbyte & 0x7F) << 7) | ((sbyte & 0x80) << 8)
     return sbits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * 256.0
 
@@ -124,27 +160,7 @@ def _dequant_tile_ptx(w_ptrs, s_ptrs, mask_n, BN: tl.constexpr, BK: tl.constexpr
     codes = tl.reshape(packed, [BN, groups, 8])
     scale = tl.broadcast_to(factor[:, :, None], [BN, groups, 8])
     even, odd = tl.inline_asm_elementwise(
-        """
-        {
-        .reg .b32 t0, t1, m, s, zero, nz, e0, e1, o0, o1;
-        mov.b32 zero, 0;
-        mov.b32 nz, 0x80008000;
-        prmt.b32 t0, $4, zero, 0x1404;
-        prmt.b32 t1, $4, zero, 0x3424;
-        shr.b32 m, t0, 2; and.b32 m, m, 0x01C001C0; shl.b32 s, t0, 4; and.b32 s, s, 0x80008000;
-        or.b32 e0, m, s;
-        shr.b32 m, t1, 2; and.b32 m, m, 0x01C001C0; shl.b32 s, t1, 4; and.b32 s, s, 0x80008000;
-        or.b32 e1, m, s;
-        shr.b32 m, t0, 6; and.b32 m, m, 0x01C001C0; and.b32 s, t0, 0x80008000;
-        or.b32 o0, m, s;
-        shr.b32 m, t1, 6; and.b32 m, m, 0x01C001C0; and.b32 s, t1, 0x80008000;
-        or.b32 o1, m, s;
-        fma.rn.bf16x2 $0, e0, $5, nz;
-        fma.rn.bf16x2 $1, e1, $6, nz;
-        fma.rn.bf16x2 $2, o0, $5, nz;
-        fma.rn.bf16x2 $3, o1, $6, nz;
-        }
-        """,
+        BYTE_DEQUANT_ASM,
         "=r,=r,=r,=r,r,r,r",
         [codes, scale],
         dtype=(tl.bfloat16, tl.bfloat16),

@@ -6,6 +6,8 @@ the decode kernels, as named objects, chosen by call size. Host arithmetic only 
 - :class:`DecodeGemm`, :class:`DecodeTiles`: the schedule of one decode GEMM and of the pair.
 - :class:`DecodeScheduleRule`, :data:`DECODE_SCHEDULES`: the decode schedule of each call size,
   one named rule a row; :func:`choose_decode_tiles` takes the first rule that holds a call.
+- :class:`PrefillGemm`, :data:`PREFILL_SCHEDULES`: the Hopper prefill GEMM's schedule and the
+  named schedules the benchmark compares (issue 23, not yet chosen by any call).
 - :func:`choose_config`: the :class:`GemmConfig` of a call (tiles by the mean number of routes per
   active expert, and the decode schedule where the shapes fit it).
 
@@ -19,6 +21,7 @@ configs through ``fused_moe(..., config=...)``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 
 DECODE_MAX_ROWS_PER_EXPERT = 32  # W4A16 calls with at most this many routes per active expert (mean)
 
@@ -242,3 +245,53 @@ def choose_config(routes: int, experts: int, hidden: int, intermediate: int) -> 
     if rows_per_expert <= 96:
         return GemmConfig(64, 64, _block_k(hidden, 64), 128, _block_k(intermediate, 64), 4, 3, decode=decode)
     return GemmConfig(128, 64, _block_k(hidden, 64), 128, _block_k(intermediate, 64), 8, 3)
+
+
+@dataclass(frozen=True)
+class PrefillGemm:
+    """Schedule of the Hopper prefill GEMM (:mod:`prefill_kernels`): ``weight_rows`` per CTA (the
+    wgmma's M: 64 or 128, one warpgroup per 64), ``routes`` of one expert per CTA (the wgmma's
+    N: 64, 128 or 256; the routing's ``block_m``), K columns per step (``block_k``: 64 or 128)
+    and ``stages`` shared buffers of each operand (3: the kernel's ordering invariant needs
+    them)."""
+
+    weight_rows: int = 128
+    routes: int = 128
+    block_k: int = 64
+    stages: int = 3
+
+    def __post_init__(self) -> None:
+        if self.weight_rows not in (64, 128):
+            raise ValueError(f"PrefillGemm.weight_rows must be 64 or 128, got {self.weight_rows}")
+        if self.routes not in (64, 128, 256):
+            raise ValueError(f"PrefillGemm.routes must be 64, 128 or 256, got {self.routes}")
+        if self.block_k not in (64, 128):
+            raise ValueError(f"PrefillGemm.block_k must be 64 or 128, got {self.block_k}")
+        if self.stages != 3:
+            raise ValueError(f"PrefillGemm.stages must be 3, got {self.stages}")
+
+    @property
+    def warps(self) -> int:
+        """Warps per CTA: one warpgroup (4 warps) per 64 weight rows."""
+        return self.weight_rows // 16
+
+    def fits(self, k: int, out_rows: int) -> bool:
+        """Whether K splits into steps and the output rows into CTAs."""
+        return k % self.block_k == 0 and out_rows % self.weight_rows == 0
+
+    def __str__(self) -> str:
+        return f"w{self.weight_rows}_t{self.routes}_k{self.block_k}"
+
+
+# The prefill GEMM schedules the benchmark compares (benchmarks/bench_prefill_gemm.py). In the H200
+# prototype run of 2026-12-02 (benchmarks/results/prefill_gemm_prototype.json, GLM-5.3-Flash TP2
+# shape) 128-route tiles were the fastest at 4096 tokens, 256-route tiles at 8192 and 16384.
+PREFILL_SCHEDULES = MappingProxyType(
+    {
+        "w128_t128": PrefillGemm(128, 128),
+        "w128_t256": PrefillGemm(128, 256),
+        "w128_t64": PrefillGemm(128, 64),
+        "w64_t128": PrefillGemm(64, 128),
+        "w128_t128_k128": PrefillGemm(128, 128, 128),
+    }
+)

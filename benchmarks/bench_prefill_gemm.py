@@ -1,0 +1,98 @@
+"""Time the Hopper prefill GEMM core (``triton.prefill_kernels``, issue 23) on a CUDA GPU.
+
+Usage: ``PYTHONPATH=src python benchmarks/bench_prefill_gemm.py --out DIR [--tokens 512 4096 ...]``.
+GLM-5.3-Flash TP2 shape (hidden 4096, intermediate 1024, 288 experts, top-8), random routing,
+random code and scale bytes. For each token count it times the FC1 GEMM (``[T*8, 4096] x [2048,
+4096]^T``, rows gathered by token) and the FC2 GEMM (``[T*8, 1024] x [4096, 1024]^T``, rows in
+sorted order) of every schedule in ``schedules.PREFILL_SCHEDULES``, and, in the same run, the
+same GEMMs as ``torch._grouped_mm`` in bf16 on rows already sorted by expert (no gather, bf16
+weights): each captured in a CUDA graph, L2 flushed (``bench_moe.time_graph``). Routing is not
+in the timing (the GEMM core only). Saves ``bench_prefill_gemm.json`` and ``.png`` (TFLOP/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+
+import torch
+
+from bench_moe import time_graph
+
+EXPERTS, HIDDEN, INTERMEDIATE, TOP_K = 288, 4096, 1024, 8
+TOKENS = [512, 1024, 4096, 8192, 16384]
+
+
+def main() -> None:
+    from a4prefill.ops.backends.triton.prefill import launch_prefill_gemm
+    from a4prefill.ops.backends.triton.routing import build_routing
+    from a4prefill.ops.backends.triton.schedules import PREFILL_SCHEDULES
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--tokens", type=int, nargs="+", default=TOKENS)
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    gemms = {"fc1": (2 * INTERMEDIATE, HIDDEN), "fc2": (HIDDEN, INTERMEDIATE)}
+    weights = {
+        name: (
+            torch.randint(0, 256, (EXPERTS, n, k // 2), dtype=torch.uint8, device="cuda"),
+            torch.randint(0x28, 0x48, (EXPERTS, n, k // 16), dtype=torch.uint8, device="cuda"),
+        )
+        for name, (n, k) in gemms.items()
+    }
+    rows = []
+    for tokens in args.tokens:
+        routes = tokens * TOP_K
+        ids = torch.rand(tokens, EXPERTS, device="cuda").topk(TOP_K, dim=1).indices.int()
+        row: dict[str, float | int] = {"tokens": tokens}
+        for name, (n, k) in gemms.items():
+            flops = 2 * routes * n * k
+            x = torch.randn(tokens if name == "fc1" else routes, k, dtype=torch.bfloat16, device="cuda")
+            out = torch.empty(routes, n, dtype=torch.bfloat16, device="cuda")
+            for label, schedule in PREFILL_SCHEDULES.items():
+                routing = build_routing(ids, EXPERTS, schedule.routes)
+                top_k = TOP_K if name == "fc1" else None
+                call = functools.partial(
+                    launch_prefill_gemm, x, *weights[name], routing, out, schedule, top_k
+                )
+                us = time_graph(call, 20, flush)
+                row[f"{name}_{label}_us"], row[f"{name}_{label}_tflops"] = us, flops / us / 1e6
+            counts = torch.bincount(ids.reshape(-1), minlength=EXPERTS)
+            offsets = torch.cumsum(counts, 0).int()
+            sorted_x = torch.randn(routes, k, dtype=torch.bfloat16, device="cuda")
+            dense = torch.randn(EXPERTS, n, k, dtype=torch.bfloat16, device="cuda")
+            grouped = functools.partial(torch._grouped_mm, sorted_x, dense.transpose(1, 2), offs=offsets)
+            us = time_graph(grouped, 20, flush)
+            row[f"{name}_grouped_mm_bf16_us"], row[f"{name}_grouped_mm_bf16_tflops"] = us, flops / us / 1e6
+            del dense, grouped
+        print(row, flush=True)
+        rows.append(row)
+    result = {
+        "device": torch.cuda.get_device_name(),
+        "shape": {"experts": EXPERTS, "hidden": HIDDEN, "intermediate": INTERMEDIATE, "top_k": TOP_K},
+        "schedules": {label: str(s) for label, s in PREFILL_SCHEDULES.items()},
+        "rows": rows,
+    }
+    with open(os.path.join(args.out, "bench_prefill_gemm.json"), "w") as handle:
+        json.dump(result, handle, indent=1)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for axis, name in zip(axes, gemms, strict=True):
+        for label in [*PREFILL_SCHEDULES, "grouped_mm_bf16"]:
+            axis.plot(args.tokens, [r[f"{name}_{label}_tflops"] for r in rows], marker="o", label=label)
+        axis.set(xscale="log", xlabel="tokens", ylabel="TFLOP/s", title=f"{name} ({result['device']})")
+        axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(os.path.join(args.out, "bench_prefill_gemm.png"), dpi=120)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""The Hopper prefill GEMM core on a GPU (sm_90): every named schedule against the fp32 product,
+FC1 (rows gathered by token) and FC2 (sorted rows) layouts, launched eagerly and replayed from a
+CUDA graph (no host sync, no allocation in the launch)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from a4prefill.ops.backends.triton.routing import build_routing
+from a4prefill.ops.backends.triton.schedules import PREFILL_SCHEDULES
+from helpers.layers import EVERY_SCALE_BYTE
+from helpers.markers import needs_gluon
+
+pytestmark = [
+    pytest.mark.gpu,
+    needs_gluon,
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+        reason="needs a Hopper GPU (sm_90: wgmma)",
+    ),
+]
+
+
+@pytest.mark.parametrize("label", list(PREFILL_SCHEDULES))
+@pytest.mark.parametrize("gather", [True, False], ids=["fc1_gather", "fc2_sorted"])
+def test_matches_the_fp32_product_eagerly_and_in_a_cuda_graph(label, gather):
+    from a4prefill.ops.backends.triton.prefill import launch_prefill_gemm
+    from test_triton_prefill_on_cpu import assert_rounded_product, expected
+
+    schedule = PREFILL_SCHEDULES[label]
+    generator = torch.Generator().manual_seed(11)
+    experts, n, k, tokens, top_k = 8, 4 * schedule.weight_rows, 8 * schedule.block_k, 700, 4
+    codes = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=generator)
+    picks = torch.randint(0, len(EVERY_SCALE_BYTE), (experts, n, k // 16), generator=generator)
+    scales = EVERY_SCALE_BYTE[picks]
+    ids = torch.stack([torch.randperm(experts - 1, generator=generator)[:top_k] for _ in range(tokens)]).int()
+    x = torch.randn(tokens if gather else tokens * top_k, k, generator=generator).bfloat16()
+    cuda = [t.cuda() for t in (x, codes, scales, ids)]
+    routing = build_routing(cuda[3], experts, schedule.routes)
+    out = torch.full((tokens * top_k, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    launch = lambda: launch_prefill_gemm(*cuda[:3], routing, out, schedule, top_k if gather else None)  # noqa: E731
+    launch()
+    cpu_routing = build_routing(ids, experts, schedule.routes, force_torch=True)
+    exact = expected(x, codes, scales, cpu_routing, top_k if gather else None)
+    assert torch.equal(routing.sorted_route.cpu(), cpu_routing.sorted_route)
+    assert_rounded_product(out.cpu(), exact)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch()
+    out.fill_(float("nan"))
+    graph.replay()
+    assert_rounded_product(out.cpu(), exact)

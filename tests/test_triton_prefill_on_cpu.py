@@ -1,0 +1,160 @@
+"""The Hopper prefill GEMM core (``triton.prefill_kernels``, issue 23, not yet chosen by any MoE
+call) on the CPU: compiled for sm_90a as on an H100/H200, its TTGIR interpreted
+(``ttgir_interpreter``: asynchronous wgmmas read shared memory when they retire, cp.async lands
+as late as the program allows), against literal e2m1/e4m3 tables and the fp32 product.
+
+Checked here: offsets, masks, the gather by token, tiles that end inside a segment, empty
+experts, the dequantization (inline PTX through ``ptx_subset``) and the order of writes to the
+shared buffers against the wgmmas in flight within a program. Not checked here: how Triton
+lowers the layouts, the ordering between the warpgroups of a CTA (the interpreter runs a program
+as one thread of control), speed (``benchmarks/bench_prefill_gemm.py``; the GPU test runs the
+same checks on an H200).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from a4prefill.ops.backends.triton.prefill import launch_prefill_gemm
+from a4prefill.ops.backends.triton.routing import build_routing
+from a4prefill.ops.backends.triton.schedules import PREFILL_SCHEDULES, PrefillGemm
+from helpers.layers import E2M1_TABLE, EVERY_SCALE_BYTE
+from helpers.markers import needs_gluon
+
+pytestmark = [pytest.mark.slow, needs_gluon]
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    from a4prefill.ops.backends.triton import kernel_modules
+    from helpers.gluon_on_cpu import InterpretedKernel
+
+    return InterpretedKernel(kernel_modules.prefill().grouped_w4_gemm_kernel)
+
+
+def dequantized(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """``[E, N, K]`` fp32 from the literal e2m1 table and torch's e4m3 decoding (exact)."""
+    nibbles = torch.stack((codes & 15, codes >> 4), dim=-1).flatten(-2).long()
+    return E2M1_TABLE[nibbles] * scales.view(torch.float8_e4m3fn).float().repeat_interleave(16, dim=-1)
+
+
+def expected(x, codes, scales, routing, top_k) -> torch.Tensor:
+    """``out[p] = x[row(p)] @ W[e(p)]^T`` in fp32 for every sorted position ``p``."""
+    experts = codes.shape[0]
+    expert_of = torch.repeat_interleave(torch.arange(experts), routing.seg_count.long())
+    rows = routing.sorted_route.long() // top_k if top_k else torch.arange(routing.sorted_route.numel())
+    weights = dequantized(codes, scales)[expert_of].double()
+    return torch.einsum("rk,rnk->rn", x[rows].double(), weights).float()
+
+
+def run(kernel, x, codes, scales, ids, schedule, top_k):
+    routing = build_routing(ids, codes.shape[0], schedule.routes, force_torch=True)
+    out = torch.full((ids.numel(), codes.shape[1]), float("nan"), dtype=torch.bfloat16)
+    launch_prefill_gemm(x, codes, scales, routing, out, schedule, top_k, kernel=kernel)
+    return out, routing
+
+
+def assert_rounded_product(out: torch.Tensor, exact: torch.Tensor) -> None:
+    """``out`` is the exact product rounded once to bf16, give or take one bf16 step (the fp32
+    additions' order differs)."""
+    assert not out.isnan().any(), "a sorted position was not written"
+    step = exact.abs().clamp(min=2.0**-120).bfloat16().float() * 2.0**-7
+    assert ((out.float() - exact).abs() <= step + 1e-30).all()
+
+
+def test_each_schedule_compiles_to_wgmma_for_sm90():
+    from a4prefill.ops.backends.triton import kernel_modules
+    from helpers.gluon_on_cpu import compile_sm90
+
+    kernel = kernel_modules.prefill().grouped_w4_gemm_kernel
+    pointers = {"x_ptr": "*bf16", "codes_ptr": "*u8", "scales_ptr": "*u8", "out_ptr": "*bf16"}
+    routing = dict.fromkeys(
+        [
+            f"{name}_ptr"
+            for name in ("sorted_route", "tile_expert", "tile_row", "seg_start", "seg_count", "num_tiles")
+        ],
+        "*i32",
+    )
+    scalars = dict.fromkeys(["N", "K", "ROUTES", "TOPK"], "i32")
+    for schedule in PREFILL_SCHEDULES.values():
+        constexprs = {
+            "GATHER": True,
+            "BW": schedule.weight_rows,
+            "BT": schedule.routes,
+            "BK": schedule.block_k,
+            "STAGES": schedule.stages,
+        }
+        # the launcher's specialization of 16-byte aligned tensors and of N, K (multiples of 16)
+        divisible = {*pointers, *routing, "N", "K"}
+        signature = {**pointers, **routing, **scalars}
+        compiled = compile_sm90(kernel, signature, constexprs, schedule.warps, divisible)
+        ptx = compiled.asm["ptx"]
+        assert f"wgmma.mma_async.sync.aligned.m64n{schedule.routes}k16.f32.bf16.bf16" in ptx, schedule
+        assert "cp.async.cg.shared.global" in ptx and "wgmma.wait_group.sync.aligned 1" in ptx, schedule
+        assert compiled.metadata.shared <= 227 * 1024, schedule  # an H100/H200 CTA's shared memory
+
+
+@pytest.mark.parametrize("label", list(PREFILL_SCHEDULES))
+@pytest.mark.parametrize("gather", [True, False], ids=["fc1_gather", "fc2_sorted"])
+def test_matches_the_fp32_product(interpreted, label, gather):
+    """Three experts (one without routes), segments that end inside a tile, tiles of several
+    K steps (fewer and more than the stages), rows gathered by token or in sorted order."""
+    schedule = PREFILL_SCHEDULES[label]
+    generator = torch.Generator().manual_seed(7)
+    experts, n, k, tokens, top_k = 3, 2 * schedule.weight_rows, 4 * schedule.block_k, 45, 2
+    codes = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=generator)
+    picks = torch.randint(0, len(EVERY_SCALE_BYTE), (experts, n, k // 16), generator=generator)
+    scales = EVERY_SCALE_BYTE[picks]
+    ids = torch.stack([torch.randperm(2, generator=generator) for _ in range(tokens)]).int()  # expert 2: none
+    rows = tokens if gather else tokens * top_k
+    x = torch.randn(rows, k, generator=generator).bfloat16()
+    out, routing = run(interpreted, x, codes, scales, ids, schedule, top_k if gather else None)
+    assert_rounded_product(out, expected(x, codes, scales, routing, top_k if gather else None))
+
+
+def test_every_code_and_scale_byte_dequantizes_exactly(interpreted):
+    """One-hot activation rows pick single weight columns: every output element is one weight,
+    ``e2m1 * e4m3`` exactly, for all 256 code bytes and every non-NaN scale byte."""
+    schedule = PrefillGemm(64, 64)
+    n, k = 128, 2 * 64
+    codes = torch.arange(256, dtype=torch.uint8).repeat(n * k // 2 // 256).reshape(1, n, k // 2)
+    repeats = n * k // 16 // len(EVERY_SCALE_BYTE) + 1
+    scales = EVERY_SCALE_BYTE.repeat(repeats)[: n * k // 16].reshape(1, n, k // 16)
+    columns = torch.arange(k)
+    x = torch.zeros(k, k, dtype=torch.bfloat16)
+    x[torch.arange(k), columns] = 1.0
+    ids = torch.zeros(k, 1, dtype=torch.int32)
+    out, routing = run(interpreted, x, codes, scales, ids, schedule, 1)
+    weights = dequantized(codes, scales)[0]  # [N, K]
+    assert torch.equal(out.float(), weights[:, routing.sorted_route.long()].T)
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    counts=st.lists(st.integers(0, 150), min_size=2, max_size=4).filter(lambda c: sum(c) > 0),
+    scale_byte=st.sampled_from(EVERY_SCALE_BYTE.tolist()),
+)
+def test_any_segment_lengths_and_scale_byte(interpreted, counts, scale_byte):
+    """Experts with the drawn route counts (0 included, across 64-route tiles), one drawn scale
+    byte everywhere: the product of the gathered rows, FC1 layout."""
+    schedule = PrefillGemm(64, 64)
+    experts, n, k = len(counts), 64, 128
+    generator = torch.Generator().manual_seed(sum(counts))
+    codes = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=generator)
+    scales = torch.full((experts, n, k // 16), scale_byte, dtype=torch.uint8)
+    ids = torch.repeat_interleave(torch.arange(experts), torch.tensor(counts)).int()[:, None]
+    ids = ids[torch.randperm(len(ids), generator=generator)]
+    x = torch.randn(len(ids), k, generator=generator).bfloat16()
+    out, routing = run(interpreted, x, codes, scales, ids, schedule, 1)
+    assert_rounded_product(out, expected(x, codes, scales, routing, 1))
+
+
+def test_schedules_refuse_what_the_kernel_cannot_run():
+    with pytest.raises(ValueError, match="stages must be 3"):
+        PrefillGemm(stages=2)
+    with pytest.raises(ValueError, match="routes must be 64, 128 or 256"):
+        PrefillGemm(routes=32)
+    assert PrefillGemm(64, 128).warps == 4 and PrefillGemm(128, 256).warps == 8
