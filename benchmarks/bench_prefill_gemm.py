@@ -7,7 +7,8 @@ random code and scale bytes. For each token count it times the FC1 GEMM (``[T*8,
 sorted order) of every schedule in ``schedules.PREFILL_SCHEDULES``, and, in the same run, the
 same GEMMs as ``torch._grouped_mm`` in bf16 on rows already sorted by expert (no gather, bf16
 weights): each captured in a CUDA graph, L2 flushed (``bench_moe.time_graph``). Routing is not
-in the timing (the GEMM core only). Saves ``bench_prefill_gemm.json`` and ``.png`` (TFLOP/s).
+in the timing (the GEMM core only); a dense bf16 8192^3 matmul gives the measured tensor-core rate
+the same run. Saves ``bench_prefill_gemm.json`` and ``.png`` (TFLOP/s).
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ def main() -> None:
         )
         for name, (n, k) in gemms.items()
     }
+    square = [torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda") for _ in range(2)]
+    dense_us = time_graph(functools.partial(torch.matmul, *square), 20, flush)
+    dense_tflops = 2 * 8192**3 / dense_us / 1e6
+    print(f"dense bf16 8192^3: {dense_us:.0f} us, {dense_tflops:.0f} TFLOP/s", flush=True)
+    del square
     rows = []
     for tokens in args.tokens:
         routes = tokens * TOP_K
@@ -75,6 +81,7 @@ def main() -> None:
         "device": torch.cuda.get_device_name(),
         "shape": {"experts": EXPERTS, "hidden": HIDDEN, "intermediate": INTERMEDIATE, "top_k": TOP_K},
         "schedules": {label: str(s) for label, s in PREFILL_SCHEDULES.items()},
+        "dense_bf16_8192_tflops": dense_tflops,
         "rows": rows,
     }
     with open(os.path.join(args.out, "bench_prefill_gemm.json"), "w") as handle:

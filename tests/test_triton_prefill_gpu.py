@@ -42,12 +42,12 @@ def test_matches_the_fp32_product_eagerly_and_in_a_cuda_graph(label, gather):
     launch = lambda: launch_prefill_gemm(*cuda[:3], routing, out, schedule, top_k if gather else None)  # noqa: E731
     launch()
     cpu_routing = build_routing(ids, experts, schedule.routes, force_torch=True)
-    exact = expected(x, codes, scales, cpu_routing, top_k if gather else None)
+    product = expected(x, codes, scales, cpu_routing, top_k if gather else None)
     assert torch.equal(routing.sorted_route.cpu(), cpu_routing.sorted_route)
-    assert_rounded_product(out.cpu(), exact)
+    assert_rounded_product(out.cpu(), product)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         launch()
     out.fill_(float("nan"))
     graph.replay()
-    assert_rounded_product(out.cpu(), exact)
+    assert_rounded_product(out.cpu(), product)

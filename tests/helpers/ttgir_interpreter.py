@@ -819,7 +819,7 @@ class _Program:
         return torch.zeros(shape, dtype=torch.int32)
 
     # -- loops ------------------------------------------------------------------------------
-    def _op_scf_for(self, op: Op) -> list[Any]:
+    def _op_scf_for(self, op: Op) -> Any:
         value = r"(%[\w\-.#]+)"
         match = re.match(rf"\s*{value} = {value} to {value} step {value}(?: iter_args\((.*?)\))?", op.text)
         if match is None:
@@ -836,4 +836,4 @@ class _Program:
                     state = self._args(inner)
                     break
                 self._execute(inner)
-        return state
+        return state if len(state) != 1 else state[0]

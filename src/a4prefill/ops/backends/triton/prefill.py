@@ -72,6 +72,6 @@ def launch_prefill_gemm(
         BW=schedule.weight_rows,
         BT=schedule.routes,
         BK=schedule.block_k,
-        STAGES=schedule.stages,
+        DEPTH=schedule.depth,
         num_warps=schedule.warps,
     )

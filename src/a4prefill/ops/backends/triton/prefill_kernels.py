@@ -8,19 +8,33 @@ plan.plan_call` does not choose it yet.
 
 Schedule (:class:`~a4prefill.ops.backends.triton.schedules.PrefillGemm`): a CTA multiplies
 ``BW`` weight rows of one expert (the wgmma's M: 64 per warpgroup, ``BW / 16`` warps) by ``BT``
-sorted routes of that expert (the wgmma's N), over K in steps of ``BK`` columns. Per step:
+sorted routes of that expert (the wgmma's N), over K in steps of ``BK`` columns.
 
-- the step's FP4 code bytes and e4m3 scale bytes were loaded into registers one step ahead; they
-  are dequantized there (``numerics.BYTE_DEQUANT_ASM``) and stored into an NVMMA-swizzled shared buffer;
-- the step's activation rows were copied with ``cp.async`` into a second shared buffer one step
-  ahead (gathered by token: ``sorted_route[p] // TOPK`` when ``GATHER``, else row ``p``);
-- one asynchronous wgmma (both operands in shared memory) is issued and one is left in flight
-  while the next step is dequantized.
+Pipeline. ``cp.async`` copies the FP4 code bytes, the e4m3 scale bytes and the activation rows
+(gathered by token: ``sorted_route[p] // TOPK`` when ``GATHER``, else row ``p``) of step
+``s + DEPTH - 2`` into a ring of ``DEPTH`` shared buffers while step ``s`` runs, so a global
+load has ``DEPTH - 2`` steps to land. Per step, after waiting for its copies and a CTA barrier:
 
-Ordering invariant (``STAGES = 3`` buffers of each operand): buffer ``s`` is rewritten at step
-``s + 3`` only after every warpgroup retired its wgmma of step ``s``: each warpgroup waits for all
-but its newest wgmma before it reaches the next step's CTA barrier, and every write to a buffer
-follows a barrier.
+- the step's codes and scales are read from shared memory into registers, dequantized there
+  (``numerics.BYTE_DEQUANT_ASM``) and stored into one of 3 NVMMA-swizzled weight buffers;
+- after a fence and a second CTA barrier one asynchronous wgmma (both operands in shared
+  memory) is issued, the copies of step ``s + DEPTH - 2`` are issued, and one wgmma is left in
+  flight while the next step is dequantized.
+
+Ordering invariants (checked on the CPU by the TTGIR interpreter within a program; across
+warpgroups they follow from the barriers):
+
+- ring slot ``(s - 2) % DEPTH`` is refilled at step ``s``, after its second barrier: its codes and
+  scales were read into registers at step ``s - 2``, and every warpgroup retired its wgmma of step
+  ``s - 2`` (which read the slot's activation rows) at the end of step ``s - 1``, before the
+  barriers of step ``s``;
+- weight buffer ``s % 3`` is rewritten at step ``s`` after the second barrier of step ``s - 1``,
+  which every warpgroup reached after retiring its wgmma of step ``s - 3``;
+- exactly one commit group per step (masked copies past the last step), so ``wait_group(DEPTH -
+  3)`` at step ``s`` completes the copies of step ``s``.
+
+Idle programs (``tile >= num_tiles``: the grid is sized by ``max_tiles``) read no routing entry
+beyond ``num_tiles`` (those are not initialized) and no memory at all.
 
 Numerics: weights ``e2m1 * block_scale * 2**-7`` exactly in bf16 (docs/numerics.md section 2),
 fp32 accumulation, ``* 128`` undone before the bf16 store. Scale bytes ``0x7f``/``0xff`` decode
@@ -48,6 +62,9 @@ _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_g
 # a CTA-wide barrier: ``gl.barrier`` from Triton 3.7 on, ``gl.thread_barrier`` before
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
+# dequantized weight buffers (the ordering invariant of the module docstring needs 3)
+W_BUFFERS: gl.constexpr = gl.constexpr(3)
+
 
 @gluon.constexpr_function
 def codes_layout(bw: int, bk: int, warps: int) -> gl.BlockedLayout:
@@ -55,6 +72,13 @@ def codes_layout(bw: int, bk: int, warps: int) -> gl.BlockedLayout:
     groups = bk // 16
     along_k = groups // 2
     return gl.BlockedLayout([1, 2, 8], [32 // along_k, along_k, 1], [warps, 1, 1], [2, 1, 0])
+
+
+@gluon.constexpr_function
+def scale_copy_layout(bk: int, warps: int) -> gl.BlockedLayout:
+    """``[BW, BK / 16]`` scale bytes for ``cp.async``: a row's ``BK / 16`` bytes (4 or 8) per
+    thread (threads beyond ``BW`` rows hold copies of the same bytes)."""
+    return gl.BlockedLayout([1, bk // 16], [32, 1], [warps, 1], [1, 0])
 
 
 @gluon.constexpr_function
@@ -77,14 +101,6 @@ def out_layout(bw: int, warps: int) -> gl.BlockedLayout:
 
 
 @gluon.jit
-def _load_weights(codes_ptr, scales_ptr, code_off, scale_off, k):
-    """Code bytes ``[BW, BK / 16, 8]`` and scale bytes ``[BW, BK / 16]`` of the step at column k."""
-    codes = gl.load(codes_ptr + code_off + k // 2)
-    scales = gl.load(scales_ptr + scale_off + k // 16)
-    return codes, scales
-
-
-@gluon.jit
 def _dequant(codes, scales, BW: gl.constexpr, BK: gl.constexpr):
     """codes ``[BW, G, 8]`` uint8, scale bytes ``[BW, G]`` -> ``[BW, BK]`` bf16 ``w * 2**-7``."""
     factor = (e4m3_bytes_f32(scales) * 6.646139978924579e35).to(gl.bfloat16)  # scale * 2**119
@@ -98,6 +114,16 @@ def _dequant(codes, scales, BW: gl.constexpr, BK: gl.constexpr):
         pack=4,
     )
     return gl.reshape(gl.join(even, odd), [BW, BK])
+
+
+@gluon.jit
+def _issue_copies(c_slot, s_slot, x_slot, code_ptrs, scale_ptrs, x_ptrs, x_mask, k, live):
+    """cp.async the code bytes, scale bytes and activation rows of the step at column ``k`` into
+    one ring slot (nothing when not ``live``), as one commit group."""
+    _async_load(c_slot, code_ptrs + k // 2, mask=live)
+    _async_load(s_slot, scale_ptrs + k // 16, mask=live)
+    _async_load(x_slot, x_ptrs + k, mask=x_mask & live)
+    async_copy.commit_group()
 
 
 @gluon.jit
@@ -120,42 +146,51 @@ def grouped_w4_gemm_kernel(
     BW: gl.constexpr,
     BT: gl.constexpr,
     BK: gl.constexpr,
-    STAGES: gl.constexpr,
+    DEPTH: gl.constexpr,
 ):
     """``out[p, n] = sum_k x[x_row[p], k] * W[e, n, k]`` for the sorted positions p of each tile
     (bf16 out, fp32 accumulation). x bf16 ``[*, K]``; codes uint8 ``[E, N, K / 2]``; scales
-    uint8 ``[E, N, K / 16]``; out bf16 ``[ROUTES, N]``. Grid ``(max_tiles, N / BW)``."""
+    uint8 ``[E, N, K / 16]``; out bf16 ``[ROUTES, N]``. Grid ``(max_tiles, N / BW)``;
+    ``DEPTH >= 3`` ring slots of copies."""
     num_warps: gl.constexpr = gl.num_warps()
     CL: gl.constexpr = codes_layout(BW, BK, num_warps)
+    SL: gl.constexpr = gl.SliceLayout(2, CL)
+    SCL: gl.constexpr = scale_copy_layout(BK, num_warps)
     XL: gl.constexpr = rows_layout(BK, num_warps)
     ACC: gl.constexpr = acc_layout(BT, num_warps)
     OUT: gl.constexpr = out_layout(BW, num_warps)
+    PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
+    PLAIN2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BW, BK], gl.bfloat16)
     X_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BK], gl.bfloat16)
     G: gl.constexpr = BK // 16
+    AHEAD: gl.constexpr = DEPTH - 2
 
     tile = gl.program_id(0)
     n0 = gl.program_id(1) * BW
-    idle = tile >= gl.load(num_tiles_ptr)
-    expert = gl.load(tile_expert_ptr + tile)
-    row0 = gl.load(tile_row_ptr + tile)
+    live_tile = tile < gl.load(num_tiles_ptr)
+    expert = gl.load(tile_expert_ptr + tile, mask=live_tile, other=0)
+    row0 = gl.load(tile_row_ptr + tile, mask=live_tile, other=0)
     seg_end = gl.load(seg_start_ptr + expert) + gl.load(seg_count_ptr + expert)
-    steps = gl.where(idle, 0, K // BK)
 
-    # weight offsets (within the expert, step 0)
+    # code bytes [BW, G, 8] of the expert's rows n0.., step 0
     r3 = gl.arange(0, BW, layout=gl.SliceLayout(1, gl.SliceLayout(2, CL)))
     g3 = gl.arange(0, G, layout=gl.SliceLayout(0, gl.SliceLayout(2, CL)))
     b3 = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, CL)))
+    # row strides written as multiples of the copy widths (K is a multiple of BK), so that the
+    # compiler proves 16-byte code and BK / 16-byte scale copies aligned
+    steps_k = K // BK
     rows_w = (expert * N + n0 + r3).to(gl.int64)
-    code_off = rows_w[:, None, None] * (K // 2) + g3[None, :, None] * 8 + b3[None, None, :]
-    SL: gl.constexpr = gl.SliceLayout(2, CL)
-    rs = gl.arange(0, BW, layout=gl.SliceLayout(1, SL))
-    gs = gl.arange(0, G, layout=gl.SliceLayout(0, SL))
-    scale_off = (expert * N + n0 + rs).to(gl.int64)[:, None] * (K // 16) + gs[None, :]
-
-    # activation rows
+    code_off = rows_w[:, None, None] * (steps_k * (BK // 2)) + g3[None, :, None] * 8 + b3[None, None, :]
+    code_ptrs = codes_ptr + code_off
+    # scale bytes [BW, G], step 0
+    rs = gl.arange(0, BW, layout=gl.SliceLayout(1, SCL))
+    gs = gl.arange(0, G, layout=gl.SliceLayout(0, SCL))
+    scale_ptrs = scales_ptr + ((expert * N + n0 + rs).to(gl.int64)[:, None] * (steps_k * G) + gs[None, :])
+    steps = gl.where(live_tile, steps_k, 0)
+    # activation rows [BT, BK], step 0
     pos_x = row0 + gl.arange(0, BT, layout=gl.SliceLayout(1, XL))
-    live_x = (pos_x < seg_end) & (pos_x < ROUTES)
+    live_x = (pos_x < seg_end) & (pos_x < ROUTES) & live_tile
     if GATHER:
         x_rows = (gl.load(sorted_route_ptr + pos_x, mask=live_x, other=0) // TOPK).to(gl.int64)
     else:
@@ -164,27 +199,47 @@ def grouped_w4_gemm_kernel(
     x_ptrs = x_ptr + x_rows[:, None] * K + cols[None, :]
     x_mask = live_x[:, None] & (cols[None, :] < BK)
 
-    w_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BW, BK], W_SMEM)
-    x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, BK], X_SMEM)
+    c_ring = gl.allocate_shared_memory(gl.uint8, [DEPTH, BW, G, 8], PLAIN)
+    s_ring = gl.allocate_shared_memory(gl.uint8, [DEPTH, BW, G], PLAIN2)
+    x_ring = gl.allocate_shared_memory(gl.bfloat16, [DEPTH, BT, BK], X_SMEM)
+    w_bufs = gl.allocate_shared_memory(gl.bfloat16, [W_BUFFERS, BW, BK], W_SMEM)
     acc = gl.zeros([BW, BT], gl.float32, layout=ACC)
 
-    _async_load(x_smem.index(0), x_ptrs, mask=x_mask & (steps > 0))
-    async_copy.commit_group()
-    codes, scales = _load_weights(codes_ptr, scales_ptr, code_off, scale_off, 0)
+    for ahead in gl.static_range(AHEAD):
+        _issue_copies(
+            c_ring.index(ahead),
+            s_ring.index(ahead),
+            x_ring.index(ahead),
+            code_ptrs,
+            scale_ptrs,
+            x_ptrs,
+            x_mask,
+            ahead * BK,
+            ahead < steps,
+        )
     for step in range(steps):
-        s = step % STAGES
-        w_smem.index(s).store(_dequant(codes, scales, BW, BK))
-        nxt = gl.minimum(step + 1, steps - 1) * BK
-        codes, scales = _load_weights(codes_ptr, scales_ptr, code_off, scale_off, nxt)
-        async_copy.wait_group(0)
+        slot = step % DEPTH
+        async_copy.wait_group(AHEAD - 1)
+        _cta_barrier()  # every thread's copies of this step have landed
+        codes = c_ring.index(slot).load(CL)
+        scales = s_ring.index(slot).load(SL)
+        w = w_bufs.index(step % W_BUFFERS)
+        w.store(_dequant(codes, scales, BW, BK))
         fence_async_shared()
-        # every warpgroup has waited for its wgmma of step - 2 before reaching this barrier,
-        # so buffers (step + 1) % 3 may be rewritten after it
         _cta_barrier()
-        acc = warpgroup_mma(w_smem.index(s), x_smem.index(s).permute((1, 0)), acc, is_async=True)
-        more = step + 1 < steps
-        _async_load(x_smem.index((step + 1) % STAGES), x_ptrs + (step + 1) * BK, mask=x_mask & more)
-        async_copy.commit_group()
+        acc = warpgroup_mma(w, x_ring.index(slot).permute((1, 0)), acc, is_async=True)
+        refill = (step + AHEAD) % DEPTH
+        _issue_copies(
+            c_ring.index(refill),
+            s_ring.index(refill),
+            x_ring.index(refill),
+            code_ptrs,
+            scale_ptrs,
+            x_ptrs,
+            x_mask,
+            (step + AHEAD) * BK,
+            step + AHEAD < steps,
+        )
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     async_copy.wait_group(0)
@@ -192,6 +247,6 @@ def grouped_w4_gemm_kernel(
     y = gl.convert_layout((acc * 128.0).to(gl.bfloat16), OUT)
     w_idx = gl.arange(0, BW, layout=gl.SliceLayout(1, OUT))
     pos = row0 + gl.arange(0, BT, layout=gl.SliceLayout(0, OUT))
-    live = (pos < seg_end) & (pos < ROUTES) & (tile < gl.load(num_tiles_ptr))
+    live = (pos < seg_end) & (pos < ROUTES) & live_tile
     ptrs = out_ptr + pos.to(gl.int64)[None, :] * N + n0 + w_idx[:, None]
     gl.store(ptrs, y, mask=live[None, :] & (w_idx[:, None] < BW))

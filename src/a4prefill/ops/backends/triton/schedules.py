@@ -252,13 +252,14 @@ class PrefillGemm:
     """Schedule of the Hopper prefill GEMM (:mod:`prefill_kernels`): ``weight_rows`` per CTA (the
     wgmma's M: 64 or 128, one warpgroup per 64), ``routes`` of one expert per CTA (the wgmma's
     N: 64, 128 or 256; the routing's ``block_m``), K columns per step (``block_k``: 64 or 128)
-    and ``stages`` shared buffers of each operand (3: the kernel's ordering invariant needs
-    them)."""
+    and ``depth`` ring slots of ``cp.async`` copies (3 to 8: a step's code bytes, scale bytes
+    and activation rows are copied ``depth - 2`` steps ahead). A CTA's buffers
+    (:attr:`shared_bytes`) must fit an H100/H200 CTA's 227 KiB of shared memory."""
 
     weight_rows: int = 128
     routes: int = 128
     block_k: int = 64
-    stages: int = 3
+    depth: int = 4
 
     def __post_init__(self) -> None:
         if self.weight_rows not in (64, 128):
@@ -267,31 +268,46 @@ class PrefillGemm:
             raise ValueError(f"PrefillGemm.routes must be 64, 128 or 256, got {self.routes}")
         if self.block_k not in (64, 128):
             raise ValueError(f"PrefillGemm.block_k must be 64 or 128, got {self.block_k}")
-        if self.stages != 3:
-            raise ValueError(f"PrefillGemm.stages must be 3, got {self.stages}")
+        if not 3 <= self.depth <= 8:
+            raise ValueError(f"PrefillGemm.depth must be 3 to 8, got {self.depth}")
+        if self.shared_bytes > 227 * 1024:
+            raise ValueError(
+                f"PrefillGemm {self} needs {self.shared_bytes} bytes of shared memory, over 227 KiB"
+            )
 
     @property
     def warps(self) -> int:
         """Warps per CTA: one warpgroup (4 warps) per 64 weight rows."""
         return self.weight_rows // 16
 
+    @property
+    def shared_bytes(self) -> int:
+        """Bytes of the kernel's shared buffers: per ring slot a step's code bytes, scale bytes
+        and bf16 activation rows, and 3 buffers of dequantized bf16 weights."""
+        rows, k = self.weight_rows, self.block_k
+        slot = rows * k // 2 + rows * k // 16 + self.routes * k * 2
+        return self.depth * slot + 3 * rows * k * 2
+
     def fits(self, k: int, out_rows: int) -> bool:
         """Whether K splits into steps and the output rows into CTAs."""
         return k % self.block_k == 0 and out_rows % self.weight_rows == 0
 
     def __str__(self) -> str:
-        return f"w{self.weight_rows}_t{self.routes}_k{self.block_k}"
+        return f"w{self.weight_rows}_t{self.routes}_k{self.block_k}_d{self.depth}"
 
 
 # The prefill GEMM schedules the benchmark compares (benchmarks/bench_prefill_gemm.py). In the H200
 # prototype run of 2026-12-02 (benchmarks/results/prefill_gemm_prototype.json, GLM-5.3-Flash TP2
-# shape) 128-route tiles were the fastest at 4096 tokens, 256-route tiles at 8192 and 16384.
+# shape; weights loaded one step ahead into registers, no ring) 64-route tiles were the fastest at
+# 512 and 1024 tokens, 128-route tiles at 4096, 256-route tiles at 8192 and 16384.
 PREFILL_SCHEDULES = MappingProxyType(
     {
-        "w128_t128": PrefillGemm(128, 128),
-        "w128_t256": PrefillGemm(128, 256),
-        "w128_t64": PrefillGemm(128, 64),
-        "w64_t128": PrefillGemm(64, 128),
-        "w128_t128_k128": PrefillGemm(128, 128, 128),
+        "w128_t64_d6": PrefillGemm(128, 64, depth=6),
+        "w128_t64_d4": PrefillGemm(128, 64, depth=4),
+        "w64_t64_d6": PrefillGemm(64, 64, depth=6),
+        "w128_t128_d6": PrefillGemm(128, 128, depth=6),
+        "w128_t128_d4": PrefillGemm(128, 128, depth=4),
+        "w128_t256_d4": PrefillGemm(128, 256, depth=4),
+        "w128_t256_d3": PrefillGemm(128, 256, depth=3),
     }
 )
