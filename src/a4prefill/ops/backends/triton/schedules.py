@@ -297,9 +297,9 @@ class PrefillGemm:
 
 
 # The prefill GEMM schedules the benchmark compares (benchmarks/bench_prefill_gemm.py). In the H200
-# prototype run of 2026-12-02 (benchmarks/results/prefill_gemm_prototype.json, GLM-5.3-Flash TP2
-# shape; weights loaded one step ahead into registers, no ring) 64-route tiles were the fastest at
-# 512 and 1024 tokens, 128-route tiles at 4096, 256-route tiles at 8192 and 16384.
+# run of 2026-12-02 (benchmarks/results/bench_prefill_gemm.json, GLM-5.3-Flash TP2 shape) the fastest
+# were w128_t64_d4 at 512 and 1024 tokens, w128_t128_d4 (FC1) and _d6 (FC2) at 4096, w128_t256_d4
+# at 8192 and 16384; 6 slots were slower than 4 wherever they cost a CTA per SM.
 PREFILL_SCHEDULES = MappingProxyType(
     {
         "w128_t64_d6": PrefillGemm(128, 64, depth=6),
