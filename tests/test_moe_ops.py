@@ -287,6 +287,23 @@ def test_registry_plugs_a_backend_in_without_touching_the_ops(layer, monkeypatch
         backends.backend_for(torch.device("cpu"))
 
 
+# -- expert parallelism --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", [ops.moe_w4a16, ops.moe_a4])
+@given(remote=st.lists(st.booleans(), min_size=14, max_size=14))
+def test_routes_to_another_ranks_experts_contribute_nothing(layer, op, remote):
+    """Expert parallelism: id -1 marks a route whose expert another rank holds. The output is the
+    one where that route's weight is zero, bit for bit (A4 quantizes per token, not per route)."""
+    hidden, topk_weights, topk_ids = make_inputs(7)
+    elsewhere = torch.tensor(remote).reshape(7, 2)
+    local_only = run(op, hidden, torch.where(elsewhere, 0.0, topk_weights), topk_ids, layer)
+    marked = run(op, hidden, topk_weights, torch.where(elsewhere, -1, topk_ids), layer)
+    assert torch.equal(marked, local_only)
+    if elsewhere.any() and not elsewhere.all():
+        assert not torch.equal(marked, run(op, hidden, topk_weights, topk_ids, layer))
+
+
 # -- bad input -----------------------------------------------------------------------------------------
 
 
@@ -306,6 +323,7 @@ def _bad_inputs(layer):
             (hidden, topk_weights[:, :1].contiguous(), topk_ids, q, s),
         ),
         (r"topk_ids must lie in \[0, 6\)", (hidden, topk_weights, topk_ids + 5, q, s)),
+        (r"or be -1 for a route whose expert another", (hidden, topk_weights, topk_ids - 3, q, s)),
         (
             r"w13_weight_scale must have shape",
             (

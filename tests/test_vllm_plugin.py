@@ -38,7 +38,7 @@ from a4prefill.vllm_integration.engine import (
     max_call_tokens,
 )
 from a4prefill.vllm_integration.row_provider import RowPolicy
-from helpers.layers import TOP_K, make_inputs
+from helpers.layers import EXPERTS, TOP_K, make_inputs
 
 pytestmark = pytest.mark.vllm
 
@@ -184,8 +184,11 @@ def test_the_bound_pass_keeps_the_engines_resolution_when_the_environment_change
 def moe_config(dp_size: int = 1) -> SimpleNamespace:
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
 
-    parallel = SimpleNamespace(dp_size=dp_size, pcp_size=1, use_ep=False)
+    parallel = SimpleNamespace(
+        dp_size=dp_size, pcp_size=1, use_ep=False, all2all_backend="allgather_reducescatter"
+    )
     return SimpleNamespace(
+        num_experts=EXPERTS,
         activation=MoEActivation.SILU,
         is_act_and_mul=True,
         has_bias=False,
@@ -254,7 +257,7 @@ def test_a_calibrated_layer_gets_its_scales_as_layer_data_and_splits(build_layer
 @pytest.mark.parametrize(
     ("kwargs", "reason"),
     [
-        ({"dp_size": 2}, "data-parallel dispatch (dp_size=2)"),
+        ({"dp_size": 2}, "data-parallel dispatch (dp_size=2, all2all_backend='allgather_reducescatter')"),
         ({"settings": ResolvedSettings(True, 0, ("mtp",)), "name": "model.mtp.0.mlp.experts"}, "excluded"),
         ({"settings": ResolvedSettings(False, 0, ())}, "a4prefill disabled"),
     ],

@@ -100,6 +100,19 @@ def _b12x_compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
+    """vLLM's parallel arguments, as ``vllm serve`` spells them (``tools.parallelism``)."""
+    parser.add_argument(
+        "--tensor-parallel-size", "-tp", type=int, default=1, help="vLLM workers (mp executor)"
+    )
+    parser.add_argument(
+        "--enable-expert-parallel", action="store_true", help="experts split over the workers (vLLM's EP)"
+    )
+    parser.add_argument(
+        "--data-parallel-size", "-dp", type=int, default=1, help="must be 1: the tools drive one engine"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     from a4prefill.tools.e2e import PROMPT_SETS
 
@@ -144,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e2e.add_argument("--prompts", choices=sorted(PROMPT_SETS), default="default", help="second prompt group")
     e2e.add_argument("--steps", action="store_true", help="also print one line per engine step")
+    _add_parallel_arguments(e2e)
     e2e.set_defaults(handler=_e2e)
     numerics = commands.add_parser(
         "numerics", help="per-layer A4 vs W4A16 numerics of a ModelOpt NVFP4 MoE checkpoint"

@@ -116,10 +116,19 @@ def a4_scales_argument(
     return A4Scales(fc1_encode_scale, fc2_encode_scales)
 
 
+NOT_LOCAL = -1
+"""The expert id of a route whose expert another expert-parallel rank holds: it contributes
+nothing to this rank's output (vLLM's expert map gives -1 to experts of other ranks)."""
+
+
 def check_expert_ids(topk_ids: torch.Tensor, num_experts: int) -> None:
-    """Raise if any id lies outside [0, num_experts). Reads device memory (one host sync)."""
+    """Raise if any id lies outside [-1, num_experts) (-1: :data:`NOT_LOCAL`). Reads device
+    memory (one host sync)."""
     if topk_ids.numel() == 0:
         return
     low, high = int(topk_ids.min()), int(topk_ids.max())
-    if low < 0 or high >= num_experts:
-        raise ValueError(f"topk_ids must lie in [0, {num_experts}), got values in [{low}, {high}]")
+    if low < NOT_LOCAL or high >= num_experts:
+        raise ValueError(
+            f"topk_ids must lie in [0, {num_experts}), or be -1 for a route whose expert another "
+            f"expert-parallel rank holds; got values in [{low}, {high}]"
+        )

@@ -48,7 +48,8 @@ def moe_reference(
 ) -> torch.Tensor:
     """Run the MoE on ``hidden_states [T, H]``: W4A16 when ``a4_scales`` is None, else A4.
 
-    ``topk_weights [T, k]``, ``topk_ids [T, k]`` (ids in [0, E)); returns ``[T, H]`` in the
+    ``topk_weights [T, k]``, ``topk_ids [T, k]`` (ids in [0, E), or -1: a route whose expert
+    another expert-parallel rank holds, which contributes nothing); returns ``[T, H]`` in the
     dtype of ``hidden_states``. Arguments are assumed validated (see ``checks``).
     """
     io_dtype = hidden_states.dtype
@@ -67,6 +68,8 @@ def moe_reference(
         fc1_input = nvfp4.quantize_dequantize_blocks(hidden_states, a4_scales.fc1_encode_scale)
         fc1_alpha = fc1_scale_2 / a4_scales.fc1_encode_scale
     for expert in torch.unique(topk_ids).tolist():
+        if expert < 0:
+            continue
         token_index, slot_index = torch.nonzero(topk_ids == expert, as_tuple=True)
         w13 = nvfp4.dequantize_blocks(experts.w13_weight[expert], experts.w13_weight_scale[expert])
         gate_up = ((fc1_input[token_index] @ w13.T) * fc1_alpha[expert]).to(io_dtype)

