@@ -41,8 +41,7 @@ def test_refuses_what_the_tools_cannot_run():
 
 
 def test_the_cli_takes_vllms_parallel_arguments():
-    command = ["e2e", "-tp", "2", "--enable-expert-parallel", "--data-parallel-size", "1"]
-    args = build_parser().parse_args(command)
-    assert Parallelism(args.tensor_parallel_size, args.enable_expert_parallel, args.data_parallel_size) == (
-        Parallelism(2, True, 1)
-    )
+    for command in ("e2e", "numerics"):
+        args = build_parser().parse_args([command, "-tp", "2", "--enable-expert-parallel", "-dp", "1"])
+        assert Parallelism.from_arguments(args) == Parallelism(2, True, 1)
+    assert Parallelism.from_arguments(build_parser().parse_args(["numerics"])) == Parallelism()

@@ -53,6 +53,7 @@ def _numerics(args: argparse.Namespace) -> int:
 
     from a4prefill.tools.numerics.report import format_table, write_outputs
     from a4prefill.tools.numerics.run import run_numerics
+    from a4prefill.tools.parallelism import Parallelism
 
     report = run_numerics(
         Path(args.checkpoint) if args.checkpoint else None,
@@ -62,6 +63,7 @@ def _numerics(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len,
         gpu_memory_utilization=args.gpu_memory_utilization,
         exclude_factor=args.exclude_factor,
+        parallelism=Parallelism.from_arguments(args),
     )
     print(format_table(report))
     written = write_outputs(report, Path(args.out))
@@ -176,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     numerics.add_argument(
         "--exclude-factor", type=float, default=2.0, help="suggest layers above this x the median"
     )
+    _add_parallel_arguments(numerics)
     numerics.set_defaults(handler=_numerics)
     inspect = commands.add_parser(
         "inspect",

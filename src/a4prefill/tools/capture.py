@@ -27,6 +27,7 @@ import torch
 
 from a4prefill.passes.split_prefill import DEFAULT_PASS, PASS_KEY
 from a4prefill.tools.environment import in_process_engine, scoped_settings
+from a4prefill.tools.parallelism import Parallelism
 
 CAPTURE_ATTRIBUTE = "_a4prefill_captured"
 Captured = dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
@@ -75,9 +76,12 @@ def _collect(model: torch.nn.Module) -> Captured:
     return captured
 
 
-def _llm(model: Path, max_model_len: int, gpu_memory_utilization: float, **kwargs: Any) -> Any:
-    """An offline engine in this process (call under :func:`in_process_engine`'s settings:
-    capture and records live here)."""
+def _llm(
+    model: Path, max_model_len: int, gpu_memory_utilization: float, parallelism: Parallelism, **kwargs: Any
+) -> Any:
+    """An offline engine whose core runs in this process (call under
+    :meth:`Parallelism.engine_settings`); its workers run here (one rank) or in processes of
+    vLLM's ``mp`` executor, and the capture reaches them through ``LLM.apply_model``."""
     from vllm import LLM
 
     from a4prefill.vllm_integration import QUANTIZATION_NAME, register
@@ -92,6 +96,7 @@ def _llm(model: Path, max_model_len: int, gpu_memory_utilization: float, **kwarg
         max_num_seqs=16,
         seed=0,
         enable_prefix_caching=False,
+        **parallelism.llm_arguments(),
         **kwargs,
     )
 
@@ -120,18 +125,32 @@ def _shutdown(llm: Any) -> None:
 
 
 def capture_moe_inputs(
-    model: Path, prompts: Sequence[str], max_tokens: int, max_model_len: int, gpu_memory_utilization: float
+    model: Path,
+    prompts: Sequence[str],
+    max_tokens: int,
+    max_model_len: int,
+    gpu_memory_utilization: float,
+    parallelism: Parallelism | None = None,
 ) -> tuple[Captured, list[list[float]]]:
-    """Every a4prefill MoE layer's inputs (hidden [T, H], topk_weights [T, k], topk_ids [T, k],
-    at most ``max_tokens`` rows) and the W4A16 prompt logprobs, from one eager engine run."""
-    with scoped_settings(**in_process_engine(compile_cache=True)):  # eager: nothing compiles
-        return _capture(model, prompts, max_tokens, max_model_len, gpu_memory_utilization)
+    """Every a4prefill MoE layer's inputs (hidden [T, H], topk_weights [T, k], topk_ids [T, k]
+    with global expert ids, at most ``max_tokens`` rows) and the W4A16 prompt logprobs, from one
+    eager engine run. Under tensor or expert parallelism rank 0's: every rank's MoE layers see
+    the same inputs."""
+    parallelism = parallelism or Parallelism()
+    # eager: nothing compiles
+    with scoped_settings(**parallelism.engine_settings(in_process_engine(compile_cache=True))):
+        return _capture(model, prompts, max_tokens, max_model_len, gpu_memory_utilization, parallelism)
 
 
 def _capture(
-    model: Path, prompts: Sequence[str], max_tokens: int, max_model_len: int, gpu_memory_utilization: float
+    model: Path,
+    prompts: Sequence[str],
+    max_tokens: int,
+    max_model_len: int,
+    gpu_memory_utilization: float,
+    parallelism: Parallelism,
 ) -> tuple[Captured, list[list[float]]]:
-    llm = _llm(model, max_model_len, gpu_memory_utilization, enforce_eager=True)
+    llm = _llm(model, max_model_len, gpu_memory_utilization, parallelism, enforce_eager=True)
     try:
         if not llm.apply_model(lambda m: _install_capture(m, max_tokens))[0]:
             raise ValueError(
@@ -145,13 +164,18 @@ def _capture(
 
 
 def split_prompt_logprobs(
-    model: Path, prompts: Sequence[str], max_model_len: int, gpu_memory_utilization: float
+    model: Path,
+    prompts: Sequence[str],
+    max_model_len: int,
+    gpu_memory_utilization: float,
+    parallelism: Parallelism | None = None,
 ) -> list[list[float]]:
     """The prompt logprobs with the split pass on: prompt rows run A4 where layers have scales."""
+    parallelism = parallelism or Parallelism()
     compilation = {"inductor_passes": {PASS_KEY: DEFAULT_PASS}}
     # the pass must run: neither vLLM's nor Inductor's cache
-    with scoped_settings(**in_process_engine(compile_cache=False)):
-        llm = _llm(model, max_model_len, gpu_memory_utilization, compilation_config=compilation)
+    with scoped_settings(**parallelism.engine_settings(in_process_engine(compile_cache=False))):
+        llm = _llm(model, max_model_len, gpu_memory_utilization, parallelism, compilation_config=compilation)
         try:
             return prompt_logprobs(llm, prompts)
         finally:

@@ -325,13 +325,7 @@ def run_e2e(
     own cores unless ``VLLM_CPU_OMP_THREADS_BIND`` is set). Environment and Inductor settings are
     restored at the end (:func:`a4prefill.tools.environment.in_process_engine`)."""
     parallelism = parallelism or Parallelism()
-    settings = in_process_engine(compile_cache)
-    if parallelism.workers > 1:
-        settings["defaults"] = {
-            **settings["defaults"],
-            "VLLM_CPU_OMP_THREADS_BIND": parallelism.cpu_thread_binding(),
-        }
-    with scoped_settings(**settings):
+    with scoped_settings(**parallelism.engine_settings(in_process_engine(compile_cache))):
         return _run_e2e(
             model_dir,
             split_pass,
@@ -662,9 +656,7 @@ def run_e2e_cli(args: Any) -> int:
         compile_cache=args.compile_cache,
         shape=args.shape,
         jit_monitor_mode=args.jit_monitor_mode,
-        parallelism=Parallelism(
-            args.tensor_parallel_size, args.enable_expert_parallel, args.data_parallel_size
-        ),
+        parallelism=Parallelism.from_arguments(args),
     )
     print(format_report(result, per_step=args.steps))
     if args.json:

@@ -34,6 +34,12 @@ class Parallelism:
                 "as separate engines that these tools cannot drive (docs/parallelism.md)"
             )
 
+    @classmethod
+    def from_arguments(cls, args: Any) -> Parallelism:
+        """From the CLI's parsed ``--tensor-parallel-size``, ``--enable-expert-parallel`` and
+        ``--data-parallel-size``."""
+        return cls(args.tensor_parallel_size, args.enable_expert_parallel, args.data_parallel_size)
+
     @property
     def workers(self) -> int:
         return self.tensor_parallel_size
@@ -48,6 +54,16 @@ class Parallelism:
         if self.workers > 1:
             arguments["distributed_executor_backend"] = "mp"
         return arguments
+
+    def engine_settings(self, settings: dict[str, Any]) -> dict[str, Any]:
+        """:func:`~a4prefill.tools.environment.scoped_settings` arguments ``settings`` (from
+        :func:`~a4prefill.tools.environment.in_process_engine`) plus, for several workers,
+        :meth:`cpu_thread_binding` as the default of ``VLLM_CPU_OMP_THREADS_BIND`` (the user's
+        own value wins; GPU builds of vLLM ignore it)."""
+        if self.workers == 1:
+            return settings
+        binding = {"VLLM_CPU_OMP_THREADS_BIND": self.cpu_thread_binding()}
+        return {**settings, "defaults": {**settings.get("defaults", {}), **binding}}
 
     def cpu_thread_binding(self, cores: list[int] | None = None) -> str:
         """A ``VLLM_CPU_OMP_THREADS_BIND`` value giving each worker its own contiguous share of

@@ -27,6 +27,7 @@ from a4prefill.tools.numerics.report import (
     logprob_difference,
     suggest_exclusions,
 )
+from a4prefill.tools.parallelism import Parallelism
 
 CAPTURE = "vLLM offline, eager, every row W4A16, a4prefill MoE method inputs"
 Item = TypeVar("Item")
@@ -67,8 +68,11 @@ def run_numerics(
     max_model_len: int = 1024,
     gpu_memory_utilization: float = 0.3,
     exclude_factor: float = DEFAULT_EXCLUDE_FACTOR,
+    parallelism: Parallelism | None = None,
 ) -> NumericsReport:
-    """Capture, measure every MoE layer, suggest exclusions (see the module docstring)."""
+    """Capture, measure every MoE layer, suggest exclusions (see the module docstring);
+    ``parallelism``: vLLM's tensor/expert parallel arguments for both engine runs (the layers
+    are then measured in this process on rank 0's captured inputs, against all experts)."""
     from a4prefill.tools.capture import capture_moe_inputs, split_prompt_logprobs
     from a4prefill.tools.e2e import ensure_tiny_model
 
@@ -76,9 +80,9 @@ def run_numerics(
     reader = ModelOptCheckpoint(model)  # fails early on a checkpoint that is not one
     prompts = read_prompts(prompts_file)
     captured, w4a16_logprobs = capture_moe_inputs(
-        model, prompts, max_tokens_per_layer, max_model_len, gpu_memory_utilization
+        model, prompts, max_tokens_per_layer, max_model_len, gpu_memory_utilization, parallelism
     )
-    a4_logprobs = split_prompt_logprobs(model, prompts, max_model_len, gpu_memory_utilization)
+    a4_logprobs = split_prompt_logprobs(model, prompts, max_model_len, gpu_memory_utilization, parallelism)
     missing = [layer for layer in reader.layer_names() if layer not in captured]
     if missing:
         raise ValueError(
