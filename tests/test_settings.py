@@ -55,6 +55,20 @@ def test_an_explicit_enabled_wins_over_the_legacy_variable(legacy, explicit):
     assert resolve(A4PrefillSettings(enabled=explicit), legacy=legacy).enabled is explicit
 
 
+@pytest.mark.parametrize("legacy", ["off", "", "64", "0"])
+@pytest.mark.parametrize("explicit", [True, False])
+def test_the_one_message_says_what_is_in_force(legacy, explicit, caplog):
+    """Issue 27: with ``enabled`` given, the legacy variable is ignored and the one warning says
+    so and says whether A4 prefill is on; it never claims the variable switched anything."""
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):
+            resolve(A4PrefillSettings(enabled=explicit), legacy=legacy)
+    (message,) = legacy_warnings(caplog)
+    assert "ignored" in message and f"enabled={str(explicit).lower()} is in force" in message
+    assert f"A4 prefill is {'on' if explicit else 'off'}" in message
+    assert "switches A4 prefill on" not in message and "not an integer" not in message
+
+
 def test_captured_limit_is_the_users_else_the_engines():
     assert resolve(engine_limit=512).captured_limit == 512
     assert resolve(A4PrefillSettings(captured_limit=8), engine_limit=512).captured_limit == 8

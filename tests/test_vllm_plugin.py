@@ -154,6 +154,29 @@ def test_invalid_additional_config_fails_at_setup_naming_the_key():
         setup_of(engine_config({"enable": True}))
 
 
+@pytest.mark.parametrize("key", ["a4_prefill", "A4Prefill", "a4prefil", "a4-prefill"])
+def test_a_misspelt_settings_key_is_named_once(key, caplog):
+    """Issue 27: ``--additional-config '{"a4_prefill": ...}'`` would leave the defaults in force
+    without a word."""
+    config = engine_config()
+    config.additional_config = {key: {"enabled": False}, "unrelated_plugin": {}}
+    with caplog.at_level(logging.WARNING):
+        setup = setup_of(config)
+        setup_of(config)
+    assert setup.settings.enabled is True  # the misspelt key is not read
+    named = [r.getMessage() for r in caplog.records if "is not 'a4prefill'" in r.getMessage()]
+    assert len(named) == 1 and repr(key) in named[0], named
+
+
+def test_an_exclusion_pattern_that_matches_no_moe_layer_is_named_once(build_layer, caplog):
+    """Issue 27: a typo in ``excluded_layers`` would leave the layer it meant running A4."""
+    settings = ResolvedSettings(True, 0, (r"layers\.0\.", "mtpp"))
+    with caplog.at_level(logging.WARNING):
+        build_layer(name="model.layers.0.mlp.experts", settings=settings)
+    named = [r.getMessage() for r in caplog.records if "matches none of the engine's" in r.getMessage()]
+    assert len(named) == 1 and "'mtpp'" in named[0], named
+
+
 def test_legacy_variable_reaches_the_engine_through_the_same_resolution(monkeypatch, caplog):
     monkeypatch.setenv(LEGACY_THRESHOLD_ENV, "")
     with caplog.at_level(logging.WARNING):

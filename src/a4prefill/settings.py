@@ -26,10 +26,11 @@ call it. Invalid settings raise ``ValueError`` naming the key. Nothing here impo
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -119,37 +120,68 @@ class ResolvedSettings:
         return _json_form(self)
 
 
+def misspelt_settings_key(key: str) -> bool:
+    """Whether a top-level ``--additional-config`` key looks like a misspelling of
+    :data:`SETTINGS_KEY` (same letters and digits ignoring case and separators, or nearly the
+    same): its settings would otherwise be ignored without a word."""
+    if key == SETTINGS_KEY:
+        return False
+    letters = re.sub(r"[^a-z0-9]", "", key.lower())
+    return letters == SETTINGS_KEY or difflib.SequenceMatcher(None, letters, SETTINGS_KEY).ratio() >= 0.8
+
+
+def unmatched_patterns(settings: ResolvedSettings, layer_names: Sequence[str]) -> list[str]:
+    """The ``excluded_layers`` patterns that match none of ``layer_names``."""
+    return [p for p in settings.excluded_layers if not any(re.search(p, name) for name in layer_names)]
+
+
 def legacy_switch(environ: Mapping[str, str]) -> bool | None:
-    """The legacy variable as an on/off switch (None: unset); warns once per process and value."""
+    """The legacy variable as an on/off switch: None when unset, True for an integer >= 0, False
+    for anything else. Logs nothing (:func:`resolve_settings` says what is in force)."""
     raw = environ.get(LEGACY_THRESHOLD_ENV)
     if raw is None:
         return None
     try:
-        value = int(raw.strip())
+        return int(raw.strip()) >= 0
     except ValueError:
-        value = -1
-    if value >= 0:
+        return False
+
+
+def _say_what_the_legacy_variable_did(raw: str, legacy: bool, explicit: bool | None) -> None:
+    """One warning per process and situation, consistent with the resolved ``enabled``."""
+    if explicit is not None:
         warn_once(
             logger,
-            (LEGACY_THRESHOLD_ENV, raw),
-            "a4prefill: %s=%r is deprecated: it now only switches A4 prefill on (its token threshold "
-            "is ignored: prefill rows run A4 whatever the step size). Use --additional-config "
+            (LEGACY_THRESHOLD_ENV, raw, "ignored"),
+            "a4prefill: %s=%r is deprecated and ignored: the setting %s.enabled=%s is in force "
+            "(A4 prefill is %s).",
+            LEGACY_THRESHOLD_ENV,
+            raw,
+            SETTINGS_KEY,
+            "true" if explicit else "false",
+            "on" if explicit else "off",
+        )
+    elif legacy:
+        warn_once(
+            logger,
+            (LEGACY_THRESHOLD_ENV, raw, "on"),
+            "a4prefill: %s=%r is deprecated: it switches A4 prefill on (its token threshold is ignored: "
+            "prefill rows run A4 whatever the step size). Use --additional-config "
             '\'{"%s": {"enabled": true}}\' instead.',
             LEGACY_THRESHOLD_ENV,
             raw,
             SETTINGS_KEY,
         )
-        return True
-    warn_once(
-        logger,
-        (LEGACY_THRESHOLD_ENV, raw),
-        "a4prefill: %s=%r is not an integer >= 0: A4 prefill is off (the variable is deprecated; "
-        'use --additional-config \'{"%s": {"enabled": true|false}}\')',
-        LEGACY_THRESHOLD_ENV,
-        raw,
-        SETTINGS_KEY,
-    )
-    return False
+    else:
+        warn_once(
+            logger,
+            (LEGACY_THRESHOLD_ENV, raw, "off"),
+            "a4prefill: %s=%r is not an integer >= 0: A4 prefill is off (the variable is deprecated; "
+            'use --additional-config \'{"%s": {"enabled": true|false}}\')',
+            LEGACY_THRESHOLD_ENV,
+            raw,
+            SETTINGS_KEY,
+        )
 
 
 def resolve_settings(
@@ -163,7 +195,10 @@ def resolve_settings(
     graph (0 without an engine or without captured mixed batches). ``environ`` defaults to
     ``os.environ``.
     """
-    legacy = legacy_switch(os.environ if environ is None else environ)
+    environ = os.environ if environ is None else environ
+    legacy = legacy_switch(environ)
+    if legacy is not None:
+        _say_what_the_legacy_variable_did(environ[LEGACY_THRESHOLD_ENV], legacy, settings.enabled)
     enabled = settings.enabled
     if enabled is None:
         enabled = True if legacy is None else legacy

@@ -25,11 +25,19 @@ relies on: docs/vllm-internals.md, sections 1, 2 and 5.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from a4prefill.passes.split_prefill import PASS_KEY, SplitPrefillPass
-from a4prefill.settings import SETTINGS_KEY, A4PrefillSettings, ResolvedSettings, resolve_settings
+from a4prefill.process_state import warn_once
+from a4prefill.settings import (
+    SETTINGS_KEY,
+    A4PrefillSettings,
+    ResolvedSettings,
+    misspelt_settings_key,
+    resolve_settings,
+    unmatched_patterns,
+)
 from a4prefill.vllm_integration.row_provider import RowPolicy
 
 logger = logging.getLogger(__name__)
@@ -37,11 +45,28 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class EngineSetup:
-    """What every a4prefill MoE layer of one engine shares."""
+    """What every a4prefill MoE layer of one engine shares. ``moe_layers``: the names of the
+    engine's a4prefill MoE layers, appended as vLLM builds them (complete once weights load;
+    read for messages only, never for a precision decision)."""
 
     settings: ResolvedSettings
     row_policy: RowPolicy
     max_call_tokens: int = 8192  # most tokens of one MoE call (:func:`max_call_tokens`)
+    moe_layers: list[str] = field(default_factory=list, compare=False)
+
+    def warn_unmatched_exclusions(self) -> None:
+        """Warn once per pattern of ``excluded_layers`` that matches none of this engine's MoE
+        layers (a typo would otherwise leave the layer it meant running A4 without a word)."""
+        for pattern in unmatched_patterns(self.settings, self.moe_layers):
+            warn_once(
+                logger,
+                ("excluded_layers", pattern, *self.moe_layers[:1]),
+                "a4prefill: excluded_layers pattern %r matches none of the engine's %d MoE layers "
+                "(for example %r)",
+                pattern,
+                len(self.moe_layers),
+                self.moe_layers[0] if self.moe_layers else None,
+            )
 
 
 def captured_limit(vllm_config: Any) -> int:
@@ -84,7 +109,19 @@ def _configured_pass(vllm_config: Any) -> SplitPrefillPass | None:
 
 
 def _user_settings(vllm_config: Any, split_pass: SplitPrefillPass | None) -> A4PrefillSettings:
-    raw = (getattr(vllm_config, "additional_config", None) or {}).get(SETTINGS_KEY)
+    additional = getattr(vllm_config, "additional_config", None) or {}
+    for key in additional:
+        if misspelt_settings_key(str(key)):
+            warn_once(
+                logger,
+                ("additional_config", str(key)),
+                "a4prefill: --additional-config key %r is not %r: its settings are ignored (did you "
+                "mean %r?)",
+                key,
+                SETTINGS_KEY,
+                SETTINGS_KEY,
+            )
+    raw = additional.get(SETTINGS_KEY)
     from_config = A4PrefillSettings.from_mapping(raw)  # raises ValueError naming the key
     from_pass = split_pass.settings if split_pass is not None else None
     if from_pass is None or from_pass == A4PrefillSettings():

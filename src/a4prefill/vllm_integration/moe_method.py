@@ -102,6 +102,8 @@ class A4PrefillModelOptNvFp4MoEMethod(FusedMoEMethodBase):
         if moe.has_bias:
             raise ValueError(f"a4prefill_nvfp4: layer {layer_name!r} has expert biases (unsupported)")
         self.layer_name = layer_name
+        self.setup = setup
+        setup.moe_layers.append(layer_name)
         self.row_policy: RowPolicy = setup.row_policy
         self.switched_off = switched_off_reason(moe, layer_name, setup)
         self.count_rows = setup.settings.count_rows
@@ -156,6 +158,7 @@ class A4PrefillModelOptNvFp4MoEMethod(FusedMoEMethodBase):
         per_tensor("w2_input_scale", (global_experts,), tensor)
 
     def process_weights_after_loading(self, layer: Any) -> None:
+        self.setup.warn_unmatched_exclusions()  # every layer of the engine exists by now
         for name in NvFp4MoEWeights.__dataclass_fields__:
             param = getattr(layer, name)
             if not param.data.is_contiguous():
