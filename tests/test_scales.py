@@ -12,13 +12,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from a4prefill.ops import a4_calibration, derive_a4_scales
+from a4prefill.ops import a4_calibration, derive_a4_scales, nvfp4
+from a4prefill.ops.scales import FC1_EXPERT_SPREAD
 
 EXPERTS = 5
+# within FC1_EXPERT_SPREAD of each other (2**14 < 448 * 64): a valid calibration
 positive_scales = hnp.arrays(
     np.float32,
     EXPERTS,
-    elements=st.floats(2**-20, 1024.0, width=32),
+    elements=st.floats(2**-7, 2**7, width=32),
 )
 
 
@@ -76,8 +78,43 @@ def test_a_tiny_fc1_scale_everywhere_is_invalid_too():
         ),
         (torch.ones(3, 2), torch.ones(4), ValueError, r"w2_input_scale \[E\]"),
         (torch.ones(3, 2, 1), torch.ones(3), ValueError, r"\[E, 2\] or \[E\]"),
+        (torch.ones(3, 3), torch.ones(3), ValueError, r"\[E, 2\] or \[E\]"),  # issue 27
     ],
 )
 def test_malformed_input_scales_are_an_error(w13, w2, error, message):
     with pytest.raises(error, match=message):
         a4_calibration(w13, w2)
+
+
+def test_one_absurd_fc1_input_scale_gives_no_scales_and_says_why():
+    """Issue 27: one expert's w13_input_scale at 1e6 (the others calibrated) made the shared FC1
+    encode scale flush every other expert's activations to zero, and A4 ran anyway."""
+    w13_input_scale = torch.full((EXPERTS, 2), 0.01)
+    w13_input_scale[3, 0] = 1e6
+    calibration = a4_calibration(w13_input_scale, torch.full((EXPERTS,), 0.02))
+    assert calibration.scales is None
+    assert "w13_input_scale spans a factor 1e+08" in calibration.reason
+    assert "flush to zero" in calibration.reason
+
+
+@pytest.mark.parametrize(
+    ("largest", "valid"), [(float(FC1_EXPERT_SPREAD), True), (FC1_EXPERT_SPREAD + 1.0, False)]
+)
+def test_the_fc1_spread_bound_edges(largest, valid):
+    w13_input_scale = torch.ones(EXPERTS, 2)
+    w13_input_scale[0, 1] = largest
+    calibration = a4_calibration(w13_input_scale, torch.full((EXPERTS,), 0.02))
+    assert (calibration.scales is not None) is valid, calibration.reason
+
+
+def test_the_spread_bound_is_where_the_smallest_experts_blocks_leave_e4m3s_normal_range():
+    """At the bound, a block at the smallest expert's calibrated amax (``6 * 448 * s_min``) gets
+    the smallest normal e4m3 block scale 2**-6 and keeps its codes; 16 times beyond the bound the
+    same block's scale rounds to zero and every code is zero."""
+    block = torch.linspace(-1.0, 1.0, 16).reshape(1, 16) * (6 * 448 * 1.0)  # s_min = 1.0
+    at_bound = torch.tensor([1.0 / FC1_EXPERT_SPREAD])
+    codes, scale = nvfp4.quantize_codes(block, at_bound)
+    assert float(scale.float()) == 2.0**-6 and bool((codes & 7).any())
+    beyond = torch.tensor([1.0 / (16 * FC1_EXPERT_SPREAD)])
+    codes, scale = nvfp4.quantize_codes(block, beyond)
+    assert float(scale.float()) == 0.0 and not bool((codes & 7).any())

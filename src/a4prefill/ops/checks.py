@@ -116,6 +116,17 @@ def a4_scales_argument(
     return A4Scales(fc1_encode_scale, fc2_encode_scales)
 
 
+def check_encode_scale_values(scales: A4Scales) -> None:
+    """Raise if an A4 encode scale is not finite and > 0, naming the argument. Reads the values
+    (one host sync on a GPU)."""
+    for name, values in (
+        ("a4_fc1_encode_scale", scales.fc1_encode_scale),
+        ("a4_fc2_encode_scales", scales.fc2_encode_scales),
+    ):
+        if not bool((torch.isfinite(values) & (values > 0)).all()):
+            raise ValueError(f"{name} must be finite and > 0 everywhere, got {values.tolist()[:8]}")
+
+
 NOT_LOCAL = -1
 """The expert id of a route whose expert another expert-parallel rank holds: it contributes
 nothing to this rank's output (vLLM's expert map gives -1 to experts of other ranks)."""

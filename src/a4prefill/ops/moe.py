@@ -27,7 +27,12 @@ from __future__ import annotations
 import torch
 
 from a4prefill.ops.backends import backend_for
-from a4prefill.ops.checks import a4_scales_argument, check_expert_ids, check_moe_call
+from a4prefill.ops.checks import (
+    a4_scales_argument,
+    check_encode_scale_values,
+    check_expert_ids,
+    check_moe_call,
+)
 from a4prefill.ops.counters import record_rows
 from a4prefill.ops.modelopt import NvFp4Experts
 from a4prefill.ops.precision import A4, W4A16, MoECall, RowPlan
@@ -74,10 +79,14 @@ def _call(
 
 
 def _real_call(*args: object, **kwargs: object) -> MoECall:
-    """A call of a real (not fake) impl; expert ids are checked too where that reads no device."""
+    """A call of a real (not fake) impl; expert ids and encode-scale values are checked too where
+    that reads no device (on a GPU: no host sync per call; scales from
+    :func:`~a4prefill.ops.scales.a4_calibration` are valid by construction)."""
     call = _call(*args, **kwargs)  # type: ignore[arg-type]
     if call.topk_ids.device.type == "cpu":
         check_expert_ids(call.topk_ids, call.experts.w13_weight.shape[0])
+        if call.a4_scales is not None:
+            check_encode_scale_values(call.a4_scales)
     return call
 
 

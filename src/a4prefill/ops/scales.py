@@ -24,6 +24,13 @@ import torch
 A4_READY = "A4 scales"
 """The status reports give a layer that has A4 scales (otherwise: the reason it has none)."""
 
+FC1_EXPERT_SPREAD = 448 * 64
+"""The largest ratio ``max_e / min_e`` of a layer's FC1 input scales that keeps A4 (docs/numerics.md,
+section 5). All experts share the FC1 encode scale ``1 / max_e(w13_input_scale[e])``: a block at
+expert e's calibrated amax then gets the e4m3 block scale ``448 * s_e / max(s)``, which stays a
+normal e4m3 value (>= 2**-6) only while the ratio is at most ``448 * 2**6``. Beyond that, that
+expert's typical blocks get subnormal or zero block scales: its A4 rows flush to zero."""
+
 
 @dataclass(frozen=True)
 class A4Scales:
@@ -76,7 +83,10 @@ def a4_calibration(w13_input_scale: torch.Tensor, w2_input_scale: torch.Tensor) 
         if not isinstance(scale, torch.Tensor) or not scale.is_floating_point():
             raise TypeError(f"{name} must be a floating-point tensor, got {scale!r:.80}")
     num_experts = w13_input_scale.shape[0] if w13_input_scale.ndim else 0
-    if w13_input_scale.ndim not in (1, 2) or w2_input_scale.shape != (num_experts,):
+    fc1_columns_ok = w13_input_scale.ndim == 1 or (
+        w13_input_scale.ndim == 2 and w13_input_scale.shape[1] == 2
+    )
+    if not fc1_columns_ok or w2_input_scale.shape != (num_experts,):
         raise ValueError(
             f"w13_input_scale must be [E, 2] or [E] and w2_input_scale [E]; got "
             f"{list(w13_input_scale.shape)} and {list(w2_input_scale.shape)}"
@@ -87,6 +97,14 @@ def a4_calibration(w13_input_scale: torch.Tensor, w2_input_scale: torch.Tensor) 
         reason = _invalid_input_scale(name, values.cpu())
         if reason is not None:
             return A4Calibration(None, reason)
+    spread = float(fc1_input.amax() / fc1_input.amin())
+    if spread > FC1_EXPERT_SPREAD:
+        return A4Calibration(
+            None,
+            f"w13_input_scale spans a factor {spread:.3g} (max/min) over the experts, more than "
+            f"{FC1_EXPERT_SPREAD}: under the shared FC1 encode scale the smallest expert's activations "
+            "would flush to zero",
+        )
     fc1 = (1.0 / fc1_input.amax()).reshape(1)
     fc2 = 1.0 / fc2_input.reshape(-1)
     if not math.isfinite(float(fc1)):
