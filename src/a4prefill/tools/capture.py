@@ -18,6 +18,7 @@ Who may call: the numerics tool. Must run under ``if __name__ == "__main__":``.
 
 from __future__ import annotations
 
+import functools
 import gc
 from collections.abc import Sequence
 from pathlib import Path
@@ -152,7 +153,8 @@ def _capture(
 ) -> tuple[Captured, list[list[float]]]:
     llm = _llm(model, max_model_len, gpu_memory_utilization, parallelism, enforce_eager=True)
     try:
-        if not llm.apply_model(lambda m: _install_capture(m, max_tokens))[0]:
+        # a partial of a module-level function: vLLM's mp executor pickles it to every worker
+        if not llm.apply_model(functools.partial(_install_capture, max_tokens=max_tokens))[0]:
             raise ValueError(
                 f"{model}: vLLM built no a4prefill MoE layer (is it a ModelOpt NVFP4 MoE model?)"
             )
