@@ -13,12 +13,14 @@ same checks on an H200).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from a4prefill.ops.backends.triton.prefill import launch_prefill_gemm
+from a4prefill.ops.backends.triton.prefill import launch_prefill_gemm, mma_column_order
 from a4prefill.ops.backends.triton.routing import build_routing
 from a4prefill.ops.backends.triton.schedules import PREFILL_SCHEDULES, PrefillGemm
 from helpers.layers import E2M1_TABLE, EVERY_SCALE_BYTE
@@ -29,10 +31,15 @@ pytestmark = [pytest.mark.slow, needs_gluon]
 
 @pytest.fixture(scope="module")
 def interpreted():
+    """The two GEMM kernels under the TTGIR interpreter, by ``PrefillGemm.register_weights``."""
     from a4prefill.ops.backends.triton import kernel_modules
     from helpers.gluon_on_cpu import InterpretedKernel
 
-    return InterpretedKernel(kernel_modules.prefill().grouped_w4_gemm_kernel)
+    kernels = kernel_modules.prefill()
+    return {
+        False: InterpretedKernel(kernels.grouped_w4_gemm_kernel),
+        True: InterpretedKernel(kernels.grouped_w4_gemm_rs_kernel),
+    }
 
 
 def dequantized(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -54,7 +61,7 @@ def expected(x, codes, scales, routing, top_k) -> tuple[torch.Tensor, torch.Tens
     return exact, magnitude
 
 
-def run(kernel, x, codes, scales, ids, schedule, top_k):
+def run(kernels, x, codes, scales, ids, schedule, top_k):
     """Launch with torch-built routing whose entries past ``num_tiles`` hold an out-of-range expert
     and row, as the GPU routing kernel leaves them uninitialized: idle programs must not read them."""
     routing = build_routing(ids, codes.shape[0], schedule.routes, force_torch=True)
@@ -62,6 +69,7 @@ def run(kernel, x, codes, scales, ids, schedule, top_k):
     routing.tile_expert[live:] = 1 << 24
     routing.tile_row[live:] = 1 << 24
     out = torch.full((ids.numel(), codes.shape[1]), float("nan"), dtype=torch.bfloat16)
+    kernel = kernels[schedule.register_weights]
     launch_prefill_gemm(x, codes, scales, routing, out, schedule, top_k, kernel=kernel)
     return out, routing
 
@@ -76,11 +84,23 @@ def assert_rounded_product(out: torch.Tensor, product: tuple[torch.Tensor, torch
     assert ((out.double() - exact).abs() <= step + magnitude * 2.0**-16 + 1e-30).all()
 
 
+def loop_body(ptx: str) -> str:
+    """The PTX of the kernel's innermost loop (LLVM marks its header)."""
+    header = re.search(r"^(\$L__BB\d+_\d+):\s+// =>This Inner Loop Header", ptx, re.MULTILINE)
+    assert header is not None, "no loop in the PTX"
+    end = ptx.index(f"bra \t{header.group(1)};", header.end())
+    return ptx[header.end() : end]
+
+
 def test_each_schedule_compiles_to_wgmma_for_sm90():
+    """Every schedule compiles to the wgmma of its tile. The register-weights kernel's wgmma
+    takes A from 4 registers and its K loop writes nothing to shared memory but the copies: the
+    dequantized weights go from the code bytes' registers to the MMA without a layout shuffle
+    through shared memory."""
     from a4prefill.ops.backends.triton import kernel_modules
     from helpers.gluon_on_cpu import compile_sm90
 
-    kernel = kernel_modules.prefill().grouped_w4_gemm_kernel
+    kernels = kernel_modules.prefill()
     pointers = {"x_ptr": "*bf16", "codes_ptr": "*u8", "scales_ptr": "*u8", "out_ptr": "*bf16"}
     routing = dict.fromkeys(
         [
@@ -91,13 +111,13 @@ def test_each_schedule_compiles_to_wgmma_for_sm90():
     )
     scalars = dict.fromkeys(["N", "K", "ROUTES", "TOPK"], "i32")
     for schedule in PREFILL_SCHEDULES.values():
-        constexprs = {
-            "GATHER": True,
-            "BW": schedule.weight_rows,
-            "BT": schedule.routes,
-            "BK": schedule.block_k,
-            "DEPTH": schedule.depth,
-        }
+        tile = {"BW": schedule.weight_rows, "BT": schedule.routes, "DEPTH": schedule.depth}
+        constexprs = {"GATHER": True, **tile}
+        if schedule.register_weights:
+            kernel = kernels.grouped_w4_gemm_rs_kernel
+        else:
+            kernel = kernels.grouped_w4_gemm_kernel
+            constexprs["BK"] = schedule.block_k
         # the launcher's specialization of 16-byte aligned tensors and of N, K (multiples of 16)
         divisible = {*pointers, *routing, "N", "K"}
         signature = {**pointers, **routing, **scalars}
@@ -105,6 +125,11 @@ def test_each_schedule_compiles_to_wgmma_for_sm90():
         ptx = compiled.asm["ptx"]
         assert f"wgmma.mma_async.sync.aligned.m64n{schedule.routes}k16.f32.bf16.bf16" in ptx, schedule
         assert "cp.async.cg.shared.global" in ptx and "wgmma.wait_group.sync.aligned 1" in ptx, schedule
+        if schedule.register_weights:
+            a_in_registers = r"k16\.f32\.bf16\.bf16 \{[^}]*\}, \{%r\d+, ?%r\d+, ?%r\d+, ?%r\d+\}"
+            assert re.search(a_in_registers, ptx), schedule
+            body = loop_body(ptx)
+            assert "st.shared" not in body and "stmatrix" not in body and "shfl" not in body, schedule
         assert compiled.metadata.shared <= 227 * 1024, schedule  # an H100/H200 CTA's shared memory
 
 
@@ -126,10 +151,11 @@ def test_matches_the_fp32_product(interpreted, label, gather):
     assert_rounded_product(out, expected(x, codes, scales, routing, top_k if gather else None))
 
 
-def test_every_code_and_scale_byte_dequantizes_exactly(interpreted):
+@pytest.mark.parametrize("register_weights", [False, True], ids=["shared_weights", "register_weights"])
+def test_every_code_and_scale_byte_dequantizes_exactly(interpreted, register_weights):
     """One-hot activation rows pick single weight columns: every output element is one weight,
     ``e2m1 * e4m3`` exactly, for all 256 code bytes and every non-NaN scale byte."""
-    schedule = PrefillGemm(64, 64)
+    schedule = PrefillGemm(64, 64, register_weights=register_weights)
     n, k = 128, 2 * 64
     codes = torch.arange(256, dtype=torch.uint8).repeat(n * k // 2 // 256).reshape(1, n, k // 2)
     repeats = n * k // 16 // len(EVERY_SCALE_BYTE) + 1
@@ -148,10 +174,11 @@ def test_every_code_and_scale_byte_dequantizes_exactly(interpreted):
     counts=st.lists(st.integers(0, 150), min_size=2, max_size=4).filter(lambda c: sum(c) > 0),
     scale_byte=st.sampled_from(EVERY_SCALE_BYTE.tolist()),
 )
-def test_any_segment_lengths_and_scale_byte(interpreted, counts, scale_byte):
+@pytest.mark.parametrize("register_weights", [False, True], ids=["shared_weights", "register_weights"])
+def test_any_segment_lengths_and_scale_byte(interpreted, register_weights, counts, scale_byte):
     """Experts with the drawn route counts (0 included, across 64-route tiles), one drawn scale
     byte everywhere: the product of the gathered rows, FC1 layout."""
-    schedule = PrefillGemm(64, 64)
+    schedule = PrefillGemm(64, 64, register_weights=register_weights)
     experts, n, k = len(counts), 64, 128
     generator = torch.Generator().manual_seed(sum(counts))
     codes = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=generator)
@@ -170,4 +197,8 @@ def test_schedules_refuse_what_the_kernel_cannot_run():
         PrefillGemm(128, 256, 128, depth=3)
     with pytest.raises(ValueError, match="routes must be 64, 128 or 256"):
         PrefillGemm(routes=32)
+    with pytest.raises(ValueError, match="block_k must be 64 with register_weights"):
+        PrefillGemm(block_k=128, register_weights=True)
+    with pytest.raises(ValueError, match="multiple of 64"):
+        mma_column_order(96, torch.device("cpu"))
     assert PrefillGemm(64, 128).warps == 4 and PrefillGemm(128, 256).warps == 8

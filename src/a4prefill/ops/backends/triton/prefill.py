@@ -6,6 +6,7 @@ Work in progress (issue 23): :func:`launch_prefill_gemm` launches the GEMM core 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -13,6 +14,21 @@ import torch
 from a4prefill.ops.backends.triton import kernel_modules
 from a4prefill.ops.backends.triton.routing import Routing
 from a4prefill.ops.backends.triton.schedules import PrefillGemm
+
+
+@functools.cache
+def mma_column_order(k: int, device: torch.device) -> torch.Tensor:
+    """int64 ``[k]``: the column of ``x`` that each wgmma K position of
+    ``grouped_w4_gemm_rs_kernel`` multiplies. Within each 64 columns, position ``8 b + 2 q + h``
+    holds column ``16 q + 2 b + h`` (``b`` < 8, ``q`` < 4, ``h`` < 2): thread ``q`` of a quad then
+    holds the 16 columns of scale group ``q``, whose 8 code bytes it reads with one load (the
+    ModelOpt code layout is unchanged). ``k`` must be a multiple of 64. Cached per ``(k,
+    device)``; never written to."""
+    if k % 64:
+        raise ValueError(f"k must be a multiple of 64, got {k}")
+    position = torch.arange(k, device=device)
+    byte, quad_lane, nibble = (position % 64) // 8, (position % 8) // 2, position % 2
+    return position - position % 64 + 16 * quad_lane + 2 * byte + nibble
 
 
 def launch_prefill_gemm(
@@ -33,8 +49,11 @@ def launch_prefill_gemm(
     uint8 ``[E, N, K / 2]`` and ``scales`` (e4m3 bytes as uint8) ``[E, N, K / 16]``, the ModelOpt
     layout as loaded; ``out`` bf16 ``[R, N]``, written at every sorted position. ``routing`` was
     built with ``block_m = schedule.routes``. ``N`` must be a multiple of ``schedule.weight_rows``
-    and ``K`` of ``schedule.block_k``. ``kernel`` replaces the Gluon kernel (tests: the TTGIR
-    interpreter); by default it is imported (Triton 3.6+ with Gluon, an sm_90 GPU)."""
+    and ``K`` of ``schedule.block_k``. With ``schedule.register_weights`` ``x`` is first copied
+    with its columns in :func:`mma_column_order` (one gather of ``x``, timed with the GEMM by the
+    benchmark; a fused producer of ``x`` could write that order directly). ``kernel`` replaces
+    the schedule's Gluon kernel (tests: the TTGIR interpreter); by default it is imported (Triton
+    3.6+ with Gluon, an sm_90 GPU)."""
     experts, n, half_k = codes.shape
     k = 2 * half_k
     if x.dtype != torch.bfloat16 or out.dtype != torch.bfloat16:
@@ -50,8 +69,17 @@ def launch_prefill_gemm(
             raise ValueError(f"{name} must be contiguous and 16-byte aligned (cp.async copies 16 bytes)")
     if not schedule.fits(k, n):
         raise ValueError(f"schedule {schedule} does not divide K={k} and N={n}")
+    constexprs = {"BW": schedule.weight_rows, "BT": schedule.routes, "DEPTH": schedule.depth}
+    if schedule.register_weights:
+        x = x.index_select(1, mma_column_order(k, x.device))
+    else:
+        constexprs["BK"] = schedule.block_k
     if kernel is None:
-        kernel = kernel_modules.prefill().grouped_w4_gemm_kernel
+        kernels = kernel_modules.prefill()
+        if schedule.register_weights:
+            kernel = kernels.grouped_w4_gemm_rs_kernel
+        else:
+            kernel = kernels.grouped_w4_gemm_kernel
     grid = (routing.max_tiles, n // schedule.weight_rows)
     kernel[grid](
         x,
@@ -69,9 +97,6 @@ def launch_prefill_gemm(
         routes,
         top_k or 1,
         GATHER=top_k is not None,
-        BW=schedule.weight_rows,
-        BT=schedule.routes,
-        BK=schedule.block_k,
-        DEPTH=schedule.depth,
+        **constexprs,
         num_warps=schedule.warps,
     )

@@ -127,11 +127,10 @@ def _issue_copies(c_slot, s_slot, x_slot, code_ptrs, scale_ptrs, x_ptrs, x_mask,
 
 
 @gluon.jit
-def grouped_w4_gemm_kernel(
+def _tile_operands(
     x_ptr,
     codes_ptr,
     scales_ptr,
-    out_ptr,
     sorted_route_ptr,
     tile_expert_ptr,
     tile_row_ptr,
@@ -146,25 +145,16 @@ def grouped_w4_gemm_kernel(
     BW: gl.constexpr,
     BT: gl.constexpr,
     BK: gl.constexpr,
-    DEPTH: gl.constexpr,
 ):
-    """``out[p, n] = sum_k x[x_row[p], k] * W[e, n, k]`` for the sorted positions p of each tile
-    (bf16 out, fp32 accumulation). x bf16 ``[*, K]``; codes uint8 ``[E, N, K / 2]``; scales
-    uint8 ``[E, N, K / 16]``; out bf16 ``[ROUTES, N]``. Grid ``(max_tiles, N / BW)``;
-    ``DEPTH >= 3`` ring slots of copies."""
+    """This program's tile and the copy pointers of its step 0: ``(code_ptrs [BW, BK / 16, 8],
+    scale_ptrs [BW, BK / 16], x_ptrs [BT, BK], x_mask, steps, row0, seg_end, n0, live_tile)``.
+    ``steps`` is 0 for an idle program (``tile >= num_tiles``), which reads no routing entry past
+    ``num_tiles`` (a step's copies are at ``+ k // 2``, ``+ k // 16`` and ``+ k``)."""
     num_warps: gl.constexpr = gl.num_warps()
     CL: gl.constexpr = codes_layout(BW, BK, num_warps)
-    SL: gl.constexpr = gl.SliceLayout(2, CL)
     SCL: gl.constexpr = scale_copy_layout(BK, num_warps)
     XL: gl.constexpr = rows_layout(BK, num_warps)
-    ACC: gl.constexpr = acc_layout(BT, num_warps)
-    OUT: gl.constexpr = out_layout(BW, num_warps)
-    PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
-    PLAIN2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BW, BK], gl.bfloat16)
-    X_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BK], gl.bfloat16)
     G: gl.constexpr = BK // 16
-    AHEAD: gl.constexpr = DEPTH - 2
 
     tile = gl.program_id(0)
     n0 = gl.program_id(1) * BW
@@ -198,6 +188,78 @@ def grouped_w4_gemm_kernel(
     cols = gl.arange(0, BK, layout=gl.SliceLayout(0, XL))
     x_ptrs = x_ptr + x_rows[:, None] * K + cols[None, :]
     x_mask = live_x[:, None] & (cols[None, :] < BK)
+    return code_ptrs, scale_ptrs, x_ptrs, x_mask, steps, row0, seg_end, n0, live_tile
+
+
+@gluon.jit
+def _store_tile(acc, out_ptr, row0, seg_end, n0, live_tile, N, ROUTES, BW: gl.constexpr, BT: gl.constexpr):
+    """``out[row0 + j, n0 + i] = bf16(acc[i, j] * 128)`` for the tile's positions inside the
+    expert's segment (the weights were dequantized ``* 2**-7``)."""
+    OUT: gl.constexpr = out_layout(BW, gl.num_warps())
+    y = gl.convert_layout((acc * 128.0).to(gl.bfloat16), OUT)
+    w_idx = gl.arange(0, BW, layout=gl.SliceLayout(1, OUT))
+    pos = row0 + gl.arange(0, BT, layout=gl.SliceLayout(0, OUT))
+    live = (pos < seg_end) & (pos < ROUTES) & live_tile
+    ptrs = out_ptr + pos.to(gl.int64)[None, :] * N + n0 + w_idx[:, None]
+    gl.store(ptrs, y, mask=live[None, :] & (w_idx[:, None] < BW))
+
+
+@gluon.jit
+def grouped_w4_gemm_kernel(
+    x_ptr,
+    codes_ptr,
+    scales_ptr,
+    out_ptr,
+    sorted_route_ptr,
+    tile_expert_ptr,
+    tile_row_ptr,
+    seg_start_ptr,
+    seg_count_ptr,
+    num_tiles_ptr,
+    N,
+    K,
+    ROUTES,
+    TOPK,
+    GATHER: gl.constexpr,
+    BW: gl.constexpr,
+    BT: gl.constexpr,
+    BK: gl.constexpr,
+    DEPTH: gl.constexpr,
+):
+    """``out[p, n] = sum_k x[x_row[p], k] * W[e, n, k]`` for the sorted positions p of each tile
+    (bf16 out, fp32 accumulation). x bf16 ``[*, K]``; codes uint8 ``[E, N, K / 2]``; scales
+    uint8 ``[E, N, K / 16]``; out bf16 ``[ROUTES, N]``. Grid ``(max_tiles, N / BW)``;
+    ``DEPTH >= 3`` ring slots of copies."""
+    num_warps: gl.constexpr = gl.num_warps()
+    CL: gl.constexpr = codes_layout(BW, BK, num_warps)
+    SL: gl.constexpr = gl.SliceLayout(2, CL)
+    ACC: gl.constexpr = acc_layout(BT, num_warps)
+    PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
+    PLAIN2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BW, BK], gl.bfloat16)
+    X_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BK], gl.bfloat16)
+    G: gl.constexpr = BK // 16
+    AHEAD: gl.constexpr = DEPTH - 2
+
+    code_ptrs, scale_ptrs, x_ptrs, x_mask, steps, row0, seg_end, n0, live_tile = _tile_operands(
+        x_ptr,
+        codes_ptr,
+        scales_ptr,
+        sorted_route_ptr,
+        tile_expert_ptr,
+        tile_row_ptr,
+        seg_start_ptr,
+        seg_count_ptr,
+        num_tiles_ptr,
+        N,
+        K,
+        ROUTES,
+        TOPK,
+        GATHER,
+        BW,
+        BT,
+        BK,
+    )
 
     c_ring = gl.allocate_shared_memory(gl.uint8, [DEPTH, BW, G, 8], PLAIN)
     s_ring = gl.allocate_shared_memory(gl.uint8, [DEPTH, BW, G], PLAIN2)
@@ -244,9 +306,152 @@ def grouped_w4_gemm_kernel(
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     async_copy.wait_group(0)
 
-    y = gl.convert_layout((acc * 128.0).to(gl.bfloat16), OUT)
-    w_idx = gl.arange(0, BW, layout=gl.SliceLayout(1, OUT))
-    pos = row0 + gl.arange(0, BT, layout=gl.SliceLayout(0, OUT))
-    live = (pos < seg_end) & (pos < ROUTES) & live_tile
-    ptrs = out_ptr + pos.to(gl.int64)[None, :] * N + n0 + w_idx[:, None]
-    gl.store(ptrs, y, mask=live[None, :] & (w_idx[:, None] < BW))
+    _store_tile(acc, out_ptr, row0, seg_end, n0, live_tile, N, ROUTES, BW, BT)
+
+
+@gluon.constexpr_function
+def fragment_codes_layout(bw: int, warps: int) -> gl.DistributedLinearLayout:
+    """``[BW, 4, 8]`` code bytes of one 64-column step (row, 16-column group, byte), loaded so that
+    they dequantize straight into the wgmma's A-operand registers: lane ``4 g + q`` of warp ``w``
+    holds the 8 bytes of group ``q`` of rows ``16 w + g`` and ``16 w + g + 8`` (one 8-byte load
+    each). With the step's columns taken in :func:`~a4prefill.ops.backends.triton.prefill.
+    mma_column_order` these are exactly the A fragment's rows and columns."""
+    warp_bases = [[16 << i, 0, 0] for i in range(warps.bit_length() - 1)]
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [8, 0, 0]],
+        lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=warp_bases,
+        block_bases=[],
+        shape=[bw, 4, 8],
+    )
+
+
+@gluon.jit
+def _dequant_fragment(codes, scales, A_LAYOUT: gl.constexpr, BW: gl.constexpr):
+    """codes ``[BW, 4, 8]`` uint8 in :func:`fragment_codes_layout`, scale bytes ``[BW, 4]`` ->
+    the wgmma A operand ``[BW, 64]`` bf16 ``w * 2**-7`` in MMA column order: column ``8 b + 2 q +
+    h`` holds nibble ``h`` of byte ``b`` of group ``q``. The reshapes only rename registers: the
+    result is already in ``A_LAYOUT``'s registers."""
+    factor = (e4m3_bytes_f32(scales) * 6.646139978924579e35).to(gl.bfloat16)  # scale * 2**119
+    factor = gl.broadcast(gl.expand_dims(factor, 2), codes)[0]
+    even, odd = gl.inline_asm_elementwise(
+        BYTE_DEQUANT_ASM,
+        "=r,=r,=r,=r,r,r,r",
+        [codes, factor],
+        dtype=(gl.bfloat16, gl.bfloat16),
+        is_pure=True,
+        pack=4,
+    )
+    pairs = gl.permute(gl.join(even, odd), (0, 2, 1, 3))  # [BW, byte, group, nibble]
+    return gl.convert_layout(gl.reshape(pairs, [BW, 64]), A_LAYOUT)
+
+
+@gluon.jit
+def grouped_w4_gemm_rs_kernel(
+    x_ptr,
+    codes_ptr,
+    scales_ptr,
+    out_ptr,
+    sorted_route_ptr,
+    tile_expert_ptr,
+    tile_row_ptr,
+    seg_start_ptr,
+    seg_count_ptr,
+    num_tiles_ptr,
+    N,
+    K,
+    ROUTES,
+    TOPK,
+    GATHER: gl.constexpr,
+    BW: gl.constexpr,
+    BT: gl.constexpr,
+    DEPTH: gl.constexpr,
+):
+    """:func:`grouped_w4_gemm_kernel` with the weights dequantized into the wgmma's A registers
+    (no dequantized weights in shared memory), 64 columns per step. ``x``'s columns must be in
+    :func:`~a4prefill.ops.backends.triton.prefill.mma_column_order` (the launcher permutes them);
+    the code and scale bytes are the ModelOpt layout as loaded. Same arguments and grid otherwise.
+
+    Per step, after its copies landed (wait, proxy fence, CTA barrier): codes and scales are read
+    from shared memory in :func:`fragment_codes_layout`, dequantized in registers, and one
+    asynchronous wgmma (A in registers, B the activation rows in shared memory) is issued; the
+    copies of step ``s + DEPTH - 2`` follow, then the wait that retires the wgmma of step
+    ``s - 1`` and releases its A registers (they are passed on to that wait, so they stay live
+    while it runs). Ring slot ``(s - 2) % DEPTH`` is refilled at step ``s``: every warpgroup
+    retired the wgmma of step ``s - 2`` before the barrier of step ``s``."""
+    BK: gl.constexpr = 64
+    G: gl.constexpr = 4
+    num_warps: gl.constexpr = gl.num_warps()
+    FL: gl.constexpr = fragment_codes_layout(BW, num_warps)
+    ACC: gl.constexpr = acc_layout(BT, num_warps)
+    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
+    PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
+    PLAIN2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    X_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BK], gl.bfloat16)
+    AHEAD: gl.constexpr = DEPTH - 2
+
+    code_ptrs, scale_ptrs, x_ptrs, x_mask, steps, row0, seg_end, n0, live_tile = _tile_operands(
+        x_ptr,
+        codes_ptr,
+        scales_ptr,
+        sorted_route_ptr,
+        tile_expert_ptr,
+        tile_row_ptr,
+        seg_start_ptr,
+        seg_count_ptr,
+        num_tiles_ptr,
+        N,
+        K,
+        ROUTES,
+        TOPK,
+        GATHER,
+        BW,
+        BT,
+        BK,
+    )
+
+    c_ring = gl.allocate_shared_memory(gl.uint8, [DEPTH, BW, G, 8], PLAIN)
+    s_ring = gl.allocate_shared_memory(gl.uint8, [DEPTH, BW, G], PLAIN2)
+    x_ring = gl.allocate_shared_memory(gl.bfloat16, [DEPTH, BT, BK], X_SMEM)
+    acc = gl.zeros([BW, BT], gl.float32, layout=ACC)
+    a_in_flight = gl.zeros([BW, BK], gl.bfloat16, layout=A_LAYOUT)
+
+    for ahead in gl.static_range(AHEAD):
+        _issue_copies(
+            c_ring.index(ahead),
+            s_ring.index(ahead),
+            x_ring.index(ahead),
+            code_ptrs,
+            scale_ptrs,
+            x_ptrs,
+            x_mask,
+            ahead * BK,
+            ahead < steps,
+        )
+    for step in range(steps):
+        slot = step % DEPTH
+        async_copy.wait_group(AHEAD - 1)
+        fence_async_shared()
+        _cta_barrier()  # every thread's copies of this step have landed
+        codes = c_ring.index(slot).load(FL)
+        scales = s_ring.index(slot).load(gl.SliceLayout(2, FL))
+        a = _dequant_fragment(codes, scales, A_LAYOUT, BW)
+        acc = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), acc, is_async=True)
+        refill = (step + AHEAD) % DEPTH
+        _issue_copies(
+            c_ring.index(refill),
+            s_ring.index(refill),
+            x_ring.index(refill),
+            code_ptrs,
+            scale_ptrs,
+            x_ptrs,
+            x_mask,
+            (step + AHEAD) * BK,
+            step + AHEAD < steps,
+        )
+        acc, a_in_flight = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_in_flight))
+        a_in_flight = a
+    acc, a_in_flight = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a_in_flight))
+    async_copy.wait_group(0)
+
+    _store_tile(acc, out_ptr, row0, seg_end, n0, live_tile, N, ROUTES, BW, BT)

@@ -253,13 +253,16 @@ class PrefillGemm:
     wgmma's M: 64 or 128, one warpgroup per 64), ``routes`` of one expert per CTA (the wgmma's
     N: 64, 128 or 256; the routing's ``block_m``), K columns per step (``block_k``: 64 or 128)
     and ``depth`` ring slots of ``cp.async`` copies (3 to 8: a step's code bytes, scale bytes
-    and activation rows are copied ``depth - 2`` steps ahead). A CTA's buffers
+    and activation rows are copied ``depth - 2`` steps ahead). ``register_weights`` picks the
+    kernel: weights dequantized into the wgmma's A registers (``grouped_w4_gemm_rs_kernel``,
+    ``block_k`` 64 only) or into shared memory (``grouped_w4_gemm_kernel``). A CTA's buffers
     (:attr:`shared_bytes`) must fit an H100/H200 CTA's 227 KiB of shared memory."""
 
     weight_rows: int = 128
     routes: int = 128
     block_k: int = 64
     depth: int = 4
+    register_weights: bool = False
 
     def __post_init__(self) -> None:
         if self.weight_rows not in (64, 128):
@@ -268,6 +271,8 @@ class PrefillGemm:
             raise ValueError(f"PrefillGemm.routes must be 64, 128 or 256, got {self.routes}")
         if self.block_k not in (64, 128):
             raise ValueError(f"PrefillGemm.block_k must be 64 or 128, got {self.block_k}")
+        if self.register_weights and self.block_k != 64:
+            raise ValueError(f"PrefillGemm.block_k must be 64 with register_weights, got {self.block_k}")
         if not 3 <= self.depth <= 8:
             raise ValueError(f"PrefillGemm.depth must be 3 to 8, got {self.depth}")
         if self.shared_bytes > 227 * 1024:
@@ -283,17 +288,19 @@ class PrefillGemm:
     @property
     def shared_bytes(self) -> int:
         """Bytes of the kernel's shared buffers: per ring slot a step's code bytes, scale bytes
-        and bf16 activation rows, and 3 buffers of dequantized bf16 weights."""
+        and bf16 activation rows, and (unless :attr:`register_weights`) 3 buffers of dequantized
+        bf16 weights."""
         rows, k = self.weight_rows, self.block_k
         slot = rows * k // 2 + rows * k // 16 + self.routes * k * 2
-        return self.depth * slot + 3 * rows * k * 2
+        return self.depth * slot + (0 if self.register_weights else 3 * rows * k * 2)
 
     def fits(self, k: int, out_rows: int) -> bool:
         """Whether K splits into steps and the output rows into CTAs."""
         return k % self.block_k == 0 and out_rows % self.weight_rows == 0
 
     def __str__(self) -> str:
-        return f"w{self.weight_rows}_t{self.routes}_k{self.block_k}_d{self.depth}"
+        kernel = "rs_" if self.register_weights else ""
+        return f"{kernel}w{self.weight_rows}_t{self.routes}_k{self.block_k}_d{self.depth}"
 
 
 # The prefill GEMM schedules the benchmark compares (benchmarks/bench_prefill_gemm.py). In the H200
@@ -309,5 +316,11 @@ PREFILL_SCHEDULES = MappingProxyType(
         "w128_t128_d4": PrefillGemm(128, 128, depth=4),
         "w128_t256_d4": PrefillGemm(128, 256, depth=4),
         "w128_t256_d3": PrefillGemm(128, 256, depth=3),
+        "rs_w128_t64_d4": PrefillGemm(128, 64, depth=4, register_weights=True),
+        "rs_w128_t64_d6": PrefillGemm(128, 64, depth=6, register_weights=True),
+        "rs_w128_t128_d4": PrefillGemm(128, 128, depth=4, register_weights=True),
+        "rs_w128_t128_d6": PrefillGemm(128, 128, depth=6, register_weights=True),
+        "rs_w128_t256_d4": PrefillGemm(128, 256, depth=4, register_weights=True),
+        "rs_w128_t256_d5": PrefillGemm(128, 256, depth=5, register_weights=True),
     }
 )
