@@ -322,5 +322,10 @@ PREFILL_SCHEDULES = MappingProxyType(
         "rs_w128_t128_d6": PrefillGemm(128, 128, depth=6, register_weights=True),
         "rs_w128_t256_d4": PrefillGemm(128, 256, depth=4, register_weights=True),
         "rs_w128_t256_d5": PrefillGemm(128, 256, depth=5, register_weights=True),
+        "rs_w64_t64_d4": PrefillGemm(64, 64, depth=4, register_weights=True),
+        "rs_w64_t128_d4": PrefillGemm(64, 128, depth=4, register_weights=True),
+        "rs_w64_t128_d6": PrefillGemm(64, 128, depth=6, register_weights=True),
+        "rs_w64_t256_d3": PrefillGemm(64, 256, depth=3, register_weights=True),
+        "rs_w64_t256_d4": PrefillGemm(64, 256, depth=4, register_weights=True),
     }
 )
