@@ -50,12 +50,15 @@ NCU_METRICS = (
     "L2 Cache Throughput",
     "Mem Busy",
     "Warp Cycles Per Issued Instruction",
+    "Eligible Warps Per Scheduler",
+    "No Eligible",
 )
 GEMM_KERNELS = ("fc1_kernel", "fc2_kernel", "fc1_decode_kernel", "fc2_decode_kernel", "marlin")
 
 
-def ncu_summary(csv_path: str) -> list[dict[str, Any]]:
-    """One row per GEMM kernel launch in an ``ncu --csv`` report: name, grid, block, metrics."""
+def ncu_summary(csv_path: str, kernels: tuple[str, ...] = GEMM_KERNELS) -> list[dict[str, Any]]:
+    """One row per launch of a kernel whose name contains one of ``kernels`` in an ``ncu --csv``
+    report, in launch order: name, grid, block, the metrics of :data:`NCU_METRICS`."""
     import csv
 
     with open(csv_path) as handle:
@@ -63,7 +66,7 @@ def ncu_summary(csv_path: str) -> list[dict[str, Any]]:
     launches: dict[str, dict[str, Any]] = {}
     for record in csv.DictReader(text[text.index('"ID"') :].splitlines()):
         name = record["Kernel Name"]
-        if not any(word in name.lower() for word in GEMM_KERNELS) or record["Metric Name"] not in NCU_METRICS:
+        if not any(word in name.lower() for word in kernels) or record["Metric Name"] not in NCU_METRICS:
             continue
         row = launches.setdefault(
             record["ID"], {"kernel": name[:40], "grid": record["Grid Size"], "block": record["Block Size"]}

@@ -10,7 +10,9 @@ by token, random routing and bytes)::
         python benchmarks/profile_prefill.py [--case 512:w128_t64_d4 --case 8192:w128_t256_d4] > ncu.csv
 
 Each ``--case`` is ``TOKENS:SCHEDULE`` with a label of ``schedules.PREFILL_SCHEDULES``; every case
-runs once before the profiled region (compilation and warm caches stay outside it). Nsight
+runs once before the profiled region (compilation and warm caches stay outside it).
+``--ncu-summary ncu.csv --out DIR`` (no GPU) turns that CSV into ``DIR/profile_prefill_ncu.json``:
+one entry per case, in the order given, with ``profile_decode.NCU_METRICS``. Nsight
 Compute locks the clocks to base, so its durations are longer than the timed ones
 (``bench_prefill_gemm.py``); compare percentages.
 """
@@ -18,6 +20,7 @@ Compute locks the clocks to base, so its durations are longer than the timed one
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -36,7 +39,19 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--case", action="append", help="TOKENS:SCHEDULE (repeatable)")
-    cases = parser.parse_args().case or DEFAULT_CASES
+    parser.add_argument("--ncu-summary", help="summarize this ncu CSV of the same cases (no GPU)")
+    parser.add_argument("--out", default=".", help="folder of profile_prefill_ncu.json")
+    args = parser.parse_args()
+    cases = args.case or DEFAULT_CASES
+    if args.ncu_summary:
+        from profile_decode import ncu_summary
+
+        launches = ncu_summary(args.ncu_summary, kernels=("grouped_w4",))
+        if len(launches) != len(cases):
+            raise SystemExit(f"{args.ncu_summary} has {len(launches)} launches for {len(cases)} cases")
+        with open(os.path.join(args.out, "profile_prefill_ncu.json"), "w") as handle:
+            json.dump(dict(zip(cases, launches, strict=True)), handle, indent=1)
+        return
     n, k = 2 * INTERMEDIATE, HIDDEN
     codes = torch.randint(0, 256, (EXPERTS, n, k // 2), dtype=torch.uint8, device="cuda")
     scales = torch.randint(0x28, 0x48, (EXPERTS, n, k // 16), dtype=torch.uint8, device="cuda")
