@@ -115,6 +115,7 @@ def test_each_schedule_compiles_to_wgmma_for_sm90():
         constexprs = {"GATHER": True, **tile}
         if schedule.register_weights:
             kernel = kernels.grouped_w4_gemm_rs_kernel
+            constexprs["WEIGHT_AHEAD"] = schedule.weights_ahead
         else:
             kernel = kernels.grouped_w4_gemm_kernel
             constexprs["BK"] = schedule.block_k
@@ -137,10 +138,11 @@ def test_each_schedule_compiles_to_wgmma_for_sm90():
 @pytest.mark.parametrize("gather", [True, False], ids=["fc1_gather", "fc2_sorted"])
 def test_matches_the_fp32_product(interpreted, label, gather):
     """Three experts (one without routes), segments that end inside a tile, more K steps than the
-    ring has slots (every slot refilled), rows gathered by token or in sorted order."""
+    rings have slots (every slot refilled), rows gathered by token or in sorted order."""
     schedule = PREFILL_SCHEDULES[label]
     generator = torch.Generator().manual_seed(7)
-    experts, n, k, tokens, top_k = 3, 2 * schedule.weight_rows, (schedule.depth + 3) * schedule.block_k, 45, 2
+    steps = max(schedule.depth, schedule.weights_ahead + 1) + 3  # more than either ring has slots
+    experts, n, k, tokens, top_k = 3, 2 * schedule.weight_rows, steps * schedule.block_k, 45, 2
     codes = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=generator)
     picks = torch.randint(0, len(EVERY_SCALE_BYTE), (experts, n, k // 16), generator=generator)
     scales = EVERY_SCALE_BYTE[picks]
@@ -197,6 +199,10 @@ def test_schedules_refuse_what_the_kernel_cannot_run():
         PrefillGemm(128, 256, 128, depth=3)
     with pytest.raises(ValueError, match="routes must be 64, 128 or 256"):
         PrefillGemm(routes=32)
+    with pytest.raises(ValueError, match="weight_ahead must be 0, or at least depth - 2"):
+        PrefillGemm(depth=6, register_weights=True, weight_ahead=3)
+    with pytest.raises(ValueError, match="weight_ahead must be 0, or at least depth - 2"):
+        PrefillGemm(weight_ahead=6)
     with pytest.raises(ValueError, match="block_k must be 64 with register_weights"):
         PrefillGemm(block_k=128, register_weights=True)
     with pytest.raises(ValueError, match="multiple of 64"):

@@ -72,6 +72,7 @@ def launch_prefill_gemm(
     constexprs = {"BW": schedule.weight_rows, "BT": schedule.routes, "DEPTH": schedule.depth}
     if schedule.register_weights:
         x = x.index_select(1, mma_column_order(k, x.device))
+        constexprs["WEIGHT_AHEAD"] = schedule.weights_ahead
     else:
         constexprs["BK"] = schedule.block_k
     if kernel is None:

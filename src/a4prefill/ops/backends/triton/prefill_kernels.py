@@ -366,6 +366,7 @@ def grouped_w4_gemm_rs_kernel(
     BW: gl.constexpr,
     BT: gl.constexpr,
     DEPTH: gl.constexpr,
+    WEIGHT_AHEAD: gl.constexpr,
 ):
     """:func:`grouped_w4_gemm_kernel` with the weights dequantized into the wgmma's A registers
     (no dequantized weights in shared memory), 64 columns per step. ``x``'s columns must be in
@@ -377,8 +378,16 @@ def grouped_w4_gemm_rs_kernel(
     asynchronous wgmma (A in registers, B the activation rows in shared memory) is issued; the
     copies of step ``s + DEPTH - 2`` follow, then the wait that retires the wgmma of step
     ``s - 1`` and releases its A registers (they are passed on to that wait, so they stay live
-    while it runs). Ring slot ``(s - 2) % DEPTH`` is refilled at step ``s``: every warpgroup
-    retired the wgmma of step ``s - 2`` before the barrier of step ``s``."""
+    while it runs). Row ring slot ``(s - 2) % DEPTH`` is refilled at step ``s``: every
+    warpgroup retired the wgmma of step ``s - 2`` before the barrier of step ``s``.
+
+    The code and scale bytes run ``WEIGHT_AHEAD >= DEPTH - 2`` steps ahead in their own ring of
+    ``WEIGHT_AHEAD + 1`` slots (small: 4.5 KiB per slot at ``BW = 128``): slot ``(s - 1) %
+    (WEIGHT_AHEAD + 1)`` is refilled at step ``s``, after every thread read step ``s - 1``'s bytes
+    into registers. Step ``s``'s commit group holds the weight bytes of step ``s + WEIGHT_AHEAD``
+    and the rows of step ``s + DEPTH - 2``; the prologue's first ``WEIGHT_AHEAD - DEPTH + 2``
+    groups hold weight bytes only, so ``wait_group(DEPTH - 3)`` still completes both of step
+    ``s``."""
     BK: gl.constexpr = 64
     G: gl.constexpr = 4
     num_warps: gl.constexpr = gl.num_warps()
@@ -389,6 +398,8 @@ def grouped_w4_gemm_rs_kernel(
     PLAIN2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     X_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BK], gl.bfloat16)
     AHEAD: gl.constexpr = DEPTH - 2
+    W_SLOTS: gl.constexpr = WEIGHT_AHEAD + 1
+    LAG: gl.constexpr = WEIGHT_AHEAD - AHEAD
 
     code_ptrs, scale_ptrs, x_ptrs, x_mask, steps, row0, seg_end, n0, live_tile = _tile_operands(
         x_ptr,
@@ -410,45 +421,33 @@ def grouped_w4_gemm_rs_kernel(
         BK,
     )
 
-    c_ring = gl.allocate_shared_memory(gl.uint8, [DEPTH, BW, G, 8], PLAIN)
-    s_ring = gl.allocate_shared_memory(gl.uint8, [DEPTH, BW, G], PLAIN2)
+    c_ring = gl.allocate_shared_memory(gl.uint8, [W_SLOTS, BW, G, 8], PLAIN)
+    s_ring = gl.allocate_shared_memory(gl.uint8, [W_SLOTS, BW, G], PLAIN2)
     x_ring = gl.allocate_shared_memory(gl.bfloat16, [DEPTH, BT, BK], X_SMEM)
     acc = gl.zeros([BW, BT], gl.float32, layout=ACC)
     a_in_flight = gl.zeros([BW, BK], gl.bfloat16, layout=A_LAYOUT)
 
-    for ahead in gl.static_range(AHEAD):
-        _issue_copies(
-            c_ring.index(ahead),
-            s_ring.index(ahead),
-            x_ring.index(ahead),
-            code_ptrs,
-            scale_ptrs,
-            x_ptrs,
-            x_mask,
-            ahead * BK,
-            ahead < steps,
-        )
+    for ahead in gl.static_range(WEIGHT_AHEAD):
+        _async_load(c_ring.index(ahead), code_ptrs + ahead * (BK // 2), mask=ahead < steps)
+        _async_load(s_ring.index(ahead), scale_ptrs + ahead * (BK // 16), mask=ahead < steps)
+        if ahead >= LAG:
+            live_x = x_mask & (ahead - LAG < steps)
+            _async_load(x_ring.index(ahead - LAG), x_ptrs + (ahead - LAG) * BK, mask=live_x)
+        async_copy.commit_group()
     for step in range(steps):
-        slot = step % DEPTH
         async_copy.wait_group(AHEAD - 1)
         fence_async_shared()
         _cta_barrier()  # every thread's copies of this step have landed
-        codes = c_ring.index(slot).load(FL)
-        scales = s_ring.index(slot).load(gl.SliceLayout(2, FL))
+        codes = c_ring.index(step % W_SLOTS).load(FL)
+        scales = s_ring.index(step % W_SLOTS).load(gl.SliceLayout(2, FL))
         a = _dequant_fragment(codes, scales, A_LAYOUT, BW)
-        acc = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), acc, is_async=True)
-        refill = (step + AHEAD) % DEPTH
-        _issue_copies(
-            c_ring.index(refill),
-            s_ring.index(refill),
-            x_ring.index(refill),
-            code_ptrs,
-            scale_ptrs,
-            x_ptrs,
-            x_mask,
-            (step + AHEAD) * BK,
-            step + AHEAD < steps,
-        )
+        acc = warpgroup_mma(a, x_ring.index(step % DEPTH).permute((1, 0)), acc, is_async=True)
+        w_step = step + WEIGHT_AHEAD
+        _async_load(c_ring.index(w_step % W_SLOTS), code_ptrs + w_step * (BK // 2), mask=w_step < steps)
+        _async_load(s_ring.index(w_step % W_SLOTS), scale_ptrs + w_step * (BK // 16), mask=w_step < steps)
+        x_step = step + AHEAD
+        _async_load(x_ring.index(x_step % DEPTH), x_ptrs + x_step * BK, mask=x_mask & (x_step < steps))
+        async_copy.commit_group()
         acc, a_in_flight = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_in_flight))
         a_in_flight = a
     acc, a_in_flight = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a_in_flight))

@@ -255,7 +255,9 @@ class PrefillGemm:
     and ``depth`` ring slots of ``cp.async`` copies (3 to 8: a step's code bytes, scale bytes
     and activation rows are copied ``depth - 2`` steps ahead). ``register_weights`` picks the
     kernel: weights dequantized into the wgmma's A registers (``grouped_w4_gemm_rs_kernel``,
-    ``block_k`` 64 only) or into shared memory (``grouped_w4_gemm_kernel``). A CTA's buffers
+    ``block_k`` 64 only) or into shared memory (``grouped_w4_gemm_kernel``). The former copies
+    the code and scale bytes ``weight_ahead`` steps ahead (0: ``depth - 2``, as the rows), in a
+    ring of their own. A CTA's buffers
     (:attr:`shared_bytes`) must fit an H100/H200 CTA's 227 KiB of shared memory."""
 
     weight_rows: int = 128
@@ -263,6 +265,7 @@ class PrefillGemm:
     block_k: int = 64
     depth: int = 4
     register_weights: bool = False
+    weight_ahead: int = 0
 
     def __post_init__(self) -> None:
         if self.weight_rows not in (64, 128):
@@ -273,6 +276,11 @@ class PrefillGemm:
             raise ValueError(f"PrefillGemm.block_k must be 64 or 128, got {self.block_k}")
         if self.register_weights and self.block_k != 64:
             raise ValueError(f"PrefillGemm.block_k must be 64 with register_weights, got {self.block_k}")
+        if self.weight_ahead and (not self.register_weights or self.weight_ahead < self.depth - 2):
+            raise ValueError(
+                f"PrefillGemm.weight_ahead must be 0, or at least depth - 2 with register_weights, "
+                f"got {self.weight_ahead}"
+            )
         if not 3 <= self.depth <= 8:
             raise ValueError(f"PrefillGemm.depth must be 3 to 8, got {self.depth}")
         if self.shared_bytes > 227 * 1024:
@@ -291,8 +299,15 @@ class PrefillGemm:
         and bf16 activation rows, and (unless :attr:`register_weights`) 3 buffers of dequantized
         bf16 weights."""
         rows, k = self.weight_rows, self.block_k
-        slot = rows * k // 2 + rows * k // 16 + self.routes * k * 2
-        return self.depth * slot + (0 if self.register_weights else 3 * rows * k * 2)
+        weight_slot, row_slot = rows * k // 2 + rows * k // 16, self.routes * k * 2
+        if self.register_weights:
+            return (self.weights_ahead + 1) * weight_slot + self.depth * row_slot
+        return self.depth * (weight_slot + row_slot) + 3 * rows * k * 2
+
+    @property
+    def weights_ahead(self) -> int:
+        """Steps ahead that the code and scale bytes are copied."""
+        return self.weight_ahead or self.depth - 2
 
     def fits(self, k: int, out_rows: int) -> bool:
         """Whether K splits into steps and the output rows into CTAs."""
@@ -300,7 +315,8 @@ class PrefillGemm:
 
     def __str__(self) -> str:
         kernel = "rs_" if self.register_weights else ""
-        return f"{kernel}w{self.weight_rows}_t{self.routes}_k{self.block_k}_d{self.depth}"
+        ahead = f"_a{self.weight_ahead}" if self.weight_ahead else ""
+        return f"{kernel}w{self.weight_rows}_t{self.routes}_k{self.block_k}_d{self.depth}{ahead}"
 
 
 # The prefill GEMM schedules the benchmark compares (benchmarks/bench_prefill_gemm.py). In the H200
@@ -322,7 +338,11 @@ PREFILL_SCHEDULES = MappingProxyType(
         "rs_w128_t128_d6": PrefillGemm(128, 128, depth=6, register_weights=True),
         "rs_w128_t256_d4": PrefillGemm(128, 256, depth=4, register_weights=True),
         "rs_w128_t256_d5": PrefillGemm(128, 256, depth=5, register_weights=True),
+        "rs_w128_t64_d4_a8": PrefillGemm(128, 64, depth=4, register_weights=True, weight_ahead=8),
+        "rs_w128_t128_d4_a6": PrefillGemm(128, 128, depth=4, register_weights=True, weight_ahead=6),
+        "rs_w128_t256_d4_a6": PrefillGemm(128, 256, depth=4, register_weights=True, weight_ahead=6),
         "rs_w64_t64_d4": PrefillGemm(64, 64, depth=4, register_weights=True),
+        "rs_w64_t64_d4_a8": PrefillGemm(64, 64, depth=4, register_weights=True, weight_ahead=8),
         "rs_w64_t128_d4": PrefillGemm(64, 128, depth=4, register_weights=True),
         "rs_w64_t128_d6": PrefillGemm(64, 128, depth=6, register_weights=True),
         "rs_w64_t256_d3": PrefillGemm(64, 256, depth=3, register_weights=True),
