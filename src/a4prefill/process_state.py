@@ -13,7 +13,9 @@ decision; the three deciders are the pass, the row provider and load time):
 - the row-provider hook (``ops.rows``), installed by the vLLM plugin (code, not data);
 - the backend registry (``ops.backends``): registrations back to the built-in three, instances
   (with what they prepared, e.g. b12x's prepared layers and scratch) and per-device selection
-  dropped; the triton backend's Gluon import check (``ops.backends.triton.kernel_modules``);
+  dropped; the triton backend's Gluon import check (``ops.backends.triton.kernel_modules``) and
+  its cached column permutations of the prefill GEMM (``ops.backends.triton.prefill``: constants
+  per K and device);
 - the split pass's op-pair registry (``passes.rewrite_targets``) back to the package's own pair
   (an integration registers its pairs again when it registers), and the records of the package's
   pass instance.

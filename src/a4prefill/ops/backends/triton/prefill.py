@@ -14,6 +14,7 @@ import torch
 from a4prefill.ops.backends.triton import kernel_modules
 from a4prefill.ops.backends.triton.routing import Routing
 from a4prefill.ops.backends.triton.schedules import PrefillGemm
+from a4prefill.process_state import register_state
 
 
 @functools.cache
@@ -29,6 +30,9 @@ def mma_column_order(k: int, device: torch.device) -> torch.Tensor:
     position = torch.arange(k, device=device)
     byte, quad_lane, nibble = (position % 64) // 8, (position % 8) // 2, position % 2
     return position - position % 64 + 16 * quad_lane + 2 * byte + nibble
+
+
+register_state(__name__, mma_column_order.cache_clear, mma_column_order)
 
 
 def launch_prefill_gemm(
