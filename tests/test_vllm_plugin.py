@@ -328,6 +328,77 @@ def test_a_reload_that_changes_whether_a_layer_has_scales_is_an_error(build_laye
         method.process_weights_after_loading(module)
 
 
+def serve_one_prefill_step(method, module, name: str) -> tuple[torch.Tensor, dict]:
+    """One uncaptured step of a 7-token prompt through the split op, typed by the plugin's row
+    provider from a real vLLM ``ForwardContext`` whose ``no_compile_layers`` holds this layer's
+    method (as vLLM's MoE runner does): the output and the rows counted per precision."""
+    from vllm.forward_context import ForwardContext, override_forward_context
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionMetadata
+
+    from a4prefill.vllm_integration.row_provider import forward_context_row_types
+
+    metadata = CPUAttentionMetadata(
+        num_actual_tokens=7,
+        max_query_len=7,
+        query_start_loc=torch.tensor([0, 7]),
+        max_seq_len=7,
+        seq_lens=torch.tensor([7]),
+        block_table=torch.zeros(1, 4, dtype=torch.int32),
+        slot_mapping=torch.zeros(7, dtype=torch.int64),
+        scheduler_metadata=None,
+    )
+    runner = SimpleNamespace(routed_experts=SimpleNamespace(quant_method=method))
+    context = ForwardContext(
+        no_compile_layers={name: runner}, attn_metadata={"attn": metadata}, slot_mapping={}
+    )
+    ops.set_row_provider(forward_context_row_types)
+    ops.ROW_COUNTERS.reset()
+    hidden, weights, ids = make_inputs(7)
+    with override_forward_context(context), torch.no_grad():
+        out = ops.call_moe(
+            ops.moe_split, hidden, weights, ids, method.experts(module), method.a4_scales(module), name
+        )
+    return out, ops.ROW_COUNTERS.snapshot()
+
+
+def test_a_refused_reload_withdraws_a4_and_the_layer_keeps_serving_w4a16(build_layer, caplog):
+    """Issue 27, point 4: a reload whose weights have no valid calibration leaves the old scales in
+    the buffers that compiled graphs pass to the op. After the caller catches the error, no row of
+    the layer runs A4 with them: the provider gives the layer no prefill rows. A later reload with
+    a valid calibration installs its scales and the prefill rows run A4 again."""
+    name = "model.layers.0.mlp.experts"
+    method, module = build_layer()
+    calibrated = (module.w13_input_scale.data.clone(), module.w2_input_scale.data.clone())
+    _, counted = serve_one_prefill_step(method, module, name)
+    assert counted == {(name, "a4"): 7}
+
+    module.w2_input_scale.data[0] = 0.0  # an RL weight sync with an uncalibrated checkpoint
+    with (
+        caplog.at_level(logging.WARNING),
+        pytest.raises(ValueError, match="every row of the layer runs W4A16"),
+    ):
+        method.process_weights_after_loading(module)
+    assert module.a4prefill_status.startswith("A4 withdrawn by a refused reload: ")
+    assert method.a4_scales(module) is not None  # the stale buffers are still what graphs read
+    out, counted = serve_one_prefill_step(method, module, name)
+    assert counted == {(name, "w4a16"): 7}
+    hidden, weights, ids = make_inputs(7)
+    w4a16 = ops.call_moe(moe_w4a16, hidden, weights, ids, method.experts(module), None, "reference")
+    assert torch.equal(out, w4a16)
+    assert "A4 withdrawn by a refused reload" in caplog.text
+
+    module.w13_input_scale.data.copy_(calibrated[0] * 2)  # the next sync: calibrated again
+    module.w2_input_scale.data.copy_(calibrated[1] * 2)
+    method.process_weights_after_loading(module)
+    assert module.a4prefill_status == A4_READY and method.a4_withdrawn is None
+    out, counted = serve_one_prefill_step(method, module, name)
+    assert counted == {(name, "a4"): 7}
+    expected = ops.derive_a4_scales(module.w13_input_scale, module.w2_input_scale)
+    assert torch.equal(
+        out, ops.call_moe(ops.moe_a4, hidden, weights, ids, method.experts(module), expected, "r")
+    )
+
+
 class RecordingBackend(ReferenceBackend):
     """The reference backend, recording the warm-ups it is asked for."""
 

@@ -13,7 +13,12 @@ Contract:
   warning per layer that runs W4A16 only. Running it again (weights reloaded in place, e.g. an RL
   weight sync through ``param.data[...] = ...``) re-derives the scales into the same buffers; a
   reload that would change whether the layer has scales is an error (compiled graphs carry the
-  answer).
+  answer). A reload is atomic as far as A4 goes: when the new weights have no valid calibration
+  but the layer had scales, the old scales no longer belong to the weights, so the method
+  withdraws A4 before it raises (:attr:`a4_withdrawn` holds the reason, ``a4prefill_status``
+  says so). The row provider reads that and gives the layer no prefill rows: a caller that
+  catches the error keeps serving, every row of the layer W4A16. A later reload with a valid
+  calibration installs its scales and lifts the withdrawal.
 - ``apply`` calls ``torch.ops.a4prefill.moe_w4a16`` with the layer's prefix as ``layer_name`` and
   its A4 scales (or none). The split pass rewrites that node into ``moe_split`` in graphs that may
   run uncaptured; inside vLLM's opaque ``moe_forward`` (CUDA) the pass's split-enabled twin makes
@@ -105,6 +110,7 @@ class A4PrefillModelOptNvFp4MoEMethod(FusedMoEMethodBase):
         self.setup = setup
         setup.moe_layers.append(layer_name)
         self.row_policy: RowPolicy = setup.row_policy
+        self.a4_withdrawn: str | None = None  # why a refused reload withdrew A4 (None: it did not)
         self.switched_off = switched_off_reason(moe, layer_name, setup)
         self.count_rows = setup.settings.count_rows
         self.max_call_tokens = setup.max_call_tokens
@@ -214,13 +220,24 @@ class A4PrefillModelOptNvFp4MoEMethod(FusedMoEMethodBase):
     def _store_a4_scales(self, layer: Any, scales: A4Scales | None, status: str) -> None:
         current = getattr(layer, FC1_SCALE_BUFFER, None)
         if hasattr(layer, "a4prefill_status") and (current is None) != (scales is None):
+            was = layer.a4prefill_status
+            if current is not None:  # the old scales do not belong to the new weights
+                self.a4_withdrawn = status
+                layer.a4prefill_status = f"A4 withdrawn by a refused reload: {status}"
+                logger.warning(
+                    "a4prefill_nvfp4: layer %r runs W4A16 for every row: %s",
+                    self.layer_name,
+                    layer.a4prefill_status,
+                )
             raise ValueError(
                 f"a4prefill_nvfp4: layer {self.layer_name!r}: reloaded weights change whether the layer "
-                f"has A4 scales (was: {layer.a4prefill_status}; now: {status}); compiled graphs carry "
-                "that decision: restart the engine to change it"
+                f"has A4 scales (was: {was}; now: {status}); compiled graphs carry that decision: restart "
+                "the engine to change it"
+                + ("; until then every row of the layer runs W4A16" if current is not None else "")
             )
         if scales is None:
             return
+        self.a4_withdrawn = None
         if current is None:
             layer.register_buffer(FC1_SCALE_BUFFER, scales.fc1_encode_scale, persistent=False)
             layer.register_buffer(FC2_SCALES_BUFFER, scales.fc2_encode_scales, persistent=False)

@@ -20,6 +20,9 @@ prefill*. The rule (docs/vllm-internals.md, section 6):
   them, else one after the other);
 - a captured step (``cudagraph_runtime_mode`` not NONE), no attention metadata (profile and dummy
   runs), or no usable metadata: every row decode (W4A16);
+- a layer whose A4 a refused reload withdrew (load time's decision, the method's
+  ``a4_withdrawn``; compiled graphs still pass the layer's old scale buffers to the op): every
+  row decode (W4A16), one warning per layer;
 - sequence-parallel MoE: when the op sees only this rank's slice of the padded rows, the step's
   row types are sliced with :func:`a4prefill.ops.shard_row_types`.
 
@@ -194,11 +197,22 @@ def _covers_step(attn_metadata: Any, num_rows: int) -> bool:
     return tokens <= num_rows
 
 
+def _method_of(layer: Any) -> Any:
+    """The quantization method behind a ``no_compile_layers`` entry (None: none)."""
+    return getattr(getattr(layer, "routed_experts", layer), "quant_method", None)
+
+
 def row_policy_of(layer: Any) -> RowPolicy | None:
     """The :class:`RowPolicy` of the a4prefill MoE method behind a ``no_compile_layers`` entry."""
-    experts = getattr(layer, "routed_experts", layer)
-    policy = getattr(getattr(experts, "quant_method", None), "row_policy", None)
+    policy = getattr(_method_of(layer), "row_policy", None)
     return policy if isinstance(policy, RowPolicy) else None
+
+
+def a4_withdrawn_of(layer: Any) -> str | None:
+    """Why a refused reload withdrew the A4 of the MoE method behind a ``no_compile_layers``
+    entry (None: it did not)."""
+    reason = getattr(_method_of(layer), "a4_withdrawn", None)
+    return reason if isinstance(reason, str) else None
 
 
 def forward_context_row_types(num_rows: int, layer_name: str) -> RowTypes | None:
@@ -211,7 +225,18 @@ def forward_context_row_types(num_rows: int, layer_name: str) -> RowTypes | None
     context = get_forward_context()
     if context.cudagraph_runtime_mode != CUDAGraphMode.NONE or context.attn_metadata is None:
         return RowTypes.all_decode(num_rows)
-    policy = row_policy_of(context.no_compile_layers.get(layer_name))
+    layer = context.no_compile_layers.get(layer_name)
+    policy = row_policy_of(layer)
+    withdrawn = a4_withdrawn_of(layer)
+    if withdrawn is not None:
+        warn_once(
+            logger,
+            ("a4 withdrawn", layer_name),
+            "a4prefill: layer %r: A4 withdrawn by a refused reload (%s): its rows run W4A16",
+            layer_name,
+            withdrawn,
+        )
+        return RowTypes.all_decode(num_rows)
     if policy is None:
         warn_once(
             logger,
