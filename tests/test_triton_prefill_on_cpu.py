@@ -200,7 +200,7 @@ def test_schedules_refuse_what_the_kernel_cannot_run():
     with pytest.raises(ValueError, match="routes must be 64, 128 or 256"):
         PrefillGemm(routes=32)
     with pytest.raises(ValueError, match="routes must be 64, 128 or 256"):
-        PrefillGemm(routes=16, register_weights=True)
+        PrefillGemm(routes=8, register_weights=True)
     with pytest.raises(ValueError, match="weight_ahead must be 0, or at least depth - 2"):
         PrefillGemm(depth=6, register_weights=True, weight_ahead=3)
     with pytest.raises(ValueError, match="weight_ahead must be 0, or at least depth - 2"):

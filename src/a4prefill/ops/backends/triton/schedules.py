@@ -251,7 +251,7 @@ def choose_config(routes: int, experts: int, hidden: int, intermediate: int) -> 
 class PrefillGemm:
     """Schedule of the Hopper prefill GEMM (:mod:`prefill_kernels`): ``weight_rows`` per CTA (the
     wgmma's M: 64 or 128, one warpgroup per 64), ``routes`` of one expert per CTA (the wgmma's
-    N: 64, 128 or 256, or 32 with ``register_weights``; the routing's ``block_m``), K columns per
+    N: 64, 128 or 256, or 16, 32 with ``register_weights``; the routing's ``block_m``), K columns per
     step (``block_k``: 64 or 128) and ``depth`` ring slots of ``cp.async`` copies (3 to 8: a
     step's code bytes, scale bytes and activation rows are copied ``depth - 2`` steps ahead).
     ``register_weights`` picks the kernel: weights dequantized into the wgmma's A registers
@@ -270,9 +270,10 @@ class PrefillGemm:
     def __post_init__(self) -> None:
         if self.weight_rows not in (64, 128):
             raise ValueError(f"PrefillGemm.weight_rows must be 64 or 128, got {self.weight_rows}")
-        if self.routes not in (32, 64, 128, 256) or (self.routes == 32 and not self.register_weights):
+        if self.routes not in (16, 32, 64, 128, 256) or (self.routes < 64 and not self.register_weights):
             raise ValueError(
-                f"PrefillGemm.routes must be 64, 128 or 256 (or 32 with register_weights), got {self.routes}"
+                "PrefillGemm.routes must be 64, 128 or 256 (or 16, 32 with register_weights), "
+                f"got {self.routes}"
             )
         if self.block_k not in (64, 128):
             raise ValueError(f"PrefillGemm.block_k must be 64 or 128, got {self.block_k}")
@@ -344,6 +345,8 @@ PREFILL_SCHEDULES = MappingProxyType(
         "rs_w128_t64_d4_a8": PrefillGemm(128, 64, depth=4, register_weights=True, weight_ahead=8),
         "rs_w128_t128_d4_a6": PrefillGemm(128, 128, depth=4, register_weights=True, weight_ahead=6),
         "rs_w128_t256_d4_a6": PrefillGemm(128, 256, depth=4, register_weights=True, weight_ahead=6),
+        "rs_w128_t16_d4": PrefillGemm(128, 16, depth=4, register_weights=True),
+        "rs_w128_t16_d6": PrefillGemm(128, 16, depth=6, register_weights=True),
         "rs_w128_t32_d4": PrefillGemm(128, 32, depth=4, register_weights=True),
         "rs_w128_t32_d6": PrefillGemm(128, 32, depth=6, register_weights=True),
         "rs_w64_t64_d4": PrefillGemm(64, 64, depth=4, register_weights=True),
