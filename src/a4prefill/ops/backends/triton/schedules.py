@@ -323,10 +323,10 @@ class PrefillGemm:
 
 
 # The prefill GEMM schedules the benchmark compares (benchmarks/bench_prefill_gemm.py). In the H200
-# run of 2026-12-02, tree 299b301 (benchmarks/results/bench_prefill_gemm.json, GLM-5.3-Flash TP2
-# shape) the fastest were rs_w128_t64_d4 at 512 and 1024 tokens, rs_w128_t128_d4 at 4096,
-# rs_w128_t256_d4 (FC1) and w128_t256_d4 (FC2) at 8192, rs_w128_t256_d4_a6 (FC1) and w128_t256_d4
-# (FC2) at 16384. Deeper rings (d6, a8) were slower wherever they cost a CTA per SM.
+# run of 2026-12-02, tree 8fa5b10 (benchmarks/results/bench_prefill_gemm.json, GLM-5.3-Flash TP2
+# shape) the fastest were rs_w128_t32_d4 at 512 and 1024 tokens, rs_w128_t128_d4 at 4096,
+# w128_t256_d4 at 8192, rs_w128_t256_d5 (FC1) and w128_t256_d4 (FC2) at 16384. Deeper rings (d6,
+# a8) were slower wherever they cost a CTA per SM; 16-route tiles were slower than 32.
 PREFILL_SCHEDULES = MappingProxyType(
     {
         "w128_t64_d6": PrefillGemm(128, 64, depth=6),
