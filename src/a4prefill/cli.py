@@ -24,6 +24,14 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _audit(args: argparse.Namespace) -> int:
+    from a4prefill.tools.audit import audit
+
+    report = audit(args.logs)
+    print(report.summary())
+    return 1 if report.violations else 0
+
+
 def _e2e(args: argparse.Namespace) -> int:
     from a4prefill.tools.e2e import run_e2e_cli
 
@@ -202,6 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
     b12x.add_argument("--workers", type=int, default=1, help="b12x compile processes")
     b12x.add_argument("--json", default=None, help="also write the programs and timings as JSON here")
     b12x.set_defaults(handler=_b12x_compile)
+    audit = commands.add_parser(
+        "audit", help="check the rule on audit logs of precision (the row_log setting); exit 1 on a violation"
+    )
+    audit.add_argument("logs", nargs="+", help="log files, or the row_log setting (reads <row_log>.rank*)")
+    audit.set_defaults(handler=_audit)
     return parser
 
 

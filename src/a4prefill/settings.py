@@ -14,6 +14,11 @@ Keys (all optional):
   kernel family on its device, inside the op, so that replays of captured CUDA graphs count too
   (:data:`a4prefill.ops.DEVICE_ROW_COUNTERS`); costs up to three tiny kernels per MoE call.
   Evidence only: it changes no precision.
+- ``row_log`` (path or null, default null): the audit log of precision. Every engine process
+  appends one JSON line per forward pass to ``<row_log>.rank<R>`` (its global rank ``R``): the
+  rows each MoE layer ran W4A16 and A4 (device counters under ``count_rows``, else host counters),
+  the step's row types and CUDA-graph mode, and the layers' load-time status whenever it changes.
+  ``python -m a4prefill audit`` checks the rule on it. Off: nothing is installed. Evidence only.
 
 The legacy variable ``B12X_W4A16_A4_PREFILL_MIN_TOKENS`` (deprecated) is an on/off switch: a
 valid integer >= 0 means on (one deprecation warning; its threshold is ignored: precision is
@@ -40,7 +45,7 @@ logger = logging.getLogger(__name__)
 
 SETTINGS_KEY = "a4prefill"
 LEGACY_THRESHOLD_ENV = "B12X_W4A16_A4_PREFILL_MIN_TOKENS"
-_KNOWN_KEYS = ("enabled", "captured_limit", "excluded_layers", "count_rows")
+_KNOWN_KEYS = ("enabled", "captured_limit", "excluded_layers", "count_rows", "row_log")
 
 
 def _json_form(settings: A4PrefillSettings | ResolvedSettings) -> dict[str, Any]:
@@ -55,8 +60,11 @@ class A4PrefillSettings:
     captured_limit: int | None = None
     excluded_layers: tuple[str, ...] = field(default_factory=tuple)
     count_rows: bool = False
+    row_log: str | None = None
 
     def __post_init__(self) -> None:
+        if self.row_log is not None and (not isinstance(self.row_log, str) or not self.row_log):
+            raise ValueError(f"{SETTINGS_KEY}.row_log must be a file path or null, got {self.row_log!r}")
         if self.enabled is not None and not isinstance(self.enabled, bool):
             raise ValueError(f"{SETTINGS_KEY}.enabled must be true or false, got {self.enabled!r}")
         if not isinstance(self.count_rows, bool):
@@ -95,6 +103,7 @@ class A4PrefillSettings:
             captured_limit=raw.get("captured_limit"),
             excluded_layers=raw.get("excluded_layers", ()),
             count_rows=raw.get("count_rows", False),
+            row_log=raw.get("row_log"),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -110,6 +119,7 @@ class ResolvedSettings:
     captured_limit: int
     excluded_layers: tuple[str, ...]
     count_rows: bool = False
+    row_log: str | None = None
 
     def excluded_by(self, layer_name: str) -> str | None:
         """The first ``excluded_layers`` pattern that matches ``layer_name``, or None."""
@@ -203,4 +213,4 @@ def resolve_settings(
     if enabled is None:
         enabled = True if legacy is None else legacy
     limit = settings.captured_limit if settings.captured_limit is not None else engine_captured_limit
-    return ResolvedSettings(enabled, limit, settings.excluded_layers, settings.count_rows)
+    return ResolvedSettings(enabled, limit, settings.excluded_layers, settings.count_rows, settings.row_log)

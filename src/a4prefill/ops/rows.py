@@ -60,6 +60,10 @@ class RowTypes:
     def num_decode_rows(self) -> int:
         return sum(end - start for start, end in self.decode)
 
+    @property
+    def num_padding_rows(self) -> int:
+        return sum(end - start for start, end in self.padding)
+
     @classmethod
     def all_decode(cls, num_rows: int) -> RowTypes:
         return cls(num_rows, ((0, num_rows),) if num_rows else (), (), ())

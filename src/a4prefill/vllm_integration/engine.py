@@ -38,6 +38,7 @@ from a4prefill.settings import (
     resolve_settings,
     unmatched_patterns,
 )
+from a4prefill.vllm_integration import audit_log
 from a4prefill.vllm_integration.row_provider import RowPolicy
 
 logger = logging.getLogger(__name__)
@@ -47,12 +48,14 @@ logger = logging.getLogger(__name__)
 class EngineSetup:
     """What every a4prefill MoE layer of one engine shares. ``moe_layers``: the names of the
     engine's a4prefill MoE layers, appended as vLLM builds them (complete once weights load;
-    read for messages only, never for a precision decision)."""
+    read for messages only, never for a precision decision). ``layer_status``: each layer's
+    load-time status as weight processing last set it (read by the audit log only)."""
 
     settings: ResolvedSettings
     row_policy: RowPolicy
     max_call_tokens: int = 8192  # most tokens of one MoE call (:func:`max_call_tokens`)
     moe_layers: list[str] = field(default_factory=list, compare=False)
+    layer_status: dict[str, str] = field(default_factory=dict, compare=False)
 
     def warn_unmatched_exclusions(self) -> None:
         """Warn once per pattern of ``excluded_layers`` that matches none of this engine's MoE
@@ -145,6 +148,13 @@ def _row_policy(vllm_config: Any) -> RowPolicy:
     return RowPolicy(max_decode_len(vllm_config), get_tensor_model_parallel_rank(), tp_size)
 
 
+def _global_rank() -> int:
+    """This process's rank in ``torch.distributed`` (0 when it is not initialized)."""
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
 def engine_setup(vllm_config: Any) -> EngineSetup:
     """Resolve this engine's settings, bind its split pass, build its row policy (see above)."""
     split_pass = _configured_pass(vllm_config)
@@ -155,6 +165,9 @@ def engine_setup(vllm_config: Any) -> EngineSetup:
         inductor = vllm_config.compilation_config.inductor_compile_config
         inductor[PASS_KEY] = split_pass.for_engine(resolved)
     setup = EngineSetup(resolved, _row_policy(vllm_config), max_call_tokens(vllm_config))
+    if resolved.row_log is not None:
+        path = audit_log.install(resolved.row_log, _global_rank(), setup.layer_status)
+        logger.info("a4prefill: audit log of precision: %s", path)
     logger.info(
         "a4prefill: engine settings %s (engine captured limit %d), decode rows: query_len <= %d, "
         "split pass %s",

@@ -185,7 +185,7 @@ class A4PrefillModelOptNvFp4MoEMethod(FusedMoEMethodBase):
             if scales is not None:
                 scales = A4Scales(scales.fc1_encode_scale, scales.fc2_encode_scales[local_experts(layer)])
         self._store_a4_scales(layer, scales, status)
-        layer.a4prefill_status = status
+        layer.a4prefill_status = self.setup.layer_status[self.layer_name] = status
         if self.count_rows:
             DEVICE_ROW_COUNTERS.attach(layer.w13_weight, self.layer_name)
         if scales is None:
@@ -224,6 +224,7 @@ class A4PrefillModelOptNvFp4MoEMethod(FusedMoEMethodBase):
             if current is not None:  # the old scales do not belong to the new weights
                 self.a4_withdrawn = status
                 layer.a4prefill_status = f"A4 withdrawn by a refused reload: {status}"
+                self.setup.layer_status[self.layer_name] = layer.a4prefill_status
                 logger.warning(
                     "a4prefill_nvfp4: layer %r runs W4A16 for every row: %s",
                     self.layer_name,
