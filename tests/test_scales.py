@@ -13,14 +13,15 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from a4prefill.ops import a4_calibration, derive_a4_scales, nvfp4
-from a4prefill.ops.scales import FC1_EXPERT_SPREAD
+from a4prefill.ops.scales import FC1_EXPERT_SPREAD, FC1_INPUT_SCALE_MAX
 
 EXPERTS = 5
-# within FC1_EXPERT_SPREAD of each other (2**14 < 448 * 64): a valid calibration
+# within FC1_EXPERT_SPREAD of each other (2**13 < 448 * 64) and at most FC1_INPUT_SCALE_MAX
+# (2**6 < 2**9 / 6): a valid calibration
 positive_scales = hnp.arrays(
     np.float32,
     EXPERTS,
-    elements=st.floats(2**-7, 2**7, width=32),
+    elements=st.floats(2**-7, 2**6, width=32),
 )
 
 
@@ -101,8 +102,8 @@ def test_one_absurd_fc1_input_scale_gives_no_scales_and_says_why():
     ("largest", "valid"), [(float(FC1_EXPERT_SPREAD), True), (FC1_EXPERT_SPREAD + 1.0, False)]
 )
 def test_the_fc1_spread_bound_edges(largest, valid):
-    w13_input_scale = torch.ones(EXPERTS, 2)
-    w13_input_scale[0, 1] = largest
+    w13_input_scale = torch.full((EXPERTS, 2), 1.0 / largest)  # spread `largest`, max 1
+    w13_input_scale[0, 1] = 1.0
     calibration = a4_calibration(w13_input_scale, torch.full((EXPERTS,), 0.02))
     assert (calibration.scales is not None) is valid, calibration.reason
 
@@ -117,4 +118,26 @@ def test_the_spread_bound_is_where_the_smallest_experts_blocks_leave_e4m3s_norma
     assert float(scale.float()) == 2.0**-6 and bool((codes & 7).any())
     beyond = torch.tensor([1.0 / (16 * FC1_EXPERT_SPREAD)])
     codes, scale = nvfp4.quantize_codes(block, beyond)
+    assert float(scale.float()) == 0.0 and not bool((codes & 7).any())
+
+
+@pytest.mark.parametrize(("largest", "valid"), [(85.0, True), (86.0, False), (1e6, False)])
+def test_uniformly_absurd_fc1_input_scales_are_no_calibration(largest, valid):
+    """Issue 27, point 3: every expert's ``w13_input_scale`` equal, so the spread rule sees
+    nothing. Up to ``2**9 / 6`` (85.33) the layer keeps A4; above it, and at the reported 1e6,
+    the layer is "no calibration" with the reason (accepted before this rule)."""
+    w13_input_scale = torch.full((EXPERTS, 2), largest)
+    calibration = a4_calibration(w13_input_scale, torch.full((EXPERTS,), 0.02))
+    assert (calibration.scales is not None) is valid, calibration.reason
+    if not valid:
+        assert "flush input blocks of amax 1" in calibration.reason
+
+
+def test_the_fc1_input_scale_bound_is_where_a_block_of_amax_1_keeps_a_block_scale():
+    """At the bound a block of amax 1 gets the smallest e4m3 block scale 2**-9 and nonzero
+    codes; at 1e6 (the issue's checkpoint) the same block's scale and codes are zero."""
+    block = torch.linspace(-1.0, 1.0, 16).reshape(1, 16)
+    codes, scale = nvfp4.quantize_codes(block, torch.tensor([1.0 / FC1_INPUT_SCALE_MAX]))
+    assert float(scale.float()) == 2.0**-9 and bool((codes & 7).any())
+    codes, scale = nvfp4.quantize_codes(block, torch.tensor([1.0 / 1e6]))
     assert float(scale.float()) == 0.0 and not bool((codes & 7).any())

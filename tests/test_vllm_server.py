@@ -8,8 +8,10 @@ drawn from 1 to 240 tokens (token ids, so the lengths are exact), streaming and 
 streams closed by the client after their first chunks. Every request that was not cancelled must
 complete, the server must stay healthy, and the audit must find the rule kept on every step and
 mixed steps among them. CI runs the short load (6 clients, 4 requests each);
-``A4PREFILL_LONG_LOAD=1`` runs the long one (16 clients, 25 requests each). The figures
-(requests per second, mixed steps) are printed.
+``A4PREFILL_LONG_LOAD=1`` runs the long one (16 clients, 25 requests each), and the same load
+again on a server with n-gram speculative decoding (half the prompts repeat a short pattern, so
+that drafts are proposed and verified). The figures (requests per second, step kinds) are
+printed.
 """
 
 from __future__ import annotations
@@ -69,7 +71,12 @@ def free_port() -> int:
 def request_completion(port: int, model: str, rng: random.Random) -> str:
     """One completion of a drawn prompt length; ``"done"`` or ``"cancelled"`` (a stream the
     client closed after its first chunks). Raises on an HTTP error or an incomplete answer."""
-    prompt = [rng.randrange(10, 500) for _ in range(rng.randint(1, 240))]
+    length = rng.randint(1, 240)
+    if rng.random() < 0.5:  # a repeated pattern: n-gram speculation finds drafts in it
+        pattern = [rng.randrange(10, 500) for _ in range(rng.randint(2, 6))]
+        prompt = (pattern * length)[:length]
+    else:
+        prompt = [rng.randrange(10, 500) for _ in range(length)]
     stream = rng.random() < 0.5
     cancel_after = rng.choice([1, 2]) if stream and rng.random() < 0.3 else None
     body = {"model": model, "prompt": prompt, "max_tokens": rng.randint(2, 12), "stream": stream}
@@ -129,13 +136,33 @@ def healthy(port: int) -> bool:
         return False
 
 
-def test_the_documented_cpu_server_answers_a_completion_and_keeps_the_rule_under_load(tmp_path):
+LONG = os.environ.get("A4PREFILL_LONG_LOAD") == "1"
+NGRAM = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 4}'
+
+
+@pytest.mark.parametrize(
+    "speculative",
+    [
+        False,
+        pytest.param(
+            True,
+            marks=pytest.mark.skipif(
+                not LONG,
+                reason="the speculative-decoding load is part of the long load (A4PREFILL_LONG_LOAD=1)",
+            ),
+        ),
+    ],
+    ids=["plain", "ngram_speculative"],
+)
+def test_the_documented_cpu_server_answers_a_completion_and_keeps_the_rule_under_load(tmp_path, speculative):
     row_log = str(tmp_path / "rows")
     commands = (
         c.replace(".venv/bin/python", sys.executable).replace(README_ROW_LOG, row_log)
         for c in readme_cpu_commands()
     )
     make, server, request, audit = commands
+    if speculative:  # verify rows (query_len 2-4) must stay W4A16 too
+        server += f" --speculative-config '{NGRAM}'"
     env = dict(os.environ, MODEL=str(tmp_path / "tiny"), PORT=str(free_port()))
     port = int(env["PORT"])
     subprocess.run(["bash", "-c", make], env=env, check=True, capture_output=True, timeout=300)
@@ -156,8 +183,7 @@ def test_the_documented_cpu_server_answers_a_completion_and_keeps_the_rule_under
         assert choice["finish_reason"] == "length" and completion["usage"]["completion_tokens"] == 5
         assert choice["text"].strip(), completion
 
-        long = os.environ.get("A4PREFILL_LONG_LOAD") == "1"
-        load = run_load(port, env["MODEL"], clients=16 if long else 6, requests_each=25 if long else 4)
+        load = run_load(port, env["MODEL"], clients=16 if LONG else 6, requests_each=25 if LONG else 4)
         assert load["done"] + load["cancelled"] == load["requests"] and load["cancelled"] < load["requests"]
         assert healthy(port) and process.poll() is None
 

@@ -32,6 +32,16 @@ normal e4m3 value (>= 2**-6) only while the ratio is at most ``448 * 2**6``. Bey
 expert's typical blocks get subnormal or zero block scales: its A4 rows flush to zero."""
 
 
+FC1_INPUT_SCALE_MAX = 2.0**9 / 6
+"""The largest FC1 input scale (``w13_input_scale``, any expert) that keeps A4 (docs/numerics.md,
+section 5). The MoE's inputs are RMS-normalized hidden states, whose 16-value blocks have an amax
+of order 1 or more. Under the shared encode scale ``1 / max(s)`` a block of amax 1 gets the e4m3
+block scale ``1 / (6 * max(s))``, which is at least the smallest e4m3 value, ``2**-9``, only while
+``max(s) <= 2**9 / 6`` (a calibrated amax of at most ``448 * 2**9`` = 229376). Beyond ``2**10 / 6``
+it rounds to zero and such blocks flush to zero. A larger scale is not a calibration of such
+inputs."""
+
+
 @dataclass(frozen=True)
 class A4Scales:
     """A layer's A4 encode scales, on the layer's device.
@@ -104,6 +114,13 @@ def a4_calibration(w13_input_scale: torch.Tensor, w2_input_scale: torch.Tensor) 
             f"w13_input_scale spans a factor {spread:.3g} (max/min) over the experts, more than "
             f"{FC1_EXPERT_SPREAD}: under the shared FC1 encode scale the smallest expert's activations "
             "would flush to zero",
+        )
+    largest = float(fc1_input.amax())
+    if largest > FC1_INPUT_SCALE_MAX:
+        return A4Calibration(
+            None,
+            f"w13_input_scale reaches {largest:.3g}, more than {FC1_INPUT_SCALE_MAX:.4g}: the FC1 encode "
+            "scale would flush input blocks of amax 1 (RMS-normalized hidden states) to zero",
         )
     fc1 = (1.0 / fc1_input.amax()).reshape(1)
     fc2 = 1.0 / fc2_input.reshape(-1)
