@@ -18,7 +18,10 @@ decision; the three deciders are the pass, the row provider and load time):
   per K and device);
 - the split pass's op-pair registry (``passes.rewrite_targets``) back to the package's own pair
   (an integration registers its pairs again when it registers), and the records of the package's
-  pass instance.
+  pass instance;
+- the audit log of precision (``vllm_integration.audit_log``, under ``row_log``): its open file
+  and the vLLM function it wraps (reset: the pending record written, the file closed, vLLM's
+  function restored).
 
 Who may call :func:`reset_process_state`: tests (one fixture), tools that run several jobs in one
 process. Who may call :func:`register_state`: runtime modules, at import.
