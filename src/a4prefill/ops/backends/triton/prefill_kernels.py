@@ -101,11 +101,12 @@ def out_layout(bw: int, warps: int) -> gl.BlockedLayout:
 
 
 @gluon.jit
-def _dequant(codes, scales, BW: gl.constexpr, BK: gl.constexpr):
-    """codes ``[BW, G, 8]`` uint8, scale bytes ``[BW, G]`` -> ``[BW, BK]`` bf16 ``w * 2**-7``."""
+def _dequant_nibbles(codes, scales):
+    """codes ``[BW, G, 8]`` uint8, scale bytes ``[BW, G]`` -> ``(even, odd)``, each ``[BW, G, 8]``
+    bf16 ``w * 2**-7``: the low and the high nibble of each byte, in the codes' layout."""
     factor = (e4m3_bytes_f32(scales) * 6.646139978924579e35).to(gl.bfloat16)  # scale * 2**119
     factor = gl.broadcast(gl.expand_dims(factor, 2), codes)[0]
-    even, odd = gl.inline_asm_elementwise(
+    return gl.inline_asm_elementwise(
         BYTE_DEQUANT_ASM,
         "=r,=r,=r,=r,r,r,r",
         [codes, factor],
@@ -113,6 +114,12 @@ def _dequant(codes, scales, BW: gl.constexpr, BK: gl.constexpr):
         is_pure=True,
         pack=4,
     )
+
+
+@gluon.jit
+def _dequant(codes, scales, BW: gl.constexpr, BK: gl.constexpr):
+    """codes ``[BW, G, 8]`` uint8, scale bytes ``[BW, G]`` -> ``[BW, BK]`` bf16 ``w * 2**-7``."""
+    even, odd = _dequant_nibbles(codes, scales)
     return gl.reshape(gl.join(even, odd), [BW, BK])
 
 
@@ -332,16 +339,7 @@ def _dequant_fragment(codes, scales, A_LAYOUT: gl.constexpr, BW: gl.constexpr):
     the wgmma A operand ``[BW, 64]`` bf16 ``w * 2**-7`` in MMA column order: column ``8 b + 2 q +
     h`` holds nibble ``h`` of byte ``b`` of group ``q``. The reshapes only rename registers: the
     result is already in ``A_LAYOUT``'s registers."""
-    factor = (e4m3_bytes_f32(scales) * 6.646139978924579e35).to(gl.bfloat16)  # scale * 2**119
-    factor = gl.broadcast(gl.expand_dims(factor, 2), codes)[0]
-    even, odd = gl.inline_asm_elementwise(
-        BYTE_DEQUANT_ASM,
-        "=r,=r,=r,=r,r,r,r",
-        [codes, factor],
-        dtype=(gl.bfloat16, gl.bfloat16),
-        is_pure=True,
-        pack=4,
-    )
+    even, odd = _dequant_nibbles(codes, scales)
     pairs = gl.permute(gl.join(even, odd), (0, 2, 1, 3))  # [BW, byte, group, nibble]
     return gl.convert_layout(gl.reshape(pairs, [BW, 64]), A_LAYOUT)
 
