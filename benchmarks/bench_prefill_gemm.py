@@ -1,6 +1,7 @@
 """Time the Hopper prefill GEMM core (``triton.prefill_kernels``, issue 23) on a CUDA GPU.
 
-Usage: ``PYTHONPATH=src python benchmarks/bench_prefill_gemm.py --out DIR [--tokens 512 4096 ...]``.
+Usage: ``PYTHONPATH=src python benchmarks/bench_prefill_gemm.py --out DIR [--tokens 512 4096 ...]
+[--schedules LABEL ...]``.
 GLM-5.3-Flash TP2 shape (hidden 4096, intermediate 1024, 288 experts, top-8), random routing,
 random code and scale bytes. For each token count it times the FC1 GEMM (``[T*8, 4096] x [2048,
 4096]^T``, rows gathered by token) and the FC2 GEMM (``[T*8, 1024] x [4096, 1024]^T``, rows in
@@ -34,7 +35,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True)
     parser.add_argument("--tokens", type=int, nargs="+", default=TOKENS)
+    parser.add_argument("--schedules", nargs="+", choices=list(PREFILL_SCHEDULES), help="default: all")
     args = parser.parse_args()
+    schedules = {label: PREFILL_SCHEDULES[label] for label in args.schedules or PREFILL_SCHEDULES}
     os.makedirs(args.out, exist_ok=True)
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     gemms = {"fc1": (2 * INTERMEDIATE, HIDDEN), "fc2": (HIDDEN, INTERMEDIATE)}
@@ -59,7 +62,7 @@ def main() -> None:
             flops = 2 * routes * n * k
             x = torch.randn(tokens if name == "fc1" else routes, k, dtype=torch.bfloat16, device="cuda")
             out = torch.empty(routes, n, dtype=torch.bfloat16, device="cuda")
-            for label, schedule in PREFILL_SCHEDULES.items():
+            for label, schedule in schedules.items():
                 routing = build_routing(ids, EXPERTS, schedule.routes)
                 top_k = TOP_K if name == "fc1" else None
                 call = functools.partial(
@@ -80,7 +83,7 @@ def main() -> None:
     result = {
         "device": torch.cuda.get_device_name(),
         "shape": {"experts": EXPERTS, "hidden": HIDDEN, "intermediate": INTERMEDIATE, "top_k": TOP_K},
-        "schedules": {label: str(s) for label, s in PREFILL_SCHEDULES.items()},
+        "schedules": {label: str(s) for label, s in schedules.items()},
         "dense_bf16_8192_tflops": dense_tflops,
         "rows": rows,
     }
@@ -93,7 +96,7 @@ def main() -> None:
 
     figure, axes = plt.subplots(1, 2, figsize=(11, 4))
     for axis, name in zip(axes, gemms, strict=True):
-        for label in [*PREFILL_SCHEDULES, "grouped_mm_bf16"]:
+        for label in [*schedules, "grouped_mm_bf16"]:
             axis.plot(args.tokens, [r[f"{name}_{label}_tflops"] for r in rows], marker="o", label=label)
         axis.set(xscale="log", xlabel="tokens", ylabel="TFLOP/s", title=f"{name} ({result['device']})")
         axis.legend(fontsize=7)

@@ -74,14 +74,19 @@ def launch_prefill_gemm(
     if not schedule.fits(k, n):
         raise ValueError(f"schedule {schedule} does not divide K={k} and N={n}")
     constexprs = {"BW": schedule.weight_rows, "BT": schedule.routes, "DEPTH": schedule.depth}
-    if schedule.register_weights:
+    if schedule.copy_warps:
+        x = x.index_select(1, mma_column_order(k, x.device))
+        constexprs.update(COPY_WARPS=schedule.copy_warps, COPY_REGS=schedule.copy_registers)
+    elif schedule.register_weights:
         x = x.index_select(1, mma_column_order(k, x.device))
         constexprs["WEIGHT_AHEAD"] = schedule.weights_ahead
     else:
         constexprs["BK"] = schedule.block_k
     if kernel is None:
         kernels = kernel_modules.prefill()
-        if schedule.register_weights:
+        if schedule.copy_warps:
+            kernel = kernels.grouped_w4_gemm_ws_kernel
+        elif schedule.register_weights:
             kernel = kernels.grouped_w4_gemm_rs_kernel
         else:
             kernel = kernels.grouped_w4_gemm_kernel

@@ -48,6 +48,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
+    mbarrier,
     fence_async_shared,
     warpgroup_mma,
     warpgroup_mma_wait,
@@ -452,3 +453,203 @@ def grouped_w4_gemm_rs_kernel(
     async_copy.wait_group(0)
 
     _store_tile(acc, out_ptr, row0, seg_end, n0, live_tile, N, ROUTES, BW, BT)
+
+
+@gluon.jit
+def _ws_copy_partition(
+    x_ptr,
+    codes_ptr,
+    scales_ptr,
+    sorted_route_ptr,
+    tile_expert_ptr,
+    tile_row_ptr,
+    seg_start_ptr,
+    seg_count_ptr,
+    num_tiles_ptr,
+    c_ring,
+    s_ring,
+    x_ring,
+    ready,
+    empty,
+    N,
+    K,
+    ROUTES,
+    TOPK,
+    GATHER: gl.constexpr,
+    BW: gl.constexpr,
+    BT: gl.constexpr,
+    DEPTH: gl.constexpr,
+):
+    """The copy warps: step ``s``'s code bytes, scale bytes and activation rows into ring slot
+    ``s % DEPTH`` once the consumers released it (``empty``), then an arrive on ``ready`` that
+    completes when every copy of this thread landed (``cp.async.mbarrier.arrive.noinc``)."""
+    code_ptrs, scale_ptrs, x_ptrs, x_mask, steps, row0, seg_end, n0, live_tile = _tile_operands(
+        x_ptr,
+        codes_ptr,
+        scales_ptr,
+        sorted_route_ptr,
+        tile_expert_ptr,
+        tile_row_ptr,
+        seg_start_ptr,
+        seg_count_ptr,
+        num_tiles_ptr,
+        N,
+        K,
+        ROUTES,
+        TOPK,
+        GATHER,
+        BW,
+        BT,
+        64,
+    )
+    for step in range(steps):
+        slot = step % DEPTH
+        mbarrier.wait(empty.index(slot), ((step // DEPTH) & 1) ^ 1)
+        _async_load(c_ring.index(slot), code_ptrs + step * 32)
+        _async_load(s_ring.index(slot), scale_ptrs + step * 4)
+        _async_load(x_ring.index(slot), x_ptrs + step * 64, mask=x_mask)
+        async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
+
+
+@gluon.jit
+def _ws_mma_partition(
+    out_ptr,
+    tile_expert_ptr,
+    tile_row_ptr,
+    seg_start_ptr,
+    seg_count_ptr,
+    num_tiles_ptr,
+    c_ring,
+    s_ring,
+    x_ring,
+    ready,
+    empty,
+    N,
+    K,
+    ROUTES,
+    BW: gl.constexpr,
+    BT: gl.constexpr,
+    DEPTH: gl.constexpr,
+):
+    """The wgmma warpgroups: per step, wait for its slot (``ready``), dequantize the codes into
+    A registers, issue the wgmma, retire the previous one and release its slot (``empty``)."""
+    num_warps: gl.constexpr = gl.num_warps()
+    FL: gl.constexpr = fragment_codes_layout(BW, num_warps)
+    ACC: gl.constexpr = acc_layout(BT, num_warps)
+    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
+    tile = gl.program_id(0)
+    n0 = gl.program_id(1) * BW
+    live_tile = tile < gl.load(num_tiles_ptr)
+    expert = gl.load(tile_expert_ptr + tile, mask=live_tile, other=0)
+    row0 = gl.load(tile_row_ptr + tile, mask=live_tile, other=0)
+    seg_end = gl.load(seg_start_ptr + expert) + gl.load(seg_count_ptr + expert)
+    steps = gl.where(live_tile, K // 64, 0)
+    acc = gl.zeros([BW, BT], gl.float32, layout=ACC)
+    a_in_flight = gl.zeros([BW, 64], gl.bfloat16, layout=A_LAYOUT)
+    for step in range(steps):
+        slot = step % DEPTH
+        mbarrier.wait(ready.index(slot), (step // DEPTH) & 1)
+        fence_async_shared()
+        codes = c_ring.index(slot).load(FL)
+        scales = s_ring.index(slot).load(gl.SliceLayout(2, FL))
+        a = _dequant_fragment(codes, scales, A_LAYOUT, BW)
+        acc = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), acc, is_async=True)
+        acc, a_in_flight = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_in_flight))
+        mbarrier.arrive(empty.index((step + DEPTH - 1) % DEPTH), pred=step > 0)
+        a_in_flight = a
+    acc, a_in_flight = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a_in_flight))
+    _store_tile(acc, out_ptr, row0, seg_end, n0, live_tile, N, ROUTES, BW, BT)
+
+
+@gluon.jit
+def grouped_w4_gemm_ws_kernel(
+    x_ptr,
+    codes_ptr,
+    scales_ptr,
+    out_ptr,
+    sorted_route_ptr,
+    tile_expert_ptr,
+    tile_row_ptr,
+    seg_start_ptr,
+    seg_count_ptr,
+    num_tiles_ptr,
+    N,
+    K,
+    ROUTES,
+    TOPK,
+    GATHER: gl.constexpr,
+    BW: gl.constexpr,
+    BT: gl.constexpr,
+    DEPTH: gl.constexpr,
+    COPY_WARPS: gl.constexpr,
+    COPY_REGS: gl.constexpr,
+):
+    """:func:`grouped_w4_gemm_rs_kernel`, warp-specialized: ``COPY_WARPS`` extra warps issue the
+    copies, ``DEPTH`` slots ahead, synchronized with the wgmma warpgroups by mbarriers only."""
+    G: gl.constexpr = 4
+    PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
+    PLAIN2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    X_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, 64], gl.bfloat16)
+    c_ring = gl.allocate_shared_memory(gl.uint8, [DEPTH, BW, G, 8], PLAIN)
+    s_ring = gl.allocate_shared_memory(gl.uint8, [DEPTH, BW, G], PLAIN2)
+    x_ring = gl.allocate_shared_memory(gl.bfloat16, [DEPTH, BT, 64], X_SMEM)
+    ready = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(DEPTH):
+        mbarrier.init(ready.index(i), count=COPY_WARPS * 32)
+        mbarrier.init(empty.index(i), count=1)
+    gl.warp_specialize(
+        [
+            (
+                _ws_mma_partition,
+                (
+                    out_ptr,
+                    tile_expert_ptr,
+                    tile_row_ptr,
+                    seg_start_ptr,
+                    seg_count_ptr,
+                    num_tiles_ptr,
+                    c_ring,
+                    s_ring,
+                    x_ring,
+                    ready,
+                    empty,
+                    N,
+                    K,
+                    ROUTES,
+                    BW,
+                    BT,
+                    DEPTH,
+                ),
+            ),
+            (
+                _ws_copy_partition,
+                (
+                    x_ptr,
+                    codes_ptr,
+                    scales_ptr,
+                    sorted_route_ptr,
+                    tile_expert_ptr,
+                    tile_row_ptr,
+                    seg_start_ptr,
+                    seg_count_ptr,
+                    num_tiles_ptr,
+                    c_ring,
+                    s_ring,
+                    x_ring,
+                    ready,
+                    empty,
+                    N,
+                    K,
+                    ROUTES,
+                    TOPK,
+                    GATHER,
+                    BW,
+                    BT,
+                    DEPTH,
+                ),
+            ),
+        ],
+        [COPY_WARPS],
+        [COPY_REGS],
+    )

@@ -266,6 +266,7 @@ class PrefillGemm:
     depth: int = 4
     register_weights: bool = False
     weight_ahead: int = 0
+    copy_warps: int = 0
 
     def __post_init__(self) -> None:
         if self.weight_rows not in (64, 128):
@@ -283,6 +284,11 @@ class PrefillGemm:
             raise ValueError(
                 f"PrefillGemm.weight_ahead must be 0, or at least depth - 2 with register_weights, "
                 f"got {self.weight_ahead}"
+            )
+        if self.copy_warps and (not self.register_weights or self.weight_ahead or self.copy_warps != 4):
+            raise ValueError(
+                "PrefillGemm.copy_warps must be 0, or 4 with register_weights and no weight_ahead, "
+                f"got {self.copy_warps}"
             )
         if not 3 <= self.depth <= 8:
             raise ValueError(f"PrefillGemm.depth must be 3 to 8, got {self.depth}")
@@ -303,9 +309,17 @@ class PrefillGemm:
         bf16 weights."""
         rows, k = self.weight_rows, self.block_k
         weight_slot, row_slot = rows * k // 2 + rows * k // 16, self.routes * k * 2
+        if self.copy_warps:
+            return self.depth * (weight_slot + row_slot + 16)
         if self.register_weights:
             return (self.weights_ahead + 1) * weight_slot + self.depth * row_slot
         return self.depth * (weight_slot + row_slot) + 3 * rows * k * 2
+
+    @property
+    def copy_registers(self) -> int:
+        """Registers per thread of the copy warps (warp-specialized kernel): their pointers to
+        a step's activation rows grow with :attr:`routes`."""
+        return 40 if self.routes <= 128 else 56
 
     @property
     def weights_ahead(self) -> int:
@@ -317,7 +331,7 @@ class PrefillGemm:
         return k % self.block_k == 0 and out_rows % self.weight_rows == 0
 
     def __str__(self) -> str:
-        kernel = "rs_" if self.register_weights else ""
+        kernel = "ws_" if self.copy_warps else "rs_" if self.register_weights else ""
         ahead = f"_a{self.weight_ahead}" if self.weight_ahead else ""
         return f"{kernel}w{self.weight_rows}_t{self.routes}_k{self.block_k}_d{self.depth}{ahead}"
 
@@ -355,5 +369,14 @@ PREFILL_SCHEDULES = MappingProxyType(
         "rs_w64_t128_d6": PrefillGemm(64, 128, depth=6, register_weights=True),
         "rs_w64_t256_d3": PrefillGemm(64, 256, depth=3, register_weights=True),
         "rs_w64_t256_d4": PrefillGemm(64, 256, depth=4, register_weights=True),
+        "ws_w128_t32_d6": PrefillGemm(128, 32, depth=6, register_weights=True, copy_warps=4),
+        "ws_w128_t64_d6": PrefillGemm(128, 64, depth=6, register_weights=True, copy_warps=4),
+        "ws_w128_t128_d4": PrefillGemm(128, 128, depth=4, register_weights=True, copy_warps=4),
+        "ws_w128_t128_d6": PrefillGemm(128, 128, depth=6, register_weights=True, copy_warps=4),
+        "ws_w128_t128_d8": PrefillGemm(128, 128, depth=8, register_weights=True, copy_warps=4),
+        "ws_w128_t256_d4": PrefillGemm(128, 256, depth=4, register_weights=True, copy_warps=4),
+        "ws_w128_t256_d5": PrefillGemm(128, 256, depth=5, register_weights=True, copy_warps=4),
+        "ws_w64_t128_d6": PrefillGemm(64, 128, depth=6, register_weights=True, copy_warps=4),
+        "ws_w64_t256_d6": PrefillGemm(64, 256, depth=6, register_weights=True, copy_warps=4),
     }
 )
