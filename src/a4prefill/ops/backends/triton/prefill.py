@@ -91,6 +91,8 @@ def launch_prefill_gemm(
         else:
             kernel = kernels.grouped_w4_gemm_kernel
     grid = (routing.max_tiles, n // schedule.weight_rows)
+    if schedule.n_fastest:
+        grid = grid[::-1]
     kernel[grid](
         x,
         codes,
@@ -107,6 +109,7 @@ def launch_prefill_gemm(
         routes,
         top_k or 1,
         GATHER=top_k is not None,
+        N_FASTEST=schedule.n_fastest,
         **constexprs,
         num_warps=schedule.warps,
     )

@@ -48,8 +48,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
-    mbarrier,
     fence_async_shared,
+    mbarrier,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
@@ -135,6 +135,20 @@ def _issue_copies(c_slot, s_slot, x_slot, code_ptrs, scale_ptrs, x_ptrs, x_mask,
 
 
 @gluon.jit
+def _tile_coordinates(BW: gl.constexpr, N_FASTEST: gl.constexpr):
+    """``(tile, n0)``: this program's routing tile and first weight row. The grid is ``(max_tiles,
+    N / BW)``, or ``(N / BW, max_tiles)`` with ``N_FASTEST``: then the CTAs launched together
+    share a tile's activation rows (reused from L2) instead of a slice of weight rows."""
+    if N_FASTEST:
+        tile = gl.program_id(1)
+        n0 = gl.program_id(0) * BW
+    else:
+        tile = gl.program_id(0)
+        n0 = gl.program_id(1) * BW
+    return tile, n0
+
+
+@gluon.jit
 def _tile_operands(
     x_ptr,
     codes_ptr,
@@ -150,6 +164,7 @@ def _tile_operands(
     ROUTES,
     TOPK,
     GATHER: gl.constexpr,
+    N_FASTEST: gl.constexpr,
     BW: gl.constexpr,
     BT: gl.constexpr,
     BK: gl.constexpr,
@@ -164,8 +179,7 @@ def _tile_operands(
     XL: gl.constexpr = rows_layout(BK, num_warps)
     G: gl.constexpr = BK // 16
 
-    tile = gl.program_id(0)
-    n0 = gl.program_id(1) * BW
+    tile, n0 = _tile_coordinates(BW, N_FASTEST)
     live_tile = tile < gl.load(num_tiles_ptr)
     expert = gl.load(tile_expert_ptr + tile, mask=live_tile, other=0)
     row0 = gl.load(tile_row_ptr + tile, mask=live_tile, other=0)
@@ -229,6 +243,7 @@ def grouped_w4_gemm_kernel(
     ROUTES,
     TOPK,
     GATHER: gl.constexpr,
+    N_FASTEST: gl.constexpr,
     BW: gl.constexpr,
     BT: gl.constexpr,
     BK: gl.constexpr,
@@ -264,6 +279,7 @@ def grouped_w4_gemm_kernel(
         ROUTES,
         TOPK,
         GATHER,
+        N_FASTEST,
         BW,
         BT,
         BK,
@@ -362,6 +378,7 @@ def grouped_w4_gemm_rs_kernel(
     ROUTES,
     TOPK,
     GATHER: gl.constexpr,
+    N_FASTEST: gl.constexpr,
     BW: gl.constexpr,
     BT: gl.constexpr,
     DEPTH: gl.constexpr,
@@ -415,6 +432,7 @@ def grouped_w4_gemm_rs_kernel(
         ROUTES,
         TOPK,
         GATHER,
+        N_FASTEST,
         BW,
         BT,
         BK,
@@ -476,14 +494,20 @@ def _ws_copy_partition(
     ROUTES,
     TOPK,
     GATHER: gl.constexpr,
+    N_FASTEST: gl.constexpr,
     BW: gl.constexpr,
     BT: gl.constexpr,
     DEPTH: gl.constexpr,
 ):
     """The copy warps: step ``s``'s code bytes, scale bytes and activation rows into ring slot
-    ``s % DEPTH`` once the consumers released it (``empty``), then an arrive on ``ready`` that
-    completes when every copy of this thread landed (``cp.async.mbarrier.arrive.noinc``)."""
-    code_ptrs, scale_ptrs, x_ptrs, x_mask, steps, row0, seg_end, n0, live_tile = _tile_operands(
+    ``s % DEPTH`` once the wgmma warpgroups released it (``empty``). Each thread waits for its own
+    copies ``DEPTH - 2`` steps later (``wait_group``), fences them for the wgmma (async proxy),
+    and one arrive on ``ready`` announces the step (after the partition's barrier). Announcing
+    ``DEPTH - 2`` steps late cannot deadlock: the slot awaited at step ``s`` was released at the
+    wgmma warpgroups' step ``s - DEPTH + 1``, announced at copy step ``s - 1``. No copy is issued
+    past the last step (a masked ``cp.async`` would still write zeros into a slot in use)."""
+    LAG: gl.constexpr = DEPTH - 2
+    code_ptrs, scale_ptrs, x_ptrs, x_mask, steps, _row0, _seg_end, _n0, _live = _tile_operands(
         x_ptr,
         codes_ptr,
         scales_ptr,
@@ -498,6 +522,7 @@ def _ws_copy_partition(
         ROUTES,
         TOPK,
         GATHER,
+        N_FASTEST,
         BW,
         BT,
         64,
@@ -508,7 +533,14 @@ def _ws_copy_partition(
         _async_load(c_ring.index(slot), code_ptrs + step * 32)
         _async_load(s_ring.index(slot), scale_ptrs + step * 4)
         _async_load(x_ring.index(slot), x_ptrs + step * 64, mask=x_mask)
-        async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
+        async_copy.commit_group()
+        async_copy.wait_group(LAG)
+        fence_async_shared()
+        mbarrier.arrive(ready.index((step + DEPTH - LAG) % DEPTH), pred=step >= LAG)
+    async_copy.wait_group(0)
+    fence_async_shared()
+    for step in range(gl.maximum(steps - LAG, 0), steps):
+        mbarrier.arrive(ready.index(step % DEPTH))
 
 
 @gluon.jit
@@ -527,6 +559,7 @@ def _ws_mma_partition(
     N,
     K,
     ROUTES,
+    N_FASTEST: gl.constexpr,
     BW: gl.constexpr,
     BT: gl.constexpr,
     DEPTH: gl.constexpr,
@@ -537,8 +570,7 @@ def _ws_mma_partition(
     FL: gl.constexpr = fragment_codes_layout(BW, num_warps)
     ACC: gl.constexpr = acc_layout(BT, num_warps)
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
-    tile = gl.program_id(0)
-    n0 = gl.program_id(1) * BW
+    tile, n0 = _tile_coordinates(BW, N_FASTEST)
     live_tile = tile < gl.load(num_tiles_ptr)
     expert = gl.load(tile_expert_ptr + tile, mask=live_tile, other=0)
     row0 = gl.load(tile_row_ptr + tile, mask=live_tile, other=0)
@@ -549,7 +581,6 @@ def _ws_mma_partition(
     for step in range(steps):
         slot = step % DEPTH
         mbarrier.wait(ready.index(slot), (step // DEPTH) & 1)
-        fence_async_shared()
         codes = c_ring.index(slot).load(FL)
         scales = s_ring.index(slot).load(gl.SliceLayout(2, FL))
         a = _dequant_fragment(codes, scales, A_LAYOUT, BW)
@@ -578,6 +609,7 @@ def grouped_w4_gemm_ws_kernel(
     ROUTES,
     TOPK,
     GATHER: gl.constexpr,
+    N_FASTEST: gl.constexpr,
     BW: gl.constexpr,
     BT: gl.constexpr,
     DEPTH: gl.constexpr,
@@ -596,7 +628,7 @@ def grouped_w4_gemm_ws_kernel(
     ready = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(DEPTH):
-        mbarrier.init(ready.index(i), count=COPY_WARPS * 32)
+        mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
     gl.warp_specialize(
         [
@@ -617,6 +649,7 @@ def grouped_w4_gemm_ws_kernel(
                     N,
                     K,
                     ROUTES,
+                    N_FASTEST,
                     BW,
                     BT,
                     DEPTH,
@@ -644,6 +677,7 @@ def grouped_w4_gemm_ws_kernel(
                     ROUTES,
                     TOPK,
                     GATHER,
+                    N_FASTEST,
                     BW,
                     BT,
                     DEPTH,

@@ -267,6 +267,7 @@ class PrefillGemm:
     register_weights: bool = False
     weight_ahead: int = 0
     copy_warps: int = 0
+    n_fastest: bool = False
 
     def __post_init__(self) -> None:
         if self.weight_rows not in (64, 128):
@@ -333,7 +334,8 @@ class PrefillGemm:
     def __str__(self) -> str:
         kernel = "ws_" if self.copy_warps else "rs_" if self.register_weights else ""
         ahead = f"_a{self.weight_ahead}" if self.weight_ahead else ""
-        return f"{kernel}w{self.weight_rows}_t{self.routes}_k{self.block_k}_d{self.depth}{ahead}"
+        order = "_n" if self.n_fastest else ""
+        return f"{kernel}w{self.weight_rows}_t{self.routes}_k{self.block_k}_d{self.depth}{ahead}{order}"
 
 
 # The prefill GEMM schedules the benchmark compares (benchmarks/bench_prefill_gemm.py). In the H200
@@ -378,5 +380,20 @@ PREFILL_SCHEDULES = MappingProxyType(
         "ws_w128_t256_d5": PrefillGemm(128, 256, depth=5, register_weights=True, copy_warps=4),
         "ws_w64_t128_d6": PrefillGemm(64, 128, depth=6, register_weights=True, copy_warps=4),
         "ws_w64_t256_d6": PrefillGemm(64, 256, depth=6, register_weights=True, copy_warps=4),
+        "rs_w128_t32_d4_n": PrefillGemm(128, 32, depth=4, register_weights=True, n_fastest=True),
+        "rs_w128_t64_d4_n": PrefillGemm(128, 64, depth=4, register_weights=True, n_fastest=True),
+        "rs_w128_t128_d4_n": PrefillGemm(128, 128, depth=4, register_weights=True, n_fastest=True),
+        "rs_w128_t256_d4_n": PrefillGemm(128, 256, depth=4, register_weights=True, n_fastest=True),
+        "rs_w128_t256_d5_n": PrefillGemm(128, 256, depth=5, register_weights=True, n_fastest=True),
+        "rs_w64_t128_d4_n": PrefillGemm(64, 128, depth=4, register_weights=True, n_fastest=True),
+        "rs_w64_t256_d4_n": PrefillGemm(64, 256, depth=4, register_weights=True, n_fastest=True),
+        "w128_t256_d4_n": PrefillGemm(128, 256, depth=4, n_fastest=True),
+        "w128_t128_d4_n": PrefillGemm(128, 128, depth=4, n_fastest=True),
+        "ws_w128_t128_d6_n": PrefillGemm(
+            128, 128, depth=6, register_weights=True, copy_warps=4, n_fastest=True
+        ),
+        "ws_w128_t256_d4_n": PrefillGemm(
+            128, 256, depth=4, register_weights=True, copy_warps=4, n_fastest=True
+        ),
     }
 )
