@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from a4prefill.ops.backends.triton.prefill import launch_prefill_gemm, mma_column_order
 from a4prefill.ops.backends.triton.routing import build_routing
 from a4prefill.ops.backends.triton.schedules import PREFILL_SCHEDULES, PrefillGemm
+from a4prefill.ops.reference import swiglu as reference_swiglu
 from helpers.layers import E2M1_TABLE, EVERY_SCALE_BYTE
 from helpers.markers import needs_gluon
 
@@ -101,7 +102,13 @@ def test_each_schedule_compiles_to_wgmma_for_sm90():
     from helpers.gluon_on_cpu import compile_sm90
 
     kernels = kernel_modules.prefill()
-    pointers = {"x_ptr": "*bf16", "codes_ptr": "*u8", "scales_ptr": "*u8", "out_ptr": "*bf16"}
+    pointers = {
+        "x_ptr": "*bf16",
+        "codes_ptr": "*u8",
+        "scales_ptr": "*u8",
+        "out_ptr": "*bf16",
+        "scale2_ptr": "*fp32",
+    }
     routing = dict.fromkeys(
         [
             f"{name}_ptr"
@@ -109,10 +116,10 @@ def test_each_schedule_compiles_to_wgmma_for_sm90():
         ],
         "*i32",
     )
-    scalars = dict.fromkeys(["N", "K", "ROUTES", "TOPK"], "i32")
+    scalars = {**dict.fromkeys(["N", "K", "ROUTES", "TOPK"], "i32"), "limit": "fp32"}
     for schedule in PREFILL_SCHEDULES.values():
         tile = {"BW": schedule.weight_rows, "BT": schedule.routes, "DEPTH": schedule.depth}
-        constexprs = {"GATHER": True, **tile}
+        constexprs = {"GATHER": True, "EPILOGUE": 0, "HAS_LIMIT": False, **tile}
         if schedule.register_weights:
             kernel = kernels.grouped_w4_gemm_rs_kernel
             constexprs["WEIGHT_AHEAD"] = schedule.weights_ahead
@@ -210,3 +217,84 @@ def test_schedules_refuse_what_the_kernel_cannot_run():
     with pytest.raises(ValueError, match="multiple of 64"):
         mma_column_order(96, torch.device("cpu"))
     assert PrefillGemm(64, 128).warps == 4 and PrefillGemm(128, 256).warps == 8
+
+
+def reference_epilogue(product: torch.Tensor, routing, epilogue: str, scale2, limit) -> torch.Tensor:
+    """What the epilogue makes of the exact product ``[R, N]`` (sorted positions): the tiled and
+    reference MoE's math (:func:`a4prefill.ops.reference.swiglu` on ``bf16(product * alpha)``)."""
+    experts = scale2.shape[0]
+    expert_of = torch.repeat_interleave(torch.arange(experts), routing.seg_count.long())
+    if epilogue == "swiglu":
+        half = product.shape[1] // 2
+        alpha = scale2.double()[expert_of].repeat_interleave(half, dim=1)
+        return reference_swiglu((product * alpha).bfloat16(), limit)
+    by_position = (product * scale2.double()[expert_of][:, None]).bfloat16()
+    by_route = torch.empty_like(by_position)
+    by_route[routing.sorted_route.long()] = by_position
+    return by_route
+
+
+@pytest.mark.parametrize("label", ["rs_w128_t32_d4", "w64_t64_d6"])
+@pytest.mark.parametrize(("epilogue", "limit"), [("swiglu", None), ("swiglu", 3.0), ("alpha", None)])
+def test_the_moe_epilogues_apply_the_reference_math(interpreted, label, epilogue, limit):
+    """FC1's SwiGLU pairs each gate row with its up row (two CTAs along N, each writing its half
+    of ``h``; distinct gate and up multipliers per expert) and FC2 scales each expert's rows by
+    its multiplier and writes them by route. Both against the reference math on the exact product:
+    within 3 bf16 steps (the fp32 sum's order may move ``gate`` or ``up`` across a bf16 rounding
+    boundary before SwiGLU), where a wrong pairing, multiplier or row is off by far more."""
+    schedule = PREFILL_SCHEDULES[label]
+    generator = torch.Generator().manual_seed(13)
+    experts, n, k, tokens, top_k = 3, 4 * schedule.weight_rows, 3 * schedule.block_k, 40, 2
+    codes = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=generator)
+    scales = torch.randint(0x30, 0x40, (experts, n, k // 16), dtype=torch.uint8, generator=generator)
+    ids = torch.stack([torch.randperm(2, generator=generator) for _ in range(tokens)]).int()
+    gather = epilogue == "swiglu"
+    x = torch.randn(tokens if gather else tokens * top_k, k, generator=generator).bfloat16()
+    shape = (experts, 2) if gather else (experts,)
+    scale2 = torch.rand(shape, generator=generator) * 2 + 0.25
+    routing = build_routing(ids, experts, schedule.routes, force_torch=True)
+    out_n = n // 2 if gather else n
+    out = torch.full((ids.numel(), out_n), float("nan"), dtype=torch.bfloat16)
+    launch_prefill_gemm(
+        x,
+        codes,
+        scales,
+        routing,
+        out,
+        schedule,
+        top_k if gather else None,
+        kernel=interpreted[schedule.register_weights],
+        epilogue=epilogue,
+        scale2=scale2,
+        swiglu_limit=limit,
+    )
+    exact, _ = expected(x, codes, scales, routing, top_k if gather else None)
+    want = reference_epilogue(exact, routing, epilogue, scale2, limit).double()
+    assert not out.isnan().any(), "a position or route was not written"
+    step = want.abs().clamp(min=2.0**-100) * 2.0**-7
+    assert ((out.double() - want).abs() <= 3 * step + 2.0**-20).all()
+
+
+def test_the_launcher_refuses_a_missing_or_misshapen_multiplier():
+    schedule = PREFILL_SCHEDULES["rs_w128_t32_d4"]
+    routing = build_routing(torch.zeros(4, 1, dtype=torch.int32), 1, schedule.routes, force_torch=True)
+    x = torch.zeros(4, 64, dtype=torch.bfloat16)
+    codes = torch.zeros(1, 128, 32, dtype=torch.uint8)
+    scales = torch.zeros(1, 128, 4, dtype=torch.uint8)
+    out = torch.zeros(4, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"scale2 must be fp32 \[1, 2\]"):
+        launch_prefill_gemm(x, codes, scales, routing, out, schedule, 1, epilogue="swiglu")
+    with pytest.raises(ValueError, match=r"scale2 must be fp32 \[1\]"):
+        launch_prefill_gemm(
+            x,
+            codes,
+            scales,
+            routing,
+            torch.zeros(4, 128, dtype=torch.bfloat16),
+            schedule,
+            None,
+            epilogue="alpha",
+            scale2=torch.ones(1, 2),
+        )
+    with pytest.raises(ValueError, match="epilogue must be one of"):
+        launch_prefill_gemm(x, codes, scales, routing, out, schedule, 1, epilogue="gelu")

@@ -201,12 +201,16 @@ def _parse_ops(lines: list[str], index: int) -> tuple[list[Any], int]:
         if line.startswith("^"):
             items.append(line.split("//")[0].strip())  # e.g. "^bb1:" or "^bb0(%a: f32, %b: f32):"
             continue
-        match = re.match(r'(?:(%[\w\-.]+)(?::(\d+))? = )?"?([a-z_]+\.[a-z_.]+)"?(.*)', line)
+        match = re.match(
+            r'(?:(%[\w\-.]+(?:, %[\w\-.]+)*)(?::(\d+))? = )?"?([a-z_]+\.[a-z_.]+)"?(.*)', line
+        )
         if match is None:
             raise ValueError(f"cannot parse {line[:200]!r}")
         name, count, op_name, rest = match.groups()
         if name is None:
             results = []
+        elif ", " in name:  # named results, e.g. "%outLHS, %outRHS = tt.split ..."
+            results = name.split(", ")
         else:
             results = [name] if count is None else [f"{name}#{i}" for i in range(int(count))]
         op = Op(results, op_name, rest, [])
@@ -439,6 +443,10 @@ class _Program:
     def _op_tt_join(self, op: Op) -> torch.Tensor:
         a, b = self._args(op)
         return torch.stack([a, b], dim=-1)
+
+    def _op_tt_split(self, op: Op) -> list[torch.Tensor]:
+        (value,) = self._args(op)
+        return [value[..., 0], value[..., 1]]
 
     def _op_ttg_convert_layout(self, op: Op) -> Any:
         (value,) = self._args(op)

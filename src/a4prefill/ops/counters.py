@@ -36,8 +36,8 @@ __all__ = [
     "record_rows",
 ]
 # What can run a MoE call (``MoEBackend.kernel_family``): the reference backend, the triton
-# backend's tiled or decode kernels, b12x.
-KERNEL_FAMILIES = ("reference", "triton-tiled", "triton-decode", "b12x")
+# backend's tiled, decode or Hopper prefill kernels, b12x.
+KERNEL_FAMILIES = ("reference", "triton-tiled", "triton-decode", "b12x", "triton-prefill")
 
 
 class RowCounters:

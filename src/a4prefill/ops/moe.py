@@ -99,7 +99,7 @@ def _execute(call: MoECall, plan: RowPlan) -> torch.Tensor:
         call.experts.w13_weight,
         plan.rows(W4A16),
         plan.rows(A4),
-        lambda: backend.kernel_family(call),
+        lambda: backend.kernel_family(call, plan),
     )
     return backend.run(call, plan)
 

@@ -48,10 +48,10 @@ class MoEBackend(abc.ABC):
     def unsupported_reason(self, device: torch.device) -> str | None:
         """Why this backend cannot run on ``device``, or None if it can."""
 
-    def kernel_family(self, call: MoECall) -> str:
-        """What runs ``call``: one of :data:`a4prefill.ops.counters.KERNEL_FAMILIES` (the device
-        row counters count calls per family). Host arithmetic on shapes only. This default is
-        the backend's name."""
+    def kernel_family(self, call: MoECall, plan: RowPlan) -> str:
+        """What runs ``call`` under ``plan``: one of :data:`a4prefill.ops.counters.KERNEL_FAMILIES`
+        (the device row counters count calls per family). Host arithmetic on shapes only. This
+        default is the backend's name."""
         return self.name
 
     @abc.abstractmethod

@@ -54,11 +54,12 @@ class TritonBackend(MoEBackend):
     def run_uniform(self, call: MoECall, precision: str) -> torch.Tensor:
         return self.run(call, RowPlan.uniform(precision, call.num_rows))
 
-    def kernel_family(self, call: MoECall) -> str:
-        """``triton-decode`` where the call's :class:`plan.CallPlan` runs the decode kernels, else
-        ``triton-tiled``."""
+    def kernel_family(self, call: MoECall, plan: RowPlan) -> str:
+        """``triton-decode`` where the call's :class:`plan.CallPlan` runs the decode kernels,
+        ``triton-prefill`` where it runs the Hopper prefill kernels (uniform W4A16 plans only),
+        else ``triton-tiled``."""
         hidden_states, w13 = call.hidden_states, call.experts.w13_weight
-        plan = plan_call(
+        call_plan = plan_call(
             hidden_states.shape[0],
             call.topk_ids.shape[1],
             w13.shape[0],
@@ -67,7 +68,11 @@ class TritonBackend(MoEBackend):
             hidden_states.dtype,
             hidden_states.device,
         )
-        return "triton-tiled" if plan.decode is None else "triton-decode"
+        if call_plan.decode is not None:
+            return "triton-decode"
+        if call_plan.prefill is not None and plan.kind == W4A16:
+            return "triton-prefill"
+        return "triton-tiled"
 
     def warm_up(
         self,

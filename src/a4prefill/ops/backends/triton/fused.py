@@ -20,8 +20,11 @@ Calls with bf16 activations (W4A16, A4 or split) and on average at most
 :data:`schedules.DECODE_MAX_ROWS_PER_EXPERT` routes per active expert (decode sizes) run steps 3
 and 4's GEMMs in :mod:`decode_kernels` instead (weights on the MMA's M side, codes loaded straight
 into MMA registers), when the shapes fit its schedule (:class:`schedules.DecodeTiles`) and the GPU
-is sm_80+; same routing, A4 quantization, combine and numerics contract. What a call launches is
-its :class:`plan.CallPlan`.
+is sm_80+; same routing, A4 quantization, combine and numerics contract. W4A16 calls with bf16
+activations on an sm_90 GPU and at least :data:`schedules.PREFILL_MIN_ROWS_PER_EXPERT` routes per
+expert (mean) run them in :mod:`prefill_kernels` (wgmma, weights dequantized on the way in);
+A4 and split calls of those sizes run the tiled kernels. What a call launches is its
+:class:`plan.CallPlan`.
 
 Out-of-range expert ids (``< 0`` or ``>= E``): those routes are ignored (they contribute
 nothing to the output); no error is raised, since checking would need a host sync.
@@ -37,7 +40,8 @@ from typing import Any
 import torch
 
 from a4prefill.ops.backends.triton import kernel_modules
-from a4prefill.ops.backends.triton.plan import plan_call
+from a4prefill.ops.backends.triton.plan import CallPlan, plan_call
+from a4prefill.ops.backends.triton.prefill import launch_prefill_gemm
 from a4prefill.ops.backends.triton.quantize import quantize_rows
 from a4prefill.ops.backends.triton.routing import RoutingLaunch, sort_routes
 from a4prefill.ops.backends.triton.schedules import DecodeGemm, DecodeTiles, GemmConfig, cdiv, next_pow2
@@ -105,6 +109,9 @@ def fused_moe(
             (gs1, gs2),
             row_flags,
         )
+    if plan.prefill is not None and mode == MODE_W4A16:
+        _fused_moe_prefill(hidden_states, topk_weights, topk_ids, experts, swiglu_limit, plan, output)
+        return output
     routing = sort_routes(topk_ids.reshape(-1), num_experts, plan.routing)
     ptx = plan.ptx
     flags = row_flags if row_flags is not None else routing.seg_count  # unused unless MODE_SPLIT
@@ -221,6 +228,58 @@ def _combine(
         PTX=ptx,
         BH=block_h,
         num_warps=4,
+    )
+
+
+def _fused_moe_prefill(
+    hidden_states: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    experts: NvFp4Experts,
+    swiglu_limit: float | None,
+    plan: CallPlan,
+    output: torch.Tensor,
+) -> None:
+    """The W4A16 MoE through the Hopper prefill GEMMs (``plan.prefill``, bf16 io, sm_90): FC1 with
+    the SwiGLU epilogue into ``h [R, I]`` (sorted positions), FC2 with the alpha epilogue into
+    ``y [R, H]`` (by route), then the top-k sum into ``output``. Same routing contract and numerics
+    as :func:`fused_moe`'s tiled path (only the fp32 additions' order differs)."""
+    assert plan.prefill is not None and plan.prefill_routing is not None
+    num_experts, two_i, _ = experts.w13_weight.shape
+    routes = topk_ids.numel()
+    hidden = hidden_states.shape[1]
+    routing = sort_routes(topk_ids.reshape(-1), num_experts, plan.prefill_routing)
+    w13_scale = experts.w13_weight_scale.view(torch.uint8)
+    w2_scale = experts.w2_weight_scale.view(torch.uint8)
+    device = hidden_states.device
+    h = torch.empty(routes, two_i // 2, dtype=torch.bfloat16, device=device)
+    launch_prefill_gemm(
+        hidden_states,
+        experts.w13_weight,
+        w13_scale,
+        routing,
+        h,
+        plan.prefill.fc1,
+        topk_ids.shape[1],
+        epilogue="swiglu",
+        scale2=experts.w13_weight_scale_2,
+        swiglu_limit=swiglu_limit,
+    )
+    y = torch.empty(routes, hidden, dtype=torch.bfloat16, device=device)
+    launch_prefill_gemm(
+        h,
+        experts.w2_weight,
+        w2_scale,
+        routing,
+        y,
+        plan.prefill.fc2,
+        None,
+        epilogue="alpha",
+        scale2=experts.w2_weight_scale_2,
+    )
+    flags = routing.seg_count  # not read: y holds finished rows
+    _combine(
+        y, topk_weights, topk_ids, output, experts, experts.w2_weight_scale_2, flags, MODE_W4A16, False, False
     )
 
 

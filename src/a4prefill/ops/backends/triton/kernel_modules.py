@@ -9,7 +9,8 @@ a kernel by setting the module's attribute).
 - :func:`tiled`: :mod:`tiled_kernels` (the tiled GEMMs; Triton);
 - :func:`decode`: :mod:`decode_kernels` (the decode GEMMs; Gluon, Triton 3.6+);
   :func:`decode_imports` says, once per process, whether that module imports;
-- :func:`prefill`: :mod:`prefill_kernels` (the Hopper prefill GEMM; Gluon, Triton 3.6+, sm_90a).
+- :func:`prefill`: :mod:`prefill_kernels` (the Hopper prefill GEMM; Gluon, Triton 3.6+, sm_90a);
+  :func:`prefill_imports` says, once per process, whether that module imports.
 """
 
 from __future__ import annotations
@@ -54,4 +55,15 @@ def decode_imports() -> bool:
     return True
 
 
+@functools.cache
+def prefill_imports() -> bool:
+    """Whether :mod:`prefill_kernels` imports (a Triton whose Gluon has the Hopper ops it uses)."""
+    try:
+        prefill()
+    except (ImportError, AttributeError):
+        return False
+    return True
+
+
 register_state(__name__, decode_imports.cache_clear, decode_imports)
+register_state(__name__, prefill_imports.cache_clear, prefill_imports)

@@ -17,7 +17,13 @@ import torch
 
 from a4prefill.ops.backends.triton import kernel_modules
 from a4prefill.ops.backends.triton.routing import RoutingLaunch, routing_launch
-from a4prefill.ops.backends.triton.schedules import DecodeTiles, GemmConfig, choose_config
+from a4prefill.ops.backends.triton.schedules import (
+    DecodeTiles,
+    GemmConfig,
+    PrefillTiles,
+    choose_config,
+    choose_prefill_tiles,
+)
 
 
 def decode_kernels_run(device: torch.device) -> bool:
@@ -26,6 +32,14 @@ def decode_kernels_run(device: torch.device) -> bool:
     if torch.version.hip is not None or torch.cuda.get_device_capability(device) < (8, 0):
         return False
     return kernel_modules.decode_imports()
+
+
+def prefill_kernels_run(device: torch.device) -> bool:
+    """Whether :mod:`prefill_kernels` can run on ``device``: an sm_90 GPU (wgmma) and a Triton
+    whose Gluon has what the kernels use (the module imports)."""
+    if torch.version.hip is not None or torch.cuda.get_device_capability(device) != (9, 0):
+        return False
+    return kernel_modules.prefill_imports()
 
 
 def grid_dependencies_run(device: torch.device) -> bool:
@@ -60,7 +74,9 @@ def _check_decode_call(schedule: DecodeTiles, hidden: int, intermediate: int, ro
 class CallPlan:
     """What one :func:`~a4prefill.ops.backends.triton.fused.fused_moe` call launches, apart from its
     precision mode and its sizes: the tiles (``config``), whether the decode kernels run
-    (``decode``: their schedule, else None and the tiled kernels run), how the routes are sorted,
+    (``decode``: their schedule, else None and the tiled kernels run), whether W4A16 calls run the
+    Hopper prefill GEMMs (``prefill``: their schedules, ``prefill_routing``: their route tiles; A4
+    and split calls run the tiled kernels), how the routes are sorted,
     the bf16 PTX dequantization, the split-K factors of FC1 and FC2 and whether FC2 overlaps FC1.
     A function of the call's shapes, io dtype and device only (:func:`plan_call`): two calls with
     equal plans and modes compile and launch the same kernels, which is what
@@ -72,6 +88,8 @@ class CallPlan:
     ptx: bool
     split_k: tuple[int, int]
     overlap: bool
+    prefill: PrefillTiles | None = None
+    prefill_routing: RoutingLaunch | None = None
 
 
 def plan_call(
@@ -96,7 +114,13 @@ def plan_call(
     if decode is not None and decode_kernels_run(device):
         overlap = decode.overlap and grid_dependencies_run(device)
         return CallPlan(cfg, decode, routing_launch(routes, decode.routes), False, (1, 1), overlap)
+    prefill = None
+    if config is None and dtype == torch.bfloat16 and prefill_kernels_run(device):
+        prefill = choose_prefill_tiles(routes, experts, hidden, intermediate)
     # bf16 bit tricks need the bf16 exponent range; fp16 io uses the fp32 variant.
     ptx = cfg.ptx_dequant and dtype == torch.bfloat16
     split_k = (_split_k(hidden, cfg.fc1_k, cfg.split_k), _split_k(intermediate, cfg.fc2_k, cfg.split_k))
-    return CallPlan(cfg, None, routing_launch(routes, cfg.block_m), ptx, split_k, False)
+    prefill_routing = None if prefill is None else routing_launch(routes, prefill.routes)
+    return CallPlan(
+        cfg, None, routing_launch(routes, cfg.block_m), ptx, split_k, False, prefill, prefill_routing
+    )

@@ -7,6 +7,7 @@ Work in progress (issue 23): :func:`launch_prefill_gemm` launches the GEMM core 
 from __future__ import annotations
 
 import functools
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -15,6 +16,10 @@ from a4prefill.ops.backends.triton import kernel_modules
 from a4prefill.ops.backends.triton.routing import Routing
 from a4prefill.ops.backends.triton.schedules import PrefillGemm
 from a4prefill.process_state import register_state
+
+# What the prefill GEMM writes (the kernels' ``EPILOGUE`` constexpr): the raw product
+# (benchmarks and tests of the GEMM core), FC1's SwiGLU, FC2's alpha by route
+EPILOGUES = MappingProxyType({"none": 0, "swiglu": 1, "alpha": 2})
 
 
 @functools.cache
@@ -44,60 +49,80 @@ def launch_prefill_gemm(
     schedule: PrefillGemm,
     top_k: int | None,
     kernel: Any = None,
+    epilogue: str = "none",
+    scale2: torch.Tensor | None = None,
+    swiglu_limit: float | None = None,
 ) -> None:
     """``out[p] = x[row(p)] @ dequant(W[e(p)])^T`` for every sorted position ``p`` of
-    ``routing`` (bf16, fp32 accumulation), without a host sync.
+    ``routing`` (fp32 accumulation), then the ``epilogue``, without a host sync.
 
     ``x`` bf16 ``[T, K]`` with ``row(p) = sorted_route[p] // top_k`` (FC1: tokens), or, with
     ``top_k=None``, ``[R, K]`` with ``row(p) = p`` (FC2: rows already in sorted order). ``codes``
     uint8 ``[E, N, K / 2]`` and ``scales`` (e4m3 bytes as uint8) ``[E, N, K / 16]``, the ModelOpt
-    layout as loaded; ``out`` bf16 ``[R, N]``, written at every sorted position. ``routing`` was
-    built with ``block_m = schedule.routes``. ``N`` must be a multiple of ``schedule.weight_rows``
-    and ``K`` of ``schedule.block_k``. With ``schedule.register_weights`` ``x`` is first copied
-    with its columns in :func:`mma_column_order` (one gather of ``x``, timed with the GEMM by the
-    benchmark; a fused producer of ``x`` could write that order directly). ``kernel`` replaces
-    the schedule's Gluon kernel (tests: the TTGIR interpreter); by default it is imported (Triton
-    3.6+ with Gluon, an sm_90 GPU)."""
+    layout as loaded. ``epilogue`` (:data:`EPILOGUES`):
+
+    - ``"none"``: ``out`` bf16 ``[R, N]`` at the sorted positions, the bf16-rounded product;
+    - ``"swiglu"`` (FC1, ``N = 2 I``, gate rows then up rows): ``out`` bf16 ``[R, I]`` at the sorted
+      positions, ``swiglu(gate * scale2[e, 0], up * scale2[e, 1])`` clamped by ``swiglu_limit``,
+      ``scale2`` fp32 ``[E, 2]``;
+    - ``"alpha"`` (FC2): ``out`` bf16 ``[R, N]`` by route (``out[sorted_route[p]]``), the product
+      times ``scale2[e]``, ``scale2`` fp32 ``[E]``.
+
+    ``routing`` was built with ``block_m = schedule.routes``. ``N`` must be a multiple of
+    ``schedule.weight_rows`` and ``K`` of ``schedule.block_k``. With ``schedule.register_weights``
+    ``x`` is first copied with its columns in :func:`mma_column_order` (one gather of ``x``, timed
+    with the GEMM by the benchmark; a fused producer of ``x`` could write that order directly).
+    ``kernel`` replaces the schedule's Gluon kernel (tests: the TTGIR interpreter); by default it is
+    imported (Triton 3.6+ with Gluon, an sm_90 GPU)."""
     experts, n, half_k = codes.shape
     k = 2 * half_k
+    if epilogue not in EPILOGUES:
+        raise ValueError(f"epilogue must be one of {sorted(EPILOGUES)}, got {epilogue!r}")
     if x.dtype != torch.bfloat16 or out.dtype != torch.bfloat16:
         raise ValueError(f"x and out must be bf16, got {x.dtype} and {out.dtype}")
     routes = routing.sorted_route.numel()
-    if x.shape[1] != k or scales.shape != (experts, n, k // 16) or out.shape != (routes, n):
+    out_n = n // 2 if epilogue == "swiglu" else n
+    if x.shape[1] != k or scales.shape != (experts, n, k // 16) or out.shape != (routes, out_n):
         raise ValueError(
-            f"shapes: x [*, {k}], scales [{experts}, {n}, {k // 16}] and out [{routes}, {n}] expected, "
+            f"shapes: x [*, {k}], scales [{experts}, {n}, {k // 16}] and out [{routes}, {out_n}] expected, "
             f"got {tuple(x.shape)}, {tuple(scales.shape)}, {tuple(out.shape)}"
         )
+    scale2_shape = {"none": None, "swiglu": (experts, 2), "alpha": (experts,)}[epilogue]
+    if scale2_shape is not None and (
+        scale2 is None or scale2.dtype != torch.float32 or tuple(scale2.shape) != scale2_shape
+    ):
+        got = None if scale2 is None else (scale2.dtype, tuple(scale2.shape))
+        raise ValueError(f"scale2 must be fp32 {list(scale2_shape)} for epilogue {epilogue!r}, got {got}")
     for name, tensor in (("x", x), ("codes", codes), ("scales", scales), ("out", out)):
         if not tensor.is_contiguous() or tensor.data_ptr() % 16:
             raise ValueError(f"{name} must be contiguous and 16-byte aligned (cp.async copies 16 bytes)")
     if not schedule.fits(k, n):
         raise ValueError(f"schedule {schedule} does not divide K={k} and N={n}")
-    constexprs = {"BW": schedule.weight_rows, "BT": schedule.routes, "DEPTH": schedule.depth}
-    if schedule.copy_warps:
-        x = x.index_select(1, mma_column_order(k, x.device))
-        constexprs.update(COPY_WARPS=schedule.copy_warps, COPY_REGS=schedule.copy_registers)
-    elif schedule.register_weights:
+    constexprs = {
+        "BW": schedule.weight_rows,
+        "BT": schedule.routes,
+        "DEPTH": schedule.depth,
+        "EPILOGUE": EPILOGUES[epilogue],
+        "HAS_LIMIT": swiglu_limit is not None,
+    }
+    if schedule.register_weights:
         x = x.index_select(1, mma_column_order(k, x.device))
         constexprs["WEIGHT_AHEAD"] = schedule.weights_ahead
     else:
         constexprs["BK"] = schedule.block_k
     if kernel is None:
         kernels = kernel_modules.prefill()
-        if schedule.copy_warps:
-            kernel = kernels.grouped_w4_gemm_ws_kernel
-        elif schedule.register_weights:
+        if schedule.register_weights:
             kernel = kernels.grouped_w4_gemm_rs_kernel
         else:
             kernel = kernels.grouped_w4_gemm_kernel
-    grid = (routing.max_tiles, n // schedule.weight_rows)
-    if schedule.n_fastest:
-        grid = grid[::-1]
+    grid = (n // schedule.weight_rows, routing.max_tiles)
     kernel[grid](
         x,
         codes,
         scales,
         out,
+        scale2 if scale2 is not None else routing.seg_count,  # not read by the "none" epilogue
         routing.sorted_route,
         routing.tile_expert,
         routing.tile_row,
@@ -108,8 +133,8 @@ def launch_prefill_gemm(
         k,
         routes,
         top_k or 1,
+        float(swiglu_limit or 0.0),
         GATHER=top_k is not None,
-        N_FASTEST=schedule.n_fastest,
         **constexprs,
         num_warps=schedule.warps,
     )

@@ -49,12 +49,16 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
-    mbarrier,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 
-from a4prefill.ops.backends.triton.numerics import BYTE_DEQUANT_ASM, e4m3_bytes_f32
+from a4prefill.ops.backends.triton.numerics import BYTE_DEQUANT_ASM, e4m3_bytes_f32, swiglu
+from a4prefill.ops.backends.triton.prefill import EPILOGUES
+
+EPILOGUE_NONE: gl.constexpr = gl.constexpr(EPILOGUES["none"])
+EPILOGUE_SWIGLU: gl.constexpr = gl.constexpr(EPILOGUES["swiglu"])
+EPILOGUE_ALPHA: gl.constexpr = gl.constexpr(EPILOGUES["alpha"])
 
 # cp.async into shared memory: ``async_load`` from Triton 3.7 on, ``async_copy_global_to_shared``
 # before (same arguments)
@@ -135,17 +139,16 @@ def _issue_copies(c_slot, s_slot, x_slot, code_ptrs, scale_ptrs, x_ptrs, x_mask,
 
 
 @gluon.jit
-def _tile_coordinates(BW: gl.constexpr, N_FASTEST: gl.constexpr):
-    """``(tile, n0)``: this program's routing tile and first weight row. The grid is ``(max_tiles,
-    N / BW)``, or ``(N / BW, max_tiles)`` with ``N_FASTEST``: then the CTAs launched together
-    share a tile's activation rows (reused from L2) instead of a slice of weight rows."""
-    if N_FASTEST:
-        tile = gl.program_id(1)
-        n0 = gl.program_id(0) * BW
+def _weight_row(n0, r, N, EPILOGUE: gl.constexpr):
+    """The expert's weight row that CTA row ``r`` multiplies: ``n0 + r``, or for the SwiGLU
+    epilogue (FC1: ``N = 2 I`` rows, gate rows then up rows) gate row ``j`` at rows ``16 b + i``
+    and up row ``I + j`` at rows ``16 b + 8 + i`` (``i < 8``, ``j = n0 / 2 + 8 b + i``): a wgmma
+    accumulator thread holds rows ``r`` and ``r + 8`` of each 16, hence both inputs of its SwiGLU
+    outputs."""
+    if EPILOGUE == EPILOGUE_SWIGLU:
+        return n0 // 2 + (r // 16) * 8 + r % 8 + ((r // 8) % 2) * (N // 2)
     else:
-        tile = gl.program_id(0)
-        n0 = gl.program_id(1) * BW
-    return tile, n0
+        return n0 + r
 
 
 @gluon.jit
@@ -164,13 +167,14 @@ def _tile_operands(
     ROUTES,
     TOPK,
     GATHER: gl.constexpr,
-    N_FASTEST: gl.constexpr,
+    EPILOGUE: gl.constexpr,
     BW: gl.constexpr,
     BT: gl.constexpr,
     BK: gl.constexpr,
 ):
     """This program's tile and the copy pointers of its step 0: ``(code_ptrs [BW, BK / 16, 8],
-    scale_ptrs [BW, BK / 16], x_ptrs [BT, BK], x_mask, steps, row0, seg_end, n0, live_tile)``.
+    scale_ptrs [BW, BK / 16], x_ptrs [BT, BK], x_mask, steps, expert, row0, seg_end, n0,
+    live_tile)``; weight rows as :func:`_weight_row`.
     ``steps`` is 0 for an idle program (``tile >= num_tiles``), which reads no routing entry past
     ``num_tiles`` (a step's copies are at ``+ k // 2``, ``+ k // 16`` and ``+ k``)."""
     num_warps: gl.constexpr = gl.num_warps()
@@ -179,7 +183,9 @@ def _tile_operands(
     XL: gl.constexpr = rows_layout(BK, num_warps)
     G: gl.constexpr = BK // 16
 
-    tile, n0 = _tile_coordinates(BW, N_FASTEST)
+    # grid (N / BW, max_tiles): the CTAs launched together share a tile's activation rows
+    tile = gl.program_id(1)
+    n0 = gl.program_id(0) * BW
     live_tile = tile < gl.load(num_tiles_ptr)
     expert = gl.load(tile_expert_ptr + tile, mask=live_tile, other=0)
     row0 = gl.load(tile_row_ptr + tile, mask=live_tile, other=0)
@@ -192,13 +198,14 @@ def _tile_operands(
     # row strides written as multiples of the copy widths (K is a multiple of BK), so that the
     # compiler proves 16-byte code and BK / 16-byte scale copies aligned
     steps_k = K // BK
-    rows_w = (expert * N + n0 + r3).to(gl.int64)
+    rows_w = (expert * N + _weight_row(n0, r3, N, EPILOGUE)).to(gl.int64)
     code_off = rows_w[:, None, None] * (steps_k * (BK // 2)) + g3[None, :, None] * 8 + b3[None, None, :]
     code_ptrs = codes_ptr + code_off
     # scale bytes [BW, G], step 0
     rs = gl.arange(0, BW, layout=gl.SliceLayout(1, SCL))
     gs = gl.arange(0, G, layout=gl.SliceLayout(0, SCL))
-    scale_ptrs = scales_ptr + ((expert * N + n0 + rs).to(gl.int64)[:, None] * (steps_k * G) + gs[None, :])
+    scale_rows = (expert * N + _weight_row(n0, rs, N, EPILOGUE)).to(gl.int64)
+    scale_ptrs = scales_ptr + (scale_rows[:, None] * (steps_k * G) + gs[None, :])
     steps = gl.where(live_tile, steps_k, 0)
     # activation rows [BT, BK], step 0
     pos_x = row0 + gl.arange(0, BT, layout=gl.SliceLayout(1, XL))
@@ -210,20 +217,61 @@ def _tile_operands(
     cols = gl.arange(0, BK, layout=gl.SliceLayout(0, XL))
     x_ptrs = x_ptr + x_rows[:, None] * K + cols[None, :]
     x_mask = live_x[:, None] & (cols[None, :] < BK)
-    return code_ptrs, scale_ptrs, x_ptrs, x_mask, steps, row0, seg_end, n0, live_tile
+    return code_ptrs, scale_ptrs, x_ptrs, x_mask, steps, expert, row0, seg_end, n0, live_tile
 
 
 @gluon.jit
-def _store_tile(acc, out_ptr, row0, seg_end, n0, live_tile, N, ROUTES, BW: gl.constexpr, BT: gl.constexpr):
-    """``out[row0 + j, n0 + i] = bf16(acc[i, j] * 128)`` for the tile's positions inside the
-    expert's segment (the weights were dequantized ``* 2**-7``)."""
-    OUT: gl.constexpr = out_layout(BW, gl.num_warps())
-    y = gl.convert_layout((acc * 128.0).to(gl.bfloat16), OUT)
-    w_idx = gl.arange(0, BW, layout=gl.SliceLayout(1, OUT))
+def _epilogue(
+    acc,
+    out_ptr,
+    scale2_ptr,
+    sorted_route_ptr,
+    expert,
+    row0,
+    seg_end,
+    n0,
+    live_tile,
+    N,
+    ROUTES,
+    limit,
+    EPILOGUE: gl.constexpr,
+    HAS_LIMIT: gl.constexpr,
+    BW: gl.constexpr,
+    BT: gl.constexpr,
+):
+    """Write the tile's sorted positions ``p`` inside the expert's segment; ``acc * 128`` undoes
+    the ``2**-7`` of the dequantization:
+
+    - ``EPILOGUE_NONE``: ``out[p, n0 + i] = bf16(acc[i, p])`` (``out [ROUTES, N]``, the GEMM core);
+    - ``EPILOGUE_SWIGLU`` (FC1): ``out[p, n0 / 2 + j] = swiglu(gate * alpha[e, 0], up * alpha[e,
+      1])`` with the rounding points of :func:`~a4prefill.ops.backends.triton.numerics.swiglu`
+      (``out [ROUTES, N / 2]``, ``scale2 [E, 2]`` fp32, rows paired as :func:`_weight_row`);
+    - ``EPILOGUE_ALPHA`` (FC2): ``out[sorted_route[p], n0 + i] = bf16(acc[i, p] * alpha[e])``
+      (``out [ROUTES, N]`` by route, ``scale2 [E]`` fp32), as the tiled FC2."""
+    SWIGLU: gl.constexpr = EPILOGUE == EPILOGUE_SWIGLU
+    OUT_ROWS: gl.constexpr = BW // 2 if SWIGLU else BW
+    OUT: gl.constexpr = out_layout(OUT_ROWS, gl.num_warps())
+    acc = acc * 128.0
+    if SWIGLU:
+        gate, up = gl.split(gl.permute(gl.reshape(acc, [BW // 16, 2, 8, BT]), (0, 2, 3, 1)))
+        gate = gate * gl.load(scale2_ptr + expert * 2)
+        up = up * gl.load(scale2_ptr + expert * 2 + 1)
+        y = gl.convert_layout(
+            gl.reshape(swiglu(gate, up, limit, HAS_LIMIT, gl.bfloat16), [OUT_ROWS, BT]), OUT
+        )
+    else:
+        if EPILOGUE == EPILOGUE_ALPHA:
+            acc = acc * gl.load(scale2_ptr + expert)
+        y = gl.convert_layout(acc.to(gl.bfloat16), OUT)
+    w_idx = gl.arange(0, OUT_ROWS, layout=gl.SliceLayout(1, OUT))
     pos = row0 + gl.arange(0, BT, layout=gl.SliceLayout(0, OUT))
     live = (pos < seg_end) & (pos < ROUTES) & live_tile
-    ptrs = out_ptr + pos.to(gl.int64)[None, :] * N + n0 + w_idx[:, None]
-    gl.store(ptrs, y, mask=live[None, :] & (w_idx[:, None] < BW))
+    out_rows = gl.load(sorted_route_ptr + pos, mask=live, other=0) if EPILOGUE == EPILOGUE_ALPHA else pos
+    # FC1's SwiGLU halves the row count: N / 2 columns of h, this CTA's from n0 / 2
+    col0 = n0 // 2 if SWIGLU else n0
+    row_stride = N // 2 if SWIGLU else N
+    ptrs = out_ptr + out_rows.to(gl.int64)[None, :] * row_stride + col0 + w_idx[:, None]
+    gl.store(ptrs, y, mask=live[None, :] & (w_idx[:, None] < OUT_ROWS))
 
 
 @gluon.jit
@@ -232,6 +280,7 @@ def grouped_w4_gemm_kernel(
     codes_ptr,
     scales_ptr,
     out_ptr,
+    scale2_ptr,
     sorted_route_ptr,
     tile_expert_ptr,
     tile_row_ptr,
@@ -242,8 +291,10 @@ def grouped_w4_gemm_kernel(
     K,
     ROUTES,
     TOPK,
+    limit,
     GATHER: gl.constexpr,
-    N_FASTEST: gl.constexpr,
+    EPILOGUE: gl.constexpr,
+    HAS_LIMIT: gl.constexpr,
     BW: gl.constexpr,
     BT: gl.constexpr,
     BK: gl.constexpr,
@@ -251,7 +302,7 @@ def grouped_w4_gemm_kernel(
 ):
     """``out[p, n] = sum_k x[x_row[p], k] * W[e, n, k]`` for the sorted positions p of each tile
     (bf16 out, fp32 accumulation). x bf16 ``[*, K]``; codes uint8 ``[E, N, K / 2]``; scales
-    uint8 ``[E, N, K / 16]``; out bf16 ``[ROUTES, N]``. Grid ``(max_tiles, N / BW)``;
+    uint8 ``[E, N, K / 16]``; out bf16 ``[ROUTES, N]``. Grid ``(N / BW, max_tiles)``;
     ``DEPTH >= 3`` ring slots of copies."""
     num_warps: gl.constexpr = gl.num_warps()
     CL: gl.constexpr = codes_layout(BW, BK, num_warps)
@@ -264,7 +315,7 @@ def grouped_w4_gemm_kernel(
     G: gl.constexpr = BK // 16
     AHEAD: gl.constexpr = DEPTH - 2
 
-    code_ptrs, scale_ptrs, x_ptrs, x_mask, steps, row0, seg_end, n0, live_tile = _tile_operands(
+    code_ptrs, scale_ptrs, x_ptrs, x_mask, steps, expert, row0, seg_end, n0, live_tile = _tile_operands(
         x_ptr,
         codes_ptr,
         scales_ptr,
@@ -279,7 +330,7 @@ def grouped_w4_gemm_kernel(
         ROUTES,
         TOPK,
         GATHER,
-        N_FASTEST,
+        EPILOGUE,
         BW,
         BT,
         BK,
@@ -330,7 +381,24 @@ def grouped_w4_gemm_kernel(
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     async_copy.wait_group(0)
 
-    _store_tile(acc, out_ptr, row0, seg_end, n0, live_tile, N, ROUTES, BW, BT)
+    _epilogue(
+        acc,
+        out_ptr,
+        scale2_ptr,
+        sorted_route_ptr,
+        expert,
+        row0,
+        seg_end,
+        n0,
+        live_tile,
+        N,
+        ROUTES,
+        limit,
+        EPILOGUE,
+        HAS_LIMIT,
+        BW,
+        BT,
+    )
 
 
 @gluon.constexpr_function
@@ -367,6 +435,7 @@ def grouped_w4_gemm_rs_kernel(
     codes_ptr,
     scales_ptr,
     out_ptr,
+    scale2_ptr,
     sorted_route_ptr,
     tile_expert_ptr,
     tile_row_ptr,
@@ -377,8 +446,10 @@ def grouped_w4_gemm_rs_kernel(
     K,
     ROUTES,
     TOPK,
+    limit,
     GATHER: gl.constexpr,
-    N_FASTEST: gl.constexpr,
+    EPILOGUE: gl.constexpr,
+    HAS_LIMIT: gl.constexpr,
     BW: gl.constexpr,
     BT: gl.constexpr,
     DEPTH: gl.constexpr,
@@ -417,7 +488,7 @@ def grouped_w4_gemm_rs_kernel(
     W_SLOTS: gl.constexpr = WEIGHT_AHEAD + 1
     LAG: gl.constexpr = WEIGHT_AHEAD - AHEAD
 
-    code_ptrs, scale_ptrs, x_ptrs, x_mask, steps, row0, seg_end, n0, live_tile = _tile_operands(
+    code_ptrs, scale_ptrs, x_ptrs, x_mask, steps, expert, row0, seg_end, n0, live_tile = _tile_operands(
         x_ptr,
         codes_ptr,
         scales_ptr,
@@ -432,7 +503,7 @@ def grouped_w4_gemm_rs_kernel(
         ROUTES,
         TOPK,
         GATHER,
-        N_FASTEST,
+        EPILOGUE,
         BW,
         BT,
         BK,
@@ -470,220 +541,21 @@ def grouped_w4_gemm_rs_kernel(
     acc, a_in_flight = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a_in_flight))
     async_copy.wait_group(0)
 
-    _store_tile(acc, out_ptr, row0, seg_end, n0, live_tile, N, ROUTES, BW, BT)
-
-
-@gluon.jit
-def _ws_copy_partition(
-    x_ptr,
-    codes_ptr,
-    scales_ptr,
-    sorted_route_ptr,
-    tile_expert_ptr,
-    tile_row_ptr,
-    seg_start_ptr,
-    seg_count_ptr,
-    num_tiles_ptr,
-    c_ring,
-    s_ring,
-    x_ring,
-    ready,
-    empty,
-    N,
-    K,
-    ROUTES,
-    TOPK,
-    GATHER: gl.constexpr,
-    N_FASTEST: gl.constexpr,
-    BW: gl.constexpr,
-    BT: gl.constexpr,
-    DEPTH: gl.constexpr,
-):
-    """The copy warps: step ``s``'s code bytes, scale bytes and activation rows into ring slot
-    ``s % DEPTH`` once the wgmma warpgroups released it (``empty``). Each thread waits for its own
-    copies ``DEPTH - 2`` steps later (``wait_group``), fences them for the wgmma (async proxy),
-    and one arrive on ``ready`` announces the step (after the partition's barrier). Announcing
-    ``DEPTH - 2`` steps late cannot deadlock: the slot awaited at step ``s`` was released at the
-    wgmma warpgroups' step ``s - DEPTH + 1``, announced at copy step ``s - 1``. No copy is issued
-    past the last step (a masked ``cp.async`` would still write zeros into a slot in use)."""
-    LAG: gl.constexpr = DEPTH - 2
-    code_ptrs, scale_ptrs, x_ptrs, x_mask, steps, _row0, _seg_end, _n0, _live = _tile_operands(
-        x_ptr,
-        codes_ptr,
-        scales_ptr,
+    _epilogue(
+        acc,
+        out_ptr,
+        scale2_ptr,
         sorted_route_ptr,
-        tile_expert_ptr,
-        tile_row_ptr,
-        seg_start_ptr,
-        seg_count_ptr,
-        num_tiles_ptr,
+        expert,
+        row0,
+        seg_end,
+        n0,
+        live_tile,
         N,
-        K,
         ROUTES,
-        TOPK,
-        GATHER,
-        N_FASTEST,
+        limit,
+        EPILOGUE,
+        HAS_LIMIT,
         BW,
         BT,
-        64,
-    )
-    for step in range(steps):
-        slot = step % DEPTH
-        mbarrier.wait(empty.index(slot), ((step // DEPTH) & 1) ^ 1)
-        _async_load(c_ring.index(slot), code_ptrs + step * 32)
-        _async_load(s_ring.index(slot), scale_ptrs + step * 4)
-        _async_load(x_ring.index(slot), x_ptrs + step * 64, mask=x_mask)
-        async_copy.commit_group()
-        async_copy.wait_group(LAG)
-        fence_async_shared()
-        mbarrier.arrive(ready.index((step + DEPTH - LAG) % DEPTH), pred=step >= LAG)
-    async_copy.wait_group(0)
-    fence_async_shared()
-    for step in range(gl.maximum(steps - LAG, 0), steps):
-        mbarrier.arrive(ready.index(step % DEPTH))
-
-
-@gluon.jit
-def _ws_mma_partition(
-    out_ptr,
-    tile_expert_ptr,
-    tile_row_ptr,
-    seg_start_ptr,
-    seg_count_ptr,
-    num_tiles_ptr,
-    c_ring,
-    s_ring,
-    x_ring,
-    ready,
-    empty,
-    N,
-    K,
-    ROUTES,
-    N_FASTEST: gl.constexpr,
-    BW: gl.constexpr,
-    BT: gl.constexpr,
-    DEPTH: gl.constexpr,
-):
-    """The wgmma warpgroups: per step, wait for its slot (``ready``), dequantize the codes into
-    A registers, issue the wgmma, retire the previous one and release its slot (``empty``)."""
-    num_warps: gl.constexpr = gl.num_warps()
-    FL: gl.constexpr = fragment_codes_layout(BW, num_warps)
-    ACC: gl.constexpr = acc_layout(BT, num_warps)
-    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
-    tile, n0 = _tile_coordinates(BW, N_FASTEST)
-    live_tile = tile < gl.load(num_tiles_ptr)
-    expert = gl.load(tile_expert_ptr + tile, mask=live_tile, other=0)
-    row0 = gl.load(tile_row_ptr + tile, mask=live_tile, other=0)
-    seg_end = gl.load(seg_start_ptr + expert) + gl.load(seg_count_ptr + expert)
-    steps = gl.where(live_tile, K // 64, 0)
-    acc = gl.zeros([BW, BT], gl.float32, layout=ACC)
-    a_in_flight = gl.zeros([BW, 64], gl.bfloat16, layout=A_LAYOUT)
-    for step in range(steps):
-        slot = step % DEPTH
-        mbarrier.wait(ready.index(slot), (step // DEPTH) & 1)
-        codes = c_ring.index(slot).load(FL)
-        scales = s_ring.index(slot).load(gl.SliceLayout(2, FL))
-        a = _dequant_fragment(codes, scales, A_LAYOUT, BW)
-        acc = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), acc, is_async=True)
-        acc, a_in_flight = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_in_flight))
-        mbarrier.arrive(empty.index((step + DEPTH - 1) % DEPTH), pred=step > 0)
-        a_in_flight = a
-    acc, a_in_flight = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a_in_flight))
-    _store_tile(acc, out_ptr, row0, seg_end, n0, live_tile, N, ROUTES, BW, BT)
-
-
-@gluon.jit
-def grouped_w4_gemm_ws_kernel(
-    x_ptr,
-    codes_ptr,
-    scales_ptr,
-    out_ptr,
-    sorted_route_ptr,
-    tile_expert_ptr,
-    tile_row_ptr,
-    seg_start_ptr,
-    seg_count_ptr,
-    num_tiles_ptr,
-    N,
-    K,
-    ROUTES,
-    TOPK,
-    GATHER: gl.constexpr,
-    N_FASTEST: gl.constexpr,
-    BW: gl.constexpr,
-    BT: gl.constexpr,
-    DEPTH: gl.constexpr,
-    COPY_WARPS: gl.constexpr,
-    COPY_REGS: gl.constexpr,
-):
-    """:func:`grouped_w4_gemm_rs_kernel`, warp-specialized: ``COPY_WARPS`` extra warps issue the
-    copies, ``DEPTH`` slots ahead, synchronized with the wgmma warpgroups by mbarriers only."""
-    G: gl.constexpr = 4
-    PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
-    PLAIN2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    X_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, 64], gl.bfloat16)
-    c_ring = gl.allocate_shared_memory(gl.uint8, [DEPTH, BW, G, 8], PLAIN)
-    s_ring = gl.allocate_shared_memory(gl.uint8, [DEPTH, BW, G], PLAIN2)
-    x_ring = gl.allocate_shared_memory(gl.bfloat16, [DEPTH, BT, 64], X_SMEM)
-    ready = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(DEPTH):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    gl.warp_specialize(
-        [
-            (
-                _ws_mma_partition,
-                (
-                    out_ptr,
-                    tile_expert_ptr,
-                    tile_row_ptr,
-                    seg_start_ptr,
-                    seg_count_ptr,
-                    num_tiles_ptr,
-                    c_ring,
-                    s_ring,
-                    x_ring,
-                    ready,
-                    empty,
-                    N,
-                    K,
-                    ROUTES,
-                    N_FASTEST,
-                    BW,
-                    BT,
-                    DEPTH,
-                ),
-            ),
-            (
-                _ws_copy_partition,
-                (
-                    x_ptr,
-                    codes_ptr,
-                    scales_ptr,
-                    sorted_route_ptr,
-                    tile_expert_ptr,
-                    tile_row_ptr,
-                    seg_start_ptr,
-                    seg_count_ptr,
-                    num_tiles_ptr,
-                    c_ring,
-                    s_ring,
-                    x_ring,
-                    ready,
-                    empty,
-                    N,
-                    K,
-                    ROUTES,
-                    TOPK,
-                    GATHER,
-                    N_FASTEST,
-                    BW,
-                    BT,
-                    DEPTH,
-                ),
-            ),
-        ],
-        [COPY_WARPS],
-        [COPY_REGS],
     )

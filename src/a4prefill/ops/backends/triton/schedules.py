@@ -7,7 +7,8 @@ the decode kernels, as named objects, chosen by call size. Host arithmetic only 
 - :class:`DecodeScheduleRule`, :data:`DECODE_SCHEDULES`: the decode schedule of each call size,
   one named rule a row; :func:`choose_decode_tiles` takes the first rule that holds a call.
 - :class:`PrefillGemm`, :data:`PREFILL_SCHEDULES`: the Hopper prefill GEMM's schedule and the
-  named schedules the benchmark compares (issue 23, not yet chosen by any call).
+  named schedules the benchmark compares; :class:`PrefillTiles` and :func:`choose_prefill_tiles`:
+  the pair a W4A16 prefill call runs (issue 23).
 - :func:`choose_config`: the :class:`GemmConfig` of a call (tiles by the mean number of routes per
   active expert, and the decode schedule where the shapes fit it).
 
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 DECODE_MAX_ROWS_PER_EXPERT = 32  # W4A16 calls with at most this many routes per active expert (mean)
+PREFILL_MIN_ROWS_PER_EXPERT = 64  # W4A16 bf16 calls on sm_90 with at least this many (mean): prefill GEMMs
 
 
 def cdiv(a: int, b: int) -> int:
@@ -266,8 +268,6 @@ class PrefillGemm:
     depth: int = 4
     register_weights: bool = False
     weight_ahead: int = 0
-    copy_warps: int = 0
-    n_fastest: bool = False
 
     def __post_init__(self) -> None:
         if self.weight_rows not in (64, 128):
@@ -285,11 +285,6 @@ class PrefillGemm:
             raise ValueError(
                 f"PrefillGemm.weight_ahead must be 0, or at least depth - 2 with register_weights, "
                 f"got {self.weight_ahead}"
-            )
-        if self.copy_warps and (not self.register_weights or self.weight_ahead or self.copy_warps != 4):
-            raise ValueError(
-                "PrefillGemm.copy_warps must be 0, or 4 with register_weights and no weight_ahead, "
-                f"got {self.copy_warps}"
             )
         if not 3 <= self.depth <= 8:
             raise ValueError(f"PrefillGemm.depth must be 3 to 8, got {self.depth}")
@@ -310,17 +305,9 @@ class PrefillGemm:
         bf16 weights."""
         rows, k = self.weight_rows, self.block_k
         weight_slot, row_slot = rows * k // 2 + rows * k // 16, self.routes * k * 2
-        if self.copy_warps:
-            return self.depth * (weight_slot + row_slot + 16)
         if self.register_weights:
             return (self.weights_ahead + 1) * weight_slot + self.depth * row_slot
         return self.depth * (weight_slot + row_slot) + 3 * rows * k * 2
-
-    @property
-    def copy_registers(self) -> int:
-        """Registers per thread of the copy warps (warp-specialized kernel): their pointers to
-        a step's activation rows grow with :attr:`routes`."""
-        return 40 if self.routes <= 128 else 56
 
     @property
     def weights_ahead(self) -> int:
@@ -332,10 +319,9 @@ class PrefillGemm:
         return k % self.block_k == 0 and out_rows % self.weight_rows == 0
 
     def __str__(self) -> str:
-        kernel = "ws_" if self.copy_warps else "rs_" if self.register_weights else ""
+        kernel = "rs_" if self.register_weights else ""
         ahead = f"_a{self.weight_ahead}" if self.weight_ahead else ""
-        order = "_n" if self.n_fastest else ""
-        return f"{kernel}w{self.weight_rows}_t{self.routes}_k{self.block_k}_d{self.depth}{ahead}{order}"
+        return f"{kernel}w{self.weight_rows}_t{self.routes}_k{self.block_k}_d{self.depth}{ahead}"
 
 
 # The prefill GEMM schedules the benchmark compares (benchmarks/bench_prefill_gemm.py). In the H200
@@ -371,29 +357,49 @@ PREFILL_SCHEDULES = MappingProxyType(
         "rs_w64_t128_d6": PrefillGemm(64, 128, depth=6, register_weights=True),
         "rs_w64_t256_d3": PrefillGemm(64, 256, depth=3, register_weights=True),
         "rs_w64_t256_d4": PrefillGemm(64, 256, depth=4, register_weights=True),
-        "ws_w128_t32_d6": PrefillGemm(128, 32, depth=6, register_weights=True, copy_warps=4),
-        "ws_w128_t64_d6": PrefillGemm(128, 64, depth=6, register_weights=True, copy_warps=4),
-        "ws_w128_t128_d4": PrefillGemm(128, 128, depth=4, register_weights=True, copy_warps=4),
-        "ws_w128_t128_d6": PrefillGemm(128, 128, depth=6, register_weights=True, copy_warps=4),
-        "ws_w128_t128_d8": PrefillGemm(128, 128, depth=8, register_weights=True, copy_warps=4),
-        "ws_w128_t256_d4": PrefillGemm(128, 256, depth=4, register_weights=True, copy_warps=4),
-        "ws_w128_t256_d5": PrefillGemm(128, 256, depth=5, register_weights=True, copy_warps=4),
-        "ws_w64_t128_d6": PrefillGemm(64, 128, depth=6, register_weights=True, copy_warps=4),
-        "ws_w64_t256_d6": PrefillGemm(64, 256, depth=6, register_weights=True, copy_warps=4),
-        "rs_w128_t32_d4_n": PrefillGemm(128, 32, depth=4, register_weights=True, n_fastest=True),
-        "rs_w128_t64_d4_n": PrefillGemm(128, 64, depth=4, register_weights=True, n_fastest=True),
-        "rs_w128_t128_d4_n": PrefillGemm(128, 128, depth=4, register_weights=True, n_fastest=True),
-        "rs_w128_t256_d4_n": PrefillGemm(128, 256, depth=4, register_weights=True, n_fastest=True),
-        "rs_w128_t256_d5_n": PrefillGemm(128, 256, depth=5, register_weights=True, n_fastest=True),
-        "rs_w64_t128_d4_n": PrefillGemm(64, 128, depth=4, register_weights=True, n_fastest=True),
-        "rs_w64_t256_d4_n": PrefillGemm(64, 256, depth=4, register_weights=True, n_fastest=True),
-        "w128_t256_d4_n": PrefillGemm(128, 256, depth=4, n_fastest=True),
-        "w128_t128_d4_n": PrefillGemm(128, 128, depth=4, n_fastest=True),
-        "ws_w128_t128_d6_n": PrefillGemm(
-            128, 128, depth=6, register_weights=True, copy_warps=4, n_fastest=True
-        ),
-        "ws_w128_t256_d4_n": PrefillGemm(
-            128, 256, depth=4, register_weights=True, copy_warps=4, n_fastest=True
-        ),
     }
 )
+
+
+@dataclass(frozen=True)
+class PrefillTiles:
+    """The two Hopper prefill GEMMs of one call: FC1 (SwiGLU epilogue) and FC2 (alpha epilogue)."""
+
+    fc1: PrefillGemm
+    fc2: PrefillGemm
+
+    def __post_init__(self) -> None:
+        if self.fc1.routes != self.fc2.routes:
+            raise ValueError(
+                "PrefillTiles: FC1 and FC2 share the routing's tiles, "
+                f"got {self.fc1.routes} and {self.fc2.routes} routes"
+            )
+
+    @property
+    def routes(self) -> int:
+        """Routes per tile of both GEMMs (the routing's ``block_m``)."""
+        return self.fc1.routes
+
+    def fits(self, hidden: int, intermediate: int) -> bool:
+        """Whether FC1 (``K = hidden``, ``2 * intermediate`` rows) and FC2 (``K = intermediate``,
+        ``hidden`` rows) split into the schedules' steps and CTAs."""
+        return self.fc1.fits(hidden, 2 * intermediate) and self.fc2.fits(intermediate, hidden)
+
+
+def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: int) -> PrefillTiles | None:
+    """The prefill GEMMs of a call with ``routes`` routes over ``experts`` experts, or None below
+    :data:`PREFILL_MIN_ROWS_PER_EXPERT` routes per expert (mean; the decode and tiled kernels are
+    faster there) or where the shapes do not fit. From the H200 run of
+    ``benchmarks/bench_prefill_gemm.py`` (GLM-5.3-Flash TP2 shape; ``benchmarks/results``): 128-route
+    tiles with weights in registers up to 160 routes per expert (4096 tokens: 114), then 256-route
+    tiles, FC2 with weights dequantized into shared memory, FC1 so up to 320 (8192 tokens: 228) and
+    in registers above (16384 tokens: 455)."""
+    rows_per_expert = routes / max(1, experts)
+    if rows_per_expert < PREFILL_MIN_ROWS_PER_EXPERT:
+        return None
+    if rows_per_expert < 160:
+        tiles = PrefillTiles(PREFILL_SCHEDULES["rs_w128_t128_d4"], PREFILL_SCHEDULES["rs_w128_t128_d4"])
+    else:
+        fc1 = "w128_t256_d4" if rows_per_expert < 320 else "rs_w128_t256_d4"
+        tiles = PrefillTiles(PREFILL_SCHEDULES[fc1], PREFILL_SCHEDULES["w128_t256_d4"])
+    return tiles if tiles.fits(hidden, intermediate) else None
