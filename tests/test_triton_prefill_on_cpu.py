@@ -13,6 +13,7 @@ same checks on an H200).
 
 from __future__ import annotations
 
+import functools
 import re
 
 import pytest
@@ -23,6 +24,7 @@ from hypothesis import strategies as st
 from a4prefill.ops.backends.triton.prefill import launch_prefill_gemm, mma_column_order
 from a4prefill.ops.backends.triton.routing import build_routing
 from a4prefill.ops.backends.triton.schedules import PREFILL_SCHEDULES, PrefillGemm
+from a4prefill.ops.reference import moe_reference
 from a4prefill.ops.reference import swiglu as reference_swiglu
 from helpers.layers import E2M1_TABLE, EVERY_SCALE_BYTE
 from helpers.markers import needs_gluon
@@ -298,3 +300,75 @@ def test_the_launcher_refuses_a_missing_or_misshapen_multiplier():
         )
     with pytest.raises(ValueError, match="epilogue must be one of"):
         launch_prefill_gemm(x, codes, scales, routing, out, schedule, 1, epilogue="gelu")
+
+
+@pytest.fixture(scope="module")
+def prefill_moe_on_cpu(interpreted):
+    """``fused_moe`` on CPU tensors planned as on an H200 (``plan.prefill_kernels_run``), the
+    prefill GEMMs interpreted; the combine and the one-program routing stand in by their
+    contracts, as in ``test_triton_decode_on_cpu``."""
+    from a4prefill.ops.backends.triton import fused, plan, prefill_kernels
+    from test_triton_decode_on_cpu import _combine_contract
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(prefill_kernels, "grouped_w4_gemm_rs_kernel", interpreted[True])
+        patch.setattr(prefill_kernels, "grouped_w4_gemm_kernel", interpreted[False])
+        patch.setattr(plan, "routing_launch", functools.partial(plan.routing_launch, force_torch=True))
+        patch.setattr(plan, "prefill_kernels_run", lambda device: True)
+        patch.setattr(fused, "_combine", _combine_contract)
+        yield
+
+
+@pytest.mark.parametrize(
+    ("tokens", "limit", "fc1", "fc2"),
+    [
+        (160, None, "rs_w128_t128_d4", "rs_w128_t128_d4"),  # 80 routes per expert
+        (160, 2.5, "rs_w128_t128_d4", "rs_w128_t128_d4"),
+        (400, None, "w128_t256_d4", "w128_t256_d4"),  # 200 routes per expert
+    ],
+)
+def test_a_w4a16_prefill_call_runs_the_prefill_gemms_and_matches_the_reference(
+    prefill_moe_on_cpu, interpreted, tokens, limit, fc1, fc2
+):
+    """The whole W4A16 MoE of a call with at least ``PREFILL_MIN_ROWS_PER_EXPERT`` routes per
+    expert: planned onto the prefill GEMMs of its size (one FC1 launch with the SwiGLU epilogue,
+    one FC2 launch with alpha by route, the schedules' kernels), within the W4A16 bounds of the
+    fp32 reference MoE, clamp included."""
+    from a4prefill.ops.backends.triton.fused import fused_moe
+    from a4prefill.ops.backends.triton.plan import plan_call
+    from a4prefill.tools.tiny_layer import make_tiny_layer, random_routing
+    from helpers.layers import assert_close_to_reference
+
+    experts, hidden_size, inter, top_k = 4, 256, 128, 2
+    layer = make_tiny_layer(experts, hidden_size, inter, top_k, seed=5, calibration_tokens=16)
+    generator = torch.Generator().manual_seed(tokens)
+    hidden = (2 * torch.randn(tokens, hidden_size, generator=generator)).to(torch.bfloat16)
+    topk_weights, topk_ids = random_routing(tokens, experts, top_k, generator)
+    plan = plan_call(tokens, top_k, experts, hidden_size, inter, torch.bfloat16, torch.device("cpu"))
+    assert plan.prefill is not None
+    assert (plan.prefill.fc1, plan.prefill.fc2) == (PREFILL_SCHEDULES[fc1], PREFILL_SCHEDULES[fc2])
+    before = {kind: len(kernel.launches) for kind, kernel in interpreted.items()}
+    result = fused_moe(hidden, topk_weights, topk_ids, layer.experts, None, limit)
+    launched = {kind: len(kernel.launches) - before[kind] for kind, kernel in interpreted.items()}
+    wanted = {False: 0, True: 0}
+    for schedule in (PREFILL_SCHEDULES[fc1], PREFILL_SCHEDULES[fc2]):
+        wanted[schedule.register_weights] += 1
+    assert launched == wanted
+    expected = moe_reference(hidden, topk_weights, topk_ids, layer.experts, None, limit)
+    assert_close_to_reference(result, expected, "w4a16")
+
+
+def test_calls_below_the_prefill_size_or_not_w4a16_bf16_plan_no_prefill_gemms(prefill_moe_on_cpu):
+    """Fewer than ``PREFILL_MIN_ROWS_PER_EXPERT`` routes per expert, fp16 io or an explicit config:
+    no prefill GEMMs in the plan; shapes the schedules do not divide neither."""
+    from a4prefill.ops.backends.triton.plan import plan_call
+    from a4prefill.ops.backends.triton.schedules import PREFILL_MIN_ROWS_PER_EXPERT, choose_config
+
+    cpu = torch.device("cpu")
+    tokens = PREFILL_MIN_ROWS_PER_EXPERT * 4 // 2  # 4 experts, top-2: exactly the threshold
+    assert plan_call(tokens, 2, 4, 256, 128, torch.bfloat16, cpu).prefill is not None
+    assert plan_call(tokens - 1, 2, 4, 256, 128, torch.bfloat16, cpu).prefill is None
+    assert plan_call(tokens, 2, 4, 256, 128, torch.float16, cpu).prefill is None
+    config = choose_config(2 * tokens, 4, 256, 128)
+    assert plan_call(tokens, 2, 4, 256, 128, torch.bfloat16, cpu, config).prefill is None
+    assert plan_call(tokens, 2, 4, 256, 96, torch.bfloat16, cpu).prefill is None  # 2 I = 192

@@ -201,9 +201,7 @@ def _parse_ops(lines: list[str], index: int) -> tuple[list[Any], int]:
         if line.startswith("^"):
             items.append(line.split("//")[0].strip())  # e.g. "^bb1:" or "^bb0(%a: f32, %b: f32):"
             continue
-        match = re.match(
-            r'(?:(%[\w\-.]+(?:, %[\w\-.]+)*)(?::(\d+))? = )?"?([a-z_]+\.[a-z_.]+)"?(.*)', line
-        )
+        match = re.match(r'(?:(%[\w\-.]+(?:, %[\w\-.]+)*)(?::(\d+))? = )?"?([a-z_]+\.[a-z_.]+)"?(.*)', line)
         if match is None:
             raise ValueError(f"cannot parse {line[:200]!r}")
         name, count, op_name, rest = match.groups()
