@@ -12,7 +12,7 @@ and bf16 (``torch._grouped_mm`` on bf16 copies of the weights, same routing: sor
 grouped GEMMs, SwiGLU, weighted sum) and,
 when vLLM is importable, marlin (vLLM's ``fused_marlin_moe`` on Marlin-repacked copies of the same
 weights, ``marlin_baseline.py``). Accuracy: relative L2 error of W4A16 and Marlin against the
-package's ``moe_reference`` (fp32 math) at up to 1024 tokens, fed fp32 activations (the exact
+package's ``moe_reference`` (fp32 math) at up to 4096 tokens, fed fp32 activations (the exact
 MoE of the NVFP4 weights) and bf16 activations (the same bf16 roundings a bf16 kernel makes).
 Every variant is captured in a CUDA graph; each replay is timed with CUDA events after the L2
 cache is flushed (a 256 MiB write), median of the repeats. Effective bandwidth counts the bytes
@@ -43,8 +43,8 @@ SHAPES = {
     "glm53flash_tp2": {"hidden": 4096, "intermediate": 1024, "experts": 288, "top_k": 8},
     "small": {"hidden": 2048, "intermediate": 768, "experts": 128, "top_k": 8},
 }
-TOKENS = [1, 4, 16, 64, 256, 1024, 4096, 8192]
-ACCURACY_TOKENS = 1024  # relative errors against the fp32 reference up to this many tokens
+TOKENS = [1, 4, 16, 64, 256, 1024, 4096, 8192, 16384]
+ACCURACY_TOKENS = 4096  # relative errors against the fp32 reference up to this many tokens
 
 
 def random_weights(experts: int, hidden: int, inter: int, device: str) -> Any:

@@ -51,3 +51,34 @@ def test_matches_the_fp32_product_eagerly_and_in_a_cuda_graph(label, gather):
     out.fill_(float("nan"))
     graph.replay()
     assert_rounded_product(out.cpu(), product)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "fc1"), [(512, "rs_w128_t128_d4"), (1024, "w128_t256_d4"), (2048, "rs_w128_t256_d4")]
+)
+def test_the_w4a16_prefill_moe_matches_the_reference_eagerly_and_in_a_cuda_graph(tokens, fc1):
+    """``fused_moe`` on calls of 128, 256 and 512 routes per expert (16 experts, top-4): planned
+    onto the prefill GEMMs of each size, within the W4A16 bounds of the fp32 reference MoE, the
+    same when replayed from a CUDA graph."""
+    from a4prefill.ops.backends.triton.fused import fused_moe
+    from a4prefill.ops.backends.triton.plan import plan_call
+    from a4prefill.ops.reference import moe_reference
+    from a4prefill.tools.tiny_layer import make_tiny_layer, random_routing
+    from helpers.layers import assert_close_to_reference
+
+    experts, hidden_size, inter, top_k = 16, 1024, 512, 4
+    layer_experts = make_tiny_layer(experts, hidden_size, inter, top_k, seed=3, calibration_tokens=16).experts
+    layer_experts = layer_experts.to("cuda")
+    generator = torch.Generator().manual_seed(tokens)
+    hidden = (2 * torch.randn(tokens, hidden_size, generator=generator)).to(torch.bfloat16).cuda()
+    topk_weights, topk_ids = (t.cuda() for t in random_routing(tokens, experts, top_k, generator))
+    plan = plan_call(tokens, top_k, experts, hidden_size, inter, torch.bfloat16, hidden.device)
+    assert plan.prefill is not None and plan.prefill.fc1 == PREFILL_SCHEDULES[fc1]
+    expected = moe_reference(hidden, topk_weights, topk_ids, layer_experts, None, 4.0)
+    result = fused_moe(hidden, topk_weights, topk_ids, layer_experts, None, 4.0)
+    assert_close_to_reference(result, expected, "w4a16")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = fused_moe(hidden, topk_weights, topk_ids, layer_experts, None, 4.0)
+    graph.replay()
+    assert torch.equal(replayed, result)
