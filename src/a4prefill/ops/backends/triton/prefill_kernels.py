@@ -105,6 +105,13 @@ def out_layout(bw: int, warps: int) -> gl.BlockedLayout:
     return gl.BlockedLayout([8, 1], [bw // 8, 32 // (bw // 8)], [1, warps], [0, 1])
 
 
+@gluon.constexpr_function
+def pairs_layout(bw: int, warps: int) -> gl.BlockedLayout:
+    """``[BW, BT]`` FC1 products before SwiGLU: 16 consecutive weight rows per thread (8 gate
+    rows and the 8 up rows of the same outputs, :func:`_weight_row`)."""
+    return gl.BlockedLayout([16, 1], [bw // 16, 32 // (bw // 16)], [1, warps], [0, 1])
+
+
 @gluon.jit
 def _dequant_nibbles(codes, scales):
     """codes ``[BW, G, 8]`` uint8, scale bytes ``[BW, G]`` -> ``(even, odd)``, each ``[BW, G, 8]``
@@ -251,15 +258,22 @@ def _epilogue(
     SWIGLU: gl.constexpr = EPILOGUE == EPILOGUE_SWIGLU
     OUT_ROWS: gl.constexpr = BW // 2 if SWIGLU else BW
     OUT: gl.constexpr = out_layout(OUT_ROWS, gl.num_warps())
-    acc = acc * 128.0
     if SWIGLU:
-        gate, up = gl.split(gl.permute(gl.reshape(acc, [BW // 16, 2, 8, BT]), (0, 2, 3, 1)))
-        gate = gate * gl.load(scale2_ptr + expert * 2)
-        up = up * gl.load(scale2_ptr + expert * 2 + 1)
-        y = gl.convert_layout(
-            gl.reshape(swiglu(gate, up, limit, HAS_LIMIT, gl.bfloat16), [OUT_ROWS, BT]), OUT
+        # gate and up rounded to bf16 in the accumulator's layout (swiglu's first rounding), then
+        # each thread takes 16 consecutive rows: 8 gate and the 8 up rows of the same outputs
+        ACC_ROWS: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+        r = gl.arange(0, BW, layout=ACC_ROWS)
+        alpha = gl.where(
+            (r // 8) % 2 == 0, gl.load(scale2_ptr + expert * 2), gl.load(scale2_ptr + expert * 2 + 1)
         )
+        halves = gl.convert_layout(
+            (acc * 128.0 * alpha[:, None]).to(gl.bfloat16), pairs_layout(BW, gl.num_warps())
+        )
+        gate, up = gl.split(gl.permute(gl.reshape(halves, [BW // 16, 2, 8, BT]), (0, 2, 3, 1)))
+        h = swiglu(gate.to(gl.float32), up.to(gl.float32), limit, HAS_LIMIT, gl.bfloat16)
+        y = gl.convert_layout(gl.reshape(h, [OUT_ROWS, BT]), OUT)
     else:
+        acc = acc * 128.0
         if EPILOGUE == EPILOGUE_ALPHA:
             acc = acc * gl.load(scale2_ptr + expert)
         y = gl.convert_layout(acc.to(gl.bfloat16), OUT)
