@@ -503,6 +503,11 @@ class _Program:
     def _op_tt_precise_divf(self, op: Op) -> torch.Tensor:
         return self._binary(op, torch.div)
 
+    def _op_arith_divf(self, op: Op) -> torch.Tensor:
+        """Triton's approximate fp32 division (``div.full.f32``, within 2 ulps on the GPU),
+        evaluated IEEE-rounded: the kernels that use it round the quotient to bf16 after it."""
+        return self._binary(op, torch.div)
+
     def _op_arith_maxnumf(self, op: Op) -> torch.Tensor:
         return self._binary(op, torch.fmax)
 

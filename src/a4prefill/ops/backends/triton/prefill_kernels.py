@@ -270,7 +270,7 @@ def _epilogue(
             (acc * 128.0 * alpha[:, None]).to(gl.bfloat16), pairs_layout(BW, gl.num_warps())
         )
         gate, up = gl.split(gl.permute(gl.reshape(halves, [BW // 16, 2, 8, BT]), (0, 2, 3, 1)))
-        h = swiglu(gate.to(gl.float32), up.to(gl.float32), limit, HAS_LIMIT, gl.bfloat16)
+        h = swiglu(gate.to(gl.float32), up.to(gl.float32), limit, HAS_LIMIT, gl.bfloat16, False)
         y = gl.convert_layout(gl.reshape(h, [OUT_ROWS, BT]), OUT)
     else:
         acc = acc * 128.0
