@@ -266,9 +266,12 @@ def _epilogue(
         alpha = gl.where(
             (r // 8) % 2 == 0, gl.load(scale2_ptr + expert * 2), gl.load(scale2_ptr + expert * 2 + 1)
         )
+        # by way of the other epilogues' layout: Triton 3.6 converted the 256-route accumulator
+        # straight to pairs_layout wrongly on an H200 (racing writes, results changed run to run)
         halves = gl.convert_layout(
-            (acc * 128.0 * alpha[:, None]).to(gl.bfloat16), pairs_layout(BW, gl.num_warps())
+            (acc * 128.0 * alpha[:, None]).to(gl.bfloat16), out_layout(BW, gl.num_warps())
         )
+        halves = gl.convert_layout(halves, pairs_layout(BW, gl.num_warps()))
         gate, up = gl.split(gl.permute(gl.reshape(halves, [BW // 16, 2, 8, BT]), (0, 2, 3, 1)))
         h = swiglu(gate.to(gl.float32), up.to(gl.float32), limit, HAS_LIMIT, gl.bfloat16, False)
         y = gl.convert_layout(gl.reshape(h, [OUT_ROWS, BT]), OUT)
