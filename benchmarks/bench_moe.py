@@ -5,8 +5,9 @@ plot an existing result anywhere: ``python benchmarks/bench_moe.py --plot DIR/be
 print it as markdown tables: ``python benchmarks/bench_moe.py --table DIR/bench_moe.json``.
 
 For each shape and token count, with random top-k routing (one routing per token count, shared
-by every variant): W4A16 (the default choice: the decode kernels at decode sizes), W4A16 tiled
-(at those sizes, the tiled kernels the default replaced), A4 (emulated: FP4 activations
+by every variant): W4A16 (the default choice: the decode kernels at decode sizes, the Hopper
+prefill GEMMs from ``schedules.PREFILL_MIN_ROWS_PER_EXPERT`` routes per expert on sm_90), W4A16
+tiled (at decode sizes, the tiled kernels the default replaced), A4 (emulated: FP4 activations
 dequantized for a bf16 MMA), split (first half of the rows decode/W4A16, second half prefill/A4)
 and bf16 (``torch._grouped_mm`` on bf16 copies of the weights, same routing: sort, gather, two
 grouped GEMMs, SwiGLU, weighted sum) and,

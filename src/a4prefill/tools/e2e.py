@@ -15,7 +15,8 @@ here. Everything a worker saw is read from it through vLLM's worker RPC
   context: ``FULL`` / ``PIECEWISE`` = replayed from a captured graph, ``NONE`` = run uncaptured);
 - per rank, the rows each MoE layer ran in W4A16 and A4: from the host counters, and under
   ``count_rows: true`` from the device counters, which also count replays of captured graphs,
-  together with the calls of each kernel family (``triton-decode``, ``triton-tiled``, ...).
+  together with the calls of each kernel family (``triton-decode``, ``triton-tiled``,
+  ``triton-prefill``, ...).
 
 It also reports each layer's load-time kernel warm-up (rank 0's) and every Triton compile that
 happened after vLLM's warm-up in this process, while the engine served (a post-compile hook,

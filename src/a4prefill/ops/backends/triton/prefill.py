@@ -1,7 +1,8 @@
-"""Host side of the Hopper prefill GEMM (:mod:`~a4prefill.ops.backends.triton.prefill_kernels`).
-
-Work in progress (issue 23): :func:`launch_prefill_gemm` launches the GEMM core for the tests and
-``benchmarks/bench_prefill_gemm.py``; no MoE call takes it yet (``plan_call`` does not choose it).
+"""Host side of the Hopper prefill GEMMs (:mod:`~a4prefill.ops.backends.triton.prefill_kernels`):
+:func:`launch_prefill_gemm` launches one GEMM with its epilogue, for ``fused._fused_moe_prefill``
+(W4A16 prefill calls on sm_90, chosen by ``plan.plan_call``), the tests and
+``benchmarks/bench_prefill_gemm.py``; :func:`mma_column_order` is the register-weights kernel's
+activation column order.
 """
 
 from __future__ import annotations

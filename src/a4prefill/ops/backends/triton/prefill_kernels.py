@@ -1,10 +1,13 @@
-"""Hopper prefill GEMM of the ``triton`` backend (Gluon, sm_90a): one grouped NVFP4 GEMM for
-many routes per expert, weights dequantized into shared memory, wgmma from shared memory.
+"""Hopper prefill GEMMs of the ``triton`` backend (Gluon, sm_90a): one grouped NVFP4 GEMM for
+many routes per expert, the weights dequantized into shared memory (``grouped_w4_gemm_kernel``,
+wgmma from shared memory) or into the wgmma's A registers (``grouped_w4_gemm_rs_kernel``).
 
-Work in progress (issue 23): the GEMM core only, W4A16, no epilogue (no alpha, SwiGLU, A4
-re-quantization); :func:`a4prefill.ops.backends.triton.prefill.launch_prefill_gemm` launches it
-for the tests and ``benchmarks/bench_prefill_gemm.py``; :func:`~a4prefill.ops.backends.triton.
-plan.plan_call` does not choose it yet.
+W4A16 MoE calls of at least ``schedules.PREFILL_MIN_ROWS_PER_EXPERT`` routes per expert with bf16
+activations on an sm_90 GPU run FC1 with the SwiGLU epilogue and FC2 with the alpha epilogue
+(:func:`_epilogue`; ``plan.plan_call``, ``fused._fused_moe_prefill``); A4 and split calls still
+run the tiled kernels (issue 23). :func:`a4prefill.ops.backends.triton.prefill.launch_prefill_gemm`
+launches either kernel; the raw product (``EPILOGUE_NONE``) serves the GEMM-core tests and
+``benchmarks/bench_prefill_gemm.py``.
 
 Schedule (:class:`~a4prefill.ops.backends.triton.schedules.PrefillGemm`): a CTA multiplies
 ``BW`` weight rows of one expert (the wgmma's M: 64 per warpgroup, ``BW / 16`` warps) by ``BT``
@@ -34,12 +37,16 @@ warpgroups they follow from the barriers):
   3)`` at step ``s`` completes the copies of step ``s``.
 
 Idle programs (``tile >= num_tiles``: the grid is sized by ``max_tiles``) read no routing entry
-beyond ``num_tiles`` (those are not initialized) and no memory at all.
+beyond ``num_tiles`` (those are not initialized) and no memory at all. The grid is ``(N / BW,
+max_tiles)``: CTAs launched together share one tile's activation rows, which stay in L2 (8-20%
+faster than the other order on the H200, benchmarks/results/README.md).
 
 Numerics: weights ``e2m1 * block_scale * 2**-7`` exactly in bf16 (docs/numerics.md section 2),
-fp32 accumulation, ``* 128`` undone before the bf16 store. Scale bytes ``0x7f``/``0xff`` decode
-as 480/-480 (not NaN), as in :mod:`~a4prefill.ops.backends.triton.numerics`.
-Only the order of the fp32 additions differs from the reference.
+fp32 accumulation, ``* 128`` undone in the epilogue. Scale bytes ``0x7f``/``0xff`` decode as
+480/-480 (not NaN), as in :mod:`~a4prefill.ops.backends.triton.numerics`. The epilogues have the
+reference's rounding points; apart from the order of the fp32 additions, only silu's division
+differs (approximate, ``numerics.swiglu(IEEE_DIV=False)``: within 2 fp32 ulps before the bf16
+rounding; docs/numerics.md).
 """
 
 from __future__ import annotations
@@ -103,13 +110,6 @@ def acc_layout(bt: int, warps: int) -> gl.NVMMADistributedLayout:
 def out_layout(bw: int, warps: int) -> gl.BlockedLayout:
     """``[BW, BT]`` output, 8 consecutive weight rows (output columns) per thread."""
     return gl.BlockedLayout([8, 1], [bw // 8, 32 // (bw // 8)], [1, warps], [0, 1])
-
-
-@gluon.constexpr_function
-def pairs_layout(bw: int, warps: int) -> gl.BlockedLayout:
-    """``[BW, BT]`` FC1 products before SwiGLU: 16 consecutive weight rows per thread (8 gate
-    rows and the 8 up rows of the same outputs, :func:`_weight_row`)."""
-    return gl.BlockedLayout([16, 1], [bw // 16, 32 // (bw // 16)], [1, warps], [0, 1])
 
 
 @gluon.jit
@@ -259,21 +259,14 @@ def _epilogue(
     OUT_ROWS: gl.constexpr = BW // 2 if SWIGLU else BW
     OUT: gl.constexpr = out_layout(OUT_ROWS, gl.num_warps())
     if SWIGLU:
-        # gate and up rounded to bf16 in the accumulator's layout (swiglu's first rounding), then
-        # each thread takes 16 consecutive rows: 8 gate and the 8 up rows of the same outputs
-        ACC_ROWS: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
-        r = gl.arange(0, BW, layout=ACC_ROWS)
-        alpha = gl.where(
-            (r // 8) % 2 == 0, gl.load(scale2_ptr + expert * 2), gl.load(scale2_ptr + expert * 2 + 1)
-        )
-        # by way of the other epilogues' layout: Triton 3.6 converted the 256-route accumulator
-        # straight to pairs_layout wrongly on an H200 (racing writes, results changed run to run)
-        halves = gl.convert_layout(
-            (acc * 128.0 * alpha[:, None]).to(gl.bfloat16), out_layout(BW, gl.num_warps())
-        )
-        halves = gl.convert_layout(halves, pairs_layout(BW, gl.num_warps()))
-        gate, up = gl.split(gl.permute(gl.reshape(halves, [BW // 16, 2, 8, BT]), (0, 2, 3, 1)))
-        h = swiglu(gate.to(gl.float32), up.to(gl.float32), limit, HAS_LIMIT, gl.bfloat16, False)
+        # a thread's rows r and r + 8 of each 16 are a gate and its up row (_weight_row): the
+        # split renames registers. (Converting the accumulator to a 16-rows-per-thread layout
+        # first gave results that changed from run to run on the H200, with Triton 3.6.)
+        pairs = gl.permute(gl.reshape(acc * 128.0, [BW // 16, 2, 8, BT]), (0, 2, 3, 1))
+        gate, up = gl.split(pairs)
+        gate = gate * gl.load(scale2_ptr + expert * 2)
+        up = up * gl.load(scale2_ptr + expert * 2 + 1)
+        h = swiglu(gate, up, limit, HAS_LIMIT, gl.bfloat16, False)
         y = gl.convert_layout(gl.reshape(h, [OUT_ROWS, BT]), OUT)
     else:
         acc = acc * 128.0
