@@ -8,19 +8,14 @@ activation column order.
 from __future__ import annotations
 
 import functools
-from types import MappingProxyType
 from typing import Any
 
 import torch
 
 from a4prefill.ops.backends.triton import kernel_modules
 from a4prefill.ops.backends.triton.routing import Routing
-from a4prefill.ops.backends.triton.schedules import PrefillGemm
+from a4prefill.ops.backends.triton.schedules import PREFILL_EPILOGUES, PrefillGemm
 from a4prefill.process_state import register_state
-
-# What the prefill GEMM writes (the kernels' ``EPILOGUE`` constexpr): the raw product
-# (benchmarks and tests of the GEMM core), FC1's SwiGLU, FC2's alpha by route
-EPILOGUES = MappingProxyType({"none": 0, "swiglu": 1, "alpha": 2})
 
 
 @functools.cache
@@ -60,7 +55,7 @@ def launch_prefill_gemm(
     ``x`` bf16 ``[T, K]`` with ``row(p) = sorted_route[p] // top_k`` (FC1: tokens), or, with
     ``top_k=None``, ``[R, K]`` with ``row(p) = p`` (FC2: rows already in sorted order). ``codes``
     uint8 ``[E, N, K / 2]`` and ``scales`` (e4m3 bytes as uint8) ``[E, N, K / 16]``, the ModelOpt
-    layout as loaded. ``epilogue`` (:data:`EPILOGUES`):
+    layout as loaded. ``epilogue`` (:data:`PREFILL_EPILOGUES`):
 
     - ``"none"``: ``out`` bf16 ``[R, N]`` at the sorted positions, the bf16-rounded product;
     - ``"swiglu"`` (FC1, ``N = 2 I``, gate rows then up rows): ``out`` bf16 ``[R, I]`` at the sorted
@@ -77,8 +72,8 @@ def launch_prefill_gemm(
     imported (Triton 3.6+ with Gluon, an sm_90 GPU)."""
     experts, n, half_k = codes.shape
     k = 2 * half_k
-    if epilogue not in EPILOGUES:
-        raise ValueError(f"epilogue must be one of {sorted(EPILOGUES)}, got {epilogue!r}")
+    if epilogue not in PREFILL_EPILOGUES:
+        raise ValueError(f"epilogue must be one of {sorted(PREFILL_EPILOGUES)}, got {epilogue!r}")
     if x.dtype != torch.bfloat16 or out.dtype != torch.bfloat16:
         raise ValueError(f"x and out must be bf16, got {x.dtype} and {out.dtype}")
     routes = routing.sorted_route.numel()
@@ -103,7 +98,7 @@ def launch_prefill_gemm(
         "BW": schedule.weight_rows,
         "BT": schedule.routes,
         "DEPTH": schedule.depth,
-        "EPILOGUE": EPILOGUES[epilogue],
+        "EPILOGUE": PREFILL_EPILOGUES[epilogue],
         "HAS_LIMIT": swiglu_limit is not None,
     }
     if schedule.register_weights:

@@ -61,11 +61,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from a4prefill.ops.backends.triton.numerics import BYTE_DEQUANT_ASM, e4m3_bytes_f32, swiglu
-from a4prefill.ops.backends.triton.prefill import EPILOGUES
+from a4prefill.ops.backends.triton.schedules import PREFILL_EPILOGUES
 
-EPILOGUE_NONE: gl.constexpr = gl.constexpr(EPILOGUES["none"])
-EPILOGUE_SWIGLU: gl.constexpr = gl.constexpr(EPILOGUES["swiglu"])
-EPILOGUE_ALPHA: gl.constexpr = gl.constexpr(EPILOGUES["alpha"])
+EPILOGUE_NONE: gl.constexpr = gl.constexpr(PREFILL_EPILOGUES["none"])
+EPILOGUE_SWIGLU: gl.constexpr = gl.constexpr(PREFILL_EPILOGUES["swiglu"])
+EPILOGUE_ALPHA: gl.constexpr = gl.constexpr(PREFILL_EPILOGUES["alpha"])
 
 # cp.async into shared memory: ``async_load`` from Triton 3.7 on, ``async_copy_global_to_shared``
 # before (same arguments)

@@ -26,6 +26,9 @@ from types import MappingProxyType
 
 DECODE_MAX_ROWS_PER_EXPERT = 32  # W4A16 calls with at most this many routes per active expert (mean)
 PREFILL_MIN_ROWS_PER_EXPERT = 64  # W4A16 bf16 calls on sm_90 with at least this many (mean): prefill GEMMs
+# What a prefill GEMM writes (the kernels' ``EPILOGUE`` constexpr): the raw product (benchmarks
+# and tests of the GEMM core), FC1's SwiGLU, FC2's alpha by route
+PREFILL_EPILOGUES = MappingProxyType({"none": 0, "swiglu": 1, "alpha": 2})
 
 
 def cdiv(a: int, b: int) -> int:
@@ -325,10 +328,13 @@ class PrefillGemm:
 
 
 # The prefill GEMM schedules the benchmark compares (benchmarks/bench_prefill_gemm.py). In the H200
-# run of 2026-12-02, tree 8fa5b10 (benchmarks/results/bench_prefill_gemm.json, GLM-5.3-Flash TP2
-# shape) the fastest were rs_w128_t32_d4 at 512 and 1024 tokens, rs_w128_t128_d4 at 4096,
-# w128_t256_d4 at 8192, rs_w128_t256_d5 (FC1) and w128_t256_d4 (FC2) at 16384. Deeper rings (d6,
-# a8) were slower wherever they cost a CTA per SM; 16-route tiles were slower than 32.
+# run of 2026-12-02 with every schedule, tree 8fa5b10 (benchmarks/results/archive/
+# bench_prefill_gemm_round3.json, GLM-5.3-Flash TP2 shape), the fastest were rs_w128_t32_d4 at 512
+# and 1024 tokens, rs_w128_t128_d4 at 4096, w128_t256_d4 at 8192, rs_w128_t256_d5 (FC1) and
+# w128_t256_d4 (FC2) at 16384. Deeper rings (d6, a8) were slower wherever they cost a CTA per SM;
+# 16-route tiles were slower than 32. The run of the fourth round (tree 7e4699f,
+# bench_prefill_gemm.json: the best of these in the current tile order) kept that ranking, with
+# rs_w128_t256_d4 first for FC1 at 16384.
 PREFILL_SCHEDULES = MappingProxyType(
     {
         "w128_t64_d6": PrefillGemm(128, 64, depth=6),
