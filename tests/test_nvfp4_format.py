@@ -167,3 +167,32 @@ def test_dequantize_rejects_mismatched_block_scales():
         nvfp4.dequantize(packed, scales[:, :1], 1.0)
     with pytest.raises(TypeError, match="float8_e4m3fn"):
         nvfp4.dequantize(packed, scales.float(), 1.0)
+
+
+def test_the_layout_accessor_views_the_modelopt_tensors_without_copying():
+    """``ExpertGemm`` (``NvFp4Experts.fc1``/``fc2``) hands out the loaded tensors and views of
+    their storage: the kernels' int32 code words hold column ``8w + i`` in bits ``4i``, the
+    uint16 scale pairs the first block in the low byte, and ``dequantized_blocks`` is the
+    reference dequantization."""
+    from a4prefill.ops import nvfp4
+    from a4prefill.tools.tiny_layer import make_tiny_layer
+
+    experts = make_tiny_layer(3, 64, 32, 2, seed=1, calibration_tokens=8).experts
+    for gemm, codes, scales, scale_2 in (
+        (experts.fc1, experts.w13_weight, experts.w13_weight_scale, experts.w13_weight_scale_2),
+        (experts.fc2, experts.w2_weight, experts.w2_weight_scale, experts.w2_weight_scale_2),
+    ):
+        assert gemm.codes is codes and gemm.block_scales is scales and gemm.scale_2 is scale_2
+        assert (gemm.experts, gemm.rows, gemm.columns) == (codes.shape[0], codes.shape[1], 2 * codes.shape[2])
+        for view in (gemm.scale_bytes(), gemm.code_words(), gemm.scale_pairs()):
+            assert view.untyped_storage().data_ptr() == codes.untyped_storage().data_ptr() or (
+                view.untyped_storage().data_ptr() == scales.untyped_storage().data_ptr()
+            )
+        words = gemm.code_words().to(torch.int64) & 0xFFFFFFFF
+        nibble = (words[..., None] >> (4 * torch.arange(8))) & 15  # [E, N, K/8, 8]
+        low, high = codes & 15, codes >> 4
+        assert torch.equal(nibble.flatten(-2), torch.stack((low, high), dim=-1).flatten(-2).long())
+        pairs = gemm.scale_pairs().to(torch.int64)
+        assert torch.equal(pairs & 255, gemm.scale_bytes()[..., 0::2].long())
+        assert torch.equal(pairs >> 8, gemm.scale_bytes()[..., 1::2].long())
+        assert torch.equal(gemm.dequantized_blocks(1), nvfp4.dequantize_blocks(codes[1], scales[1]))

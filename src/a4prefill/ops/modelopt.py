@@ -87,6 +87,60 @@ class _TensorBundle:
 
 
 @dataclass(frozen=True)
+class ExpertGemm:
+    """One of a layer's two expert GEMMs (FC1 or FC2) in the package's one weight layout: the
+    ModelOpt tensors as vLLM loads them, never re-laid out or copied (views only). Every path reads
+    expert weights through it (:attr:`NvFp4Experts.fc1`, :attr:`NvFp4Experts.fc2`): the reference,
+    the triton backend's tiled, decode and prefill kernels (A4 and split included) and the b12x
+    translation. For E experts, N output rows and K input columns:
+
+    - ``codes`` uint8 [E, N, K/2]: byte ``c`` of a row holds column ``2c`` in its low nibble and
+      column ``2c + 1`` in its high nibble (e2m1);
+    - ``block_scales`` float8_e4m3fn [E, N, K/16]: one per 16 consecutive columns of a row;
+    - ``scale_2`` fp32: the decode multiplier, [E, 2] for FC1 (column 0 the gate rows ``[0, N/2)``,
+      column 1 the up rows ``[N/2, N)``), [E] for FC2.
+
+    Weight ``(e, n, k) = e2m1(codes) * block_scales[e, n, k // 16] * scale_2`` (docs/numerics.md,
+    section 3)."""
+
+    codes: torch.Tensor
+    block_scales: torch.Tensor
+    scale_2: torch.Tensor
+
+    @property
+    def experts(self) -> int:
+        return int(self.codes.shape[0])
+
+    @property
+    def rows(self) -> int:
+        """N: output rows (FC1: ``2 I``, gate then up; FC2: ``H``)."""
+        return int(self.codes.shape[1])
+
+    @property
+    def columns(self) -> int:
+        """K: input columns (FC1: ``H``; FC2: ``I``)."""
+        return 2 * int(self.codes.shape[2])
+
+    def scale_bytes(self) -> torch.Tensor:
+        """``block_scales`` as their uint8 e4m3 bit patterns (same storage)."""
+        return self.block_scales.view(torch.uint8)
+
+    def code_words(self) -> torch.Tensor:
+        """``codes`` as int32 [E, N, K/8]: columns ``8w .. 8w + 7`` of a row in word ``w``, column
+        ``8w + i`` in bits ``4i .. 4i + 3`` (little-endian bytes; same storage)."""
+        return self.codes.view(torch.int32)
+
+    def scale_pairs(self) -> torch.Tensor:
+        """``block_scales`` as uint16 [E, N, K/32]: the scales of two consecutive 16-column blocks
+        per value, the first in the low byte (same storage)."""
+        return self.block_scales.view(torch.uint16)
+
+    def dequantized_blocks(self, expert: int) -> torch.Tensor:
+        """fp32 [N, K] ``e2m1 * block_scale`` of one expert (exact; ``scale_2`` not applied)."""
+        return nvfp4.dequantize_blocks(self.codes[expert], self.block_scales[expert])
+
+
+@dataclass(frozen=True)
 class NvFp4Experts(_TensorBundle):
     """The NVFP4 expert weights of one layer as the ops take them (E experts, hidden H, inter. I).
 
@@ -107,6 +161,16 @@ class NvFp4Experts(_TensorBundle):
     w2_weight: torch.Tensor
     w2_weight_scale: torch.Tensor
     w2_weight_scale_2: torch.Tensor
+
+    @property
+    def fc1(self) -> ExpertGemm:
+        """FC1 (``w13``: N = 2I gate-then-up rows, K = H) through the layout accessor."""
+        return ExpertGemm(self.w13_weight, self.w13_weight_scale, self.w13_weight_scale_2)
+
+    @property
+    def fc2(self) -> ExpertGemm:
+        """FC2 (``w2``: N = H rows, K = I) through the layout accessor."""
+        return ExpertGemm(self.w2_weight, self.w2_weight_scale, self.w2_weight_scale_2)
 
 
 @dataclass(frozen=True)
@@ -143,12 +207,10 @@ class NvFp4MoEWeights(_TensorBundle):
 def dequantize_experts(experts: NvFp4Experts) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 ``w13 [E, 2I, H]`` and ``w2 [E, H, I]``: ``e2m1 * block_scale * weight_scale_2``,
     the gate half of ``w13`` with column 0 of ``w13_weight_scale_2``, the up half with column 1."""
-    num_experts, two_i, _ = experts.w13_weight.shape
-    half_scale = experts.w13_weight_scale_2.reshape(num_experts, 2).repeat_interleave(two_i // 2, dim=1)
-    w13 = nvfp4.dequantize_blocks(experts.w13_weight, experts.w13_weight_scale) * half_scale.unsqueeze(2)
-    w2 = dequantize_expert_stack(
-        QuantizedStack(experts.w2_weight, experts.w2_weight_scale, experts.w2_weight_scale_2)
-    )
+    fc1, fc2 = experts.fc1, experts.fc2
+    half_scale = fc1.scale_2.reshape(fc1.experts, 2).repeat_interleave(fc1.rows // 2, dim=1)
+    w13 = nvfp4.dequantize_blocks(fc1.codes, fc1.block_scales) * half_scale.unsqueeze(2)
+    w2 = dequantize_expert_stack(QuantizedStack(fc2.codes, fc2.block_scales, fc2.scale_2))
     return w13, w2
 
 

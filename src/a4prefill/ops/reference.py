@@ -58,9 +58,9 @@ def moe_reference(
     if tokens == 0:
         return output.to(io_dtype)
     route_weights = topk_weights.to(torch.float32)
-    intermediate = experts.w13_weight.shape[1] // 2
+    fc1, fc2 = experts.fc1, experts.fc2
     # [E, 2I]: each half's decode multiplier repeated over its columns.
-    fc1_scale_2 = experts.w13_weight_scale_2.repeat_interleave(intermediate, dim=1)
+    fc1_scale_2 = fc1.scale_2.repeat_interleave(fc1.rows // 2, dim=1)
     if a4_scales is None:
         fc1_input = hidden_states.to(torch.float32)
         fc1_alpha = fc1_scale_2
@@ -71,17 +71,17 @@ def moe_reference(
         if expert < 0:
             continue
         token_index, slot_index = torch.nonzero(topk_ids == expert, as_tuple=True)
-        w13 = nvfp4.dequantize_blocks(experts.w13_weight[expert], experts.w13_weight_scale[expert])
+        w13 = fc1.dequantized_blocks(expert)
         gate_up = ((fc1_input[token_index] @ w13.T) * fc1_alpha[expert]).to(io_dtype)
         activated = swiglu(gate_up, swiglu_limit)
-        w2 = nvfp4.dequantize_blocks(experts.w2_weight[expert], experts.w2_weight_scale[expert])
+        w2 = fc2.dequantized_blocks(expert)
         if a4_scales is None:
             fc2_input = activated.to(torch.float32)
-            fc2_alpha = experts.w2_weight_scale_2[expert]
+            fc2_alpha = fc2.scale_2[expert]
         else:
             fc2_scale = a4_scales.fc2_encode_scales[expert].reshape(1)
             fc2_input = nvfp4.quantize_dequantize_blocks(activated, fc2_scale)
-            fc2_alpha = experts.w2_weight_scale_2[expert] / fc2_scale[0]
+            fc2_alpha = fc2.scale_2[expert] / fc2_scale[0]
         expert_out = ((fc2_input @ w2.T) * fc2_alpha).to(io_dtype)
         weighted = expert_out.to(torch.float32) * route_weights[token_index, slot_index].unsqueeze(1)
         output.index_add_(0, token_index, weighted)

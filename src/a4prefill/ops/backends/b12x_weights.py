@@ -165,9 +165,10 @@ def translate_weights(experts: NvFp4Experts, a4_scales: A4Scales | None) -> B12x
     global scales that differ are folded exactly into the block scales (:func:`fold_half_scales`),
     or the translation raises. Reads scales on the host: call at preparation time.
     """
-    num_experts = experts.w13_weight.shape[0]
-    device = experts.w13_weight.device
-    w13_block_scales, w13_global = fold_half_scales(experts.w13_weight_scale, experts.w13_weight_scale_2)
+    gemm1, gemm2 = experts.fc1, experts.fc2
+    num_experts = gemm1.experts
+    device = gemm1.codes.device
+    w13_block_scales, w13_global = fold_half_scales(gemm1.block_scales, gemm1.scale_2)
     if a4_scales is None:
         fc1 = torch.ones(num_experts, dtype=torch.float32, device=device)
         fc2 = torch.ones(num_experts, dtype=torch.float32, device=device)
@@ -175,12 +176,12 @@ def translate_weights(experts: NvFp4Experts, a4_scales: A4Scales | None) -> B12x
         fc1 = a4_scales.fc1_encode_scale.to(device, torch.float32).reshape(1).repeat(num_experts).contiguous()
         fc2 = a4_scales.fc2_encode_scales.to(device, torch.float32).reshape(num_experts).clone()
     return B12xTensors(
-        w13=swap_gate_up(experts.w13_weight),
-        w2=experts.w2_weight.detach().clone().contiguous(),
+        w13=swap_gate_up(gemm1.codes),
+        w2=gemm2.codes.detach().clone().contiguous(),
         w13_block_scales=swizzle_block_scales(swap_gate_up(w13_block_scales)),
-        w2_block_scales=swizzle_block_scales(experts.w2_weight_scale),
+        w2_block_scales=swizzle_block_scales(gemm2.block_scales),
         w13_global_scales=w13_global,
-        w2_global_scales=experts.w2_weight_scale_2.detach().to(torch.float32).clone().contiguous(),
+        w2_global_scales=gemm2.scale_2.detach().to(torch.float32).clone().contiguous(),
         input_scale=fc1,
         intermediate_scale=fc2,
         calibrated=a4_scales is not None,

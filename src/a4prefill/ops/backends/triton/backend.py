@@ -58,13 +58,13 @@ class TritonBackend(MoEBackend):
         """``triton-decode`` where the call's :class:`plan.CallPlan` runs the decode kernels,
         ``triton-prefill`` where it runs the Hopper prefill kernels (uniform W4A16 plans only),
         else ``triton-tiled``."""
-        hidden_states, w13 = call.hidden_states, call.experts.w13_weight
+        hidden_states, fc1 = call.hidden_states, call.experts.fc1
         call_plan = plan_call(
             hidden_states.shape[0],
             call.topk_ids.shape[1],
-            w13.shape[0],
+            fc1.experts,
             hidden_states.shape[1],
-            w13.shape[1] // 2,
+            fc1.rows // 2,
             hidden_states.dtype,
             hidden_states.device,
         )

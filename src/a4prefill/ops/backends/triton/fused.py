@@ -74,8 +74,8 @@ def fused_moe(
     (exact: the weights are applied in fp32, ids are below ``E``), and unaligned inputs as
     aligned copies: the kernels a call launches depend on its :class:`plan.CallPlan` and mode only."""
     tokens, hidden = hidden_states.shape
-    num_experts, two_i, _ = experts.w13_weight.shape
-    inter = two_i // 2
+    fc1, fc2 = experts.fc1, experts.fc2
+    num_experts, inter = fc1.experts, fc1.rows // 2
     top_k = topk_ids.shape[1]
     routes = tokens * top_k
     output = torch.empty_like(hidden_states)
@@ -91,7 +91,7 @@ def fused_moe(
     cfg = plan.config
     if a4_scales is None:
         mode, fc1_input = MODE_W4A16, hidden_states
-        gs1 = gs2 = experts.w2_weight_scale_2  # unused
+        gs1 = gs2 = fc2.scale_2  # unused
     else:
         mode = MODE_A4 if row_flags is None else MODE_SPLIT
         gs1, gs2 = a4_scales.fc1_encode_scale, a4_scales.fc2_encode_scales
@@ -115,22 +115,20 @@ def fused_moe(
     routing = sort_routes(topk_ids.reshape(-1), num_experts, plan.routing)
     ptx = plan.ptx
     flags = row_flags if row_flags is not None else routing.seg_count  # unused unless MODE_SPLIT
-    w13_scale = experts.w13_weight_scale.view(torch.uint8)
-    w2_scale = experts.w2_weight_scale.view(torch.uint8)
     h = torch.empty(routes, inter, dtype=hidden_states.dtype, device=hidden_states.device)
     limit = float(swiglu_limit or 0.0)
     common = routing.kernel_args()
     split1, split2 = plan.split_k
     f32 = torch.float32
     device = hidden_states.device
-    acc1 = torch.zeros(routes, two_i, dtype=f32, device=device) if split1 > 1 else h
+    acc1 = torch.zeros(routes, fc1.rows, dtype=f32, device=device) if split1 > 1 else h
     scalars = (gs1, gs2, flags)
     fc1_grid = (routing.max_tiles, cdiv(inter, cfg.fc1_n), split1)
     kernels.fc1_kernel[fc1_grid](
         fc1_input,
-        experts.w13_weight,
-        w13_scale,
-        experts.w13_weight_scale_2,
+        fc1.codes,
+        fc1.scale_bytes(),
+        fc1.scale_2,
         *scalars,
         *common,
         h,
@@ -152,7 +150,7 @@ def fused_moe(
     if split1 > 1:
         kernels.fc1_finalize_kernel[fc1_grid[:2]](
             acc1,
-            experts.w13_weight_scale_2,
+            fc1.scale_2,
             *scalars,
             *common,
             h,
@@ -172,9 +170,9 @@ def fused_moe(
         y = torch.empty(routes, hidden, dtype=hidden_states.dtype, device=device)
     kernels.fc2_kernel[(routing.max_tiles, cdiv(hidden, cfg.fc2_n), split2)](
         h,
-        experts.w2_weight,
-        w2_scale,
-        experts.w2_weight_scale_2,
+        fc2.codes,
+        fc2.scale_bytes(),
+        fc2.scale_2,
         gs2,
         flags,
         *common,
@@ -217,11 +215,11 @@ def _combine(
         topk_weights,
         topk_ids,
         output,
-        experts.w2_weight_scale_2,
+        experts.fc2.scale_2,
         gs2,
         flags,
         hidden,
-        experts.w13_weight.shape[0],
+        experts.fc1.experts,
         topk_ids.shape[1],
         FROM_ACC=from_acc,
         MODE=mode,
@@ -245,42 +243,37 @@ def _fused_moe_prefill(
     ``y [R, H]`` (by route), then the top-k sum into ``output``. Same routing contract and numerics
     as :func:`fused_moe`'s tiled path (only the fp32 additions' order differs)."""
     assert plan.prefill is not None and plan.prefill_routing is not None
-    num_experts, two_i, _ = experts.w13_weight.shape
+    fc1, fc2 = experts.fc1, experts.fc2
     routes = topk_ids.numel()
-    hidden = hidden_states.shape[1]
-    routing = sort_routes(topk_ids.reshape(-1), num_experts, plan.prefill_routing)
-    w13_scale = experts.w13_weight_scale.view(torch.uint8)
-    w2_scale = experts.w2_weight_scale.view(torch.uint8)
+    routing = sort_routes(topk_ids.reshape(-1), fc1.experts, plan.prefill_routing)
     device = hidden_states.device
-    h = torch.empty(routes, two_i // 2, dtype=torch.bfloat16, device=device)
+    h = torch.empty(routes, fc1.rows // 2, dtype=torch.bfloat16, device=device)
     launch_prefill_gemm(
         hidden_states,
-        experts.w13_weight,
-        w13_scale,
+        fc1.codes,
+        fc1.scale_bytes(),
         routing,
         h,
         plan.prefill.fc1,
         topk_ids.shape[1],
         epilogue="swiglu",
-        scale2=experts.w13_weight_scale_2,
+        scale2=fc1.scale_2,
         swiglu_limit=swiglu_limit,
     )
-    y = torch.empty(routes, hidden, dtype=torch.bfloat16, device=device)
+    y = torch.empty(routes, fc2.rows, dtype=torch.bfloat16, device=device)
     launch_prefill_gemm(
         h,
-        experts.w2_weight,
-        w2_scale,
+        fc2.codes,
+        fc2.scale_bytes(),
         routing,
         y,
         plan.prefill.fc2,
         None,
         epilogue="alpha",
-        scale2=experts.w2_weight_scale_2,
+        scale2=fc2.scale_2,
     )
     flags = routing.seg_count  # not read: y holds finished rows
-    _combine(
-        y, topk_weights, topk_ids, output, experts, experts.w2_weight_scale_2, flags, MODE_W4A16, False, False
-    )
+    _combine(y, topk_weights, topk_ids, output, experts, fc2.scale_2, flags, MODE_W4A16, False, False)
 
 
 def _decode_launch_args(gemm: DecodeGemm, routes: int) -> dict[str, Any]:
@@ -322,12 +315,12 @@ def _fused_moe_decode(
     """
     decode = kernel_modules.decode()
     tokens, hidden = fc1_input.shape
-    num_experts, two_i, _ = experts.w13_weight.shape
-    inter = two_i // 2
+    fc1, fc2 = experts.fc1, experts.fc2
+    inter = fc1.rows // 2
     top_k = topk_ids.shape[1]
     routes = tokens * top_k
     schedule, routing_plan, overlap = launch
-    routing = sort_routes(topk_ids.reshape(-1), num_experts, routing_plan)
+    routing = sort_routes(topk_ids.reshape(-1), fc1.experts, routing_plan)
     device = fc1_input.device
     x = torch.empty_like(fc1_input)
     block_h = min(1024, next_pow2(hidden))
@@ -338,9 +331,9 @@ def _fused_moe_decode(
     h = torch.empty(routes, inter, dtype=torch.bfloat16, device=device)
     decode.fc1_decode_kernel[(routing.max_tiles, inter // schedule.fc1.rows_per_cta)](
         x,
-        experts.w13_weight.view(torch.int32),
-        experts.w13_weight_scale.view(torch.uint16),
-        experts.w13_weight_scale_2,
+        fc1.code_words(),
+        fc1.scale_pairs(),
+        fc1.scale_2,
         gs1,
         gs2,
         flags,
@@ -359,9 +352,9 @@ def _fused_moe_decode(
     y = torch.empty(routes, hidden, dtype=torch.bfloat16, device=device)
     decode.fc2_decode_kernel[(routing.max_tiles, hidden // schedule.fc2.rows_per_cta)](
         h,
-        experts.w2_weight.view(torch.int32),
-        experts.w2_weight_scale.view(torch.uint16),
-        experts.w2_weight_scale_2,
+        fc2.code_words(),
+        fc2.scale_pairs(),
+        fc2.scale_2,
         gs2,
         flags,
         *common,

@@ -64,13 +64,10 @@ def warm_up(
     discarded. ``swiglu_limit`` as the layer's calls pass it. Synchronizes once at the end.
     Allocates: call at load time, never while a stream captures."""
     started = time.perf_counter()
-    num_experts, two_i, hidden = (
-        experts.w13_weight.shape[0],
-        experts.w13_weight.shape[1],
-        experts.w2_weight.shape[1],
-    )
-    device = experts.w13_weight.device
-    plans = plan_representatives(max_tokens, top_k, num_experts, hidden, two_i // 2, dtype, device)
+    fc1 = experts.fc1
+    num_experts, hidden, intermediate = fc1.experts, fc1.columns, fc1.rows // 2
+    device = fc1.codes.device
+    plans = plan_representatives(max_tokens, top_k, num_experts, hidden, intermediate, dtype, device)
     calls = 0
     for tokens in plans.values():
         x = torch.zeros(tokens, hidden, dtype=dtype, device=device)
