@@ -110,6 +110,9 @@ def test_each_schedule_compiles_to_wgmma_for_sm90():
         "scales_ptr": "*u8",
         "out_ptr": "*bf16",
         "scale2_ptr": "*fp32",
+        "gs1_ptr": "*fp32",
+        "gs2_ptr": "*fp32",
+        "flag_ptr": "*u8",
     }
     routing = dict.fromkeys(
         [
@@ -121,7 +124,7 @@ def test_each_schedule_compiles_to_wgmma_for_sm90():
     scalars = {**dict.fromkeys(["N", "K", "ROUTES", "TOPK"], "i32"), "limit": "fp32"}
     for schedule in PREFILL_SCHEDULES.values():
         tile = {"BW": schedule.weight_rows, "BT": schedule.routes, "DEPTH": schedule.depth}
-        constexprs = {"GATHER": True, "EPILOGUE": 0, "HAS_LIMIT": False, **tile}
+        constexprs = {"GATHER": True, "EPILOGUE": 0, "MODE": 0, "HAS_LIMIT": False, **tile}
         if schedule.register_weights:
             kernel = kernels.grouped_w4_gemm_rs_kernel
             constexprs["WEIGHT_AHEAD"] = schedule.weights_ahead
@@ -300,6 +303,41 @@ def test_the_launcher_refuses_a_missing_or_misshapen_multiplier():
         )
     with pytest.raises(ValueError, match="epilogue must be one of"):
         launch_prefill_gemm(x, codes, scales, routing, out, schedule, 1, epilogue="gelu")
+    from a4prefill.ops.precision import MODE_A4, MODE_SPLIT
+
+    with pytest.raises(ValueError, match="mode must be one of"):
+        launch_prefill_gemm(
+            x, codes, scales, routing, out, schedule, 1, epilogue="swiglu", scale2=torch.ones(1, 2), mode=7
+        )
+    with pytest.raises(ValueError, match="needs the swiglu or alpha epilogue and encode_scales"):
+        launch_prefill_gemm(
+            x,
+            codes,
+            scales,
+            routing,
+            out,
+            schedule,
+            1,
+            epilogue="swiglu",
+            scale2=torch.ones(1, 2),
+            mode=MODE_A4,
+        )
+    gs = (torch.ones(1), torch.ones(1))
+    with pytest.raises(ValueError, match=r"mode split needs row_flags \(uint8 \[T\]\)"):
+        launch_prefill_gemm(
+            x,
+            codes,
+            scales,
+            routing,
+            out,
+            schedule,
+            1,
+            epilogue="swiglu",
+            scale2=torch.ones(1, 2),
+            mode=MODE_SPLIT,
+            encode_scales=gs,
+            row_flags=torch.ones(4, dtype=torch.int32),
+        )
 
 
 @pytest.fixture(scope="module")
@@ -372,3 +410,87 @@ def test_calls_below_the_prefill_size_or_not_w4a16_bf16_plan_no_prefill_gemms(pr
     config = choose_config(2 * tokens, 4, 256, 128)
     assert plan_call(tokens, 2, 4, 256, 128, torch.bfloat16, cpu, config).prefill is None
     assert plan_call(tokens, 2, 4, 256, 96, torch.bfloat16, cpu).prefill is None  # 2 I = 192
+
+
+def mode_reference(product, routing, epilogue, scale2, encode_scales, a4_routes, top_k):
+    """The reference MoE's math (``a4prefill.ops.reference``) for an exact product ``[R, N]`` at
+    the sorted positions, per route W4A16 or A4 (``a4_routes`` bool by route id): FC1's
+    ``swiglu(bf16(product * alpha))`` with A4 routes' ``h`` re-quantized per 16 columns with
+    ``gs2[e]``, or FC2's ``bf16(product * alpha)`` by route."""
+    from a4prefill.ops import nvfp4
+
+    gs1, gs2 = encode_scales
+    experts = scale2.shape[0]
+    expert_of = torch.repeat_interleave(torch.arange(experts), routing.seg_count.long())
+    a4 = a4_routes[routing.sorted_route.long()]
+    if epilogue == "swiglu":
+        half = product.shape[1] // 2
+        alpha = torch.where(a4[:, None], scale2[expert_of] / gs1, scale2[expert_of])
+        h = reference_swiglu((product.float() * alpha.repeat_interleave(half, dim=1)).bfloat16(), None)
+        requantized = torch.stack(
+            [
+                nvfp4.quantize_dequantize_blocks(row[None], gs2[e].reshape(1))[0]
+                for row, e in zip(h, expert_of, strict=True)
+            ]
+        ).bfloat16()
+        return torch.where(a4[:, None], requantized, h)
+    alpha = torch.where(a4, scale2[expert_of] / gs2[expert_of], scale2[expert_of])
+    by_position = (product.float() * alpha[:, None]).bfloat16()
+    by_route = torch.empty_like(by_position)
+    by_route[routing.sorted_route.long()] = by_position
+    return by_route
+
+
+@pytest.mark.parametrize("label", ["rs_w128_t32_d4", "w64_t64_d6"])
+@pytest.mark.parametrize("epilogue", ["swiglu", "alpha"])
+@pytest.mark.parametrize("mode", ["a4", "split"])
+def test_the_a4_and_split_epilogues_apply_each_routes_precision(interpreted, label, epilogue, mode):
+    """A4 and split calls (not yet chosen by ``plan_call``): one-hot activation rows make every
+    product a single weight, exact, so each output is compared bit for bit with the reference
+    math of its route's precision: the A4 multipliers ``scale2 / gs1`` and ``scale2 / gs2[e]``, the
+    re-quantization of A4 routes' ``h`` per 16 columns with ``gs2[e]``, and in a split call each
+    token's flag (half the tokens A4)."""
+    from a4prefill.ops.precision import MODE_A4, MODE_SPLIT
+
+    schedule = PREFILL_SCHEDULES[label]
+    generator = torch.Generator().manual_seed(17)
+    experts, n, k, tokens, top_k = 3, 4 * schedule.weight_rows, 2 * schedule.block_k, 40, 2
+    codes = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=generator)
+    scales = torch.randint(0x30, 0x40, (experts, n, k // 16), dtype=torch.uint8, generator=generator)
+    ids = torch.stack([torch.randperm(experts, generator=generator)[:top_k] for _ in range(tokens)]).int()
+    gather = epilogue == "swiglu"
+    rows = tokens if gather else tokens * top_k
+    x = torch.zeros(rows, k, dtype=torch.bfloat16)
+    x[torch.arange(rows), torch.randint(0, k, (rows,), generator=generator)] = 1.0
+    scale2 = torch.rand((experts, 2) if gather else (experts,), generator=generator) + 0.5
+    encode_scales = (
+        torch.rand(1, generator=generator) * 4 + 1,
+        torch.rand(experts, generator=generator) * 4 + 1,
+    )
+    flags = (
+        (torch.arange(tokens) % 2).to(torch.uint8)
+        if mode == "split"
+        else torch.ones(tokens, dtype=torch.uint8)
+    )
+    routing = build_routing(ids, experts, schedule.routes, force_torch=True)
+    out = torch.full((ids.numel(), n // 2 if gather else n), float("nan"), dtype=torch.bfloat16)
+    launch_prefill_gemm(
+        x,
+        codes,
+        scales,
+        routing,
+        out,
+        schedule,
+        top_k if gather else None,
+        kernel=interpreted[schedule.register_weights],
+        epilogue=epilogue,
+        scale2=scale2,
+        mode=MODE_SPLIT if mode == "split" else MODE_A4,
+        encode_scales=encode_scales,
+        row_flags=flags,
+        routes_per_token=top_k,
+    )
+    exact, _ = expected(x, codes, scales, routing, top_k if gather else None)
+    a4_routes = flags.bool().repeat_interleave(top_k)
+    want = mode_reference(exact, routing, epilogue, scale2, encode_scales, a4_routes, top_k)
+    assert torch.equal(out, want)

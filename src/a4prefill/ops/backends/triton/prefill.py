@@ -15,6 +15,7 @@ import torch
 from a4prefill.ops.backends.triton import kernel_modules
 from a4prefill.ops.backends.triton.routing import Routing
 from a4prefill.ops.backends.triton.schedules import PREFILL_EPILOGUES, PrefillGemm
+from a4prefill.ops.precision import MODE_A4, MODE_SPLIT, MODE_W4A16
 from a4prefill.process_state import register_state
 
 
@@ -48,6 +49,10 @@ def launch_prefill_gemm(
     epilogue: str = "none",
     scale2: torch.Tensor | None = None,
     swiglu_limit: float | None = None,
+    mode: int = MODE_W4A16,
+    encode_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    row_flags: torch.Tensor | None = None,
+    routes_per_token: int | None = None,
 ) -> None:
     """``out[p] = x[row(p)] @ dequant(W[e(p)])^T`` for every sorted position ``p`` of
     ``routing`` (fp32 accumulation), then the ``epilogue``, without a host sync.
@@ -63,6 +68,13 @@ def launch_prefill_gemm(
       ``scale2`` fp32 ``[E, 2]``;
     - ``"alpha"`` (FC2): ``out`` bf16 ``[R, N]`` by route (``out[sorted_route[p]]``), the product
       times ``scale2[e]``, ``scale2`` fp32 ``[E]``.
+
+    ``mode`` (``precision.MODE_*``) with the MoE epilogues: in ``MODE_A4`` and ``MODE_SPLIT`` the A4
+    routes' multipliers divide by the encode scales ``encode_scales = (gs1 [1], gs2 [E])`` fp32 and
+    FC1 re-quantizes their ``h`` with ``gs2[e]`` (``x`` of A4 rows already quantized, as
+    ``quantize.quantize_rows`` gives it); ``MODE_SPLIT`` reads each route's precision from
+    ``row_flags`` uint8 ``[T]`` (1 = A4) at its token, ``route // routes_per_token``
+    (``routes_per_token`` defaults to ``top_k``; FC2 passes it since its ``top_k`` is None).
 
     ``routing`` was built with ``block_m = schedule.routes``. ``N`` must be a multiple of
     ``schedule.weight_rows`` and ``K`` of ``schedule.block_k``. With ``schedule.register_weights``
@@ -89,6 +101,18 @@ def launch_prefill_gemm(
     ):
         got = None if scale2 is None else (scale2.dtype, tuple(scale2.shape))
         raise ValueError(f"scale2 must be fp32 {list(scale2_shape)} for epilogue {epilogue!r}, got {got}")
+    if mode not in (MODE_W4A16, MODE_A4, MODE_SPLIT):
+        raise ValueError(f"mode must be one of MODE_W4A16, MODE_A4, MODE_SPLIT, got {mode!r}")
+    if mode != MODE_W4A16:
+        if epilogue == "none" or encode_scales is None:
+            raise ValueError(
+                "mode A4 or split needs the swiglu or alpha epilogue and encode_scales=(gs1, gs2)"
+            )
+        token_routes = routes_per_token or top_k
+        if mode == MODE_SPLIT and (
+            row_flags is None or row_flags.dtype != torch.uint8 or token_routes is None
+        ):
+            raise ValueError("mode split needs row_flags (uint8 [T]) and routes_per_token (or top_k)")
     for name, tensor in (("x", x), ("codes", codes), ("scales", scales), ("out", out)):
         if not tensor.is_contiguous() or tensor.data_ptr() % 16:
             raise ValueError(f"{name} must be contiguous and 16-byte aligned (cp.async copies 16 bytes)")
@@ -99,6 +123,7 @@ def launch_prefill_gemm(
         "BT": schedule.routes,
         "DEPTH": schedule.depth,
         "EPILOGUE": PREFILL_EPILOGUES[epilogue],
+        "MODE": mode,
         "HAS_LIMIT": swiglu_limit is not None,
     }
     if schedule.register_weights:
@@ -119,6 +144,8 @@ def launch_prefill_gemm(
         scales,
         out,
         scale2 if scale2 is not None else routing.seg_count,  # not read by the "none" epilogue
+        *(encode_scales or (routing.seg_count, routing.seg_count)),  # read in A4 and split modes only
+        row_flags if row_flags is not None else routing.seg_count,  # read in split mode only
         routing.sorted_route,
         routing.tile_expert,
         routing.tile_row,
@@ -128,7 +155,7 @@ def launch_prefill_gemm(
         n,
         k,
         routes,
-        top_k or 1,
+        top_k or routes_per_token or 1,
         float(swiglu_limit or 0.0),
         GATHER=top_k is not None,
         **constexprs,

@@ -60,12 +60,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from a4prefill.ops.backends.triton.numerics import BYTE_DEQUANT_ASM, e4m3_bytes_f32, swiglu
+from a4prefill.ops.backends.triton.numerics import BYTE_DEQUANT_ASM, _quantize_groups, e4m3_bytes_f32, swiglu
 from a4prefill.ops.backends.triton.schedules import PREFILL_EPILOGUES
+from a4prefill.ops.precision import MODE_A4, MODE_SPLIT, MODE_W4A16
 
 EPILOGUE_NONE: gl.constexpr = gl.constexpr(PREFILL_EPILOGUES["none"])
 EPILOGUE_SWIGLU: gl.constexpr = gl.constexpr(PREFILL_EPILOGUES["swiglu"])
 EPILOGUE_ALPHA: gl.constexpr = gl.constexpr(PREFILL_EPILOGUES["alpha"])
+W4A16_MODE: gl.constexpr = gl.constexpr(MODE_W4A16)
+A4_MODE: gl.constexpr = gl.constexpr(MODE_A4)
+SPLIT_MODE: gl.constexpr = gl.constexpr(MODE_SPLIT)
 
 # cp.async into shared memory: ``async_load`` from Triton 3.7 on, ``async_copy_global_to_shared``
 # before (same arguments)
@@ -228,6 +232,47 @@ def _tile_operands(
 
 
 @gluon.jit
+def _routes_a4(flag_ptr, sorted_route_ptr, pos, live, TOPK, MODE: gl.constexpr):
+    """Per sorted position ``pos`` (a vector): whether its route's token is an A4 row
+    (``SPLIT_MODE``: ``flag[sorted_route[pos] // TOPK] != 0``); in the uniform modes a placeholder."""
+    if MODE == SPLIT_MODE:
+        route = gl.load(sorted_route_ptr + pos, mask=live, other=0)
+        return gl.load(flag_ptr + route // TOPK, mask=live, other=0) != 0
+    else:
+        return live
+
+
+@gluon.jit
+def _alpha(scale2, encode_scale_ptr, is_a4, MODE: gl.constexpr):
+    """The epilogue multiplier: ``scale2`` for W4A16 routes, ``div_rn(scale2, encode_scale)`` for A4
+    routes (docs/numerics.md section 4); per route (``is_a4``) in ``SPLIT_MODE``."""
+    if MODE == W4A16_MODE:
+        return scale2
+    elif MODE == A4_MODE:
+        return gl.div_rn(scale2, gl.load(encode_scale_ptr))
+    else:
+        return gl.where(is_a4, gl.div_rn(scale2, gl.load(encode_scale_ptr)), scale2)
+
+
+@gluon.jit
+def _requantize(h, gs2_ptr, is_a4, MODE: gl.constexpr):
+    """FC1's bf16 output ``h [J, BT]`` (16-aligned columns of ``h`` on axis 0, routes on axis 1) of
+    A4 routes quantized per 16 columns with the expert's encode scale ``gs2`` (the values
+    ``e2m1 * block_scale``, :func:`numerics._quantize_groups`, as the tiled and decode kernels);
+    W4A16 routes (``SPLIT_MODE``, ``is_a4 [BT]`` False) keep ``h``."""
+    J: gl.constexpr = h.shape[0]
+    T: gl.constexpr = h.shape[1]
+    gs2 = gl.load(gs2_ptr)
+    inv_gs2 = gl.div_rn(gs2 * 0.0 + 1.0, gs2)
+    q, _, _ = _quantize_groups(gl.permute(h.to(gl.float32), [1, 0]), gs2, inv_gs2, T, J)
+    q = gl.convert_layout(gl.permute(q, [1, 0]), h.type.layout).to(gl.bfloat16)
+    if MODE == A4_MODE:
+        return q
+    else:
+        return gl.where(is_a4[None, :], q, h)
+
+
+@gluon.jit
 def _epilogue(
     acc,
     out_ptr,
@@ -240,8 +285,13 @@ def _epilogue(
     live_tile,
     N,
     ROUTES,
+    TOPK,
     limit,
+    gs1_ptr,
+    gs2_ptr,
+    flag_ptr,
     EPILOGUE: gl.constexpr,
+    MODE: gl.constexpr,
     HAS_LIMIT: gl.constexpr,
     BW: gl.constexpr,
     BT: gl.constexpr,
@@ -254,7 +304,13 @@ def _epilogue(
       1])`` with the rounding points of :func:`~a4prefill.ops.backends.triton.numerics.swiglu`
       (``out [ROUTES, N / 2]``, ``scale2 [E, 2]`` fp32, rows paired as :func:`_weight_row`);
     - ``EPILOGUE_ALPHA`` (FC2): ``out[sorted_route[p], n0 + i] = bf16(acc[i, p] * alpha[e])``
-      (``out [ROUTES, N]`` by route, ``scale2 [E]`` fp32), as the tiled FC2."""
+      (``out [ROUTES, N]`` by route, ``scale2 [E]`` fp32), as the tiled FC2.
+
+    ``MODE`` (``precision.MODE_*``): in A4 and split calls the multipliers of A4 routes are
+    ``scale2 / gs1`` (FC1, ``gs1 [1]``) and ``scale2 / gs2[e]`` (FC2, ``gs2 [E]``), and FC1 re-quantizes
+    their ``h`` per 16 columns with ``gs2[e]``; a split call reads its routes' precision from
+    ``flag [T]`` (uint8, 1 = A4) at token ``sorted_route[p] // TOPK``. The W4A16 code is the same as
+    without a mode."""
     SWIGLU: gl.constexpr = EPILOGUE == EPILOGUE_SWIGLU
     OUT_ROWS: gl.constexpr = BW // 2 if SWIGLU else BW
     OUT: gl.constexpr = out_layout(OUT_ROWS, gl.num_warps())
@@ -262,20 +318,49 @@ def _epilogue(
         # a thread's rows r and r + 8 of each 16 are a gate and its up row (_weight_row): the
         # split renames registers. (Converting the accumulator to a 16-rows-per-thread layout
         # first gave results that changed from run to run on the H200, with Triton 3.6.)
-        pairs = gl.permute(gl.reshape(acc * 128.0, [BW // 16, 2, 8, BT]), (0, 2, 3, 1))
-        gate, up = gl.split(pairs)
-        gate = gate * gl.load(scale2_ptr + expert * 2)
-        up = up * gl.load(scale2_ptr + expert * 2 + 1)
+        if MODE == W4A16_MODE:
+            pairs = gl.permute(gl.reshape(acc * 128.0, [BW // 16, 2, 8, BT]), (0, 2, 3, 1))
+            gate, up = gl.split(pairs)
+            gate = gate * gl.load(scale2_ptr + expert * 2)
+            up = up * gl.load(scale2_ptr + expert * 2 + 1)
+        else:
+            # each route's multipliers, gate rows and up rows, in the accumulator's layout
+            ACC: gl.constexpr = acc.type.layout
+            r = gl.arange(0, BW, layout=gl.SliceLayout(1, ACC))
+            pos_acc = row0 + gl.arange(0, BT, layout=gl.SliceLayout(0, ACC))
+            live_acc = (pos_acc < seg_end) & (pos_acc < ROUTES) & live_tile
+            is_a4_acc = _routes_a4(flag_ptr, sorted_route_ptr, pos_acc, live_acc, TOPK, MODE)
+            # [BT] multipliers (0 past the segment: those positions are not stored)
+            alpha_g = gl.where(
+                live_acc, _alpha(gl.load(scale2_ptr + expert * 2), gs1_ptr, is_a4_acc, MODE), 0.0
+            )
+            alpha_u = gl.where(
+                live_acc, _alpha(gl.load(scale2_ptr + expert * 2 + 1), gs1_ptr, is_a4_acc, MODE), 0.0
+            )
+            up_row = ((r // 8) % 2 == 1)[:, None]
+            scaled = acc * 128.0 * gl.where(up_row, alpha_u[None, :], alpha_g[None, :])
+            gate, up = gl.split(gl.permute(gl.reshape(scaled, [BW // 16, 2, 8, BT]), (0, 2, 3, 1)))
         h = swiglu(gate, up, limit, HAS_LIMIT, gl.bfloat16, False)
         y = gl.convert_layout(gl.reshape(h, [OUT_ROWS, BT]), OUT)
     else:
         acc = acc * 128.0
         if EPILOGUE == EPILOGUE_ALPHA:
-            acc = acc * gl.load(scale2_ptr + expert)
+            if MODE == W4A16_MODE:
+                acc = acc * gl.load(scale2_ptr + expert)
+            else:
+                ACC2: gl.constexpr = acc.type.layout
+                pos_acc = row0 + gl.arange(0, BT, layout=gl.SliceLayout(0, ACC2))
+                live_acc = (pos_acc < seg_end) & (pos_acc < ROUTES) & live_tile
+                is_a4_acc = _routes_a4(flag_ptr, sorted_route_ptr, pos_acc, live_acc, TOPK, MODE)
+                alpha = _alpha(gl.load(scale2_ptr + expert), gs2_ptr + expert, is_a4_acc, MODE)
+                acc = acc * gl.where(live_acc, alpha, 0.0)[None, :]
         y = gl.convert_layout(acc.to(gl.bfloat16), OUT)
     w_idx = gl.arange(0, OUT_ROWS, layout=gl.SliceLayout(1, OUT))
     pos = row0 + gl.arange(0, BT, layout=gl.SliceLayout(0, OUT))
     live = (pos < seg_end) & (pos < ROUTES) & live_tile
+    if SWIGLU and MODE != W4A16_MODE:
+        is_a4 = _routes_a4(flag_ptr, sorted_route_ptr, pos, live, TOPK, MODE)
+        y = _requantize(y, gs2_ptr + expert, is_a4, MODE)
     out_rows = gl.load(sorted_route_ptr + pos, mask=live, other=0) if EPILOGUE == EPILOGUE_ALPHA else pos
     # FC1's SwiGLU halves the row count: N / 2 columns of h, this CTA's from n0 / 2
     col0 = n0 // 2 if SWIGLU else n0
@@ -291,6 +376,9 @@ def grouped_w4_gemm_kernel(
     scales_ptr,
     out_ptr,
     scale2_ptr,
+    gs1_ptr,
+    gs2_ptr,
+    flag_ptr,
     sorted_route_ptr,
     tile_expert_ptr,
     tile_row_ptr,
@@ -304,6 +392,7 @@ def grouped_w4_gemm_kernel(
     limit,
     GATHER: gl.constexpr,
     EPILOGUE: gl.constexpr,
+    MODE: gl.constexpr,
     HAS_LIMIT: gl.constexpr,
     BW: gl.constexpr,
     BT: gl.constexpr,
@@ -403,8 +492,13 @@ def grouped_w4_gemm_kernel(
         live_tile,
         N,
         ROUTES,
+        TOPK,
         limit,
+        gs1_ptr,
+        gs2_ptr,
+        flag_ptr,
         EPILOGUE,
+        MODE,
         HAS_LIMIT,
         BW,
         BT,
@@ -446,6 +540,9 @@ def grouped_w4_gemm_rs_kernel(
     scales_ptr,
     out_ptr,
     scale2_ptr,
+    gs1_ptr,
+    gs2_ptr,
+    flag_ptr,
     sorted_route_ptr,
     tile_expert_ptr,
     tile_row_ptr,
@@ -459,6 +556,7 @@ def grouped_w4_gemm_rs_kernel(
     limit,
     GATHER: gl.constexpr,
     EPILOGUE: gl.constexpr,
+    MODE: gl.constexpr,
     HAS_LIMIT: gl.constexpr,
     BW: gl.constexpr,
     BT: gl.constexpr,
@@ -563,8 +661,13 @@ def grouped_w4_gemm_rs_kernel(
         live_tile,
         N,
         ROUTES,
+        TOPK,
         limit,
+        gs1_ptr,
+        gs2_ptr,
+        flag_ptr,
         EPILOGUE,
+        MODE,
         HAS_LIMIT,
         BW,
         BT,
