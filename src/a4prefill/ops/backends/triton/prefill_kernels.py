@@ -4,8 +4,9 @@ wgmma from shared memory) or into the wgmma's A registers (``grouped_w4_gemm_rs_
 
 W4A16 MoE calls of at least ``schedules.PREFILL_MIN_ROWS_PER_EXPERT`` routes per expert with bf16
 activations on an sm_90 GPU run FC1 with the SwiGLU epilogue and FC2 with the alpha epilogue
-(:func:`_epilogue`; ``plan.plan_call``, ``fused._fused_moe_prefill``); A4 and split calls still
-run the tiled kernels (issue 23). :func:`a4prefill.ops.backends.triton.prefill.launch_prefill_gemm`
+(:func:`_epilogue`; ``plan.plan_call``, ``fused._fused_moe_prefill``). The epilogues also take
+A4 and split calls (``MODE``), checked on the CPU only so far: ``plan_call`` still sends those to
+the tiled kernels (issue 23). :func:`a4prefill.ops.backends.triton.prefill.launch_prefill_gemm`
 launches either kernel; the raw product (``EPILOGUE_NONE``) serves the GEMM-core tests and
 ``benchmarks/bench_prefill_gemm.py``.
 
