@@ -37,9 +37,9 @@ def decode_kernels_run(device: torch.device) -> bool:
 def prefill_kernels_run(device: torch.device) -> bool:
     """Whether :mod:`prefill_kernels` can run on ``device``: an sm_90 GPU (wgmma) and a Triton
     whose Gluon has what the kernels use (the module imports)."""
-    if torch.version.hip is not None or torch.cuda.get_device_capability(device) != (9, 0):
+    if device.type != "cuda" or torch.version.hip is not None:
         return False
-    return kernel_modules.prefill_imports()
+    return torch.cuda.get_device_capability(device) == (9, 0) and kernel_modules.prefill_imports()
 
 
 def grid_dependencies_run(device: torch.device) -> bool:
