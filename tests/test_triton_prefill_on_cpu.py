@@ -494,3 +494,29 @@ def test_the_a4_and_split_epilogues_apply_each_routes_precision(interpreted, lab
     a4_routes = flags.bool().repeat_interleave(top_k)
     want = mode_reference(exact, routing, epilogue, scale2, encode_scales, a4_routes, top_k)
     assert torch.equal(out, want)
+
+
+def test_the_kernel_family_is_triton_prefill_for_uniform_w4a16_prefill_calls_only(prefill_moe_on_cpu):
+    """What the device row counters record: ``triton-prefill`` where the call's plan has the
+    prefill GEMMs and its row plan is uniform W4A16; the A4 and split plans of the same call run
+    the tiled kernels; a smaller call keeps its family."""
+    from a4prefill.ops.backends.triton.backend import TritonBackend
+    from a4prefill.ops.precision import A4, W4A16, MoECall, RowPlan
+    from a4prefill.ops.rows import RowTypes
+    from a4prefill.tools.tiny_layer import make_tiny_layer
+
+    experts = make_tiny_layer(4, 256, 128, 2, seed=2, calibration_tokens=16).experts
+    backend = TritonBackend()
+
+    def call(tokens: int) -> MoECall:
+        ids = (torch.arange(tokens * 2) % 4).int().reshape(tokens, 2)
+        return MoECall(
+            torch.zeros(tokens, 256, dtype=torch.bfloat16), torch.ones(tokens, 2) / 2, ids, experts
+        )
+
+    large = call(160)  # 80 routes per expert
+    split = RowPlan.for_rows(RowTypes(160, ((0, 80),), ((80, 160),), ()))
+    assert backend.kernel_family(large, RowPlan.uniform(W4A16, 160)) == "triton-prefill"
+    assert backend.kernel_family(large, RowPlan.uniform(A4, 160)) == "triton-tiled"
+    assert backend.kernel_family(large, split) == "triton-tiled"
+    assert backend.kernel_family(call(100), RowPlan.uniform(W4A16, 100)) == "triton-tiled"  # 50 per expert
