@@ -93,11 +93,12 @@ def call(
 @contextlib.contextmanager
 def on(device: str) -> Iterator[None]:
     """On the CPU, the backend's device checks answer as on an H200 (decode kernels, overlapping
-    launches); on a GPU they answer for it."""
+    launches, prefill kernels); on a GPU they answer for it."""
     with pytest.MonkeyPatch.context() as patch:
         if device == "cpu":
             patch.setattr(plan, "decode_kernels_run", lambda _: True)
             patch.setattr(plan, "grid_dependencies_run", lambda _: True)
+            patch.setattr(plan, "prefill_kernels_run", lambda _: True)
         yield
 
 
@@ -132,6 +133,37 @@ def test_every_tiled_kernel_reaches_a_post_compile_hook_serialized(device, confi
     assert ("fc1_finalize_kernel" in compiled) is (config.split_k > 1)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    ("tokens", "kernel"),
+    [(512, "grouped_w4_gemm_rs_kernel"), (1280, "grouped_w4_gemm_kernel")],  # 64 and 160 routes per expert
+)
+def test_every_prefill_kernel_reaches_a_post_compile_hook_serialized(device, tokens, kernel):
+    """A W4A16 call of prefill size (on sm_90) runs the routing, the two prefill GEMMs and the
+    combine; each compiles and Triton serializes its specialization for the hook."""
+    if device == "cuda" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the prefill kernels run on sm_90 (Hopper) only")
+    with on(device), fresh_launches(device) as compiles:
+        call(device, tokens, MODE_W4A16)
+    compiled = {event.kernel for event in compiles}
+    assert {kernel, "combine_kernel"} <= compiled
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_prefill_call_compiles_nothing_new_for_another_route_count(device):
+    """The prefill kernels take the route count unspecialized: after a call of 4112 routes (a
+    multiple of 16), one of 4120 launches the same compiled kernels. (Specialized, the second
+    compiled both again: a compile while serving, which the warm-up's one call per plan cannot
+    prevent.)"""
+    if device == "cuda" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the prefill kernels run on sm_90 (Hopper) only")
+    with on(device), fresh_launches(device) as compiles:
+        call(device, 514, MODE_W4A16)
+        first = len(compiles)
+        call(device, 515, MODE_W4A16)
+    assert first > 0 and compiles[first:] == []
+
+
 def test_the_hook_tests_cover_every_kernel_the_package_launches():
     """A new ``*_kernel`` must be added to the cases above (the two tests' kernel sets)."""
     covered = {
@@ -144,6 +176,8 @@ def test_the_hook_tests_cover_every_kernel_the_package_launches():
         "fc1_finalize_kernel",
         "fc2_kernel",
         "combine_kernel",
+        "grouped_w4_gemm_rs_kernel",
+        "grouped_w4_gemm_kernel",
     }
     assert {name.rsplit(".", 1)[-1] for name in package_kernels()} == covered
 

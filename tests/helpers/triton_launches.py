@@ -65,11 +65,11 @@ def package_kernels() -> dict[str, Any]:
     """``module.name -> kernel`` of every kernel the package launches (``*_kernel`` JIT functions)."""
     from triton.runtime.jit import JITFunction
 
-    from a4prefill.ops.backends.triton import decode_kernels, shared_kernels, tiled_kernels
+    from a4prefill.ops.backends.triton import decode_kernels, prefill_kernels, shared_kernels, tiled_kernels
 
     return {
         f"{module.__name__}.{name}": value
-        for module in (shared_kernels, tiled_kernels, decode_kernels)
+        for module in (shared_kernels, tiled_kernels, decode_kernels, prefill_kernels)
         for name, value in vars(module).items()
         if name.endswith("_kernel") and isinstance(value, JITFunction)
     }

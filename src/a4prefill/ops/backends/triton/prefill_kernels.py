@@ -370,7 +370,9 @@ def _epilogue(
     gl.store(ptrs, y, mask=live[None, :] & (w_idx[:, None] < OUT_ROWS))
 
 
-@gluon.jit
+# ROUTES unspecialized: a call's route count must not pick another compiled kernel (a compile while
+# serving after the load-time warm-up)
+@gluon.jit(do_not_specialize=["ROUTES"])
 def grouped_w4_gemm_kernel(
     x_ptr,
     codes_ptr,
@@ -534,7 +536,9 @@ def _dequant_fragment(codes, scales, A_LAYOUT: gl.constexpr, BW: gl.constexpr):
     return gl.convert_layout(gl.reshape(pairs, [BW, 64]), A_LAYOUT)
 
 
-@gluon.jit
+# ROUTES unspecialized: a call's route count must not pick another compiled kernel (a compile while
+# serving after the load-time warm-up)
+@gluon.jit(do_not_specialize=["ROUTES"])
 def grouped_w4_gemm_rs_kernel(
     x_ptr,
     codes_ptr,
