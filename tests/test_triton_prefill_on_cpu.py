@@ -224,16 +224,40 @@ def test_schedules_refuse_what_the_kernel_cannot_run():
     assert PrefillGemm(64, 128).warps == 4 and PrefillGemm(128, 256).warps == 8
 
 
-def reference_epilogue(product: torch.Tensor, routing, epilogue: str, scale2, limit) -> torch.Tensor:
-    """What the epilogue makes of the exact product ``[R, N]`` (sorted positions): the tiled and
-    reference MoE's math (:func:`a4prefill.ops.reference.swiglu` on ``bf16(product * alpha)``)."""
+def reference_epilogue(
+    product: torch.Tensor, routing, epilogue: str, scale2, limit=None, a4=None
+) -> torch.Tensor:
+    """What the epilogue makes of the exact product ``[R, N]`` (sorted positions), in the product's
+    dtype: the tiled and reference MoE's math (:func:`a4prefill.ops.reference.swiglu` on
+    ``bf16(product * alpha)``, or FC2's ``bf16(product * alpha)`` by route). With ``a4 =
+    (encode_scales, a4_routes)`` (``(gs1, gs2)``, bool by route id) A4 routes take ``scale2 / gs1``
+    (FC1) or ``scale2 / gs2[e]`` (FC2) and FC1 re-quantizes their ``h`` per 16 columns with
+    ``gs2[e]``, as ``a4prefill.ops.reference``."""
+    from a4prefill.ops import nvfp4
+
     experts = scale2.shape[0]
     expert_of = torch.repeat_interleave(torch.arange(experts), routing.seg_count.long())
+    alpha = scale2[expert_of]
+    if a4 is not None:
+        (gs1, gs2), a4_routes = a4
+        is_a4 = a4_routes[routing.sorted_route.long()]
+        a4_alpha = alpha / gs1 if epilogue == "swiglu" else alpha / gs2[expert_of]
+        alpha = torch.where(is_a4[:, None] if epilogue == "swiglu" else is_a4, a4_alpha, alpha)
+    alpha = alpha.to(product.dtype)
     if epilogue == "swiglu":
-        half = product.shape[1] // 2
-        alpha = scale2.double()[expert_of].repeat_interleave(half, dim=1)
-        return reference_swiglu((product * alpha).bfloat16(), limit)
-    by_position = (product * scale2.double()[expert_of][:, None]).bfloat16()
+        h = reference_swiglu(
+            (product * alpha.repeat_interleave(product.shape[1] // 2, dim=1)).bfloat16(), limit
+        )
+        if a4 is None:
+            return h
+        requantized = torch.stack(
+            [
+                nvfp4.quantize_dequantize_blocks(row[None], gs2[e].reshape(1))[0]
+                for row, e in zip(h, expert_of, strict=True)
+            ]
+        ).bfloat16()
+        return torch.where(is_a4[:, None], requantized, h)
+    by_position = (product * alpha[:, None]).bfloat16()
     by_route = torch.empty_like(by_position)
     by_route[routing.sorted_route.long()] = by_position
     return by_route
@@ -412,35 +436,6 @@ def test_calls_below_the_prefill_size_or_not_w4a16_bf16_plan_no_prefill_gemms(pr
     assert plan_call(tokens, 2, 4, 256, 96, torch.bfloat16, cpu).prefill is None  # 2 I = 192
 
 
-def mode_reference(product, routing, epilogue, scale2, encode_scales, a4_routes, top_k):
-    """The reference MoE's math (``a4prefill.ops.reference``) for an exact product ``[R, N]`` at
-    the sorted positions, per route W4A16 or A4 (``a4_routes`` bool by route id): FC1's
-    ``swiglu(bf16(product * alpha))`` with A4 routes' ``h`` re-quantized per 16 columns with
-    ``gs2[e]``, or FC2's ``bf16(product * alpha)`` by route."""
-    from a4prefill.ops import nvfp4
-
-    gs1, gs2 = encode_scales
-    experts = scale2.shape[0]
-    expert_of = torch.repeat_interleave(torch.arange(experts), routing.seg_count.long())
-    a4 = a4_routes[routing.sorted_route.long()]
-    if epilogue == "swiglu":
-        half = product.shape[1] // 2
-        alpha = torch.where(a4[:, None], scale2[expert_of] / gs1, scale2[expert_of])
-        h = reference_swiglu((product.float() * alpha.repeat_interleave(half, dim=1)).bfloat16(), None)
-        requantized = torch.stack(
-            [
-                nvfp4.quantize_dequantize_blocks(row[None], gs2[e].reshape(1))[0]
-                for row, e in zip(h, expert_of, strict=True)
-            ]
-        ).bfloat16()
-        return torch.where(a4[:, None], requantized, h)
-    alpha = torch.where(a4, scale2[expert_of] / gs2[expert_of], scale2[expert_of])
-    by_position = (product.float() * alpha[:, None]).bfloat16()
-    by_route = torch.empty_like(by_position)
-    by_route[routing.sorted_route.long()] = by_position
-    return by_route
-
-
 @pytest.mark.parametrize("label", ["rs_w128_t32_d4", "w64_t64_d6"])
 @pytest.mark.parametrize("epilogue", ["swiglu", "alpha"])
 @pytest.mark.parametrize("mode", ["a4", "split"])
@@ -492,7 +487,7 @@ def test_the_a4_and_split_epilogues_apply_each_routes_precision(interpreted, lab
     )
     exact, _ = expected(x, codes, scales, routing, top_k if gather else None)
     a4_routes = flags.bool().repeat_interleave(top_k)
-    want = mode_reference(exact, routing, epilogue, scale2, encode_scales, a4_routes, top_k)
+    want = reference_epilogue(exact.float(), routing, epilogue, scale2, a4=(encode_scales, a4_routes))
     assert torch.equal(out, want)
 
 

@@ -16,6 +16,7 @@ a kernel by setting the module's attribute).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 from a4prefill.process_state import register_state
@@ -45,24 +46,25 @@ def prefill() -> Any:
     return prefill_kernels
 
 
-@functools.cache
-def decode_imports() -> bool:
-    """Whether :mod:`decode_kernels` imports (a Triton whose Gluon has what the kernels use)."""
+def _imports(load: Callable[[], Any]) -> bool:
+    """Whether ``load`` imports its kernel module (a Triton whose Gluon has what it uses)."""
     try:
-        decode()
+        load()
     except (ImportError, AttributeError):
         return False
     return True
+
+
+@functools.cache
+def decode_imports() -> bool:
+    """Whether :mod:`decode_kernels` imports (a Triton whose Gluon has what the kernels use)."""
+    return _imports(decode)
 
 
 @functools.cache
 def prefill_imports() -> bool:
     """Whether :mod:`prefill_kernels` imports (a Triton whose Gluon has the Hopper ops it uses)."""
-    try:
-        prefill()
-    except (ImportError, AttributeError):
-        return False
-    return True
+    return _imports(prefill)
 
 
 register_state(__name__, decode_imports.cache_clear, decode_imports)
