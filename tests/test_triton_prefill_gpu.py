@@ -82,3 +82,41 @@ def test_the_w4a16_prefill_moe_matches_the_reference_eagerly_and_in_a_cuda_graph
         replayed = fused_moe(hidden, topk_weights, topk_ids, layer_experts, None, 4.0)
     graph.replay()
     assert torch.equal(replayed, result)
+
+
+@pytest.mark.parametrize(("tokens", "fc1"), [(512, "rs_w128_t128_d4"), (2048, "rs_w128_t256_d4")])
+def test_a4_and_split_prefill_moe_match_the_reference_eagerly_and_in_a_cuda_graph(tokens, fc1):
+    """A4 and split calls of 128 and 512 routes per expert through the prefill GEMMs (both
+    kernels: FC2 at 512 routes per expert dequantizes into shared memory): all-A4 within the A4
+    bounds of the reference A4 MoE; split with every third token A4, its A4 rows within those
+    bounds and its W4A16 rows within the W4A16 bounds; the split call replayed from a CUDA graph
+    gives the same output."""
+    from a4prefill.ops.backends.triton.fused import fused_moe
+    from a4prefill.ops.backends.triton.plan import plan_call
+    from a4prefill.ops.reference import moe_reference
+    from a4prefill.tools.tiny_layer import make_tiny_layer, random_routing
+    from helpers.layers import assert_close_to_reference
+
+    experts, hidden_size, inter, top_k = 16, 1024, 512, 4
+    layer = make_tiny_layer(experts, hidden_size, inter, top_k, seed=4, calibration_tokens=16)
+    cuda_experts, cuda_scales = layer.experts.to("cuda"), layer.a4_scales.to("cuda")
+    generator = torch.Generator().manual_seed(tokens + 1)
+    hidden = (2 * torch.randn(tokens, hidden_size, generator=generator)).to(torch.bfloat16)
+    topk_weights, topk_ids = random_routing(tokens, experts, top_k, generator)
+    plan = plan_call(tokens, top_k, experts, hidden_size, inter, torch.bfloat16, torch.device("cuda"))
+    assert plan.prefill is not None and plan.prefill.fc1 == PREFILL_SCHEDULES[fc1]
+    gpu = [t.cuda() for t in (hidden, topk_weights, topk_ids)]
+    args = (hidden, topk_weights, topk_ids, layer.experts)
+    a4 = moe_reference(*args, layer.a4_scales, 4.0)
+    w4a16 = moe_reference(*args, None, 4.0)
+    assert_close_to_reference(fused_moe(*gpu, cuda_experts, cuda_scales, 4.0), a4, "a4")
+    flags = (torch.arange(tokens) % 3 == 1).to(torch.uint8).cuda()
+    split = fused_moe(*gpu, cuda_experts, cuda_scales, 4.0, flags)
+    is_a4 = flags.bool().cpu()
+    assert_close_to_reference(split.cpu()[is_a4], a4[is_a4], "a4")
+    assert_close_to_reference(split.cpu()[~is_a4], w4a16[~is_a4], "w4a16")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = fused_moe(*gpu, cuda_experts, cuda_scales, 4.0, flags)
+    graph.replay()
+    assert torch.equal(replayed, split)

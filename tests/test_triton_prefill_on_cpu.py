@@ -367,10 +367,10 @@ def test_the_launcher_refuses_a_missing_or_misshapen_multiplier():
 @pytest.fixture(scope="module")
 def prefill_moe_on_cpu(interpreted):
     """``fused_moe`` on CPU tensors planned as on an H200 (``plan.prefill_kernels_run``), the
-    prefill GEMMs interpreted; the combine and the one-program routing stand in by their
-    contracts, as in ``test_triton_decode_on_cpu``."""
+    prefill GEMMs interpreted; the combine, the A4 activation quantization and the one-program
+    routing stand in by their contracts, as in ``test_triton_decode_on_cpu``."""
     from a4prefill.ops.backends.triton import fused, plan, prefill_kernels
-    from test_triton_decode_on_cpu import _combine_contract
+    from test_triton_decode_on_cpu import _combine_contract, _quantize_rows_contract
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(prefill_kernels, "grouped_w4_gemm_rs_kernel", interpreted[True])
@@ -378,6 +378,7 @@ def prefill_moe_on_cpu(interpreted):
         patch.setattr(plan, "routing_launch", functools.partial(plan.routing_launch, force_torch=True))
         patch.setattr(plan, "prefill_kernels_run", lambda device: True)
         patch.setattr(fused, "_combine", _combine_contract)
+        patch.setattr(fused, "quantize_rows", _quantize_rows_contract)
         yield
 
 
@@ -420,6 +421,36 @@ def test_a_w4a16_prefill_call_runs_the_prefill_gemms_and_matches_the_reference(
     assert_close_to_reference(result, expected, "w4a16")
 
 
+@pytest.mark.parametrize("limit", [None, 2.5])
+def test_a4_and_split_prefill_calls_run_the_prefill_gemms_and_match_the_reference(
+    prefill_moe_on_cpu, interpreted, limit
+):
+    """A4 and split calls of a prefill size take the same two prefill launches as W4A16 (the
+    A4 rows quantized first): all-A4 within the A4 bounds of the reference A4 MoE; split with
+    every third token A4, its A4 rows within those bounds and its W4A16 rows within the W4A16
+    bounds of the reference W4A16 MoE."""
+    from a4prefill.ops.backends.triton.fused import fused_moe
+    from a4prefill.tools.tiny_layer import make_tiny_layer, random_routing
+    from helpers.layers import assert_close_to_reference
+
+    tokens, experts, hidden_size, inter, top_k = 160, 4, 256, 128, 2  # 80 routes per expert
+    layer = make_tiny_layer(experts, hidden_size, inter, top_k, seed=7, calibration_tokens=16)
+    generator = torch.Generator().manual_seed(31)
+    hidden = (2 * torch.randn(tokens, hidden_size, generator=generator)).to(torch.bfloat16)
+    topk_weights, topk_ids = random_routing(tokens, experts, top_k, generator)
+    args = (hidden, topk_weights, topk_ids, layer.experts)
+    a4 = moe_reference(*args, layer.a4_scales, limit)
+    w4a16 = moe_reference(*args, None, limit)
+    before = len(interpreted[True].launches)
+    assert_close_to_reference(fused_moe(*args, layer.a4_scales, limit), a4, "a4")
+    flags = (torch.arange(tokens) % 3 == 1).to(torch.uint8)
+    split = fused_moe(*args, layer.a4_scales, limit, flags)
+    assert len(interpreted[True].launches) - before == 4  # rs_w128_t128_d4: FC1 and FC2, twice
+    is_a4 = flags.bool()
+    assert_close_to_reference(split[is_a4], a4[is_a4], "a4")
+    assert_close_to_reference(split[~is_a4], w4a16[~is_a4], "w4a16")
+
+
 def test_calls_below_the_prefill_size_or_not_w4a16_bf16_plan_no_prefill_gemms(prefill_moe_on_cpu):
     """Fewer than ``PREFILL_MIN_ROWS_PER_EXPERT`` routes per expert, fp16 io or an explicit config:
     no prefill GEMMs in the plan; shapes the schedules do not divide neither."""
@@ -440,11 +471,10 @@ def test_calls_below_the_prefill_size_or_not_w4a16_bf16_plan_no_prefill_gemms(pr
 @pytest.mark.parametrize("epilogue", ["swiglu", "alpha"])
 @pytest.mark.parametrize("mode", ["a4", "split"])
 def test_the_a4_and_split_epilogues_apply_each_routes_precision(interpreted, label, epilogue, mode):
-    """A4 and split calls (not yet chosen by ``plan_call``): one-hot activation rows make every
-    product a single weight, exact, so each output is compared bit for bit with the reference
-    math of its route's precision: the A4 multipliers ``scale2 / gs1`` and ``scale2 / gs2[e]``, the
-    re-quantization of A4 routes' ``h`` per 16 columns with ``gs2[e]``, and in a split call each
-    token's flag (half the tokens A4)."""
+    """A4 and split calls: one-hot activation rows make every product a single weight, exact, so each
+    output is compared bit for bit with the reference math of its route's precision: the A4
+    multipliers ``scale2 / gs1`` and ``scale2 / gs2[e]``, the re-quantization of A4 routes' ``h``
+    per 16 columns with ``gs2[e]``, and in a split call each token's flag (half the tokens A4)."""
     from a4prefill.ops.precision import MODE_A4, MODE_SPLIT
 
     schedule = PREFILL_SCHEDULES[label]
@@ -491,10 +521,9 @@ def test_the_a4_and_split_epilogues_apply_each_routes_precision(interpreted, lab
     assert torch.equal(out, want)
 
 
-def test_the_kernel_family_is_triton_prefill_for_uniform_w4a16_prefill_calls_only(prefill_moe_on_cpu):
+def test_the_kernel_family_is_triton_prefill_for_prefill_calls_of_every_precision(prefill_moe_on_cpu):
     """What the device row counters record: ``triton-prefill`` where the call's plan has the
-    prefill GEMMs and its row plan is uniform W4A16; the A4 and split plans of the same call run
-    the tiled kernels; a smaller call keeps its family."""
+    prefill GEMMs, whatever its row plan (W4A16, A4, split); a smaller call keeps its family."""
     from a4prefill.ops.backends.triton.backend import TritonBackend
     from a4prefill.ops.precision import A4, W4A16, MoECall, RowPlan
     from a4prefill.ops.rows import RowTypes
@@ -512,6 +541,6 @@ def test_the_kernel_family_is_triton_prefill_for_uniform_w4a16_prefill_calls_onl
     large = call(160)  # 80 routes per expert
     split = RowPlan.for_rows(RowTypes(160, ((0, 80),), ((80, 160),), ()))
     assert backend.kernel_family(large, RowPlan.uniform(W4A16, 160)) == "triton-prefill"
-    assert backend.kernel_family(large, RowPlan.uniform(A4, 160)) == "triton-tiled"
-    assert backend.kernel_family(large, split) == "triton-tiled"
+    assert backend.kernel_family(large, RowPlan.uniform(A4, 160)) == "triton-prefill"
+    assert backend.kernel_family(large, split) == "triton-prefill"
     assert backend.kernel_family(call(100), RowPlan.uniform(W4A16, 100)) == "triton-tiled"  # 50 per expert

@@ -56,7 +56,7 @@ class TritonBackend(MoEBackend):
 
     def kernel_family(self, call: MoECall, plan: RowPlan) -> str:
         """``triton-decode`` where the call's :class:`plan.CallPlan` runs the decode kernels,
-        ``triton-prefill`` where it runs the Hopper prefill kernels (uniform W4A16 plans only),
+        ``triton-prefill`` where it runs the Hopper prefill kernels (any precision plan),
         else ``triton-tiled``."""
         hidden_states, fc1 = call.hidden_states, call.experts.fc1
         call_plan = plan_call(
@@ -70,7 +70,7 @@ class TritonBackend(MoEBackend):
         )
         if call_plan.decode is not None:
             return "triton-decode"
-        if call_plan.prefill is not None and plan.kind == W4A16:
+        if call_plan.prefill is not None:
             return "triton-prefill"
         return "triton-tiled"
 

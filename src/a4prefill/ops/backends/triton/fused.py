@@ -20,10 +20,10 @@ Calls with bf16 activations (W4A16, A4 or split) and on average at most
 :data:`schedules.DECODE_MAX_ROWS_PER_EXPERT` routes per active expert (decode sizes) run steps 3
 and 4's GEMMs in :mod:`decode_kernels` instead (weights on the MMA's M side, codes loaded straight
 into MMA registers), when the shapes fit its schedule (:class:`schedules.DecodeTiles`) and the GPU
-is sm_80+; same routing, A4 quantization, combine and numerics contract. W4A16 calls with bf16
+is sm_80+; same routing, A4 quantization, combine and numerics contract. Calls with bf16
 activations on an sm_90 GPU and at least :data:`schedules.PREFILL_MIN_ROWS_PER_EXPERT` routes per
-expert (mean) run them in :mod:`prefill_kernels` (wgmma, weights dequantized on the way in);
-A4 and split calls of those sizes run the tiled kernels. What a call launches is its
+expert (mean) run them in :mod:`prefill_kernels` (wgmma, weights dequantized on the way in),
+in every precision mode (the A4 rows quantized by the same pass first). What a call launches is its
 :class:`plan.CallPlan`.
 
 Out-of-range expert ids (``< 0`` or ``>= E``): those routes are ignored (they contribute
@@ -109,8 +109,9 @@ def fused_moe(
             (gs1, gs2),
             row_flags,
         )
-    if plan.prefill is not None and mode == MODE_W4A16:
-        _fused_moe_prefill(hidden_states, topk_weights, topk_ids, experts, swiglu_limit, plan, output)
+    if plan.prefill is not None:
+        precision = (mode, (gs1, gs2), row_flags)
+        _fused_moe_prefill(fc1_input, topk_weights, topk_ids, experts, swiglu_limit, plan, output, precision)
         return output
     routing = sort_routes(topk_ids.reshape(-1), num_experts, plan.routing)
     ptx = plan.ptx
@@ -230,35 +231,44 @@ def _combine(
 
 
 def _fused_moe_prefill(
-    hidden_states: torch.Tensor,
+    fc1_input: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     experts: NvFp4Experts,
     swiglu_limit: float | None,
     plan: CallPlan,
     output: torch.Tensor,
+    precision: tuple[int, tuple[torch.Tensor, torch.Tensor], torch.Tensor | None],
 ) -> None:
-    """The W4A16 MoE through the Hopper prefill GEMMs (``plan.prefill``, bf16 io, sm_90): FC1 with
-    the SwiGLU epilogue into ``h [R, I]`` (sorted positions), FC2 with the alpha epilogue into
-    ``y [R, H]`` (by route), then the top-k sum into ``output``. Same routing contract and numerics
-    as :func:`fused_moe`'s tiled path (only the fp32 additions' order differs)."""
+    """The MoE through the Hopper prefill GEMMs (``plan.prefill``, bf16 io, sm_90): FC1 with the
+    SwiGLU epilogue into ``h [R, I]`` (sorted positions), FC2 with the alpha epilogue into ``y [R,
+    H]`` (by route), then the top-k sum into ``output``. ``precision`` is ``(mode, (gs1, gs2),
+    row_flags)`` as :func:`fused_moe` derived them: ``fc1_input`` holds the A4 rows already
+    quantized, the epilogues apply the A4 routes' multipliers and FC1 re-quantizes their ``h``
+    (``prefill.launch_prefill_gemm``). Same routing contract and numerics as the tiled path (only
+    the fp32 additions' order differs)."""
     assert plan.prefill is not None and plan.prefill_routing is not None
+    mode, encode_scales, row_flags = precision
     fc1, fc2 = experts.fc1, experts.fc2
-    routes = topk_ids.numel()
+    routes, top_k = topk_ids.numel(), topk_ids.shape[1]
     routing = sort_routes(topk_ids.reshape(-1), fc1.experts, plan.prefill_routing)
-    device = hidden_states.device
+    device = fc1_input.device
+    modes: dict[str, Any] = {"mode": mode, "row_flags": row_flags, "routes_per_token": top_k}
+    if mode != MODE_W4A16:
+        modes["encode_scales"] = encode_scales
     h = torch.empty(routes, fc1.rows // 2, dtype=torch.bfloat16, device=device)
     launch_prefill_gemm(
-        hidden_states,
+        fc1_input,
         fc1.codes,
         fc1.scale_bytes(),
         routing,
         h,
         plan.prefill.fc1,
-        topk_ids.shape[1],
+        top_k,
         epilogue="swiglu",
         scale2=fc1.scale_2,
         swiglu_limit=swiglu_limit,
+        **modes,
     )
     y = torch.empty(routes, fc2.rows, dtype=torch.bfloat16, device=device)
     launch_prefill_gemm(
@@ -271,6 +281,7 @@ def _fused_moe_prefill(
         None,
         epilogue="alpha",
         scale2=fc2.scale_2,
+        **modes,
     )
     flags = routing.seg_count  # not read: y holds finished rows
     _combine(y, topk_weights, topk_ids, output, experts, fc2.scale_2, flags, MODE_W4A16, False, False)

@@ -74,9 +74,9 @@ def _check_decode_call(schedule: DecodeTiles, hidden: int, intermediate: int, ro
 class CallPlan:
     """What one :func:`~a4prefill.ops.backends.triton.fused.fused_moe` call launches, apart from its
     precision mode and its sizes: the tiles (``config``), whether the decode kernels run
-    (``decode``: their schedule, else None and the tiled kernels run), whether W4A16 calls run the
-    Hopper prefill GEMMs (``prefill``: their schedules, ``prefill_routing``: their route tiles; A4
-    and split calls run the tiled kernels), how the routes are sorted,
+    (``decode``: their schedule, else None and the tiled kernels run), whether the call runs the
+    Hopper prefill GEMMs (``prefill``: their schedules, ``prefill_routing``: their route tiles; in
+    every precision mode), how the routes are sorted,
     the bf16 PTX dequantization, the split-K factors of FC1 and FC2 and whether FC2 overlaps FC1.
     A function of the call's shapes, io dtype and device only (:func:`plan_call`): two calls with
     equal plans and modes compile and launch the same kernels, which is what

@@ -1,6 +1,6 @@
 """Host side of the Hopper prefill GEMMs (:mod:`~a4prefill.ops.backends.triton.prefill_kernels`):
 :func:`launch_prefill_gemm` launches one GEMM with its epilogue, for ``fused._fused_moe_prefill``
-(W4A16 prefill calls on sm_90, chosen by ``plan.plan_call``), the tests and
+(prefill calls on sm_90, chosen by ``plan.plan_call``), the tests and
 ``benchmarks/bench_prefill_gemm.py``; :func:`mma_column_order` is the register-weights kernel's
 activation column order.
 """

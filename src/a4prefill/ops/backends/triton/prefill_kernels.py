@@ -2,13 +2,12 @@
 many routes per expert, the weights dequantized into shared memory (``grouped_w4_gemm_kernel``,
 wgmma from shared memory) or into the wgmma's A registers (``grouped_w4_gemm_rs_kernel``).
 
-W4A16 MoE calls of at least ``schedules.PREFILL_MIN_ROWS_PER_EXPERT`` routes per expert with bf16
+MoE calls of at least ``schedules.PREFILL_MIN_ROWS_PER_EXPERT`` routes per expert with bf16
 activations on an sm_90 GPU run FC1 with the SwiGLU epilogue and FC2 with the alpha epilogue
-(:func:`_epilogue`; ``plan.plan_call``, ``fused._fused_moe_prefill``). The epilogues also take
-A4 and split calls (``MODE``), checked on the CPU only so far: ``plan_call`` still sends those to
-the tiled kernels (issue 23). :func:`a4prefill.ops.backends.triton.prefill.launch_prefill_gemm`
-launches either kernel; the raw product (``EPILOGUE_NONE``) serves the GEMM-core tests and
-``benchmarks/bench_prefill_gemm.py``.
+(:func:`_epilogue`; ``plan.plan_call``, ``fused._fused_moe_prefill``), W4A16, A4 and split calls
+alike (``MODE``: the A4 routes' multipliers and FC1's re-quantization).
+:func:`a4prefill.ops.backends.triton.prefill.launch_prefill_gemm` launches either kernel; the raw
+product (``EPILOGUE_NONE``) serves the GEMM-core tests and ``benchmarks/bench_prefill_gemm.py``.
 
 Schedule (:class:`~a4prefill.ops.backends.triton.schedules.PrefillGemm`): a CTA multiplies
 ``BW`` weight rows of one expert (the wgmma's M: 64 per warpgroup, ``BW / 16`` warps) by ``BT``

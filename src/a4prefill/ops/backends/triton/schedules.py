@@ -255,7 +255,7 @@ def choose_config(routes: int, experts: int, hidden: int, intermediate: int) -> 
 @dataclass(frozen=True)
 class PrefillGemm:
     """Schedule of the Hopper prefill GEMM (:mod:`prefill_kernels`): ``weight_rows`` per CTA (the
-    wgmma's M: 64 or 128, one warpgroup per 64), ``routes`` of one expert per CTA (the wgmma's
+    wgmma's M: 64, 128 or 256, one warpgroup per 64), ``routes`` of one expert per CTA (the wgmma's
     N: 64, 128 or 256, or 16, 32 with ``register_weights``; the routing's ``block_m``), K columns per
     step (``block_k``: 64 or 128) and ``depth`` ring slots of ``cp.async`` copies (3 to 8: a
     step's code bytes, scale bytes and activation rows are copied ``depth - 2`` steps ahead).
@@ -273,8 +273,8 @@ class PrefillGemm:
     weight_ahead: int = 0
 
     def __post_init__(self) -> None:
-        if self.weight_rows not in (64, 128):
-            raise ValueError(f"PrefillGemm.weight_rows must be 64 or 128, got {self.weight_rows}")
+        if self.weight_rows not in (64, 128, 256):
+            raise ValueError(f"PrefillGemm.weight_rows must be 64, 128 or 256, got {self.weight_rows}")
         if self.routes not in (16, 32, 64, 128, 256) or (self.routes < 64 and not self.register_weights):
             raise ValueError(
                 "PrefillGemm.routes must be 64, 128 or 256 (or 16, 32 with register_weights), "
@@ -363,6 +363,13 @@ PREFILL_SCHEDULES = MappingProxyType(
         "rs_w64_t128_d6": PrefillGemm(64, 128, depth=6, register_weights=True),
         "rs_w64_t256_d3": PrefillGemm(64, 256, depth=3, register_weights=True),
         "rs_w64_t256_d4": PrefillGemm(64, 256, depth=4, register_weights=True),
+        "rs_w128_t32_d4_a8": PrefillGemm(128, 32, depth=4, register_weights=True, weight_ahead=8),
+        "rs_w128_t32_d4_a12": PrefillGemm(128, 32, depth=4, register_weights=True, weight_ahead=12),
+        "rs_w128_t16_d4_a12": PrefillGemm(128, 16, depth=4, register_weights=True, weight_ahead=12),
+        "rs_w256_t32_d4_a6": PrefillGemm(256, 32, depth=4, register_weights=True, weight_ahead=6),
+        "rs_w256_t64_d4": PrefillGemm(256, 64, depth=4, register_weights=True),
+        "rs_w256_t128_d4": PrefillGemm(256, 128, depth=4, register_weights=True),
+        "rs_w256_t128_d5": PrefillGemm(256, 128, depth=5, register_weights=True),
     }
 )
 
