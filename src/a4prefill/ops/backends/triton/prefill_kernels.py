@@ -481,6 +481,7 @@ def grouped_w4_gemm_kernel(
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     async_copy.wait_group(0)
+    _cta_barrier()  # every thread's (masked, zero-filling) copies landed before the epilogue's scratch
 
     _epilogue(
         acc,
@@ -652,6 +653,7 @@ def grouped_w4_gemm_rs_kernel(
         a_in_flight = a
     acc, a_in_flight = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a_in_flight))
     async_copy.wait_group(0)
+    _cta_barrier()  # every thread's (masked, zero-filling) copies landed before the epilogue's scratch
 
     _epilogue(
         acc,
