@@ -536,6 +536,46 @@ def _dequant_fragment(codes, scales, A_LAYOUT: gl.constexpr, BW: gl.constexpr):
     return gl.convert_layout(gl.reshape(pairs, [BW, 64]), A_LAYOUT)
 
 
+@gluon.jit
+def _rs_step(
+    step,
+    acc,
+    a_previous,
+    ring,
+    FL: gl.constexpr,
+    A_LAYOUT: gl.constexpr,
+    BW: gl.constexpr,
+    DEPTH: gl.constexpr,
+    WEIGHT_AHEAD: gl.constexpr,
+):
+    """Step ``step`` of :func:`grouped_w4_gemm_rs_kernel`: wait for its copies, dequantize its
+    weights into a new A operand ``a``, issue its wgmma, issue the copies ``WEIGHT_AHEAD`` (code
+    and scale bytes) and ``DEPTH - 2`` (rows) steps ahead, then retire the previous step's wgmma,
+    whose A operand ``a_previous`` is a dependency of that wait. Returns ``(acc, a)``: ``a`` is
+    still read by the wgmma in flight, so the caller must not write its registers (pass it as the
+    next step's ``a_previous``, and dequantize that step into other registers). ``ring`` is
+    ``(c_ring, s_ring, x_ring, code_ptrs, scale_ptrs, x_ptrs, x_mask, steps)``."""
+    c_ring, s_ring, x_ring, code_ptrs, scale_ptrs, x_ptrs, x_mask, steps = ring
+    BK: gl.constexpr = 64
+    AHEAD: gl.constexpr = DEPTH - 2
+    W_SLOTS: gl.constexpr = WEIGHT_AHEAD + 1
+    async_copy.wait_group(AHEAD - 1)
+    fence_async_shared()
+    _cta_barrier()  # every thread's copies of this step have landed
+    codes = c_ring.index(step % W_SLOTS).load(FL)
+    scales = s_ring.index(step % W_SLOTS).load(gl.SliceLayout(2, FL))
+    a = _dequant_fragment(codes, scales, A_LAYOUT, BW)
+    acc = warpgroup_mma(a, x_ring.index(step % DEPTH).permute((1, 0)), acc, is_async=True)
+    w_step = step + WEIGHT_AHEAD
+    _async_load(c_ring.index(w_step % W_SLOTS), code_ptrs + w_step * (BK // 2), mask=w_step < steps)
+    _async_load(s_ring.index(w_step % W_SLOTS), scale_ptrs + w_step * (BK // 16), mask=w_step < steps)
+    x_step = step + AHEAD
+    _async_load(x_ring.index(x_step % DEPTH), x_ptrs + x_step * BK, mask=x_mask & (x_step < steps))
+    async_copy.commit_group()
+    acc, a_previous = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_previous))
+    return acc, a
+
+
 # ROUTES unspecialized: a call's route count must not pick another compiled kernel (a compile while
 # serving after the load-time warm-up)
 @gluon.jit(do_not_specialize=["ROUTES"])
@@ -577,9 +617,17 @@ def grouped_w4_gemm_rs_kernel(
     from shared memory in :func:`fragment_codes_layout`, dequantized in registers, and one
     asynchronous wgmma (A in registers, B the activation rows in shared memory) is issued; the
     copies of step ``s + DEPTH - 2`` follow, then the wait that retires the wgmma of step
-    ``s - 1`` and releases its A registers (they are passed on to that wait, so they stay live
-    while it runs). Row ring slot ``(s - 2) % DEPTH`` is refilled at step ``s``: every
-    warpgroup retired the wgmma of step ``s - 2`` before the barrier of step ``s``.
+    ``s - 1`` (:func:`_rs_step`). A wgmma reads its A registers while it runs, so they must not be
+    written before the wait that retires it: the loop takes the steps in pairs, even steps' A
+    operand in one set of registers and odd steps' in another, and each wait names the previous
+    step's A operand as a dependency (it stays live, in its registers, until then). Step ``s + 1``
+    writes the other set while step ``s``'s wgmma runs, and step ``s + 2`` writes this set after
+    the wait of step ``s + 1`` retired it. (One set of registers for every step, the first
+    version, let step ``s + 1``'s dequantization overwrite the registers of step ``s``'s wgmma
+    in flight: results changed from run to run on the H200 wherever the epilogue changed the
+    register allocation, for example the A4 epilogue.) Row ring slot ``(s - 2) % DEPTH`` is
+    refilled at step ``s``: every warpgroup retired the wgmma of step ``s - 2`` before the barrier
+    of step ``s``.
 
     The code and scale bytes run ``WEIGHT_AHEAD >= DEPTH - 2`` steps ahead in their own ring of
     ``WEIGHT_AHEAD + 1`` slots (small: 4.5 KiB per slot at ``BW = 128``): slot ``(s - 1) %
@@ -626,7 +674,6 @@ def grouped_w4_gemm_rs_kernel(
     s_ring = gl.allocate_shared_memory(gl.uint8, [W_SLOTS, BW, G], PLAIN2)
     x_ring = gl.allocate_shared_memory(gl.bfloat16, [DEPTH, BT, BK], X_SMEM)
     acc = gl.zeros([BW, BT], gl.float32, layout=ACC)
-    a_in_flight = gl.zeros([BW, BK], gl.bfloat16, layout=A_LAYOUT)
 
     for ahead in gl.static_range(WEIGHT_AHEAD):
         _async_load(c_ring.index(ahead), code_ptrs + ahead * (BK // 2), mask=ahead < steps)
@@ -635,23 +682,16 @@ def grouped_w4_gemm_rs_kernel(
             live_x = x_mask & (ahead - LAG < steps)
             _async_load(x_ring.index(ahead - LAG), x_ptrs + (ahead - LAG) * BK, mask=live_x)
         async_copy.commit_group()
-    for step in range(steps):
-        async_copy.wait_group(AHEAD - 1)
-        fence_async_shared()
-        _cta_barrier()  # every thread's copies of this step have landed
-        codes = c_ring.index(step % W_SLOTS).load(FL)
-        scales = s_ring.index(step % W_SLOTS).load(gl.SliceLayout(2, FL))
-        a = _dequant_fragment(codes, scales, A_LAYOUT, BW)
-        acc = warpgroup_mma(a, x_ring.index(step % DEPTH).permute((1, 0)), acc, is_async=True)
-        w_step = step + WEIGHT_AHEAD
-        _async_load(c_ring.index(w_step % W_SLOTS), code_ptrs + w_step * (BK // 2), mask=w_step < steps)
-        _async_load(s_ring.index(w_step % W_SLOTS), scale_ptrs + w_step * (BK // 16), mask=w_step < steps)
-        x_step = step + AHEAD
-        _async_load(x_ring.index(x_step % DEPTH), x_ptrs + x_step * BK, mask=x_mask & (x_step < steps))
-        async_copy.commit_group()
-        acc, a_in_flight = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_in_flight))
-        a_in_flight = a
-    acc, a_in_flight = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a_in_flight))
+    # steps in pairs: even steps' A operand in one set of registers, odd steps' in another
+    ring = (c_ring, s_ring, x_ring, code_ptrs, scale_ptrs, x_ptrs, x_mask, steps)
+    a_odd = gl.zeros([BW, BK], gl.bfloat16, layout=A_LAYOUT)
+    for pair in range(steps // 2):
+        acc, a_even = _rs_step(2 * pair, acc, a_odd, ring, FL, A_LAYOUT, BW, DEPTH, WEIGHT_AHEAD)
+        acc, a_odd = _rs_step(2 * pair + 1, acc, a_even, ring, FL, A_LAYOUT, BW, DEPTH, WEIGHT_AHEAD)
+    a_last = a_odd
+    if steps % 2 == 1:
+        acc, a_last = _rs_step(steps - 1, acc, a_odd, ring, FL, A_LAYOUT, BW, DEPTH, WEIGHT_AHEAD)
+    acc, a_last = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a_last))
     async_copy.wait_group(0)
     _cta_barrier()  # every thread's (masked, zero-filling) copies landed before the epilogue's scratch
 
