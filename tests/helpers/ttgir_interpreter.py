@@ -102,7 +102,7 @@ class Op:
     results: list[str]
     name: str
     text: str  # everything after the op name on its line(s), locations removed
-    regions: list[list[Any]]  # nested op lists (and block labels) of scf.for / tt.reduce
+    regions: list[list[Any]]  # nested op lists (and block labels) of scf.for / scf.if / tt.reduce
 
     @functools.cached_property
     def operands(self) -> list[str]:
@@ -215,6 +215,9 @@ def _parse_ops(lines: list[str], index: int) -> tuple[list[Any], int]:
         if rest.rstrip().endswith("{"):
             region, index = _parse_ops(lines, index)
             op.regions.append(region)
+            while lines[index].strip() == "} else {":  # scf.if's else region
+                region, index = _parse_ops(lines, index + 1)
+                op.regions.append(region)
             # the region's braces go; the closing line may carry the signature (tt.reduce)
             head = rest.rstrip().removesuffix("{").rstrip().removesuffix("(")
             op.text = head + " " + lines[index].strip().lstrip("})")
@@ -829,7 +832,20 @@ class _Program:
         Accesses.mark(self.accesses.prefetched, pointer.buffer, pointer.offsets.reshape(-1))
         return torch.zeros(shape, dtype=torch.int32)
 
-    # -- loops ------------------------------------------------------------------------------
+    # -- loops and branches -----------------------------------------------------------------
+    def _op_scf_if(self, op: Op) -> Any:
+        """``scf.if``: the program's scalar condition picks the then or the else region, whose
+        ``scf.yield`` gives the results."""
+        condition = bool(self.values[op.operands[0]])
+        region = op.regions[0] if condition else (op.regions[1] if len(op.regions) > 1 else [])
+        results: list[Any] = []
+        for inner in region:
+            if inner.name == "scf.yield":
+                results = self._args(inner)
+                break
+            self._execute(inner)
+        return results if len(results) != 1 else results[0]
+
     def _op_scf_for(self, op: Op) -> Any:
         value = r"(%[\w\-.#]+)"
         match = re.match(rf"\s*{value} = {value} to {value} step {value}(?: iter_args\((.*?)\))?", op.text)
