@@ -160,6 +160,7 @@ def test_each_schedule_compiles_to_wgmma_for_sm90():
         if schedule.register_weights:
             kernel = kernels.grouped_w4_gemm_rs_kernel
             constexprs["WEIGHT_AHEAD"] = schedule.weights_ahead
+            constexprs["A_SETS"] = schedule.a_register_sets
         else:
             kernel = kernels.grouped_w4_gemm_kernel
             constexprs["BK"] = schedule.block_k
@@ -169,7 +170,10 @@ def test_each_schedule_compiles_to_wgmma_for_sm90():
         compiled = compile_sm90(kernel, signature, constexprs, schedule.warps, divisible)
         ptx = compiled.asm["ptx"]
         assert f"wgmma.mma_async.sync.aligned.m64n{schedule.routes}k16.f32.bf16.bf16" in ptx, schedule
-        assert "cp.async.cg.shared.global" in ptx and "wgmma.wait_group.sync.aligned 1" in ptx, schedule
+        # one wgmma left in flight per step, except with one A register set (each retired at once)
+        in_flight = 0 if schedule.register_weights and schedule.a_register_sets == 1 else 1
+        assert "cp.async.cg.shared.global" in ptx, schedule
+        assert f"wgmma.wait_group.sync.aligned {in_flight};" in loop_body(ptx), schedule
         if schedule.register_weights:
             a_in_registers = r"k16\.f32\.bf16\.bf16 \{[^}]*\}, \{%r\d+, ?%r\d+, ?%r\d+, ?%r\d+\}"
             assert re.search(a_in_registers, ptx), schedule
@@ -253,9 +257,16 @@ def test_schedules_refuse_what_the_kernel_cannot_run():
         PrefillGemm(weight_ahead=6)
     with pytest.raises(ValueError, match="block_k must be 64 with register_weights"):
         PrefillGemm(block_k=128, register_weights=True)
+    with pytest.raises(ValueError, match="a_register_sets must be 1, or 2 with register_weights"):
+        PrefillGemm(a_register_sets=2)
+    with pytest.raises(ValueError, match="a_register_sets must be 1, or 2 with register_weights"):
+        PrefillGemm(register_weights=True, a_register_sets=3)
+    with pytest.raises(ValueError, match="weight_rows must be 64, 128 or 256"):
+        PrefillGemm(weight_rows=32)
     with pytest.raises(ValueError, match="multiple of 64"):
         mma_column_order(96, torch.device("cpu"))
     assert PrefillGemm(64, 128).warps == 4 and PrefillGemm(128, 256).warps == 8
+    assert PrefillGemm(256, 64, register_weights=True).warps == 16
 
 
 def reference_epilogue(

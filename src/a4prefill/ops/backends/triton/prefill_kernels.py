@@ -547,14 +547,16 @@ def _rs_step(
     BW: gl.constexpr,
     DEPTH: gl.constexpr,
     WEIGHT_AHEAD: gl.constexpr,
+    IN_FLIGHT: gl.constexpr,
 ):
     """Step ``step`` of :func:`grouped_w4_gemm_rs_kernel`: wait for its copies, dequantize its
     weights into a new A operand ``a``, issue its wgmma, issue the copies ``WEIGHT_AHEAD`` (code
-    and scale bytes) and ``DEPTH - 2`` (rows) steps ahead, then retire the previous step's wgmma,
-    whose A operand ``a_previous`` is a dependency of that wait. Returns ``(acc, a)``: ``a`` is
-    still read by the wgmma in flight, so the caller must not write its registers (pass it as the
-    next step's ``a_previous``, and dequantize that step into other registers). ``ring`` is
-    ``(c_ring, s_ring, x_ring, code_ptrs, scale_ptrs, x_ptrs, x_mask, steps)``."""
+    and scale bytes) and ``DEPTH - 2`` (rows) steps ahead, then wait until ``IN_FLIGHT`` (0 or 1)
+    wgmmas are left in flight, with the previous step's A operand ``a_previous`` as a dependency
+    of that wait. Returns ``(acc, a)``. With ``IN_FLIGHT = 1`` this step's wgmma still reads
+    ``a``'s registers: the caller must pass ``a`` as the next step's ``a_previous`` and
+    dequantize that step into other registers. ``ring`` is ``(c_ring, s_ring, x_ring, code_ptrs,
+    scale_ptrs, x_ptrs, x_mask, steps)``."""
     c_ring, s_ring, x_ring, code_ptrs, scale_ptrs, x_ptrs, x_mask, steps = ring
     BK: gl.constexpr = 64
     AHEAD: gl.constexpr = DEPTH - 2
@@ -572,7 +574,7 @@ def _rs_step(
     x_step = step + AHEAD
     _async_load(x_ring.index(x_step % DEPTH), x_ptrs + x_step * BK, mask=x_mask & (x_step < steps))
     async_copy.commit_group()
-    acc, a_previous = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_previous))
+    acc, a_previous = warpgroup_mma_wait(num_outstanding=IN_FLIGHT, deps=(acc, a_previous))
     return acc, a
 
 
@@ -607,6 +609,7 @@ def grouped_w4_gemm_rs_kernel(
     BT: gl.constexpr,
     DEPTH: gl.constexpr,
     WEIGHT_AHEAD: gl.constexpr,
+    A_SETS: gl.constexpr,
 ):
     """:func:`grouped_w4_gemm_kernel` with the weights dequantized into the wgmma's A registers
     (no dequantized weights in shared memory), 64 columns per step. ``x``'s columns must be in
@@ -616,16 +619,24 @@ def grouped_w4_gemm_rs_kernel(
     Per step, after its copies landed (wait, proxy fence, CTA barrier): codes and scales are read
     from shared memory in :func:`fragment_codes_layout`, dequantized in registers, and one
     asynchronous wgmma (A in registers, B the activation rows in shared memory) is issued; the
-    copies of step ``s + DEPTH - 2`` follow, then the wait that retires the wgmma of step
-    ``s - 1`` (:func:`_rs_step`). A wgmma reads its A registers while it runs, so they must not be
-    written before the wait that retires it: the loop takes the steps in pairs, even steps' A
-    operand in one set of registers and odd steps' in another, and each wait names the previous
-    step's A operand as a dependency (it stays live, in its registers, until then). Step ``s + 1``
-    writes the other set while step ``s``'s wgmma runs, and step ``s + 2`` writes this set after
-    the wait of step ``s + 1`` retired it. (One set of registers for every step, the first
-    version, let step ``s + 1``'s dequantization overwrite the registers of step ``s``'s wgmma
-    in flight: results changed from run to run on the H200 wherever the epilogue changed the
-    register allocation, for example the A4 epilogue.) Row ring slot ``(s - 2) % DEPTH`` is
+    copies of step ``s + DEPTH - 2`` follow, then a wait (:func:`_rs_step`). A wgmma reads its A
+    registers while it runs, so they must not be written before the wait that retires it;
+    ``A_SETS`` (the schedule's ``a_register_sets``) picks how:
+
+    - 1: each step's wait retires its own wgmma (``wait(0)``): the next step's dequantization
+      writes the same registers afterwards. A warpgroup does not dequantize while its wgmma
+      runs; the other CTA on the SM does (two CTAs per SM at up to 128 registers);
+    - 2: the loop takes the steps in pairs, even steps' A operand in one set of registers and odd
+      steps' in another; each wait leaves one wgmma in flight and names the previous step's A
+      operand as a dependency (it stays live, in its registers, until then). Step ``s + 1``
+      writes the other set while step ``s``'s wgmma runs, and step ``s + 2`` writes this set
+      after the wait of step ``s + 1`` retired it. More registers (one CTA per SM), for tiles
+      that have one CTA per SM anyway.
+
+    (One set of registers with one wgmma left in flight, the first version, let step ``s + 1``'s
+    dequantization overwrite the registers of step ``s``'s wgmma in flight: results changed from
+    run to run on the H200 wherever the epilogue changed the register allocation, for example the
+    A4 epilogue.) Row ring slot ``(s - 2) % DEPTH`` is
     refilled at step ``s``: every warpgroup retired the wgmma of step ``s - 2`` before the barrier
     of step ``s``.
 
@@ -682,15 +693,20 @@ def grouped_w4_gemm_rs_kernel(
             live_x = x_mask & (ahead - LAG < steps)
             _async_load(x_ring.index(ahead - LAG), x_ptrs + (ahead - LAG) * BK, mask=live_x)
         async_copy.commit_group()
-    # steps in pairs: even steps' A operand in one set of registers, odd steps' in another
     ring = (c_ring, s_ring, x_ring, code_ptrs, scale_ptrs, x_ptrs, x_mask, steps)
-    a_odd = gl.zeros([BW, BK], gl.bfloat16, layout=A_LAYOUT)
-    for pair in range(steps // 2):
-        acc, a_even = _rs_step(2 * pair, acc, a_odd, ring, FL, A_LAYOUT, BW, DEPTH, WEIGHT_AHEAD)
-        acc, a_odd = _rs_step(2 * pair + 1, acc, a_even, ring, FL, A_LAYOUT, BW, DEPTH, WEIGHT_AHEAD)
-    a_last = a_odd
-    if steps % 2 == 1:
-        acc, a_last = _rs_step(steps - 1, acc, a_odd, ring, FL, A_LAYOUT, BW, DEPTH, WEIGHT_AHEAD)
+    a_last = gl.zeros([BW, BK], gl.bfloat16, layout=A_LAYOUT)
+    if A_SETS == 1:
+        for step in range(steps):
+            acc, a_last = _rs_step(step, acc, a_last, ring, FL, A_LAYOUT, BW, DEPTH, WEIGHT_AHEAD, 0)
+    else:
+        # steps in pairs: even steps' A operand in one set of registers, odd steps' in another
+        a_odd = a_last
+        for pair in range(steps // 2):
+            acc, a_even = _rs_step(2 * pair, acc, a_odd, ring, FL, A_LAYOUT, BW, DEPTH, WEIGHT_AHEAD, 1)
+            acc, a_odd = _rs_step(2 * pair + 1, acc, a_even, ring, FL, A_LAYOUT, BW, DEPTH, WEIGHT_AHEAD, 1)
+        a_last = a_odd
+        if steps % 2 == 1:
+            acc, a_last = _rs_step(steps - 1, acc, a_odd, ring, FL, A_LAYOUT, BW, DEPTH, WEIGHT_AHEAD, 1)
     acc, a_last = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a_last))
     async_copy.wait_group(0)
     _cta_barrier()  # every thread's (masked, zero-filling) copies landed before the epilogue's scratch

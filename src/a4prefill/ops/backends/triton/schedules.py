@@ -262,8 +262,12 @@ class PrefillGemm:
     ``register_weights`` picks the kernel: weights dequantized into the wgmma's A registers
     (``grouped_w4_gemm_rs_kernel``, ``block_k`` 64 only) or into shared memory
     (``grouped_w4_gemm_kernel``). The former copies the code and scale bytes ``weight_ahead``
-    steps ahead (0: ``depth - 2``, as the rows), in a ring of their own. A CTA's buffers
-    (:attr:`shared_bytes`) must fit an H100/H200 CTA's 227 KiB of shared memory."""
+    steps ahead (0: ``depth - 2``, as the rows), in a ring of their own, and dequantizes into
+    ``a_register_sets`` (1 or 2) sets of A registers: 1 retires each step's wgmma before the next
+    step's dequantization, 2 alternates two sets with one wgmma left in flight (more registers:
+    for the 256-route tiles, which have one CTA per SM anyway; ``prefill_kernels``,
+    ``grouped_w4_gemm_rs_kernel``). A CTA's buffers (:attr:`shared_bytes`) must fit an H100/H200
+    CTA's 227 KiB of shared memory."""
 
     weight_rows: int = 128
     routes: int = 128
@@ -271,6 +275,7 @@ class PrefillGemm:
     depth: int = 4
     register_weights: bool = False
     weight_ahead: int = 0
+    a_register_sets: int = 1
 
     def __post_init__(self) -> None:
         if self.weight_rows not in (64, 128, 256):
@@ -288,6 +293,11 @@ class PrefillGemm:
             raise ValueError(
                 f"PrefillGemm.weight_ahead must be 0, or at least depth - 2 with register_weights, "
                 f"got {self.weight_ahead}"
+            )
+        if self.a_register_sets not in (1, 2) or (self.a_register_sets == 2 and not self.register_weights):
+            raise ValueError(
+                "PrefillGemm.a_register_sets must be 1, or 2 with register_weights, "
+                f"got {self.a_register_sets}"
             )
         if not 3 <= self.depth <= 8:
             raise ValueError(f"PrefillGemm.depth must be 3 to 8, got {self.depth}")
@@ -324,7 +334,8 @@ class PrefillGemm:
     def __str__(self) -> str:
         kernel = "rs_" if self.register_weights else ""
         ahead = f"_a{self.weight_ahead}" if self.weight_ahead else ""
-        return f"{kernel}w{self.weight_rows}_t{self.routes}_k{self.block_k}_d{self.depth}{ahead}"
+        sets = "_x2" if self.a_register_sets == 2 else ""
+        return f"{kernel}w{self.weight_rows}_t{self.routes}_k{self.block_k}_d{self.depth}{ahead}{sets}"
 
 
 # The prefill GEMM schedules the benchmark compares (benchmarks/bench_prefill_gemm.py). In the H200
@@ -348,8 +359,8 @@ PREFILL_SCHEDULES = MappingProxyType(
         "rs_w128_t64_d6": PrefillGemm(128, 64, depth=6, register_weights=True),
         "rs_w128_t128_d4": PrefillGemm(128, 128, depth=4, register_weights=True),
         "rs_w128_t128_d6": PrefillGemm(128, 128, depth=6, register_weights=True),
-        "rs_w128_t256_d4": PrefillGemm(128, 256, depth=4, register_weights=True),
-        "rs_w128_t256_d5": PrefillGemm(128, 256, depth=5, register_weights=True),
+        "rs_w128_t256_d4": PrefillGemm(128, 256, depth=4, register_weights=True, a_register_sets=2),
+        "rs_w128_t256_d5": PrefillGemm(128, 256, depth=5, register_weights=True, a_register_sets=2),
         "rs_w128_t64_d4_a8": PrefillGemm(128, 64, depth=4, register_weights=True, weight_ahead=8),
         "rs_w128_t128_d4_a6": PrefillGemm(128, 128, depth=4, register_weights=True, weight_ahead=6),
         "rs_w128_t256_d4_a6": PrefillGemm(128, 256, depth=4, register_weights=True, weight_ahead=6),
