@@ -243,6 +243,36 @@ def _routes_a4(flag_ptr, sorted_route_ptr, pos, live, TOPK, MODE: gl.constexpr):
 
 
 @gluon.jit
+def _route_precision(
+    flag_ptr,
+    sorted_route_ptr,
+    row0,
+    seg_end,
+    live_tile,
+    ROUTES,
+    TOPK,
+    BT: gl.constexpr,
+    MODE: gl.constexpr,
+    LAYOUT: gl.constexpr,
+):
+    """``(live, is_a4)`` of the tile's ``BT`` positions, ``[BT]`` in ``LAYOUT``: whether the position
+    is inside the expert's segment, and whether its route is an A4 row (:func:`_routes_a4`). In
+    ``SPLIT_MODE`` the flags are loaded once per position in a compact layout and converted to
+    ``LAYOUT``: a layout holding many positions per thread (the accumulator's columns) would
+    otherwise compute two pointers and load twice per position in every thread."""
+    pos = row0 + gl.arange(0, BT, layout=LAYOUT)
+    live = (pos < seg_end) & (pos < ROUTES) & live_tile
+    if MODE == SPLIT_MODE:
+        COMPACT: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+        pos_c = row0 + gl.arange(0, BT, layout=COMPACT)
+        live_c = (pos_c < seg_end) & (pos_c < ROUTES) & live_tile
+        is_a4 = gl.convert_layout(_routes_a4(flag_ptr, sorted_route_ptr, pos_c, live_c, TOPK, MODE), LAYOUT)
+    else:
+        is_a4 = live
+    return live, is_a4
+
+
+@gluon.jit
 def _alpha(scale2, encode_scale_ptr, is_a4, MODE: gl.constexpr):
     """The epilogue multiplier: ``scale2`` for W4A16 routes, ``div_rn(scale2, encode_scale)`` for A4
     routes (docs/numerics.md section 4); per route (``is_a4``) in ``SPLIT_MODE``."""
@@ -316,51 +346,66 @@ def _epilogue(
     OUT: gl.constexpr = out_layout(OUT_ROWS, gl.num_warps())
     if SWIGLU:
         # a thread's rows r and r + 8 of each 16 are a gate and its up row (_weight_row): the
-        # split renames registers. (Converting the accumulator to a 16-rows-per-thread layout
-        # first gave results that changed from run to run on the H200, with Triton 3.6.)
+        # split renames registers
+        gate, up = gl.split(gl.permute(gl.reshape(acc * 128.0, [BW // 16, 2, 8, BT]), (0, 2, 3, 1)))
         if MODE == W4A16_MODE:
-            pairs = gl.permute(gl.reshape(acc * 128.0, [BW // 16, 2, 8, BT]), (0, 2, 3, 1))
-            gate, up = gl.split(pairs)
             gate = gate * gl.load(scale2_ptr + expert * 2)
             up = up * gl.load(scale2_ptr + expert * 2 + 1)
+            h = swiglu(gate, up, limit, HAS_LIMIT, gl.bfloat16, False)
+            y = gl.convert_layout(gl.reshape(h, [OUT_ROWS, BT]), OUT)
         else:
-            # each route's multipliers, gate rows and up rows, in the accumulator's layout
-            ACC: gl.constexpr = acc.type.layout
-            r = gl.arange(0, BW, layout=gl.SliceLayout(1, ACC))
-            pos_acc = row0 + gl.arange(0, BT, layout=gl.SliceLayout(0, ACC))
-            live_acc = (pos_acc < seg_end) & (pos_acc < ROUTES) & live_tile
-            is_a4_acc = _routes_a4(flag_ptr, sorted_route_ptr, pos_acc, live_acc, TOPK, MODE)
+            # each route's multipliers in the store layout (few routes per thread), on the fp32
+            # products: the same roundings as in the accumulator's layout
+            gate = gl.convert_layout(gl.reshape(gate, [OUT_ROWS, BT]), OUT)
+            up = gl.convert_layout(gl.reshape(up, [OUT_ROWS, BT]), OUT)
+            live_out, is_a4_out = _route_precision(
+                flag_ptr,
+                sorted_route_ptr,
+                row0,
+                seg_end,
+                live_tile,
+                ROUTES,
+                TOPK,
+                BT,
+                MODE,
+                gl.SliceLayout(0, OUT),
+            )
             # [BT] multipliers (0 past the segment: those positions are not stored)
             alpha_g = gl.where(
-                live_acc, _alpha(gl.load(scale2_ptr + expert * 2), gs1_ptr, is_a4_acc, MODE), 0.0
+                live_out, _alpha(gl.load(scale2_ptr + expert * 2), gs1_ptr, is_a4_out, MODE), 0.0
             )
             alpha_u = gl.where(
-                live_acc, _alpha(gl.load(scale2_ptr + expert * 2 + 1), gs1_ptr, is_a4_acc, MODE), 0.0
+                live_out, _alpha(gl.load(scale2_ptr + expert * 2 + 1), gs1_ptr, is_a4_out, MODE), 0.0
             )
-            up_row = ((r // 8) % 2 == 1)[:, None]
-            scaled = acc * 128.0 * gl.where(up_row, alpha_u[None, :], alpha_g[None, :])
-            gate, up = gl.split(gl.permute(gl.reshape(scaled, [BW // 16, 2, 8, BT]), (0, 2, 3, 1)))
-        h = swiglu(gate, up, limit, HAS_LIMIT, gl.bfloat16, False)
-        y = gl.convert_layout(gl.reshape(h, [OUT_ROWS, BT]), OUT)
+            h = swiglu(gate * alpha_g[None, :], up * alpha_u[None, :], limit, HAS_LIMIT, gl.bfloat16, False)
+            y = _requantize(h, gs2_ptr + expert, is_a4_out, MODE)
     else:
         acc = acc * 128.0
-        if EPILOGUE == EPILOGUE_ALPHA:
-            if MODE == W4A16_MODE:
+        if EPILOGUE == EPILOGUE_ALPHA and MODE != W4A16_MODE:
+            # each route's multiplier in the store layout (few routes per thread), on the fp32
+            # product: the same rounding as multiplying in the accumulator's layout
+            y32 = gl.convert_layout(acc, OUT)
+            live_out, is_a4_out = _route_precision(
+                flag_ptr,
+                sorted_route_ptr,
+                row0,
+                seg_end,
+                live_tile,
+                ROUTES,
+                TOPK,
+                BT,
+                MODE,
+                gl.SliceLayout(0, OUT),
+            )
+            alpha = _alpha(gl.load(scale2_ptr + expert), gs2_ptr + expert, is_a4_out, MODE)
+            y = (y32 * gl.where(live_out, alpha, 0.0)[None, :]).to(gl.bfloat16)
+        else:
+            if EPILOGUE == EPILOGUE_ALPHA:
                 acc = acc * gl.load(scale2_ptr + expert)
-            else:
-                ACC2: gl.constexpr = acc.type.layout
-                pos_acc = row0 + gl.arange(0, BT, layout=gl.SliceLayout(0, ACC2))
-                live_acc = (pos_acc < seg_end) & (pos_acc < ROUTES) & live_tile
-                is_a4_acc = _routes_a4(flag_ptr, sorted_route_ptr, pos_acc, live_acc, TOPK, MODE)
-                alpha = _alpha(gl.load(scale2_ptr + expert), gs2_ptr + expert, is_a4_acc, MODE)
-                acc = acc * gl.where(live_acc, alpha, 0.0)[None, :]
-        y = gl.convert_layout(acc.to(gl.bfloat16), OUT)
+            y = gl.convert_layout(acc.to(gl.bfloat16), OUT)
     w_idx = gl.arange(0, OUT_ROWS, layout=gl.SliceLayout(1, OUT))
     pos = row0 + gl.arange(0, BT, layout=gl.SliceLayout(0, OUT))
     live = (pos < seg_end) & (pos < ROUTES) & live_tile
-    if SWIGLU and MODE != W4A16_MODE:
-        is_a4 = _routes_a4(flag_ptr, sorted_route_ptr, pos, live, TOPK, MODE)
-        y = _requantize(y, gs2_ptr + expert, is_a4, MODE)
     out_rows = gl.load(sorted_route_ptr + pos, mask=live, other=0) if EPILOGUE == EPILOGUE_ALPHA else pos
     # FC1's SwiGLU halves the row count: N / 2 columns of h, this CTA's from n0 / 2
     col0 = n0 // 2 if SWIGLU else n0
