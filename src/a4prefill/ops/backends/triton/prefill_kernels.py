@@ -681,9 +681,10 @@ def grouped_w4_gemm_rs_kernel(
     (One set of registers with one wgmma left in flight, the first version, let step ``s + 1``'s
     dequantization overwrite the registers of step ``s``'s wgmma in flight: results changed from
     run to run on the H200 wherever the epilogue changed the register allocation, for example the
-    A4 epilogue.) Row ring slot ``(s - 2) % DEPTH`` is
-    refilled at step ``s``: every warpgroup retired the wgmma of step ``s - 2`` before the barrier
-    of step ``s``.
+    A4 epilogue.)
+
+    Row ring slot ``(s - 2) % DEPTH`` is refilled at step ``s``: every warpgroup retired the wgmma
+    of step ``s - 2`` before the barrier of step ``s``.
 
     The code and scale bytes run ``WEIGHT_AHEAD >= DEPTH - 2`` steps ahead in their own ring of
     ``WEIGHT_AHEAD + 1`` slots (small: 4.5 KiB per slot at ``BW = 128``): slot ``(s - 1) %
