@@ -349,6 +349,55 @@ def test_the_moe_epilogues_apply_the_reference_math(interpreted, label, epilogue
     assert ((out.double() - want).abs() <= 3 * step + 2.0**-20).all()
 
 
+@pytest.mark.parametrize("label", ["rs_w128_t32_d4", "w64_t64_d6"])
+def test_h_in_mma_column_order_feeds_a_register_weights_gemm_without_a_gather(interpreted, label):
+    """FC1 with ``out_mma_order`` writes exactly the plain ``h`` with its columns in
+    ``mma_column_order`` (128 columns: two groups of 64; 64-row CTAs write half a group each); a
+    register-weights GEMM given those rows with ``x_mma_order`` gives bit for bit the product of
+    the plain rows (whose columns it gathers itself)."""
+    schedule = PREFILL_SCHEDULES[label]
+    generator = torch.Generator().manual_seed(23)
+    experts, inter, k, tokens, top_k = 3, 128, 2 * schedule.block_k, 40, 2
+    codes = torch.randint(0, 256, (experts, 2 * inter, k // 2), dtype=torch.uint8, generator=generator)
+    scales = torch.randint(0x30, 0x40, (experts, 2 * inter, k // 16), dtype=torch.uint8, generator=generator)
+    ids = torch.stack([torch.randperm(experts, generator=generator)[:top_k] for _ in range(tokens)]).int()
+    x = torch.randn(tokens, k, generator=generator).bfloat16()
+    scale2 = torch.rand(experts, 2, generator=generator) + 0.5
+    routing = build_routing(ids, experts, schedule.routes, force_torch=True)
+    kernel = interpreted[schedule.register_weights]
+    h = {}
+    for order in (False, True):
+        h[order] = torch.full((ids.numel(), inter), float("nan"), dtype=torch.bfloat16)
+        launch_prefill_gemm(
+            x,
+            codes,
+            scales,
+            routing,
+            h[order],
+            schedule,
+            top_k,
+            kernel,
+            "swiglu",
+            scale2,
+            out_mma_order=order,
+        )
+    live = ~h[False].isnan().any(dim=1)
+    order = mma_column_order(inter, torch.device("cpu"))
+    assert live.sum() == ids.numel() and torch.equal(h[True], h[False].index_select(1, order))
+
+    fc2 = PREFILL_SCHEDULES["rs_w128_t32_d4"]
+    codes2 = torch.randint(0, 256, (experts, 128, inter // 2), dtype=torch.uint8, generator=generator)
+    scales2 = torch.randint(0x30, 0x40, (experts, 128, inter // 16), dtype=torch.uint8, generator=generator)
+    routing2 = build_routing(ids, experts, fc2.routes, force_torch=True)
+    y = {}
+    for rows, x_order in ((h[False], False), (h[True], True)):
+        y[x_order] = torch.full((ids.numel(), 128), float("nan"), dtype=torch.bfloat16)
+        launch_prefill_gemm(
+            rows, codes2, scales2, routing2, y[x_order], fc2, None, interpreted[True], x_mma_order=x_order
+        )
+    assert torch.equal(y[True], y[False]) and not y[True].isnan().any()
+
+
 def test_the_launcher_refuses_a_missing_or_misshapen_multiplier():
     schedule = PREFILL_SCHEDULES["rs_w128_t32_d4"]
     routing = build_routing(torch.zeros(4, 1, dtype=torch.int32), 1, schedule.routes, force_torch=True)
@@ -372,6 +421,25 @@ def test_the_launcher_refuses_a_missing_or_misshapen_multiplier():
         )
     with pytest.raises(ValueError, match="epilogue must be one of"):
         launch_prefill_gemm(x, codes, scales, routing, out, schedule, 1, epilogue="gelu")
+    shared_weights = PREFILL_SCHEDULES["w64_t64_d6"]
+    with pytest.raises(ValueError, match="x_mma_order needs a register-weights schedule"):
+        launch_prefill_gemm(
+            x, codes[:, :64], scales[:, :64], routing, out, shared_weights, 1, x_mma_order=True
+        )
+    with pytest.raises(ValueError, match=r"out_mma_order needs out's row length \(32\)"):
+        half = torch.zeros(4, 32, dtype=torch.bfloat16)
+        launch_prefill_gemm(
+            x,
+            codes[:, :64],
+            scales[:, :64],
+            routing,
+            half,
+            shared_weights,
+            1,
+            epilogue="swiglu",
+            scale2=torch.ones(1, 2),
+            out_mma_order=True,
+        )
     from a4prefill.ops.precision import MODE_A4, MODE_SPLIT
 
     with pytest.raises(ValueError, match="mode must be one of"):

@@ -257,6 +257,8 @@ def _fused_moe_prefill(
     if mode != MODE_W4A16:
         modes["encode_scales"] = encode_scales
     h = torch.empty(routes, fc1.rows // 2, dtype=torch.bfloat16, device=device)
+    # FC1 writes h in the register-weights FC2's column order: no gather of h between the two
+    h_mma_order = plan.prefill.fc2.register_weights
     launch_prefill_gemm(
         fc1_input,
         fc1.codes,
@@ -268,6 +270,7 @@ def _fused_moe_prefill(
         epilogue="swiglu",
         scale2=fc1.scale_2,
         swiglu_limit=swiglu_limit,
+        out_mma_order=h_mma_order,
         **modes,
     )
     y = torch.empty(routes, fc2.rows, dtype=torch.bfloat16, device=device)
@@ -281,6 +284,7 @@ def _fused_moe_prefill(
         None,
         epilogue="alpha",
         scale2=fc2.scale_2,
+        x_mma_order=h_mma_order,
         **modes,
     )
     flags = routing.seg_count  # not read: y holds finished rows

@@ -53,6 +53,8 @@ def launch_prefill_gemm(
     encode_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     row_flags: torch.Tensor | None = None,
     routes_per_token: int | None = None,
+    x_mma_order: bool = False,
+    out_mma_order: bool = False,
 ) -> None:
     """``out[p] = x[row(p)] @ dequant(W[e(p)])^T`` for every sorted position ``p`` of
     ``routing`` (fp32 accumulation), then the ``epilogue``, without a host sync.
@@ -75,6 +77,11 @@ def launch_prefill_gemm(
     ``quantize.quantize_rows`` gives it); ``MODE_SPLIT`` reads each route's precision from
     ``row_flags`` uint8 ``[T]`` (1 = A4) at its token, ``route // routes_per_token``
     (``routes_per_token`` defaults to ``top_k``; FC2 passes it since its ``top_k`` is None).
+
+    Column orders (:func:`mma_column_order`, per 64 columns): ``x_mma_order`` says ``x``'s columns
+    are already in that order (a register-weights schedule then skips its gather; only those take
+    it), ``out_mma_order`` writes ``out``'s columns in it (FC1's ``h`` for a register-weights FC2;
+    ``out``'s row length a multiple of 64).
 
     ``routing`` was built with ``block_m = schedule.routes``. ``N`` must be a multiple of
     ``schedule.weight_rows`` and ``K`` of ``schedule.block_k``. With ``schedule.register_weights``
@@ -118,6 +125,10 @@ def launch_prefill_gemm(
             raise ValueError(f"{name} must be contiguous and 16-byte aligned (cp.async copies 16 bytes)")
     if not schedule.fits(k, n):
         raise ValueError(f"schedule {schedule} does not divide K={k} and N={n}")
+    if x_mma_order and not schedule.register_weights:
+        raise ValueError(f"x_mma_order needs a register-weights schedule (rs_), got {schedule}")
+    if out_mma_order and out_n % 64:
+        raise ValueError(f"out_mma_order needs out's row length ({out_n}) to be a multiple of 64")
     constexprs = {
         "BW": schedule.weight_rows,
         "BT": schedule.routes,
@@ -125,9 +136,11 @@ def launch_prefill_gemm(
         "EPILOGUE": PREFILL_EPILOGUES[epilogue],
         "MODE": mode,
         "HAS_LIMIT": swiglu_limit is not None,
+        "OUT_MMA_ORDER": out_mma_order,
     }
     if schedule.register_weights:
-        x = x.index_select(1, mma_column_order(k, x.device))
+        if not x_mma_order:
+            x = x.index_select(1, mma_column_order(k, x.device))
         constexprs["WEIGHT_AHEAD"] = schedule.weights_ahead
         constexprs["A_SETS"] = schedule.a_register_sets
     else:

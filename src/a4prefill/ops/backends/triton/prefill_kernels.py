@@ -325,6 +325,7 @@ def _epilogue(
     HAS_LIMIT: gl.constexpr,
     BW: gl.constexpr,
     BT: gl.constexpr,
+    OUT_MMA_ORDER: gl.constexpr,
 ):
     """Write the tile's sorted positions ``p`` inside the expert's segment; ``acc * 128`` undoes
     the ``2**-7`` of the dequantization:
@@ -340,7 +341,11 @@ def _epilogue(
     ``scale2 / gs1`` (FC1, ``gs1 [1]``) and ``scale2 / gs2[e]`` (FC2, ``gs2 [E]``), and FC1 re-quantizes
     their ``h`` per 16 columns with ``gs2[e]``; a split call reads its routes' precision from
     ``flag [T]`` (uint8, 1 = A4) at token ``sorted_route[p] // TOPK``. The W4A16 code is the same as
-    without a mode."""
+    without a mode.
+
+    ``OUT_MMA_ORDER``: each output column ``c`` goes to position ``p`` of its 64 with
+    ``mma_column_order[p] = c`` (``prefill.mma_column_order``), so that FC1's ``h`` is already the
+    register-weights FC2's activation order (no gather of ``h`` between the two)."""
     SWIGLU: gl.constexpr = EPILOGUE == EPILOGUE_SWIGLU
     OUT_ROWS: gl.constexpr = BW // 2 if SWIGLU else BW
     OUT: gl.constexpr = out_layout(OUT_ROWS, gl.num_warps())
@@ -410,7 +415,11 @@ def _epilogue(
     # FC1's SwiGLU halves the row count: N / 2 columns of h, this CTA's from n0 / 2
     col0 = n0 // 2 if SWIGLU else n0
     row_stride = N // 2 if SWIGLU else N
-    ptrs = out_ptr + out_rows.to(gl.int64)[None, :] * row_stride + col0 + w_idx[:, None]
+    col = col0 + w_idx
+    if OUT_MMA_ORDER:
+        # column 16 q + 2 b + h of each 64 at position 8 b + 2 q + h (prefill.mma_column_order)
+        col = col - col % 64 + 8 * ((col % 16) // 2) + 2 * ((col % 64) // 16) + col % 2
+    ptrs = out_ptr + out_rows.to(gl.int64)[None, :] * row_stride + col[:, None]
     gl.store(ptrs, y, mask=live[None, :] & (w_idx[:, None] < OUT_ROWS))
 
 
@@ -445,11 +454,12 @@ def grouped_w4_gemm_kernel(
     BT: gl.constexpr,
     BK: gl.constexpr,
     DEPTH: gl.constexpr,
+    OUT_MMA_ORDER: gl.constexpr = False,
 ):
     """``out[p, n] = sum_k x[x_row[p], k] * W[e, n, k]`` for the sorted positions p of each tile
     (bf16 out, fp32 accumulation). x bf16 ``[*, K]``; codes uint8 ``[E, N, K / 2]``; scales
     uint8 ``[E, N, K / 16]``; out bf16 ``[ROUTES, N]``. Grid ``(N / BW, max_tiles)``;
-    ``DEPTH >= 3`` ring slots of copies."""
+    ``DEPTH >= 3`` ring slots of copies; ``OUT_MMA_ORDER`` as :func:`_epilogue`."""
     num_warps: gl.constexpr = gl.num_warps()
     CL: gl.constexpr = codes_layout(BW, BK, num_warps)
     SL: gl.constexpr = gl.SliceLayout(2, CL)
@@ -550,6 +560,7 @@ def grouped_w4_gemm_kernel(
         HAS_LIMIT,
         BW,
         BT,
+        OUT_MMA_ORDER,
     )
 
 
@@ -655,6 +666,7 @@ def grouped_w4_gemm_rs_kernel(
     DEPTH: gl.constexpr,
     WEIGHT_AHEAD: gl.constexpr,
     A_SETS: gl.constexpr,
+    OUT_MMA_ORDER: gl.constexpr = False,
 ):
     """:func:`grouped_w4_gemm_kernel` with the weights dequantized into the wgmma's A registers
     (no dequantized weights in shared memory), 64 columns per step. ``x``'s columns must be in
@@ -779,4 +791,5 @@ def grouped_w4_gemm_rs_kernel(
         HAS_LIMIT,
         BW,
         BT,
+        OUT_MMA_ORDER,
     )
