@@ -156,7 +156,14 @@ def test_each_schedule_compiles_to_wgmma_for_sm90():
     scalars = {**dict.fromkeys(["N", "K", "ROUTES", "TOPK"], "i32"), "limit": "fp32"}
     for schedule in PREFILL_SCHEDULES.values():
         tile = {"BW": schedule.weight_rows, "BT": schedule.routes, "DEPTH": schedule.depth}
-        constexprs = {"GATHER": True, "EPILOGUE": 0, "MODE": 0, "HAS_LIMIT": False, **tile}
+        constexprs = {
+            "GATHER": True,
+            "EPILOGUE": 0,
+            "MODE": 0,
+            "HAS_LIMIT": False,
+            "OUT_MMA_ORDER": False,
+            **tile,
+        }
         if schedule.register_weights:
             kernel = kernels.grouped_w4_gemm_rs_kernel
             constexprs["WEIGHT_AHEAD"] = schedule.weights_ahead

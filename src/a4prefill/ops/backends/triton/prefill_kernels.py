@@ -454,7 +454,7 @@ def grouped_w4_gemm_kernel(
     BT: gl.constexpr,
     BK: gl.constexpr,
     DEPTH: gl.constexpr,
-    OUT_MMA_ORDER: gl.constexpr = False,
+    OUT_MMA_ORDER: gl.constexpr,
 ):
     """``out[p, n] = sum_k x[x_row[p], k] * W[e, n, k]`` for the sorted positions p of each tile
     (bf16 out, fp32 accumulation). x bf16 ``[*, K]``; codes uint8 ``[E, N, K / 2]``; scales
@@ -666,7 +666,7 @@ def grouped_w4_gemm_rs_kernel(
     DEPTH: gl.constexpr,
     WEIGHT_AHEAD: gl.constexpr,
     A_SETS: gl.constexpr,
-    OUT_MMA_ORDER: gl.constexpr = False,
+    OUT_MMA_ORDER: gl.constexpr,
 ):
     """:func:`grouped_w4_gemm_kernel` with the weights dequantized into the wgmma's A registers
     (no dequantized weights in shared memory), 64 columns per step. ``x``'s columns must be in
