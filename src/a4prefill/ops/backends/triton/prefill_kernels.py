@@ -349,6 +349,21 @@ def _epilogue(
     SWIGLU: gl.constexpr = EPILOGUE == EPILOGUE_SWIGLU
     OUT_ROWS: gl.constexpr = BW // 2 if SWIGLU else BW
     OUT: gl.constexpr = out_layout(OUT_ROWS, gl.num_warps())
+    if MODE != W4A16_MODE:
+        # the routes' liveness and precision in the store layout, where A4/split epilogues apply
+        # each route's multipliers (few routes per thread)
+        live_out, is_a4_out = _route_precision(
+            flag_ptr,
+            sorted_route_ptr,
+            row0,
+            seg_end,
+            live_tile,
+            ROUTES,
+            TOPK,
+            BT,
+            MODE,
+            gl.SliceLayout(0, OUT),
+        )
     if SWIGLU:
         # a thread's rows r and r + 8 of each 16 are a gate and its up row (_weight_row): the
         # split renames registers
@@ -363,18 +378,6 @@ def _epilogue(
             # products: the same roundings as in the accumulator's layout
             gate = gl.convert_layout(gl.reshape(gate, [OUT_ROWS, BT]), OUT)
             up = gl.convert_layout(gl.reshape(up, [OUT_ROWS, BT]), OUT)
-            live_out, is_a4_out = _route_precision(
-                flag_ptr,
-                sorted_route_ptr,
-                row0,
-                seg_end,
-                live_tile,
-                ROUTES,
-                TOPK,
-                BT,
-                MODE,
-                gl.SliceLayout(0, OUT),
-            )
             # [BT] multipliers (0 past the segment: those positions are not stored)
             alpha_g = gl.where(
                 live_out, _alpha(gl.load(scale2_ptr + expert * 2), gs1_ptr, is_a4_out, MODE), 0.0
@@ -390,18 +393,6 @@ def _epilogue(
             # each route's multiplier in the store layout (few routes per thread), on the fp32
             # product: the same rounding as multiplying in the accumulator's layout
             y32 = gl.convert_layout(acc, OUT)
-            live_out, is_a4_out = _route_precision(
-                flag_ptr,
-                sorted_route_ptr,
-                row0,
-                seg_end,
-                live_tile,
-                ROUTES,
-                TOPK,
-                BT,
-                MODE,
-                gl.SliceLayout(0, OUT),
-            )
             alpha = _alpha(gl.load(scale2_ptr + expert), gs2_ptr + expert, is_a4_out, MODE)
             y = (y32 * gl.where(live_out, alpha, 0.0)[None, :]).to(gl.bfloat16)
         else:
