@@ -168,6 +168,7 @@ def test_each_schedule_compiles_to_wgmma_for_sm90():
             kernel = kernels.grouped_w4_gemm_rs_kernel
             constexprs["WEIGHT_AHEAD"] = schedule.weights_ahead
             constexprs["A_SETS"] = schedule.a_register_sets
+            constexprs["WGMMAS"] = schedule.wgmmas_per_step
         else:
             kernel = kernels.grouped_w4_gemm_kernel
             constexprs["BK"] = schedule.block_k

@@ -662,6 +662,17 @@ class _Program:
         memory, index = self._args(op)
         return memory[int(index)]  # a view: copies into it land in the allocation
 
+    def _op_ttg_memdesc_subslice(self, op: Op) -> torch.Tensor:
+        """``%m[o0, o1, ...] : memdesc<A> -> memdesc<B, ...>``: the ``B``-shaped block at those
+        offsets, a view (copies into the allocation show through)."""
+        (memory,) = self._args(op)
+        offsets = [int(o) for o in re.search(r"\[([\d, ]+)\]", op.text).group(1).split(",")]  # type: ignore[union-attr]
+        shape = re.search(r"-> !ttg\.memdesc<((?:\d+x)+)", op.text).group(1).rstrip("x").split("x")  # type: ignore[union-attr]
+        view = memory
+        for dim, (start, length) in enumerate(zip(offsets, shape)):
+            view = view.narrow(dim, start, int(length))
+        return view
+
     def _op_ttg_async_copy_global_to_local(self, op: Op) -> None:
         pointer, memory, *mask = self._args(op)
         element = re.search(r"!tt\.ptr<(\w+)>", op.text).group(1)  # type: ignore[union-attr]

@@ -143,6 +143,7 @@ def launch_prefill_gemm(
             x = x.index_select(1, mma_column_order(k, x.device))
         constexprs["WEIGHT_AHEAD"] = schedule.weights_ahead
         constexprs["A_SETS"] = schedule.a_register_sets
+        constexprs["WGMMAS"] = schedule.wgmmas_per_step
     else:
         constexprs["BK"] = schedule.block_k
     if kernel is None:

@@ -118,8 +118,9 @@ def out_layout(bw: int, warps: int) -> gl.BlockedLayout:
 
 @gluon.jit
 def _dequant_nibbles(codes, scales):
-    """codes ``[BW, G, 8]`` uint8, scale bytes ``[BW, G]`` -> ``(even, odd)``, each ``[BW, G, 8]``
-    bf16 ``w * 2**-7``: the low and the high nibble of each byte, in the codes' layout."""
+    """codes ``[BW, G, B]`` uint8, scale bytes ``[BW, G]`` -> ``(even, odd)``, each ``[BW, G, B]``
+    bf16 ``w * 2**-7``: the low and the high nibble of each byte, in the codes' layout (``B`` a
+    multiple of 4: the assembly takes 4 bytes of a thread at a time)."""
     factor = (e4m3_bytes_f32(scales) * 6.646139978924579e35).to(gl.bfloat16)  # scale * 2**119
     factor = gl.broadcast(gl.expand_dims(factor, 2), codes)[0]
     return gl.inline_asm_elementwise(
@@ -556,31 +557,34 @@ def grouped_w4_gemm_kernel(
 
 
 @gluon.constexpr_function
-def fragment_codes_layout(bw: int, warps: int) -> gl.DistributedLinearLayout:
-    """``[BW, 4, 8]`` code bytes of one 64-column step (row, 16-column group, byte), loaded so that
-    they dequantize straight into the wgmma's A-operand registers: lane ``4 g + q`` of warp ``w``
-    holds the 8 bytes of group ``q`` of rows ``16 w + g`` and ``16 w + g + 8`` (one 8-byte load
-    each). With the step's columns taken in :func:`~a4prefill.ops.backends.triton.prefill.
-    mma_column_order` these are exactly the A fragment's rows and columns."""
+def fragment_codes_layout(bw: int, warps: int, step_bytes: int = 8) -> gl.DistributedLinearLayout:
+    """``[BW, 4, step_bytes]`` code bytes of one wgmma's columns (row, 16-column group, byte;
+    ``step_bytes`` 8: 64 columns, 4: 32 columns, bytes ``4 j`` to ``4 j + 3`` of each group for the
+    ``j``-th 32), loaded so that they dequantize straight into the wgmma's A-operand registers:
+    lane ``4 g + q`` of warp ``w`` holds the bytes of group ``q`` of rows ``16 w + g`` and ``16 w +
+    g + 8`` (one load each). With the step's columns taken in :func:`~a4prefill.ops.backends.
+    triton.prefill.mma_column_order` these are exactly the A fragment's rows and columns."""
+    byte_bases = [[0, 0, 1 << i] for i in range(step_bytes.bit_length() - 1)]
     warp_bases = [[16 << i, 0, 0] for i in range(warps.bit_length() - 1)]
     return gl.DistributedLinearLayout(
-        reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [8, 0, 0]],
+        reg_bases=[*byte_bases, [8, 0, 0]],
         lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
         warp_bases=warp_bases,
         block_bases=[],
-        shape=[bw, 4, 8],
+        shape=[bw, 4, step_bytes],
     )
 
 
 @gluon.jit
 def _dequant_fragment(codes, scales, A_LAYOUT: gl.constexpr, BW: gl.constexpr):
-    """codes ``[BW, 4, 8]`` uint8 in :func:`fragment_codes_layout`, scale bytes ``[BW, 4]`` ->
-    the wgmma A operand ``[BW, 64]`` bf16 ``w * 2**-7`` in MMA column order: column ``8 b + 2 q +
-    h`` holds nibble ``h`` of byte ``b`` of group ``q``. The reshapes only rename registers: the
-    result is already in ``A_LAYOUT``'s registers."""
+    """codes ``[BW, 4, B]`` uint8 in :func:`fragment_codes_layout` (``B`` bytes of each 16-column
+    group), scale bytes ``[BW, 4]`` -> the wgmma A operand ``[BW, 8 B]`` bf16 ``w * 2**-7`` in MMA
+    column order: column ``8 b + 2 q + h`` holds nibble ``h`` of byte ``b`` of group ``q``. The
+    reshapes only rename registers: the result is already in ``A_LAYOUT``'s registers."""
+    B: gl.constexpr = codes.shape[2]
     even, odd = _dequant_nibbles(codes, scales)
     pairs = gl.permute(gl.join(even, odd), (0, 2, 1, 3))  # [BW, byte, group, nibble]
-    return gl.convert_layout(gl.reshape(pairs, [BW, 64]), A_LAYOUT)
+    return gl.convert_layout(gl.reshape(pairs, [BW, 8 * B]), A_LAYOUT)
 
 
 @gluon.jit
@@ -589,12 +593,12 @@ def _rs_step(
     acc,
     a_previous,
     ring,
-    FL: gl.constexpr,
     A_LAYOUT: gl.constexpr,
     BW: gl.constexpr,
     DEPTH: gl.constexpr,
     WEIGHT_AHEAD: gl.constexpr,
     IN_FLIGHT: gl.constexpr,
+    WGMMAS: gl.constexpr,
 ):
     """Step ``step`` of :func:`grouped_w4_gemm_rs_kernel`: wait for its copies, dequantize its
     weights into a new A operand ``a``, issue its wgmma, issue the copies ``WEIGHT_AHEAD`` (code
@@ -603,25 +607,41 @@ def _rs_step(
     of that wait. Returns ``(acc, a)``. With ``IN_FLIGHT = 1`` this step's wgmma still reads
     ``a``'s registers: the caller must pass ``a`` as the next step's ``a_previous`` and
     dequantize that step into other registers. ``ring`` is ``(c_ring, s_ring, x_ring, code_ptrs,
-    scale_ptrs, x_ptrs, x_mask, steps)``."""
+    scale_ptrs, x_ptrs, x_mask, steps)``.
+
+    ``WGMMAS = 2`` (with ``IN_FLIGHT = 0`` only): the step's 64 columns as two wgmmas of 32, each
+    A operand in registers of its own; the second half is dequantized while the first half's
+    wgmma runs, and both stay live until the wait retires both. ``a`` is then the second half."""
     c_ring, s_ring, x_ring, code_ptrs, scale_ptrs, x_ptrs, x_mask, steps = ring
     BK: gl.constexpr = 64
     AHEAD: gl.constexpr = DEPTH - 2
     W_SLOTS: gl.constexpr = WEIGHT_AHEAD + 1
+    HALF_BYTES: gl.constexpr = 8 // WGMMAS
+    FL: gl.constexpr = fragment_codes_layout(BW, gl.num_warps(), HALF_BYTES)
     async_copy.wait_group(AHEAD - 1)
     fence_async_shared()
     _cta_barrier()  # every thread's copies of this step have landed
-    codes = c_ring.index(step % W_SLOTS).load(FL)
+    c_slot = c_ring.index(step % W_SLOTS)
+    x_slot = x_ring.index(step % DEPTH)
     scales = s_ring.index(step % W_SLOTS).load(gl.SliceLayout(2, FL))
-    a = _dequant_fragment(codes, scales, A_LAYOUT, BW)
-    acc = warpgroup_mma(a, x_ring.index(step % DEPTH).permute((1, 0)), acc, is_async=True)
+    if WGMMAS == 1:
+        a = _dequant_fragment(c_slot.load(FL), scales, A_LAYOUT, BW)
+        acc = warpgroup_mma(a, x_slot.permute((1, 0)), acc, is_async=True)
+    else:
+        first = _dequant_fragment(c_slot.slice(0, HALF_BYTES, dim=2).load(FL), scales, A_LAYOUT, BW)
+        acc = warpgroup_mma(first, x_slot.slice(0, BK // 2, dim=1).permute((1, 0)), acc, is_async=True)
+        a = _dequant_fragment(c_slot.slice(HALF_BYTES, HALF_BYTES, dim=2).load(FL), scales, A_LAYOUT, BW)
+        acc = warpgroup_mma(a, x_slot.slice(BK // 2, BK // 2, dim=1).permute((1, 0)), acc, is_async=True)
     w_step = step + WEIGHT_AHEAD
     _async_load(c_ring.index(w_step % W_SLOTS), code_ptrs + w_step * (BK // 2), mask=w_step < steps)
     _async_load(s_ring.index(w_step % W_SLOTS), scale_ptrs + w_step * (BK // 16), mask=w_step < steps)
     x_step = step + AHEAD
     _async_load(x_ring.index(x_step % DEPTH), x_ptrs + x_step * BK, mask=x_mask & (x_step < steps))
     async_copy.commit_group()
-    acc, a_previous = warpgroup_mma_wait(num_outstanding=IN_FLIGHT, deps=(acc, a_previous))
+    if WGMMAS == 1:
+        acc, a_previous = warpgroup_mma_wait(num_outstanding=IN_FLIGHT, deps=(acc, a_previous))
+    else:
+        acc, a_previous, first = warpgroup_mma_wait(num_outstanding=IN_FLIGHT, deps=(acc, a_previous, first))
     return acc, a
 
 
@@ -657,6 +677,7 @@ def grouped_w4_gemm_rs_kernel(
     DEPTH: gl.constexpr,
     WEIGHT_AHEAD: gl.constexpr,
     A_SETS: gl.constexpr,
+    WGMMAS: gl.constexpr,
     OUT_MMA_ORDER: gl.constexpr,
 ):
     """:func:`grouped_w4_gemm_kernel` with the weights dequantized into the wgmma's A registers
@@ -681,6 +702,10 @@ def grouped_w4_gemm_rs_kernel(
       after the wait of step ``s + 1`` retired it. More registers (one CTA per SM), for tiles
       that have one CTA per SM anyway.
 
+    ``WGMMAS`` (the schedule's ``wgmmas_per_step``, 2 only with one set): each step as two wgmmas
+    of 32 columns, the second half dequantized into registers of its own while the first half's
+    wgmma runs; the step's wait retires both.
+
     (One set of registers with one wgmma left in flight, the first version, let step ``s + 1``'s
     dequantization overwrite the registers of step ``s``'s wgmma in flight: results changed from
     run to run on the H200 wherever the epilogue changed the register allocation, for example the
@@ -699,7 +724,6 @@ def grouped_w4_gemm_rs_kernel(
     BK: gl.constexpr = 64
     G: gl.constexpr = 4
     num_warps: gl.constexpr = gl.num_warps()
-    FL: gl.constexpr = fragment_codes_layout(BW, num_warps)
     ACC: gl.constexpr = acc_layout(BT, num_warps)
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
     PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
@@ -743,19 +767,19 @@ def grouped_w4_gemm_rs_kernel(
             _async_load(x_ring.index(ahead - LAG), x_ptrs + (ahead - LAG) * BK, mask=live_x)
         async_copy.commit_group()
     ring = (c_ring, s_ring, x_ring, code_ptrs, scale_ptrs, x_ptrs, x_mask, steps)
-    a_last = gl.zeros([BW, BK], gl.bfloat16, layout=A_LAYOUT)
+    a_last = gl.zeros([BW, BK // WGMMAS], gl.bfloat16, layout=A_LAYOUT)
     if A_SETS == 1:
         for step in range(steps):
-            acc, a_last = _rs_step(step, acc, a_last, ring, FL, A_LAYOUT, BW, DEPTH, WEIGHT_AHEAD, 0)
+            acc, a_last = _rs_step(step, acc, a_last, ring, A_LAYOUT, BW, DEPTH, WEIGHT_AHEAD, 0, WGMMAS)
     else:
         # steps in pairs: even steps' A operand in one set of registers, odd steps' in another
         a_odd = a_last
         for pair in range(steps // 2):
-            acc, a_even = _rs_step(2 * pair, acc, a_odd, ring, FL, A_LAYOUT, BW, DEPTH, WEIGHT_AHEAD, 1)
-            acc, a_odd = _rs_step(2 * pair + 1, acc, a_even, ring, FL, A_LAYOUT, BW, DEPTH, WEIGHT_AHEAD, 1)
+            acc, a_even = _rs_step(2 * pair, acc, a_odd, ring, A_LAYOUT, BW, DEPTH, WEIGHT_AHEAD, 1, 1)
+            acc, a_odd = _rs_step(2 * pair + 1, acc, a_even, ring, A_LAYOUT, BW, DEPTH, WEIGHT_AHEAD, 1, 1)
         a_last = a_odd
         if steps % 2 == 1:
-            acc, a_last = _rs_step(steps - 1, acc, a_odd, ring, FL, A_LAYOUT, BW, DEPTH, WEIGHT_AHEAD, 1)
+            acc, a_last = _rs_step(steps - 1, acc, a_odd, ring, A_LAYOUT, BW, DEPTH, WEIGHT_AHEAD, 1, 1)
     acc, a_last = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a_last))
     async_copy.wait_group(0)
     _cta_barrier()  # every thread's (masked, zero-filling) copies landed before the epilogue's scratch

@@ -266,7 +266,9 @@ class PrefillGemm:
     ``a_register_sets`` (1 or 2) sets of A registers: 1 retires each step's wgmma before the next
     step's dequantization, 2 alternates two sets with one wgmma left in flight (more registers:
     for the 256-route tiles, which have one CTA per SM anyway; ``prefill_kernels``,
-    ``grouped_w4_gemm_rs_kernel``). A CTA's buffers (:attr:`shared_bytes`) must fit an H100/H200
+    ``grouped_w4_gemm_rs_kernel``). ``wgmmas_per_step`` (1 or 2, 2 with register weights and one
+    set): a step's 64 columns as that many wgmmas, each later one's A operand dequantized while
+    the earlier ones run. A CTA's buffers (:attr:`shared_bytes`) must fit an H100/H200
     CTA's 227 KiB of shared memory."""
 
     weight_rows: int = 128
@@ -276,6 +278,7 @@ class PrefillGemm:
     register_weights: bool = False
     weight_ahead: int = 0
     a_register_sets: int = 1
+    wgmmas_per_step: int = 1
 
     def __post_init__(self) -> None:
         if self.weight_rows not in (64, 128, 256):
@@ -298,6 +301,13 @@ class PrefillGemm:
             raise ValueError(
                 "PrefillGemm.a_register_sets must be 1, or 2 with register_weights, "
                 f"got {self.a_register_sets}"
+            )
+        if self.wgmmas_per_step not in (1, 2) or (
+            self.wgmmas_per_step == 2 and (not self.register_weights or self.a_register_sets != 1)
+        ):
+            raise ValueError(
+                "PrefillGemm.wgmmas_per_step must be 1, or 2 with register_weights and one A register "
+                f"set, got {self.wgmmas_per_step}"
             )
         if not 3 <= self.depth <= 8:
             raise ValueError(f"PrefillGemm.depth must be 3 to 8, got {self.depth}")
@@ -335,7 +345,10 @@ class PrefillGemm:
         kernel = "rs_" if self.register_weights else ""
         ahead = f"_a{self.weight_ahead}" if self.weight_ahead else ""
         sets = "_x2" if self.a_register_sets == 2 else ""
-        return f"{kernel}w{self.weight_rows}_t{self.routes}_k{self.block_k}_d{self.depth}{ahead}{sets}"
+        halves = "_h2" if self.wgmmas_per_step == 2 else ""
+        return (
+            f"{kernel}w{self.weight_rows}_t{self.routes}_k{self.block_k}_d{self.depth}{ahead}{sets}{halves}"
+        )
 
 
 # The prefill GEMM schedules the benchmark compares (benchmarks/bench_prefill_gemm.py). In the H200
@@ -359,6 +372,8 @@ PREFILL_SCHEDULES = MappingProxyType(
         "rs_w128_t64_d6": PrefillGemm(128, 64, depth=6, register_weights=True),
         "rs_w128_t128_d4": PrefillGemm(128, 128, depth=4, register_weights=True),
         "rs_w128_t128_d6": PrefillGemm(128, 128, depth=6, register_weights=True),
+        "rs_w128_t128_d4_h2": PrefillGemm(128, 128, depth=4, register_weights=True, wgmmas_per_step=2),
+        "rs_w128_t256_d4_h2": PrefillGemm(128, 256, depth=4, register_weights=True, wgmmas_per_step=2),
         "rs_w128_t256_d4": PrefillGemm(128, 256, depth=4, register_weights=True, a_register_sets=2),
         "rs_w128_t256_d5": PrefillGemm(128, 256, depth=5, register_weights=True, a_register_sets=2),
         "rs_w128_t64_d4_a8": PrefillGemm(128, 64, depth=4, register_weights=True, weight_ahead=8),
