@@ -669,7 +669,7 @@ class _Program:
         offsets = [int(o) for o in re.search(r"\[([\d, ]+)\]", op.text).group(1).split(",")]  # type: ignore[union-attr]
         shape = re.search(r"-> !ttg\.memdesc<((?:\d+x)+)", op.text).group(1).rstrip("x").split("x")  # type: ignore[union-attr]
         view = memory
-        for dim, (start, length) in enumerate(zip(offsets, shape)):
+        for dim, (start, length) in enumerate(zip(offsets, shape, strict=True)):
             view = view.narrow(dim, start, int(length))
         return view
 
