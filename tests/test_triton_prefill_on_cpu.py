@@ -269,6 +269,12 @@ def test_schedules_refuse_what_the_kernel_cannot_run():
         PrefillGemm(a_register_sets=2)
     with pytest.raises(ValueError, match="a_register_sets must be 1, or 2 with register_weights"):
         PrefillGemm(register_weights=True, a_register_sets=3)
+    with pytest.raises(ValueError, match="wgmmas_per_step must be 1, or 2 with register_weights and one"):
+        PrefillGemm(wgmmas_per_step=2)
+    with pytest.raises(ValueError, match="wgmmas_per_step must be 1, or 2 with register_weights and one"):
+        PrefillGemm(register_weights=True, a_register_sets=2, wgmmas_per_step=2)
+    with pytest.raises(ValueError, match="wgmmas_per_step must be 1, or 2 with register_weights and one"):
+        PrefillGemm(register_weights=True, wgmmas_per_step=4)
     with pytest.raises(ValueError, match="weight_rows must be 64, 128 or 256"):
         PrefillGemm(weight_rows=32)
     with pytest.raises(ValueError, match="multiple of 64"):
