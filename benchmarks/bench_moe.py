@@ -12,13 +12,17 @@ dequantized for a bf16 MMA), split (first half of the rows decode/W4A16, second 
 and bf16 (``torch._grouped_mm`` on bf16 copies of the weights, same routing: sort, gather, two
 grouped GEMMs, SwiGLU, weighted sum) and,
 when vLLM is importable, marlin (vLLM's ``fused_marlin_moe`` on Marlin-repacked copies of the same
-weights, ``marlin_baseline.py``). Accuracy: relative L2 error of W4A16 and Marlin against the
+weights, ``marlin_baseline.py``) and, when ``humming-kernels`` is importable, humming (vLLM 0.32+'s
+SM90 default for NVFP4 MoE, W4A16, on humming-repacked copies, ``humming_baseline.py``; a
+baseline that fails to set up or run is a table cell with its error, the other columns stay).
+Accuracy: relative L2 error of W4A16, Marlin and Humming against the
 package's ``moe_reference`` (fp32 math) at up to 4096 tokens, fed fp32 activations (the exact
 MoE of the NVFP4 weights) and bf16 activations (the same bf16 roundings a bf16 kernel makes).
 Every variant is captured in a CUDA graph; each replay is timed with CUDA events after the L2
 cache is flushed (a 256 MiB write), median of the repeats. Effective bandwidth counts the bytes
 of the experts actually hit (distinct experts x weights + block scales) plus the activations in
-and out; TFLOP/s counts ``6 * routes * H * I``.
+and out; TFLOP/s counts ``6 * routes * H * I``, and its share of a dense bf16 8192^3 matmul
+timed in the same run (the tensor cores' measured rate).
 """
 
 from __future__ import annotations
@@ -139,6 +143,14 @@ def time_graph(fn: Callable[[], Any], repeats: int, flush: torch.Tensor) -> floa
         times.append(start.elapsed_time(end) * 1e3)
     del graph
     return statistics.median(times)
+
+
+def dense_bf16_tflops(flush: torch.Tensor) -> float:
+    """The tensor cores' measured bf16 rate in TFLOP/s: a dense 8192^3 bf16 matmul, timed as the
+    MoE variants are (:func:`time_graph`, 20 replays)."""
+    square = [torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda") for _ in range(2)]
+    dense_us = time_graph(functools.partial(torch.matmul, *square), 20, flush)
+    return 2 * 8192**3 / dense_us / 1e6
 
 
 def copy_bandwidth() -> float:
@@ -337,7 +349,13 @@ def relative_error(output: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def bench_shape(
-    name: str, shape: dict[str, int], tokens_list: list[int], sweep: str | None, log: Any
+    name: str,
+    shape: dict[str, int],
+    tokens_list: list[int],
+    sweep: str | None,
+    log: Any,
+    dense_tflops: float | None = None,
+    baselines: tuple[str, ...] = ("marlin", "humming"),
 ) -> dict[str, Any]:
     from a4prefill.ops.backends.triton.fused import fused_moe
     from a4prefill.ops.backends.triton.schedules import choose_config
@@ -349,7 +367,15 @@ def bench_shape(
     weights = random_weights(experts, hidden, inter, "cuda")
     scales = derive_a4_scales(weights.w13_input_scale, weights.w2_input_scale)
     w13_bf16, w2_bf16 = bf16_weights(weights)
-    marlin = marlin_moe(weights)
+    marlin = marlin_moe(weights) if "marlin" in baselines else None
+    humming, humming_error = None, None
+    try:
+        if "humming" in baselines:
+            from humming_baseline import humming_moe
+
+            humming = humming_moe(weights)
+    except Exception as error:  # an import or set-up failure: the other columns stay
+        humming_error = repr(error)[:300]
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     fp4_expert_bytes = 3 * inter * hidden * (0.5 + 1 / 16)
     bf16_expert_bytes = 3 * inter * hidden * 2
@@ -378,11 +404,22 @@ def bench_shape(
             )
         if marlin is not None:
             variants["marlin"] = functools.partial(marlin, x, topk_w, topk_ids)
+        if humming is not None:
+            variants["humming"] = functools.partial(humming, x, topk_w, topk_ids)
+        elif humming_error:
+            result["humming_error"] = humming_error
         references: dict[str, torch.Tensor] = {}
         if tokens <= ACCURACY_TOKENS:
             # fp32 activations: the exact MoE of the NVFP4 weights; bf16 activations: the same
             # with the kernels' own bf16 roundings (input, FC1 output) (docs/numerics.md)
-            outputs = {v: variants[v]().float() for v in ("w4a16", "w4a16_tiled", "marlin") if v in variants}
+            outputs = {}
+            for variant in ("w4a16", "w4a16_tiled", "marlin", "humming"):
+                try:
+                    outputs[variant] = variants[variant]().float() if variant in variants else None
+                except Exception as error:  # timed below, where the error is recorded
+                    outputs[variant] = None
+                    result[f"{variant}_error"] = repr(error)[:300]
+            outputs = {v: output for v, output in outputs.items() if output is not None}
             for suffix, reference_input in {"": x.float(), "_bf16_io": x}.items():
                 expected = moe_reference(reference_input, topk_w, topk_ids, weights.experts(), None).float()
                 references[suffix] = expected
@@ -430,6 +467,13 @@ def bench_shape(
                 result["w4a16_speedup_vs_marlin"] = ma / w4
             if result.get("w4a16_tiled_us"):
                 result["w4a16_tiled_speedup_vs_marlin"] = ma / result["w4a16_tiled_us"]
+        hu = result.get("humming_us")
+        if hu:
+            result["humming_TFLOPs"] = flops / (hu * 1e-6) / 1e12
+            if w4:
+                result["w4a16_speedup_vs_humming"] = hu / w4
+        if w4 and dense_tflops:
+            result["w4a16_dense_share"] = result["w4a16_TFLOPs"] / dense_tflops
         if result.get("a4_us"):
             result["a4_TFLOPs"] = flops / (result["a4_us"] * 1e-6) / 1e12
         if bf:
@@ -468,7 +512,7 @@ def plot(results: dict[str, Any], path: str) -> None:
         rows = data["rows"]
         tokens = [r["tokens"] for r in rows]
         ax = axes[0][col]
-        for variant in ("bf16", "marlin", "w4a16", "w4a16_tiled", "a4", "split"):
+        for variant in ("bf16", "marlin", "humming", "w4a16", "w4a16_tiled", "a4", "split"):
             points = [(r["tokens"], r[f"{variant}_us"]) for r in rows if r.get(f"{variant}_us")]
             if points:
                 ax.plot(*zip(*points, strict=True), marker="o", label=variant)
@@ -511,11 +555,12 @@ def markdown_table(results: dict[str, Any]) -> str:
             f"### {name} (H={shape['hidden']}, I={shape['intermediate']}, E={shape['experts']}, "
             f"top-{shape['top_k']})",
             "",
-            "| tokens | experts hit | W4A16 us | W4A16 tiled us | Marlin us | A4 us | split us | bf16 us "
-            "| Marlin/W4A16 | Marlin/W4A16 tiled | W4A16 GB/s (% copy) | Marlin GB/s (% copy) "
-            "| W4A16 TFLOP/s | bf16/W4A16 | A4/W4A16 | split/(parts) | rel err W4A16 | rel err Marlin "
-            "| rel err W4A16 (bf16 io) | rel err W4A16 tiled (bf16 io) | rel err Marlin (bf16 io) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| tokens | experts hit | W4A16 us | W4A16 tiled us | Marlin us | Humming us | A4 us | split us "
+            "| bf16 us | Marlin/W4A16 | Marlin/W4A16 tiled | Humming/W4A16 | W4A16 GB/s (% copy) "
+            "| Marlin GB/s (% copy) | W4A16 TFLOP/s (% dense bf16) | bf16/W4A16 | A4/W4A16 | split/(parts) "
+            "| rel err W4A16 | rel err Marlin | rel err Humming | rel err W4A16 (bf16 io) "
+            "| rel err W4A16 tiled (bf16 io) | rel err Marlin (bf16 io) | rel err Humming (bf16 io) |",
+            "|" + "---|" * 25,
         ]
         for row in shape_result["rows"]:
 
@@ -527,18 +572,26 @@ def markdown_table(results: dict[str, Any]) -> str:
                 value = row.get(key)
                 return "-" if value is None else f"{value:.1e}"
 
+            share = row.get("w4a16_dense_share")
+            tflops = cell(row, "w4a16_TFLOPs") + ("" if share is None else f" ({share * 100:.0f}%)")
+            humming = (
+                cell(row, "humming_us")
+                if row.get("humming_us")
+                else ("error" if row.get("humming_error") else "-")
+            )
             lines.append(
                 f"| {row['tokens']} | {row['experts_hit']} | {cell(row, 'w4a16_us')} "
-                f"| {cell(row, 'w4a16_tiled_us')} | {cell(row, 'marlin_us')} "
+                f"| {cell(row, 'w4a16_tiled_us')} | {cell(row, 'marlin_us')} | {humming} "
                 f"| {cell(row, 'a4_us')} | {cell(row, 'split_us')} | {cell(row, 'bf16_us')} "
                 f"| {cell(row, 'w4a16_speedup_vs_marlin', 2)} "
                 f"| {cell(row, 'w4a16_tiled_speedup_vs_marlin', 2)} "
+                f"| {cell(row, 'w4a16_speedup_vs_humming', 2)} "
                 f"| {bandwidth('w4a16')} | {bandwidth('marlin')} "
-                f"| {cell(row, 'w4a16_TFLOPs')} | {cell(row, 'w4a16_speedup_vs_bf16', 2)} "
+                f"| {tflops} | {cell(row, 'w4a16_speedup_vs_bf16', 2)} "
                 f"| {cell(row, 'a4_over_w4a16', 2)} | {cell(row, 'split_over_parts', 2)} "
-                f"| {error('w4a16_rel_err')} | {error('marlin_rel_err')} "
+                f"| {error('w4a16_rel_err')} | {error('marlin_rel_err')} | {error('humming_rel_err')} "
                 f"| {error('w4a16_rel_err_bf16_io')} | {error('w4a16_tiled_rel_err_bf16_io')} "
-                f"| {error('marlin_rel_err_bf16_io')} |"
+                f"| {error('marlin_rel_err_bf16_io')} | {error('humming_rel_err_bf16_io')} |"
             )
         lines.append("")
     return "\n".join(lines)
@@ -622,6 +675,11 @@ def main() -> None:
     )
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--tokens", help="comma-separated token counts (overrides --quick)")
+    parser.add_argument(
+        "--baselines",
+        default="marlin,humming",
+        help="comma-separated vLLM baselines to time where importable: marlin, humming (default both)",
+    )
     parser.add_argument("--plot", help="only plot this JSON result next to it")
     parser.add_argument("--table", help="only print this JSON result as markdown tables")
     args = parser.parse_args()
@@ -644,13 +702,22 @@ def main() -> None:
         "torch": torch.__version__,
         "triton": __import__("triton").__version__,
         "copy_GBps": copy_bandwidth(),
+        "dense_bf16_TFLOPs": dense_bf16_tflops(torch.empty(256 << 20, dtype=torch.uint8, device="cuda")),
         "split_mix": "first half of the rows decode (W4A16), second half prefill (A4)",
         "timing": "CUDA graph replay, L2 flushed before each, median; routing+combine included",
         "shapes": {},
     }
     started = time.time()
     for name in args.shapes.split(","):
-        results["shapes"][name] = bench_shape(name, SHAPES[name], tokens, args.sweep, sys.stdout)
+        results["shapes"][name] = bench_shape(
+            name,
+            SHAPES[name],
+            tokens,
+            args.sweep,
+            sys.stdout,
+            results["dense_bf16_TFLOPs"],
+            tuple(filter(None, args.baselines.split(","))),
+        )
     results["seconds"] = time.time() - started
     path = os.path.join(args.out, "bench_moe.json")
     with open(path, "w") as handle:

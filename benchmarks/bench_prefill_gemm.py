@@ -21,7 +21,7 @@ import os
 
 import torch
 
-from bench_moe import time_graph
+from bench_moe import dense_bf16_tflops, time_graph
 
 EXPERTS, HIDDEN, INTERMEDIATE, TOP_K = 288, 4096, 1024, 8
 TOKENS = [512, 1024, 4096, 8192, 16384]
@@ -48,11 +48,8 @@ def main() -> None:
         )
         for name, (n, k) in gemms.items()
     }
-    square = [torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda") for _ in range(2)]
-    dense_us = time_graph(functools.partial(torch.matmul, *square), 20, flush)
-    dense_tflops = 2 * 8192**3 / dense_us / 1e6
-    print(f"dense bf16 8192^3: {dense_us:.0f} us, {dense_tflops:.0f} TFLOP/s", flush=True)
-    del square
+    dense_tflops = dense_bf16_tflops(flush)
+    print(f"dense bf16 8192^3: {dense_tflops:.0f} TFLOP/s", flush=True)
     rows = []
     for tokens in args.tokens:
         routes = tokens * TOP_K
