@@ -373,7 +373,7 @@ def bench_shape(
         if "humming" in baselines:
             from humming_baseline import humming_moe
 
-            humming = humming_moe(weights)
+            humming = humming_moe(weights, token_counts=tokens_list)
     except Exception as error:  # an import or set-up failure: the other columns stay
         humming_error = repr(error)[:300]
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
