@@ -54,7 +54,7 @@ def test_matches_the_fp32_product_eagerly_and_in_a_cuda_graph(label, gather):
 
 
 @pytest.mark.parametrize(
-    ("tokens", "fc1"), [(512, "rs_w128_t128_d4"), (1024, "w128_t256_d4"), (2048, "rs_w128_t256_d4")]
+    ("tokens", "fc1"), [(512, "rs_w128_t128_d4"), (1024, "rs_w128_t256_d4"), (2048, "rs_w128_t256_d4")]
 )
 def test_the_w4a16_prefill_moe_matches_the_reference_eagerly_and_in_a_cuda_graph(tokens, fc1):
     """``fused_moe`` on calls of 128, 256 and 512 routes per expert (16 experts, top-4): planned

@@ -514,7 +514,7 @@ def prefill_moe_on_cpu(interpreted):
     [
         (160, None, "rs_w128_t128_d4", "rs_w128_t128_d4"),  # 80 routes per expert
         (160, 2.5, "rs_w128_t128_d4", "rs_w128_t128_d4"),
-        (400, None, "w128_t256_d4", "w128_t256_d4"),  # 200 routes per expert
+        (400, None, "rs_w128_t256_d4", "w128_t256_d4"),  # 200 routes per expert
     ],
 )
 def test_a_w4a16_prefill_call_runs_the_prefill_gemms_and_matches_the_reference(

@@ -369,16 +369,17 @@ def _epilogue(
         # a thread's rows r and r + 8 of each 16 are a gate and its up row (_weight_row): the
         # split renames registers
         gate, up = gl.split(gl.permute(gl.reshape(acc * 128.0, [BW // 16, 2, 8, BT]), (0, 2, 3, 1)))
+        # the multipliers and SwiGLU in the store layout (few routes per thread), on the fp32
+        # products: the same roundings as in the accumulator's layout, fewer registers (W4A16 at
+        # 128-route tiles with OUT_MMA_ORDER: 130 registers in the accumulator's layout, one CTA
+        # per SM instead of two)
+        gate = gl.convert_layout(gl.reshape(gate, [OUT_ROWS, BT]), OUT)
+        up = gl.convert_layout(gl.reshape(up, [OUT_ROWS, BT]), OUT)
         if MODE == W4A16_MODE:
             gate = gate * gl.load(scale2_ptr + expert * 2)
             up = up * gl.load(scale2_ptr + expert * 2 + 1)
-            h = swiglu(gate, up, limit, HAS_LIMIT, gl.bfloat16, False)
-            y = gl.convert_layout(gl.reshape(h, [OUT_ROWS, BT]), OUT)
+            y = swiglu(gate, up, limit, HAS_LIMIT, gl.bfloat16, False)
         else:
-            # each route's multipliers in the store layout (few routes per thread), on the fp32
-            # products: the same roundings as in the accumulator's layout
-            gate = gl.convert_layout(gl.reshape(gate, [OUT_ROWS, BT]), OUT)
-            up = gl.convert_layout(gl.reshape(up, [OUT_ROWS, BT]), OUT)
             # [BT] multipliers (0 past the segment: those positions are not stored)
             alpha_g = gl.where(
                 live_out, _alpha(gl.load(scale2_ptr + expert * 2), gs1_ptr, is_a4_out, MODE), 0.0

@@ -429,16 +429,17 @@ def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: i
     """The prefill GEMMs of a call with ``routes`` routes over ``experts`` experts, or None below
     :data:`PREFILL_MIN_ROWS_PER_EXPERT` routes per expert (mean; the decode and tiled kernels are
     faster there) or where the shapes do not fit. From the H200 run of
-    ``benchmarks/bench_prefill_gemm.py`` (GLM-5.3-Flash TP2 shape; ``benchmarks/results``): 128-route
-    tiles with weights in registers up to 160 routes per expert (4096 tokens: 114), then 256-route
-    tiles, FC2 with weights dequantized into shared memory, FC1 so up to 320 (8192 tokens: 228) and
-    in registers above (16384 tokens: 455)."""
+    ``benchmarks/bench_prefill_gemm.py`` of 2026-12-03 (GLM-5.3-Flash TP2 shape, the kernels with
+    the register fix; ``benchmarks/results``): 128-route tiles with weights in registers up to 160
+    routes per expert (4096 tokens: 114; FC1 1984 us, FC2 1012 us against 2681 / 1314 with
+    256-route tiles), then 256-route tiles, FC1 with weights in registers (8192 tokens: 2783 us
+    against 2909 with weights in shared memory; 16384: 5466 against 5838) and FC2 with weights in
+    shared memory (8192: 1492 against 1507; 16384: 2813 against 2835)."""
     rows_per_expert = routes / max(1, experts)
     if rows_per_expert < PREFILL_MIN_ROWS_PER_EXPERT:
         return None
     if rows_per_expert < 160:
         tiles = PrefillTiles(PREFILL_SCHEDULES["rs_w128_t128_d4"], PREFILL_SCHEDULES["rs_w128_t128_d4"])
     else:
-        fc1 = "w128_t256_d4" if rows_per_expert < 320 else "rs_w128_t256_d4"
-        tiles = PrefillTiles(PREFILL_SCHEDULES[fc1], PREFILL_SCHEDULES["w128_t256_d4"])
+        tiles = PrefillTiles(PREFILL_SCHEDULES["rs_w128_t256_d4"], PREFILL_SCHEDULES["w128_t256_d4"])
     return tiles if tiles.fits(hidden, intermediate) else None
