@@ -250,26 +250,41 @@ def humming_moe(
         ids = topk_ids.to(torch.int32).contiguous()
         routing13 = align(ids, block13, experts)
         routing2 = routing13 if block2 == block13 else align(ids, block2, experts)
-        common = {"locks": locks, "valid_shape_m": routes, "compute_config": compute_config}
-        gate_up = torch.empty(routes, two_inter, dtype=torch.bfloat16, device=device)
-        humming_forward(
-            config13,
-            inputs=hidden_states.to(torch.bfloat16).contiguous(),
-            weight=tensors13["weight"],
-            weight_scale=tensors13["weight_scale"],
-            zero_point=None,
-            bias=None,
-            weight_scale_2=tensors13.get("weight_scale_2"),
-            input_scale=None,
-            input_scale_2=None,
-            outputs=gate_up,
-            sorted_ids=routing13[0],
-            expert_ids=routing13[1],
-            num_tokens_padded=routing13[2],
-            top_k=top_k,
-            tuning_config=tile13,
-            **common,
-        )
+
+        def gemm(
+            config: Any,
+            inputs: torch.Tensor,
+            tensors: dict[str, Any],
+            routing: Alignment,
+            width: int,
+            routes_per_row: int,
+            tile: str,
+        ) -> torch.Tensor:
+            outputs = torch.empty(routes, width, dtype=torch.bfloat16, device=device)
+            humming_forward(
+                config,
+                inputs=inputs,
+                weight=tensors["weight"],
+                weight_scale=tensors["weight_scale"],
+                zero_point=None,
+                bias=None,
+                weight_scale_2=tensors.get("weight_scale_2"),
+                input_scale=None,
+                input_scale_2=None,
+                outputs=outputs,
+                sorted_ids=routing[0],
+                expert_ids=routing[1],
+                num_tokens_padded=routing[2],
+                top_k=routes_per_row,
+                tuning_config=tile,
+                locks=locks,
+                valid_shape_m=routes,
+                compute_config=compute_config,
+            )
+            return outputs
+
+        inputs = hidden_states.to(torch.bfloat16).contiguous()
+        gate_up = gemm(config13, inputs, tensors13, routing13, two_inter, top_k, tile13)
         activated = torch.empty(routes, inter, dtype=torch.bfloat16, device=device)
         may_process_input(
             config2,
@@ -278,25 +293,7 @@ def humming_moe(
             activation_type="binary_split",
             activation_impl=SILU_AND_MUL,
         )
-        down = torch.empty(routes, hidden, dtype=torch.bfloat16, device=device)
-        humming_forward(
-            config2,
-            inputs=activated,
-            weight=tensors2["weight"],
-            weight_scale=tensors2["weight_scale"],
-            zero_point=None,
-            bias=None,
-            weight_scale_2=tensors2.get("weight_scale_2"),
-            input_scale=None,
-            input_scale_2=None,
-            outputs=down,
-            sorted_ids=routing2[0],
-            expert_ids=routing2[1],
-            num_tokens_padded=routing2[2],
-            top_k=1,
-            tuning_config=tile2,
-            **common,
-        )
+        down = gemm(config2, activated, tensors2, routing2, hidden, 1, tile2)
         weighted = down.view(tokens, top_k, hidden).float() * topk_weights.float().unsqueeze(-1)
         return weighted.sum(1).to(torch.bfloat16)
 

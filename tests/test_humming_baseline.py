@@ -4,9 +4,7 @@ checked against a plain loop, and the baseline is absent, not an error, without 
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -14,16 +12,12 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "humming_baseline.py"
+from helpers.scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def baseline():
-    spec = importlib.util.spec_from_file_location("humming_baseline", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("humming_baseline")
 
 
 def loop_alignment(ids: list[int], block: int, experts: int) -> tuple[list[int], list[int]]:
