@@ -101,9 +101,44 @@ def test_excluded_by_names_the_matching_pattern():
         ({"excluded_layers": ["("]}, "is not a regex"),
         ({"excluded_layers": [3]}, "is not a string"),
         ({"enable": True}, r"unknown a4prefill setting\(s\) \['enable'\]"),
+        ({"prefill_precision": "fp8"}, r"prefill_precision must be one of \['a4', 'a8'\], got 'fp8'"),
+        ({"prefill_precision": "A8"}, r"prefill_precision must be one of \['a4', 'a8'\], got 'A8'"),
+        ({"prefill_precision": None}, r"prefill_precision must be one of \['a4', 'a8'\], got None"),
+        ({"prefill_precision": ["a8"]}, r"prefill_precision must be one of \['a4', 'a8'\], got \['a8'\]"),
+        (
+            {"prefill_precison": "a8"},
+            r"unknown a4prefill setting\(s\) \['prefill_precison'\]; known: \[.*'prefill_precision'",
+        ),
         (["enabled"], "must be a JSON object"),
     ],
 )
 def test_invalid_settings_name_the_key(raw, message):
     with pytest.raises(ValueError, match=message):
         A4PrefillSettings.from_mapping(raw)
+
+
+@pytest.mark.parametrize("precision", ["a4", "a8"])
+def test_prefill_precision_goes_through_the_one_resolution(precision):
+    """The setting as given reaches the resolved settings (and so the pass's uuid and the engine)
+    unchanged, whatever the legacy variable says; not given, it is ``a4`` (today's behaviour)."""
+    given = A4PrefillSettings.from_mapping({"prefill_precision": precision})
+    assert resolve(given).prefill_precision == precision
+    assert resolve(given, legacy="0").prefill_precision == precision
+    assert resolve(given).as_dict()["prefill_precision"] == precision
+    assert (
+        resolve().prefill_precision == "a4" == resolve(A4PrefillSettings.from_mapping({})).prefill_precision
+    )
+    assert (
+        resolve(given).as_dict()
+        != resolve(
+            A4PrefillSettings.from_mapping({"prefill_precision": {"a4": "a8", "a8": "a4"}[precision]})
+        ).as_dict()
+    )
+
+
+def test_the_settings_values_are_the_ops_prefill_precisions():
+    from a4prefill.ops.precision import A4, A8, PREFILL_PRECISIONS
+
+    assert PREFILL_PRECISIONS == (A4, A8) == ("a4", "a8")
+    with pytest.raises(ValueError, match=r"a4prefill\.prefill_precision must be one of"):
+        ResolvedSettings(True, 0, (), prefill_precision="w4a16")

@@ -19,6 +19,13 @@ Keys (all optional):
   rows each MoE layer ran W4A16 and A4 (device counters under ``count_rows``, else host counters),
   the step's row types and CUDA-graph mode, and the layers' load-time status whenever it changes.
   ``python -m a4prefill audit`` checks the rule on it. Off: nothing is installed. Evidence only.
+- ``prefill_precision`` (``"a4"`` or ``"a8"``, default ``"a4"``): what prefill rows run where
+  they may run something other than W4A16. ``"a4"``: NVFP4 activations with the layer's
+  calibrated encode scales (today's behaviour); ``"a8"``: FP8 e4m3 activations scaled per row and
+  128-column block (docs/numerics.md, section 8), for GPUs with FP8 tensor cores (CUDA capability
+  >= 8.9). Decode, verify, padding and captured rows run W4A16 either way. Today only the
+  ``reference`` backend runs ``"a8"`` (numerics, not speed); the triton and b12x backends refuse
+  it at load time.
 
 The legacy variable ``B12X_W4A16_A4_PREFILL_MIN_TOKENS`` (deprecated) is an on/off switch: a
 valid integer >= 0 means on (one deprecation warning; its threshold is ignored: precision is
@@ -39,17 +46,25 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from a4prefill.ops.precision import A4, PREFILL_PRECISIONS
 from a4prefill.process_state import warn_once
 
 logger = logging.getLogger(__name__)
 
 SETTINGS_KEY = "a4prefill"
 LEGACY_THRESHOLD_ENV = "B12X_W4A16_A4_PREFILL_MIN_TOKENS"
-_KNOWN_KEYS = ("enabled", "captured_limit", "excluded_layers", "count_rows", "row_log")
+_KNOWN_KEYS = ("enabled", "captured_limit", "excluded_layers", "count_rows", "row_log", "prefill_precision")
 
 
 def _json_form(settings: A4PrefillSettings | ResolvedSettings) -> dict[str, Any]:
     return {**asdict(settings), "excluded_layers": list(settings.excluded_layers)}
+
+
+def _check_prefill_precision(value: object) -> None:
+    if not isinstance(value, str) or value not in PREFILL_PRECISIONS:
+        raise ValueError(
+            f"{SETTINGS_KEY}.prefill_precision must be one of {list(PREFILL_PRECISIONS)}, got {value!r}"
+        )
 
 
 @dataclass(frozen=True)
@@ -61,8 +76,10 @@ class A4PrefillSettings:
     excluded_layers: tuple[str, ...] = field(default_factory=tuple)
     count_rows: bool = False
     row_log: str | None = None
+    prefill_precision: str = A4
 
     def __post_init__(self) -> None:
+        _check_prefill_precision(self.prefill_precision)
         if self.row_log is not None and (not isinstance(self.row_log, str) or not self.row_log):
             raise ValueError(f"{SETTINGS_KEY}.row_log must be a file path or null, got {self.row_log!r}")
         if self.enabled is not None and not isinstance(self.enabled, bool):
@@ -104,6 +121,7 @@ class A4PrefillSettings:
             excluded_layers=raw.get("excluded_layers", ()),
             count_rows=raw.get("count_rows", False),
             row_log=raw.get("row_log"),
+            prefill_precision=raw.get("prefill_precision", A4),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -120,6 +138,10 @@ class ResolvedSettings:
     excluded_layers: tuple[str, ...]
     count_rows: bool = False
     row_log: str | None = None
+    prefill_precision: str = A4
+
+    def __post_init__(self) -> None:
+        _check_prefill_precision(self.prefill_precision)
 
     def excluded_by(self, layer_name: str) -> str | None:
         """The first ``excluded_layers`` pattern that matches ``layer_name``, or None."""
@@ -213,4 +235,11 @@ def resolve_settings(
     if enabled is None:
         enabled = True if legacy is None else legacy
     limit = settings.captured_limit if settings.captured_limit is not None else engine_captured_limit
-    return ResolvedSettings(enabled, limit, settings.excluded_layers, settings.count_rows, settings.row_log)
+    return ResolvedSettings(
+        enabled,
+        limit,
+        settings.excluded_layers,
+        settings.count_rows,
+        settings.row_log,
+        settings.prefill_precision,
+    )

@@ -28,7 +28,11 @@ from a4prefill.ops.scales import A4Scales
 
 W4A16 = "w4a16"
 A4 = "a4"
+A8 = "a8"
 PRECISIONS = (W4A16, A4)
+# What prefill rows may run (the ``prefill_precision`` setting): A4 (NVFP4 activations) or A8
+# (FP8 e4m3 activations, docs/numerics.md section 8)
+PREFILL_PRECISIONS = (A4, A8)
 SPLIT = "split"
 MODE_W4A16, MODE_A4, MODE_SPLIT = 0, 1, 2
 _MODES = MappingProxyType({W4A16: MODE_W4A16, A4: MODE_A4, SPLIT: MODE_SPLIT})
