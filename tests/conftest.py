@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny calibrated layer, an uncalibrated one, a fresh process state per test
+"""Shared fixtures: a tiny calibrated layer, an uncalibrated one, an uncalibrated one of A8 sizes
+(A8 needs no calibration, H and I multiples of 128), a fresh process state per test
 (helpers the tests import live in ``tests/helpers``).
 
 Hypothesis: the ``dev`` profile explores fresh examples on every run; the ``ci`` profile (loaded
@@ -16,7 +17,7 @@ from hypothesis import settings
 
 from a4prefill.ops import reset_process_state
 from a4prefill.tools.tiny_layer import TinyMoELayer, make_tiny_layer
-from helpers.layers import EXPERTS, HIDDEN, INTERMEDIATE, TOP_K
+from helpers.layers import A8_HIDDEN, A8_INTERMEDIATE, EXPERTS, HIDDEN, INTERMEDIATE, TOP_K
 
 settings.register_profile("dev", deadline=None, max_examples=40)
 settings.register_profile("ci", deadline=None, max_examples=40, derandomize=True)
@@ -31,6 +32,11 @@ def layer() -> TinyMoELayer:
 @pytest.fixture(scope="session")
 def uncalibrated_layer() -> TinyMoELayer:
     return make_tiny_layer(EXPERTS, HIDDEN, INTERMEDIATE, TOP_K, seed=4, calibrated=False)
+
+
+@pytest.fixture(scope="session")
+def a8_layer() -> TinyMoELayer:
+    return make_tiny_layer(EXPERTS, A8_HIDDEN, A8_INTERMEDIATE, TOP_K, seed=5, calibrated=False)
 
 
 @pytest.fixture(autouse=True)

@@ -175,6 +175,21 @@ def test_bad_input_gets_a_clear_error(call, error, message):
         call()
 
 
+def test_no_rows_give_no_rows():
+    """A call's A8 row set may be empty (a split step without prefill rows): empty in, empty out."""
+    from a4prefill.ops.reference import moe_reference_a8
+    from a4prefill.tools.tiny_layer import make_tiny_layer
+
+    codes, scales = fp8.quantize_rows(torch.zeros(0, 256, dtype=torch.bfloat16))
+    assert codes.shape == (0, 256) and scales.shape == (0, 2)
+    layer = make_tiny_layer(2, 128, 128, 1, calibrated=False)
+    weights, exponents = fp8.weights(layer.experts.w13_weight[0], layer.experts.w13_weight_scale[0])
+    assert fp8.block_product(codes[:, :128], scales[:, :1], weights, exponents).shape == (0, 256)
+    empty = torch.zeros(0, 128, dtype=torch.bfloat16)
+    routing = (torch.zeros(0, 1), torch.zeros(0, 1, dtype=torch.int32))
+    assert moe_reference_a8(empty, *routing, layer.experts).shape == (0, 128)
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_the_a8_reference_moe_stays_within_fp8_error_of_the_exact_moe(seed):
     """``moe_reference_a8`` on a tiny calibrated layer: within 8% (relative L2) of the exact MoE

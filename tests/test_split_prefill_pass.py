@@ -14,19 +14,19 @@ import pytest
 import torch
 
 from a4prefill import SplitPrefillPass, ops
-from a4prefill.ops.counters import A4
+from a4prefill.ops.counters import A4, A8
 from a4prefill.settings import A4PrefillSettings
 from a4prefill.tools.tiny_layer import TinyMoEModel
-from helpers.layers import make_inputs
+from helpers.layers import A8_HIDDEN, HIDDEN, make_inputs
 
 LIMIT = 16
 
 
-def compile_and_run(module, split_pass, tokens, dynamic=None, bounds=None):
+def compile_and_run(module, split_pass, tokens, dynamic=None, bounds=None, hidden_size=HIDDEN):
     """Compile ``module`` with the pass, run it on ``tokens`` rows (1 decode + a prompt)."""
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    hidden, _, _ = make_inputs(tokens, seed=tokens)
+    hidden, _, _ = make_inputs(tokens, seed=tokens, hidden_size=hidden_size)
     if bounds:
         torch._dynamo.mark_dynamic(hidden, 0, min=bounds[0], max=bounds[1])
     compiled = torch.compile(
@@ -87,6 +87,32 @@ def test_excluded_and_disabled_layers_are_left_alone(layer):
         assert ops.ROW_COUNTERS.total(A4) == 0
 
 
+def test_a8_nodes_need_no_a4_scales_and_keep_their_precision_through_the_rewrite(a8_layer):
+    """An uncalibrated layer's node carrying prefill precision A8 is rewritten where its range
+    reaches beyond the captured limit (A8 needs no A4 scales) and the split node runs A8 on the
+    prompt rows. The same layer at A4 has no scales: kept."""
+    tokens = 40
+    split_pass = SplitPrefillPass(A4PrefillSettings(captured_limit=LIMIT, prefill_precision="a8"))
+    module = TinyMoEModel([a8_layer.quantized], ops.moe_w4a16, prefill_precision=A8)
+    hidden, out = compile_and_run(module, split_pass, tokens, hidden_size=A8_HIDDEN)
+    (record,) = split_pass.records
+    rewritten = tokens > LIMIT
+    assert len(record.rewritten) == int(rewritten)
+    eager = TinyMoEModel(
+        [a8_layer.quantized], ops.moe_split if rewritten else ops.moe_w4a16, prefill_precision=A8
+    )
+    eager.load_state_dict(module.state_dict())
+    with ops.step_row_types(ops.row_types_from_query_lens([1, tokens - 1], 1)):
+        expected = eager(hidden)
+    assert torch.equal(out, expected)
+    assert ops.ROW_COUNTERS.total(A4) == 0
+    assert ops.ROW_COUNTERS.total(A8) == 2 * (tokens - 1)  # the prompt's rows, compiled and eager
+
+    as_a4 = SplitPrefillPass(A4PrefillSettings(captured_limit=LIMIT))
+    compile_and_run(TinyMoEModel([a8_layer.quantized], ops.moe_w4a16), as_a4, 40, hidden_size=A8_HIDDEN)
+    assert as_a4.records[0].kept[0][1] == "layer has no A4 scales"
+
+
 def _post_grad_graph(layer, tokens=40):
     """The post-grad graph of the module, captured by a recording pass."""
     graphs = []
@@ -132,9 +158,10 @@ def test_uuid_changes_with_each_setting_and_not_otherwise():
             A4PrefillSettings(captured_limit=LIMIT + 1),
             A4PrefillSettings(enabled=False, captured_limit=LIMIT),
             A4PrefillSettings(captured_limit=LIMIT, excluded_layers=("mtp",)),
+            A4PrefillSettings(captured_limit=LIMIT, prefill_precision="a8"),
         )
     }
-    assert len(uuids) == 4
+    assert len(uuids) == 5
     assert SplitPrefillPass(base).uuid() == SplitPrefillPass(A4PrefillSettings(captured_limit=LIMIT)).uuid()
 
 
@@ -181,7 +208,7 @@ CACHE_CHILD = textwrap.dedent(
     """
     import sys, torch
     sys.path.insert(0, {tests!r})
-    from helpers.layers import make_inputs, EXPERTS, HIDDEN, INTERMEDIATE, TOP_K
+    from helpers.layers import A8_HIDDEN, HIDDEN, make_inputs, EXPERTS, HIDDEN, INTERMEDIATE, TOP_K
     from a4prefill import SplitPrefillPass, ops
     from a4prefill.settings import A4PrefillSettings
     from a4prefill.tools.tiny_layer import TinyMoEModel, make_tiny_layer

@@ -26,7 +26,9 @@ from a4prefill import ops
 from a4prefill.ops.backends import register_backend
 from a4prefill.ops.backends.base import WarmUp
 from a4prefill.ops.backends.reference import ReferenceBackend
+from a4prefill.ops.fp8 import A8_READY
 from a4prefill.ops.moe import moe_w4a16
+from a4prefill.ops.reference import moe_reference, moe_reference_a8
 from a4prefill.ops.scales import A4_READY
 from a4prefill.settings import LEGACY_THRESHOLD_ENV, A4PrefillSettings, ResolvedSettings
 from a4prefill.vllm_integration import QUANTIZATION_NAME, register
@@ -38,7 +40,7 @@ from a4prefill.vllm_integration.engine import (
     max_call_tokens,
 )
 from a4prefill.vllm_integration.row_provider import RowPolicy
-from helpers.layers import EXPERTS, TOP_K, make_inputs
+from helpers.layers import A8_HIDDEN, EXPERTS, TOP_K, make_inputs
 
 pytestmark = pytest.mark.vllm
 
@@ -353,10 +355,17 @@ def serve_one_prefill_step(method, module, name: str) -> tuple[torch.Tensor, dic
     )
     ops.set_row_provider(forward_context_row_types)
     ops.ROW_COUNTERS.reset()
-    hidden, weights, ids = make_inputs(7)
+    hidden, weights, ids = make_inputs(7, hidden_size=module.w13_weight.shape[2] * 2)
     with override_forward_context(context), torch.no_grad():
         out = ops.call_moe(
-            ops.moe_split, hidden, weights, ids, method.experts(module), method.a4_scales(module), name
+            ops.moe_split,
+            hidden,
+            weights,
+            ids,
+            method.experts(module),
+            method.a4_scales(module),
+            name,
+            prefill_precision=method.prefill_precision,
         )
     return out, ops.ROW_COUNTERS.snapshot()
 
@@ -397,6 +406,86 @@ def test_a_refused_reload_withdraws_a4_and_the_layer_keeps_serving_w4a16(build_l
     assert torch.equal(
         out, ops.call_moe(ops.moe_a4, hidden, weights, ids, method.experts(module), expected, "r")
     )
+
+
+A8_SETTINGS = ResolvedSettings(True, 0, (), prefill_precision="a8")
+
+
+def test_an_a8_engines_layer_needs_no_calibration_and_its_prefill_rows_run_a8(build_layer, a8_layer):
+    """Under ``prefill_precision: "a8"`` load time derives no A4 scales (the A8 layer is
+    uncalibrated) and gives the layer A8; its prompt rows, typed by the plugin's row provider,
+    run the A8 oracle's arithmetic; the traced form (``moe_w4a16``) stays W4A16."""
+    name = "model.layers.0.mlp.experts"
+    method, module = build_layer(settings=A8_SETTINGS, weights=a8_layer.quantized)
+    assert module.a4prefill_status == A8_READY and method.prefill_precision == "a8"
+    assert method.a4_scales(module) is None
+    out, counted = serve_one_prefill_step(method, module, name)
+    assert counted == {(name, "a8"): 7}
+    hidden, weights, ids = make_inputs(7, hidden_size=A8_HIDDEN)
+    assert torch.equal(out, moe_reference_a8(hidden, weights, ids, a8_layer.experts))
+    with torch.no_grad():
+        traced = method.apply(module, hidden, weights, ids, None, None)
+    assert torch.equal(traced, moe_reference(hidden, weights, ids, a8_layer.experts, None))
+
+
+def test_an_a8_engines_layer_of_other_sizes_runs_w4a16_and_says_why(build_layer, caplog):
+    """The tiny layer (H = 64, I = 32) cannot run A8: load time withholds it, with the reason,
+    and one warning; its prompt rows run W4A16."""
+    name = "model.layers.0.mlp.experts"
+    with caplog.at_level(logging.WARNING):
+        method, module = build_layer(settings=A8_SETTINGS)
+    assert "A8 needs hidden size H=64 and intermediate size I=32" in module.a4prefill_status
+    assert method.prefill_precision == "a4" and method.a4_scales(module) is None
+    assert len([r for r in caplog.records if "runs W4A16 for every row" in r.getMessage()]) == 1
+    _, counted = serve_one_prefill_step(method, module, name)
+    assert counted == {(name, "w4a16"): 7}
+
+
+class A4OnlyBackend(ReferenceBackend):
+    """What the triton and b12x backends offer: W4A16 and A4 kernels, no A8."""
+
+    name = "a4-only"
+    precisions = ("w4a16", "a4")
+
+
+def test_a8_on_a_backend_without_an_a8_kernel_is_an_error_at_load_time(build_layer, a8_layer, monkeypatch):
+    register_backend("a4-only", A4OnlyBackend, priority=-1)
+    monkeypatch.setenv("A4PREFILL_BACKEND", "a4-only")
+    with pytest.raises(
+        ValueError, match=r"layer 'model.layers.0.mlp.experts': the a4-only backend has no A8"
+    ):
+        build_layer(settings=A8_SETTINGS, weights=a8_layer.quantized)
+    method, _ = build_layer(weights=a8_layer.quantized)  # A4 (the default) on it: fine
+    assert method.prefill_precision == "a4"
+
+
+@pytest.mark.parametrize(
+    ("precision", "capability", "refused"),
+    [
+        ("a8", (8, 0), True),
+        ("a8", (8, 6), True),
+        ("a8", (8, 9), False),
+        ("a8", (9, 0), False),
+        ("a4", (8, 0), False),
+    ],
+)
+def test_a8_on_a_gpu_without_fp8_tensor_cores_is_an_error_at_engine_setup(
+    monkeypatch, precision, capability, refused
+):
+    """CPU stand-in for the GPU: the engine's setup asks the current device's CUDA capability."""
+    config = engine_config({"prefill_precision": precision})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a test GPU")
+    if refused:
+        message = (
+            r"a4prefill.prefill_precision 'a8' needs FP8 tensor cores \(CUDA capability >= 8.9\); this GPU "
+            rf"\(a test GPU\) has {capability[0]}.{capability[1]}: use prefill_precision 'a4'"
+        )
+        with pytest.raises(ValueError, match=message):
+            setup_of(config)
+    else:
+        assert setup_of(config).settings.prefill_precision == precision
 
 
 class RecordingBackend(ReferenceBackend):

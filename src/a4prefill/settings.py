@@ -46,7 +46,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from a4prefill.ops.precision import A4, PREFILL_PRECISIONS
+from a4prefill.ops.precision import A4, check_prefill_precision
 from a4prefill.process_state import warn_once
 
 logger = logging.getLogger(__name__)
@@ -61,10 +61,7 @@ def _json_form(settings: A4PrefillSettings | ResolvedSettings) -> dict[str, Any]
 
 
 def _check_prefill_precision(value: object) -> None:
-    if not isinstance(value, str) or value not in PREFILL_PRECISIONS:
-        raise ValueError(
-            f"{SETTINGS_KEY}.prefill_precision must be one of {list(PREFILL_PRECISIONS)}, got {value!r}"
-        )
+    check_prefill_precision(value, f"{SETTINGS_KEY}.prefill_precision")
 
 
 @dataclass(frozen=True)

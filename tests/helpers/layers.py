@@ -15,24 +15,31 @@ from a4prefill.ops.modelopt import NvFp4Experts
 from a4prefill.tools.tiny_layer import random_routing
 
 HIDDEN, INTERMEDIATE, EXPERTS, TOP_K = 64, 32, 6, 2
+A8_HIDDEN, A8_INTERMEDIATE = 128, 128  # the A8 layer's sizes: A8 needs multiples of 128
 # GPU backends vs the reference, per precision: (relative Frobenius error, fraction of elements
 # off by more than two bf16 ulps). A4 rounding flips can move an FC2 input by one FP4 code.
 BOUNDS = {"w4a16": (5e-3, 0.01), "a4": (2e-2, 0.05)}
 
 
-def make_inputs(tokens: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """bf16 hidden states [T, HIDDEN] and random routing for the tiny layer (example tests)."""
+def make_inputs(
+    tokens: int, seed: int = 0, hidden_size: int = HIDDEN
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """bf16 hidden states [T, hidden_size] and random routing for the tiny layer (example tests)."""
     generator = torch.Generator().manual_seed(seed)
-    hidden = (2 * torch.randn(tokens, HIDDEN, generator=generator)).to(torch.bfloat16)
+    hidden = (2 * torch.randn(tokens, hidden_size, generator=generator)).to(torch.bfloat16)
     topk_weights, topk_ids = random_routing(tokens, EXPERTS, TOP_K, generator)
     return hidden, topk_weights, topk_ids
 
 
 @st.composite
-def moe_inputs(draw: st.DrawFn, tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Drawn bf16 hidden states [T, HIDDEN] and routing (top-k of drawn router logits)."""
+def moe_inputs(
+    draw: st.DrawFn, tokens: int, hidden_size: int = HIDDEN
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Drawn bf16 hidden states [T, hidden_size] and routing (top-k of drawn router logits)."""
     values = draw(
-        hnp.arrays(np.float32, (tokens, HIDDEN), elements=st.floats(-8, 8, width=32, allow_subnormal=False))
+        hnp.arrays(
+            np.float32, (tokens, hidden_size), elements=st.floats(-8, 8, width=32, allow_subnormal=False)
+        )
     )
     logits = draw(
         hnp.arrays(np.float32, (tokens, EXPERTS), elements=st.floats(-4, 4, width=32), unique=False)

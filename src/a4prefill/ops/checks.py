@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
+from a4prefill.ops.fp8 import a8_shape_reason
 from a4prefill.ops.nvfp4 import BLOCK_SIZE
-from a4prefill.ops.precision import MoECall
+from a4prefill.ops.precision import A8, MoECall, check_prefill_precision
 from a4prefill.ops.scales import A4Scales
 
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
@@ -99,7 +100,24 @@ def check_moe_call(call: MoECall) -> MoEGeometry:
             raise ValueError(f"{name} is on {tensor.device}, expected hidden_states' device {device}")
     if swiglu_limit is not None and not swiglu_limit > 0:
         raise ValueError(f"swiglu_limit must be None or a number > 0, got {swiglu_limit}")
+    _check_prefill_precision(call, hidden, intermediate)
     return MoEGeometry(tokens, hidden, intermediate, num_experts, top_k)
+
+
+def _check_prefill_precision(call: MoECall, hidden: int, intermediate: int) -> None:
+    """``prefill_precision`` is A4 or A8; an A8 call carries no A4 scales and has H and I
+    multiples of :data:`~a4prefill.ops.fp8.A8_BLOCK` (its operands' blocks)."""
+    check_prefill_precision(call.prefill_precision)
+    if call.prefill_precision != A8:
+        return
+    if call.a4_scales is not None:
+        raise ValueError(
+            "prefill_precision 'a8' takes no A4 scales (A8 activation scales are dynamic): pass "
+            "a4_fc1_encode_scale and a4_fc2_encode_scales only with prefill_precision 'a4'"
+        )
+    reason = a8_shape_reason(hidden, intermediate)
+    if reason is not None:
+        raise ValueError(f"prefill_precision 'a8': {reason}")
 
 
 def a4_scales_argument(

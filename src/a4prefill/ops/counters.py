@@ -4,10 +4,11 @@ Two kinds, both recorded by the ops (``moe_w4a16``, ``moe_a4``, ``moe_split``) f
 
 - :data:`ROW_COUNTERS`: host ints, always on. Under CUDA-graph capture an op body runs once at
   capture and not on replay, so a captured graph counts once (its capture), never its replays.
-- :data:`DEVICE_ROW_COUNTERS`: opt-in, per layer, an int64 tensor on the layer's device: W4A16
-  rows, A4 rows, then the calls each kernel family ran (:data:`KERNEL_FAMILIES`, as the backend
-  that ran the call names it), incremented inside the op by small kernels that are captured with
-  it: every replay of a captured graph counts too. Attached at load time
+- :data:`DEVICE_ROW_COUNTERS`: opt-in, per layer, an int64 tensor on the layer's device: the
+  rows of each precision (:data:`PRECISIONS`: W4A16, A4, A8), then the calls each kernel family
+  ran (:data:`KERNEL_FAMILIES`, as the backend that ran the call names it), incremented inside
+  the op by small kernels that are captured with it: every replay of a captured graph counts
+  too. Attached at load time
   (:meth:`DeviceRowCounters.attach`; the vLLM plugin does it under ``count_rows: true``) and read
   on the host only when a report asks (:meth:`DeviceRowCounters.snapshot`,
   :meth:`DeviceRowCounters.kernel_calls`, one sync each).
@@ -19,15 +20,16 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
-from a4prefill.ops.precision import A4, PRECISIONS, W4A16
+from a4prefill.ops.precision import A4, A8, PRECISIONS, W4A16
 from a4prefill.process_state import register_state
 
 __all__ = [
     "A4",
+    "A8",
     "DEVICE_ROW_COUNTERS",
     "KERNEL_FAMILIES",
     "PRECISIONS",
@@ -84,7 +86,7 @@ class DeviceRowCounters:
 
     def attach(self, w13_weight: torch.Tensor, layer_name: str) -> torch.Tensor:
         """Count the rows and kernel families of every later op call on this layer; returns its
-        int64 ``[2 + len(KERNEL_FAMILIES)]`` counter.
+        int64 ``[len(PRECISIONS) + len(KERNEL_FAMILIES)]`` counter.
 
         Allocates: call at load time, never while a stream captures. Re-attaching (weights
         processed again) keeps the existing counter.
@@ -99,18 +101,17 @@ class DeviceRowCounters:
             return entry[1]
 
     def record(
-        self, w13_weight: torch.Tensor, w4a16_rows: int, a4_rows: int, kernel_family: Callable[[], str]
+        self, w13_weight: torch.Tensor, rows: Mapping[str, int], kernel_family: Callable[[], str]
     ) -> None:
-        """Add one call's rows and its kernel family on the device (no host sync; captured with
-        the call). ``kernel_family`` is asked only for attached layers."""
+        """Add one call's rows (precision -> rows) and its kernel family on the device (no host
+        sync; captured with the call). ``kernel_family`` is asked only for attached layers."""
         entry = self._counters.get(self._key(w13_weight))
         if entry is None:
             return
         counter = entry[1]
-        if w4a16_rows:
-            counter[0].add_(w4a16_rows)
-        if a4_rows:
-            counter[1].add_(a4_rows)
+        for slot, precision in enumerate(PRECISIONS):
+            if rows.get(precision, 0):
+                counter[slot].add_(rows[precision])
         counter[len(PRECISIONS) + KERNEL_FAMILIES.index(kernel_family())].add_(1)
 
     def _read(self) -> list[tuple[str, list[int]]]:
@@ -152,10 +153,14 @@ register_state(__name__, DEVICE_ROW_COUNTERS.reset, DEVICE_ROW_COUNTERS)
 
 
 def record_rows(
-    layer_name: str, w13_weight: torch.Tensor, w4a16_rows: int, a4_rows: int, kernel_family: Callable[[], str]
+    layer_name: str, w13_weight: torch.Tensor, rows: Mapping[str, int], kernel_family: Callable[[], str]
 ) -> None:
-    """What the ops call once per call: both kinds of counters (``kernel_family`` names what runs
-    the call; asked only where the layer counts on its device)."""
-    ROW_COUNTERS.record(layer_name, W4A16, w4a16_rows)
-    ROW_COUNTERS.record(layer_name, A4, a4_rows)
-    DEVICE_ROW_COUNTERS.record(w13_weight, w4a16_rows, a4_rows, kernel_family)
+    """What the ops call once per call: both kinds of counters, ``rows`` precision (of
+    :data:`PRECISIONS`) -> rows (``kernel_family`` names what runs the call; asked only where the
+    layer counts on its device)."""
+    unknown = sorted(set(rows) - set(PRECISIONS))
+    if unknown:
+        raise ValueError(f"rows: unknown precision(s) {unknown}; known: {list(PRECISIONS)}")
+    for precision, count in rows.items():
+        ROW_COUNTERS.record(layer_name, precision, count)
+    DEVICE_ROW_COUNTERS.record(w13_weight, rows, kernel_family)

@@ -33,9 +33,21 @@ import torch
 from a4prefill.ops import nvfp4
 
 A8_BLOCK = 128
+A8_READY = "A8 (dynamic scales)"  # a layer's load-time status when its prefill rows may run A8
 E4M3_MAX = 448.0
 AMAX_FLOOR = 2.0**-100
 FP8 = torch.float8_e4m3fn
+
+
+def a8_shape_reason(hidden: int, intermediate: int) -> str | None:
+    """Why a layer of hidden size ``hidden`` and intermediate size ``intermediate`` cannot run
+    A8 (both GEMMs' K must be multiples of :data:`A8_BLOCK`), or None if it can."""
+    if hidden % A8_BLOCK or intermediate % A8_BLOCK:
+        return (
+            f"A8 needs hidden size H={hidden} and intermediate size I={intermediate} to be "
+            f"multiples of {A8_BLOCK}"
+        )
+    return None
 
 
 def _check_blocks(k: int, name: str) -> None:
@@ -52,7 +64,7 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if x.ndim != 2:
         raise ValueError(f"x must be 2-D [M, K], got shape {tuple(x.shape)}")
     _check_blocks(x.shape[1], "x")
-    blocks = x.to(torch.float32).reshape(x.shape[0], -1, A8_BLOCK)
+    blocks = x.to(torch.float32).reshape(x.shape[0], x.shape[1] // A8_BLOCK, A8_BLOCK)
     amax = blocks.abs().amax(dim=2)
     floored = amax.clamp(min=AMAX_FLOOR)
     # tensors divided by tensors: IEEE divisions on every device (``448 / tensor`` is a reciprocal
@@ -99,8 +111,9 @@ def block_product(
     n = fp8_weights.shape[0]
     if fp8_weights.shape[1] != k:
         raise ValueError(f"codes [M, {k}] and fp8_weights {tuple(fp8_weights.shape)} differ in K")
-    x = codes.to(torch.float32).reshape(m, -1, A8_BLOCK).transpose(0, 1)  # [B, M, 128]
-    w = fp8_weights.to(torch.float32).reshape(n, -1, A8_BLOCK).transpose(0, 1)  # [B, N, 128]
+    blocks = k // A8_BLOCK  # explicit: M or N may be 0
+    x = codes.to(torch.float32).reshape(m, blocks, A8_BLOCK).transpose(0, 1)  # [B, M, 128]
+    w = fp8_weights.to(torch.float32).reshape(n, blocks, A8_BLOCK).transpose(0, 1)  # [B, N, 128]
     partials = torch.bmm(x, w.transpose(1, 2))  # [B, M, N]
     factors = scales.T[:, :, None] * torch.pow(2.0, exponents.T.to(torch.float32))[:, None, :]
     accumulator = torch.zeros(m, n, dtype=torch.float32, device=codes.device)

@@ -15,8 +15,10 @@ Invariants:
   where the engine's integration provides one (:func:`.token_range.set_compile_range_source`;
   vLLM's pass manager compiles one graph per range). A node whose whole range fits in the captured limit keeps
   W4A16 (it may run inside a captured CUDA graph); so do layers matching ``excluded_layers``,
-  every node while ``enabled`` is false, and nodes whose A4 scale arguments are None (load time
-  gave the layer none; the record says so).
+  every node while ``enabled`` is false, and nodes of prefill precision A4 whose A4 scale
+  arguments are None (load time gave the layer none; the record says so). A node whose
+  ``prefill_precision`` argument is ``'a8'`` needs no scales (A8 scales are dynamic); the pass
+  keeps every argument, so the split node runs the precision load time passed.
 - The captured limit is the user's ``captured_limit`` or the engine's (the largest capture size
   of the CUDA-graph modes that capture mixed batches; 0 where only uniform decode is captured).
   The split op's capture guard (W4A16 while a stream captures) is the second line of defence.
@@ -54,6 +56,7 @@ from torch._dynamo.utils import lazy_format_graph_code
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch.fx.operator_schemas import normalize_function
 
+from a4prefill.ops.precision import A8
 from a4prefill.passes import rewrite_targets, token_range
 from a4prefill.passes.token_range import TokenRange
 from a4prefill.process_state import register_state
@@ -115,7 +118,7 @@ class _MoENode:
     layer_name: str | None
     auto_functionalized: bool
     already_split: bool
-    without_a4_scales: bool  # the node's a4 scale arguments are None (load time gave none)
+    without_a4_scales: bool  # prefill precision A4, a4 scale arguments None (load time gave none)
 
 
 def _argument(node: fx.Node, op: torch._ops.OpOverload, name: str, auto_functionalized: bool) -> Any:
@@ -212,9 +215,13 @@ class SplitPrefillPass(CustomGraphPass):
             if op in rewritable or op in split:
                 hidden = _argument(node, op, "hidden_states", auto)
                 name = _layer_name(_argument(node, op, "layer_name", auto))
-                scale_names = [a.name for a in op._schema.arguments if a.name.startswith("a4_")]
-                unscaled = bool(scale_names) and all(
-                    _argument(node, op, n, auto) is None for n in scale_names
+                names = [a.name for a in op._schema.arguments]
+                scale_names = [n for n in names if n.startswith("a4_")]
+                a8 = "prefill_precision" in names and _argument(node, op, "prefill_precision", auto) == A8
+                unscaled = (
+                    bool(scale_names)
+                    and not a8
+                    and all(_argument(node, op, n, auto) is None for n in scale_names)
                 )
                 found.append(_MoENode(node, op, hidden, name, auto, op in split, unscaled))
         return found

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from a4prefill.ops.modelopt import NvFp4Experts, NvFp4MoEWeights, quantize_moe_weights
 from a4prefill.ops.moe import call_moe
+from a4prefill.ops.precision import A4, check_prefill_precision
 from a4prefill.ops.scales import A4Scales, a4_calibration
 
 
@@ -120,13 +121,22 @@ class TinyMoEModel(torch.nn.Module):
     ``layers``: one ``NvFp4MoEWeights`` per block, named ``model.layers.{i}.mlp.experts``; their
     A4 scales are derived here, once (load time), and kept as buffers beside the experts (a block
     without valid input scales has none and runs W4A16 only). ``op``: the MoE op the blocks call
-    (``moe_w4a16`` for the pass to rewrite). Input ``hidden [T, H]`` bf16; output ``[T, H]`` bf16.
+    (``moe_w4a16`` for the pass to rewrite). ``prefill_precision``: what the blocks pass to the op
+    (``"a4"``: with their A4 scales; ``"a8"``: no A4 scales, H and I multiples of 128). Input
+    ``hidden [T, H]`` bf16; output ``[T, H]`` bf16.
     """
 
     def __init__(
-        self, layers: list[NvFp4MoEWeights], op: torch._ops.OpOverload, top_k: int = 2, seed: int = 0
+        self,
+        layers: list[NvFp4MoEWeights],
+        op: torch._ops.OpOverload,
+        top_k: int = 2,
+        seed: int = 0,
+        prefill_precision: str = A4,
     ):
         super().__init__()
+        check_prefill_precision(prefill_precision)
+        self.prefill_precision = prefill_precision
         num_experts, _, packed_hidden = layers[0].w13_weight.shape
         self.op = op
         self.top_k = top_k
@@ -156,13 +166,20 @@ class TinyMoEModel(torch.nn.Module):
         topk_weights, topk_ids = torch.softmax(logits, dim=-1).topk(self.top_k, dim=-1)
         experts = NvFp4Experts(*[getattr(self, f"layer{index}_{name}") for name in self.expert_names])
         scales = None
-        if self.has_a4_scales[index]:
+        if self.has_a4_scales[index] and self.prefill_precision == A4:
             scales = A4Scales(
                 getattr(self, f"layer{index}_fc1_encode_scale"),
                 getattr(self, f"layer{index}_fc2_encode_scales"),
             )
         return call_moe(
-            self.op, hidden, topk_weights, topk_ids.to(torch.int32), experts, scales, self.layer_name(index)
+            self.op,
+            hidden,
+            topk_weights,
+            topk_ids.to(torch.int32),
+            experts,
+            scales,
+            self.layer_name(index),
+            prefill_precision=self.prefill_precision,
         )
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:

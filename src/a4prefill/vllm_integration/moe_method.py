@@ -19,10 +19,17 @@ Contract:
   says so). The row provider reads that and gives the layer no prefill rows: a caller that
   catches the error keeps serving, every row of the layer W4A16. A later reload with a valid
   calibration installs its scales and lifts the withdrawal.
-- ``apply`` calls ``torch.ops.a4prefill.moe_w4a16`` with the layer's prefix as ``layer_name`` and
-  its A4 scales (or none). The split pass rewrites that node into ``moe_split`` in graphs that may
-  run uncaptured; inside vLLM's opaque ``moe_forward`` (CUDA) the pass's split-enabled twin makes
-  ``apply`` call ``moe_split`` instead. Without the pass every row runs W4A16.
+- Prefill precision (the engine's ``prefill_precision`` setting): under ``"a8"`` weight processing
+  derives no A4 scales; it decides whether the layer may run A8 (not switched off, H and I
+  multiples of 128: status :data:`~a4prefill.ops.fp8.A8_READY`, else W4A16 only with the reason)
+  and refuses, with an error naming the setting, a backend without an A8 kernel (triton, b12x)
+  before any forward. ``apply`` passes ``prefill_precision="a8"`` for such a layer, else
+  ``"a4"`` (with the layer's A4 scales or none).
+- ``apply`` calls ``torch.ops.a4prefill.moe_w4a16`` with the layer's prefix as ``layer_name``, its
+  A4 scales (or none) and its prefill precision. The split pass rewrites that node into
+  ``moe_split`` in graphs that may run uncaptured; inside vLLM's opaque ``moe_forward`` (CUDA)
+  the pass's split-enabled twin makes ``apply`` call ``moe_split`` instead. Without the pass
+  every row runs W4A16.
 - Expert parallelism (``--enable-expert-parallel``): each rank holds its local experts' weights,
   but the input-scale parameters hold every expert's (``use_global_sf``: vLLM's loader writes
   them at global expert ids on every rank). So the FC1 encode scale (one for the layer) and the
@@ -57,6 +64,8 @@ from vllm.model_executor.utils import set_weight_attrs
 
 from a4prefill.ops import DEVICE_ROW_COUNTERS, NvFp4Experts, NvFp4MoEWeights, call_moe, moe_split, moe_w4a16
 from a4prefill.ops.backends import backend_for
+from a4prefill.ops.fp8 import A8_READY, a8_shape_reason
+from a4prefill.ops.precision import A4, A8
 from a4prefill.ops.scales import A4_READY, A4Scales, a4_calibration
 from a4prefill.vllm_integration.engine import EngineSetup
 from a4prefill.vllm_integration.row_provider import RowPolicy
@@ -91,7 +100,7 @@ def switched_off_reason(moe: FusedMoEConfig, layer_name: str, setup: EngineSetup
 
 
 class A4PrefillModelOptNvFp4MoEMethod(FusedMoEMethodBase):
-    """ModelOpt NVFP4 MoE experts served by ``a4prefill`` ops (W4A16 decode, A4 prefill)."""
+    """ModelOpt NVFP4 MoE experts served by ``a4prefill`` ops (W4A16 decode, A4 or A8 prefill)."""
 
     # vLLM's expert weight loader reads this: input scales of every expert (global ids) are
     # loaded on every rank, also under expert parallelism (module docstring)
@@ -114,6 +123,7 @@ class A4PrefillModelOptNvFp4MoEMethod(FusedMoEMethodBase):
         self.switched_off = switched_off_reason(moe, layer_name, setup)
         self.count_rows = setup.settings.count_rows
         self.max_call_tokens = setup.max_call_tokens
+        self.prefill_precision = A4  # what apply passes; weight processing sets A8 where it may run
 
     def uses_weight_scale_2_pattern(self) -> bool:
         return True
@@ -179,6 +189,8 @@ class A4PrefillModelOptNvFp4MoEMethod(FusedMoEMethodBase):
             )
         if self.switched_off is not None:
             scales, status = None, self.switched_off
+        elif self.setup.settings.prefill_precision == A8:
+            scales, status = None, self._a8_status(layer)
         else:
             calibration = a4_calibration(layer.w13_input_scale.data, layer.w2_input_scale.data)
             scales, status = calibration.scales, calibration.reason or A4_READY
@@ -186,12 +198,25 @@ class A4PrefillModelOptNvFp4MoEMethod(FusedMoEMethodBase):
                 scales = A4Scales(scales.fc1_encode_scale, scales.fc2_encode_scales[local_experts(layer)])
         self._store_a4_scales(layer, scales, status)
         layer.a4prefill_status = self.setup.layer_status[self.layer_name] = status
+        self.prefill_precision = A8 if status == A8_READY else A4
         if self.count_rows:
             DEVICE_ROW_COUNTERS.attach(layer.w13_weight, self.layer_name)
-        if scales is None:
+        if status not in (A4_READY, A8_READY):
             logger.warning("a4prefill_nvfp4: layer %r runs W4A16 for every row: %s", self.layer_name, status)
         if not hasattr(layer, "a4prefill_warmup"):  # a reload keeps the shapes: nothing new to compile
             self._warm_up(layer, scales)
+
+    def _a8_status(self, layer: Any) -> str:
+        """:data:`A8_READY`, or why this layer's prefill rows cannot run A8 (its shape). Raises
+        ``ValueError`` where the layer's backend has no A8 kernel."""
+        hidden, intermediate = layer.w2_weight.shape[1], layer.w13_weight.shape[1] // 2
+        reason = a8_shape_reason(hidden, intermediate)
+        if reason is not None:
+            return reason
+        refusal = backend_for(layer.w13_weight.device).refuses(A8)
+        if refusal is not None:
+            raise ValueError(f"a4prefill_nvfp4: layer {self.layer_name!r}: {refusal}")
+        return A8_READY
 
     def _warm_up(self, layer: Any, scales: A4Scales | None) -> None:
         limit = getattr(layer, "swiglu_limit", None)
@@ -290,6 +315,7 @@ class A4PrefillModelOptNvFp4MoEMethod(FusedMoEMethodBase):
             self.a4_scales(layer),
             self.layer_name,
             None if limit is None else float(limit),
+            self.prefill_precision,
         )
 
 

@@ -332,8 +332,10 @@ class B12xBackend(MoEBackend):
         """Write ``call`` under ``plan`` into the caller's ``output [T, H]``.
 
         W4A16 rows run the W4A16 plan, A4 rows the A4 plan, each span (cut at ``max_tokens``) as
-        one bind + run on views; no allocation once the layer is prepared.
+        one bind + run on views; no allocation once the layer is prepared. No A8 plan: a plan
+        with A8 rows raises (:meth:`~MoEBackend.check_plan`).
         """
+        self.check_plan(call, plan)
         if plan.rows(A4) and call.a4_scales is None:
             raise ValueError("prefill rows need A4, but no A4 scales were given for this layer")
         hidden_states, top_k = call.hidden_states, call.topk_ids.shape[1]

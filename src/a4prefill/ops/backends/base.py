@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from a4prefill.ops.modelopt import NvFp4Experts
-from a4prefill.ops.precision import PRECISIONS, SPLIT, MoECall, RowPlan
+from a4prefill.ops.precision import A4, PRECISIONS, SPLIT, W4A16, MoECall, RowPlan
 from a4prefill.ops.rows import Span
 from a4prefill.ops.scales import A4Scales
 
@@ -37,12 +37,35 @@ class MoEBackend(abc.ABC):
     """One implementation of the NVFP4 MoE. Calls are validated before they reach it.
 
     A backend executes a :class:`~a4prefill.ops.precision.MoECall` under a
-    :class:`~a4prefill.ops.precision.RowPlan` (which rows run W4A16 and which A4) and returns a
-    new ``[T, H]`` tensor in the activations' dtype. It decides nothing about precision: rows
-    the plan gives W4A16 run W4A16 even where the call carries the layer's A4 scales.
+    :class:`~a4prefill.ops.precision.RowPlan` (which rows run W4A16 and which the prefill
+    precision) and returns a new ``[T, H]`` tensor in the activations' dtype. It decides nothing
+    about precision: rows the plan gives W4A16 run W4A16 even where the call carries the layer's
+    A4 scales. ``precisions``: those it has kernels for; the ops never hand it a plan with rows
+    of another (:meth:`refuses`).
     """
 
     name: str
+    precisions: tuple[str, ...] = (W4A16, A4)
+
+    def refuses(self, precision: str) -> str | None:
+        """Why this backend cannot run rows in ``precision`` (one of
+        :data:`~a4prefill.ops.precision.PRECISIONS`), or None if it can. Host arithmetic only;
+        the ops ask before every call, the vLLM integration at load time."""
+        if precision in self.precisions:
+            return None
+        return (
+            f"the {self.name} backend has no {precision.upper()} kernel, so a4prefill.prefill_precision "
+            f"{precision!r} cannot run on it: use prefill_precision 'a4', or A4PREFILL_BACKEND=reference "
+            f"to check {precision.upper()} numerics (not speed)"
+        )
+
+    def check_plan(self, call: MoECall, plan: RowPlan) -> None:
+        """Raise ``ValueError`` (naming the layer) if ``plan`` gives rows a precision this backend
+        :meth:`refuses`: a wrong precision is a wrong result, so nothing falls back."""
+        for precision in plan.precisions:
+            reason = self.refuses(precision)
+            if reason is not None:
+                raise ValueError(f"layer {call.layer_name!r}: {reason}")
 
     @abc.abstractmethod
     def unsupported_reason(self, device: torch.device) -> str | None:
@@ -56,7 +79,8 @@ class MoEBackend(abc.ABC):
 
     @abc.abstractmethod
     def run_uniform(self, call: MoECall, precision: str) -> torch.Tensor:
-        """Every row of ``call`` in ``precision`` (``W4A16``, or ``A4`` with ``call.a4_scales``)."""
+        """Every row of ``call`` in ``precision`` (``W4A16``; ``A4`` with ``call.a4_scales``; ``A8``
+        where :attr:`precisions` has it)."""
 
     def run(self, call: MoECall, plan: RowPlan) -> torch.Tensor:
         """``call`` under ``plan``. This default runs a uniform plan as one call and a split plan

@@ -43,7 +43,9 @@ class TritonBackend(MoEBackend):
         return None
 
     def run(self, call: MoECall, plan: RowPlan) -> torch.Tensor:
-        """One set of launches whatever the plan: a split plan flags each row's precision."""
+        """One set of launches whatever the plan: a split plan flags each row's precision. No A8
+        kernel: a plan with A8 rows raises (:meth:`~MoEBackend.check_plan`)."""
+        self.check_plan(call, plan)
         scales = None if plan.kind == W4A16 else call.a4_scales
         flags = None
         if plan.row_types is not None:
