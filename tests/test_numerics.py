@@ -74,6 +74,34 @@ def test_layer_numbers_and_saturation(layer, uncalibrated_layer):
     assert threshold == 2.0 * good.a4_vs_w4a16_rel_error and suggested == ["bad"]
 
 
+def test_a8_is_reported_beside_a4_against_the_same_w4a16(layer):
+    """On a calibrated layer of A8 sizes: the A8 numbers are the oracle's (``moe_reference_a8``)
+    against the package's W4A16, computed here independently, and A8 errs less than A4; the
+    tiny layer (H = 64) cannot run A8 and reports none. The table shows both columns."""
+    from a4prefill import ops
+    from a4prefill.ops.reference import moe_reference_a8
+    from a4prefill.tools.numerics.layer_metrics import mean_row_cosine, relative_error
+    from a4prefill.tools.numerics.report import NumericsReport, format_table
+    from a4prefill.tools.tiny_layer import make_tiny_layer
+
+    a8_sized = make_tiny_layer(6, 128, 128, 2, seed=6, calibration_tokens=128)
+    hidden, topk_weights, topk_ids = make_inputs(48, seed=3, hidden_size=128)
+    hidden = (hidden.float() / 2).to(torch.bfloat16)
+    row = layer_numerics("a8", a8_sized.quantized, hidden, topk_weights, topk_ids)
+    w4a16 = ops.call_moe(ops.moe_w4a16, hidden, topk_weights, topk_ids, a8_sized.experts, None, "w")
+    a8 = moe_reference_a8(hidden, topk_weights, topk_ids, a8_sized.experts)
+    assert row.a8_vs_w4a16_rel_error == relative_error(a8, w4a16)
+    assert row.a8_vs_w4a16_cosine == mean_row_cosine(a8, w4a16)
+    assert 0 < row.a8_vs_w4a16_rel_error < row.a4_vs_w4a16_rel_error / 2
+    small = layer_numerics("small", layer.quantized, *make_inputs(8))
+    assert (small.a8_vs_w4a16_rel_error, small.a8_vs_w4a16_cosine) == (None, None)
+    table = format_table(NumericsReport("ckpt", "test", 1, [row, small])).splitlines()
+    assert "A8 vs W4A16" in table[1]
+    assert (
+        f"{row.a8_vs_w4a16_rel_error:11.3%}" in table[2] and f"{row.a4_vs_w4a16_rel_error:11.3%}" in table[2]
+    )
+
+
 def numbers(name: str, error: float | None) -> LayerNumerics:
     return LayerNumerics(name, "A4 scales", 8, error, None if error is None else 0.99, 0.01, 0.0, 0.0)
 

@@ -1,4 +1,5 @@
-"""One MoE layer's numbers on real inputs: what A4 costs against W4A16, and W4A16 against bf16.
+"""One MoE layer's numbers on real inputs: what A4 and A8 cost against W4A16, and W4A16 against
+bf16.
 
 Inputs: the layer's parameter set (:class:`~a4prefill.ops.NvFp4MoEWeights`) and what vLLM fed
 the layer's experts (hidden states [T, H] bf16, ``topk_weights`` / ``topk_ids`` [T, k]). Outputs
@@ -12,9 +13,14 @@ the layer's experts (hidden states [T, H] bf16, ``topk_weights`` / ``topk_ids`` 
 - ``fc1_saturated`` / ``fc2_saturated``: the share of 16-element activation blocks whose NVFP4
   block scale clamps at 448 under the calibrated encode scale (FC1 input with the shared ``gs1``,
   FC2 input with each expert's ``gs2``); a saturated block loses its largest values;
-- ``status``: ``"A4 scales"`` or why the layer has none (:func:`a4prefill.ops.a4_calibration`).
+- ``status``: ``"A4 scales"`` or why the layer has none (:func:`a4prefill.ops.a4_calibration`);
+- ``a8_vs_w4a16_rel_error`` / ``a8_vs_w4a16_cosine``: the same two numbers for A8 (every row
+  with FP8 activations, docs/numerics.md section 8; needs no calibration); both None for a layer
+  whose H or I is not a multiple of 128 (it cannot run A8).
 
-Runs on ``device`` through the package's ops (the reference backend on a CPU, Triton on CUDA).
+Runs on ``device`` through the package's ops (the reference backend on a CPU, Triton on CUDA);
+A8 through its oracle :func:`~a4prefill.ops.reference.moe_reference_a8` on every device (no
+backend has an A8 kernel yet: numerics, not speed).
 Who may call: the numerics tool, tests.
 """
 
@@ -28,8 +34,9 @@ import torch.nn.functional as F
 
 from a4prefill import ops
 from a4prefill.ops import nvfp4
+from a4prefill.ops.fp8 import a8_shape_reason
 from a4prefill.ops.modelopt import NvFp4MoEWeights
-from a4prefill.ops.reference import swiglu
+from a4prefill.ops.reference import moe_reference_a8, swiglu
 from a4prefill.ops.scales import A4_READY
 
 
@@ -45,6 +52,8 @@ class LayerNumerics:
     w4a16_vs_bf16_rel_error: float
     fc1_saturated: float | None
     fc2_saturated: float | None
+    a8_vs_w4a16_rel_error: float | None = None
+    a8_vs_w4a16_cosine: float | None = None
 
 
 def relative_error(result: torch.Tensor, expected: torch.Tensor) -> float:
@@ -125,6 +134,10 @@ def layer_numerics(
         a4 = ops.call_moe(ops.moe_a4, *args, calibration.scales, layer)
         a4_error, a4_cosine = relative_error(a4, w4a16), mean_row_cosine(a4, w4a16)
         fc1_saturated, fc2_saturated = saturation(hidden, topk_ids, w13, calibration.scales)
+    a8_error = a8_cosine = None
+    if a8_shape_reason(hidden.shape[1], w2.shape[2]) is None:
+        a8 = moe_reference_a8(*args)
+        a8_error, a8_cosine = relative_error(a8, w4a16), mean_row_cosine(a8, w4a16)
     numbers = LayerNumerics(
         layer,
         calibration.reason or A4_READY,
@@ -134,6 +147,8 @@ def layer_numerics(
         relative_error(w4a16, bf16),
         fc1_saturated,
         fc2_saturated,
+        a8_error,
+        a8_cosine,
     )
     if any(isinstance(v, float) and not math.isfinite(v) for v in vars(numbers).values()):
         raise ValueError(f"{layer}: non-finite numerics {numbers}")

@@ -88,13 +88,14 @@ def format_table(report: NumericsReport) -> str:
     width = max([len(row.layer) for row in report.layers] + [5])
     lines = [
         f"a4prefill numerics: {report.checkpoint} ({report.prompts} prompts; inputs: {report.capture})",
-        f"{'layer':<{width}} {'tokens':>6} {'A4 vs W4A16':>11} {'cosine':>8} {'W4A16 vs bf16':>13} "
-        f"{'FC1 sat.':>8} {'FC2 sat.':>8}  status",
+        f"{'layer':<{width}} {'tokens':>6} {'A4 vs W4A16':>11} {'cosine':>8} {'A8 vs W4A16':>11} "
+        f"{'cosine':>8} {'W4A16 vs bf16':>13} {'FC1 sat.':>8} {'FC2 sat.':>8}  status",
     ]
     for row in report.layers:
         lines.append(
             f"{row.layer:<{width}} {row.tokens:>6} {_number(row.a4_vs_w4a16_rel_error, '11.3%')} "
-            f"{_number(row.a4_vs_w4a16_cosine, '8.5f')} {_number(row.w4a16_vs_bf16_rel_error, '13.3%')} "
+            f"{_number(row.a4_vs_w4a16_cosine, '8.5f')} {_number(row.a8_vs_w4a16_rel_error, '11.3%')} "
+            f"{_number(row.a8_vs_w4a16_cosine, '8.5f')} {_number(row.w4a16_vs_bf16_rel_error, '13.3%')} "
             f"{_number(row.fc1_saturated, '8.2%')} {_number(row.fc2_saturated, '8.2%')}  {row.status}"
         )
     figure = report.logprob_difference
@@ -127,6 +128,11 @@ def _plot(report: NumericsReport, path: Path) -> bool:
     axis.plot(
         range(len(rows)), [100 * row.w4a16_vs_bf16_rel_error for row in rows], "k.", label="W4A16 vs bf16"
     )
+    a8 = [
+        (i, row.a8_vs_w4a16_rel_error) for i, row in enumerate(rows) if row.a8_vs_w4a16_rel_error is not None
+    ]
+    if a8:
+        axis.plot([i for i, _ in a8], [100 * error for _, error in a8], "g^", label="A8 vs W4A16")
     if report.threshold is not None:
         axis.axhline(100 * report.threshold, color="r", linestyle="--", label="exclusion threshold")
     axis.set_xticks(range(len(rows)), [row.layer for row in rows], rotation=90, fontsize=7)
