@@ -19,7 +19,14 @@ compile_ranges_endpoints=[64]``, compile caches off):
 - ``vllm_modelopt_fp4``: ``--quantization modelopt_fp4``, vLLM's own path (Marlin W4A16 on
   Hopper; the chosen kernel is read from the engine and saved);
 - ``a4prefill_w4a16``: ``--quantization a4prefill_nvfp4`` without the split pass;
-- ``a4prefill_split``: the same with the split pass (prefill rows of uncaptured steps A4).
+- ``a4prefill_split``: the same with the split pass (prefill rows of uncaptured steps A4);
+- ``a4prefill_split_a8``: the split with ``prefill_precision: "a8"`` (prefill rows FP8 e4m3
+  activations, docs/numerics.md section 8). No backend has an A8 kernel yet, so it runs on the
+  ``reference`` backend (``A4PREFILL_BACKEND=reference``), which reads expert ids on the host and
+  so cannot be captured: this configuration runs without CUDA graphs (``cudagraph_mode: NONE``;
+  every step uncaptured, decode rows W4A16 by the row rule). It measures numerics (prompt
+  logprobs against ``bf16``, beside ``a4prefill_split``'s), not speed: its tokens/s are the
+  plain-torch reference's until an A8 kernel exists.
 
 Numbers per configuration:
 
@@ -63,6 +70,14 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "vllm_modelopt_fp4": {"checkpoint": "nvfp4", "quantization": "modelopt_fp4", "split": False},
     "a4prefill_w4a16": {"checkpoint": "nvfp4", "quantization": "a4prefill_nvfp4", "split": False},
     "a4prefill_split": {"checkpoint": "nvfp4", "quantization": "a4prefill_nvfp4", "split": True},
+    "a4prefill_split_a8": {
+        "checkpoint": "nvfp4",
+        "quantization": "a4prefill_nvfp4",
+        "split": True,
+        "settings": {"prefill_precision": "a8"},
+        "environment": {"A4PREFILL_BACKEND": "reference"},  # the only backend with A8 rows
+        "cudagraph_mode": "NONE",  # the reference backend is not capture-safe
+    },
 }
 REFERENCE = "bf16"
 MODELS: dict[str, dict[str, Any]] = {
@@ -181,41 +196,53 @@ def run_config(name: str, checkpoint: Path, prefill_length: int) -> dict[str, An
     from a4prefill.tools.environment import in_process_engine, scoped_settings
 
     # pass records live in this process; compile caches off (the pass runs)
-    with scoped_settings(**in_process_engine(compile_cache=False)):
+    settings = in_process_engine(compile_cache=False)
+    settings["environment"] = {**settings["environment"], **CONFIGS[name].get("environment", {})}
+    with scoped_settings(**settings):
         return _run_config(name, checkpoint, prefill_length)
 
 
-def _run_config(name: str, checkpoint: Path, prefill_length: int) -> dict[str, Any]:
-    from vllm import LLM, SamplingParams
-
+def engine_arguments(name: str, checkpoint: Path, prefill_length: int) -> dict[str, Any]:
+    """The ``vllm.LLM`` keyword arguments of configuration ``name`` (its quantization, the split
+    pass, CUDA-graph mode and a4prefill settings; the engine sizes every configuration shares)."""
     from a4prefill.passes.split_prefill import DEFAULT_PASS, PASS_KEY
-    from a4prefill.tools.capture import prompt_logprobs
-    from a4prefill.tools.e2e import pass_records
-    from a4prefill.vllm_integration import register
 
-    register()
     config = CONFIGS[name]
     compilation: dict[str, Any] = {
-        "cudagraph_mode": "FULL_AND_PIECEWISE",
+        "cudagraph_mode": config.get("cudagraph_mode", "FULL_AND_PIECEWISE"),
         "max_cudagraph_capture_size": CAPTURE_LIMIT,
         "compile_ranges_endpoints": [CAPTURE_LIMIT],
     }
     if config["split"]:
         compilation["inductor_passes"] = {PASS_KEY: DEFAULT_PASS}
+    arguments: dict[str, Any] = {
+        "model": str(checkpoint),
+        "quantization": config["quantization"],
+        "dtype": "bfloat16",
+        "max_model_len": prefill_length + 2 * DECODE_TOKENS,
+        "max_num_batched_tokens": prefill_length,
+        "max_num_seqs": max(DECODE_BATCHES),
+        "gpu_memory_utilization": 0.5,
+        "enable_prefix_caching": False,
+        "seed": 0,
+        "compilation_config": compilation,
+    }
+    if "settings" in config:
+        arguments["additional_config"] = {"a4prefill": config["settings"]}
+    return arguments
+
+
+def _run_config(name: str, checkpoint: Path, prefill_length: int) -> dict[str, Any]:
+    from vllm import LLM, SamplingParams
+
+    from a4prefill.tools.capture import prompt_logprobs
+    from a4prefill.tools.e2e import pass_records
+    from a4prefill.vllm_integration import register
+
+    register()
     vocab = json.loads((checkpoint / "config.json").read_text())["vocab_size"]
     started = time.perf_counter()
-    llm = LLM(
-        model=str(checkpoint),
-        quantization=config["quantization"],
-        dtype="bfloat16",
-        max_model_len=prefill_length + 2 * DECODE_TOKENS,
-        max_num_batched_tokens=prefill_length,
-        max_num_seqs=max(DECODE_BATCHES),
-        gpu_memory_utilization=0.5,
-        enable_prefix_caching=False,
-        seed=0,
-        compilation_config=compilation,
-    )
+    llm = LLM(**engine_arguments(name, checkpoint, prefill_length))
     result: dict[str, Any] = {"config": name, "engine_start_s": time.perf_counter() - started}
     result["moe_kernels"] = _moe_kernels(llm)
     result["pass_records"] = pass_records(llm.llm_engine.vllm_config)
