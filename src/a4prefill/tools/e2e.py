@@ -13,7 +13,7 @@ here. Everything a worker saw is read from it through vLLM's worker RPC
 - the scheduled tokens per request (from the scheduler, one batch for all ranks);
 - per rank, the CUDA-graph runtime mode and token count of each forward pass (from vLLM's forward
   context: ``FULL`` / ``PIECEWISE`` = replayed from a captured graph, ``NONE`` = run uncaptured);
-- per rank, the rows each MoE layer ran in W4A16 and A4: from the host counters, and under
+- per rank, the rows each MoE layer ran in W4A16, A4 and A8: from the host counters, and under
   ``count_rows: true`` from the device counters, which also count replays of captured graphs,
   together with the calls of each kernel family (``triton-decode``, ``triton-tiled``,
   ``triton-prefill``, ...).
@@ -46,6 +46,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from a4prefill.ops.fp8 import A8_READY
+from a4prefill.ops.precision import PRECISIONS, PREFILL_PRECISIONS
 from a4prefill.ops.scales import A4_READY
 from a4prefill.passes.split_prefill import DEFAULT_PASS, PASS_KEY
 from a4prefill.tools.environment import in_process_engine, scoped_settings
@@ -499,8 +501,8 @@ def first_token_agreement(result: E2EResult, baseline: E2EResult) -> tuple[int, 
 
 
 def summarize(result: E2EResult, rank: int = 0) -> list[dict[str, Any]]:
-    """Per step kind and capture: steps, decode/prefill rows scheduled, rows ``rank`` ran W4A16
-    and A4 (all layers; device counters where present)."""
+    """Per step kind and capture: steps, decode/prefill rows scheduled, rows ``rank`` ran W4A16,
+    A4 and A8 (all layers; device counters where present)."""
     table: dict[tuple[str, bool], dict[str, Any]] = {}
     for step in result.steps:
         ran = step.ranks[rank]
@@ -513,38 +515,39 @@ def summarize(result: E2EResult, rank: int = 0) -> list[dict[str, Any]]:
                 "steps": 0,
                 "decode": 0,
                 "prefill": 0,
-                "w4a16": 0,
-                "a4": 0,
+                **dict.fromkeys(PRECISIONS, 0),
             },
         )
         entry["steps"] += 1
         entry["decode"] += step.decode_rows
         entry["prefill"] += step.prefill_rows
         for counts in ran.evidence.values():
-            entry["w4a16"] += counts.get("w4a16", 0)
-            entry["a4"] += counts.get("a4", 0)
+            for precision in PRECISIONS:
+                entry[precision] += counts.get(precision, 0)
     order = ("decode-only", "mixed", "prefill-only")
     return [table[k] for k in sorted(table, key=lambda k: (order.index(k[0]), k[1]))]
 
 
 def rule_violations(result: E2EResult) -> list[str]:
-    """Where a rank broke the rule's "never" side or disagreed with rank 0, one line each:
-    A4 rows in a step the rank replayed from a captured graph, in a decode-only step, or more A4
-    rows in a layer than the step scheduled prefill rows; and, with several ranks, a rank whose
-    rows per layer and precision differ from rank 0's (under tensor and expert parallelism every
-    rank's MoE layers run every row). Empty when the rule holds on every rank."""
+    """Where a rank broke the rule's "never" side or disagreed with rank 0, one line each: rows of
+    a prefill precision (A4 or A8) in a step the rank replayed from a captured graph, in a
+    decode-only step, or more of them in a layer than the step scheduled prefill rows; and, with
+    several ranks, a rank whose rows per layer and precision differ from rank 0's (under tensor
+    and expert parallelism every rank's MoE layers run every row). Empty when the rule holds on
+    every rank."""
     problems = []
     for step in result.steps:
         for rank, ran in enumerate(step.ranks):
             for layer, counts in sorted(ran.evidence.items()):
-                a4 = counts.get("a4", 0)
                 where = f"rank {rank}, step {step.index} ({step.kind}), {layer}"
-                if a4 and ran.captured:
-                    problems.append(f"{where}: {a4} A4 rows in a captured graph")
-                elif a4 and step.kind == "decode-only":
-                    problems.append(f"{where}: {a4} A4 rows in a decode-only step")
-                elif a4 > step.prefill_rows:
-                    problems.append(f"{where}: {a4} A4 rows for {step.prefill_rows} prefill rows")
+                for precision in PREFILL_PRECISIONS:
+                    rows, name = counts.get(precision, 0), precision.upper()
+                    if rows and ran.captured:
+                        problems.append(f"{where}: {rows} {name} rows in a captured graph")
+                    elif rows and step.kind == "decode-only":
+                        problems.append(f"{where}: {rows} {name} rows in a decode-only step")
+                    elif rows > step.prefill_rows:
+                        problems.append(f"{where}: {rows} {name} rows for {step.prefill_rows} prefill rows")
             if rank and ran.evidence != step.ranks[0].evidence:
                 problems.append(f"rank {rank}, step {step.index}: rows differ from rank 0's")
     return problems
@@ -554,16 +557,15 @@ def format_steps(result: E2EResult) -> list[str]:
     """One line per step: mode, scheduled decode/prefill rows, rows per precision (all layers)."""
     lines = [
         f"{'step':>4} {'kind':<13}{'mode':<10}{'rows':>6}{'decode':>8}{'prefill':>8}{'W4A16':>8}{'A4':>6}"
-        "  kernels (device counters)"
+        f"{'A8':>6}  kernels (device counters)"
     ]
     for step in result.steps:
-        w4a16 = sum(c.get("w4a16", 0) for c in step.evidence.values())
-        a4 = sum(c.get("a4", 0) for c in step.evidence.values())
+        w4a16, a4, a8 = (sum(c.get(p, 0) for c in step.evidence.values()) for p in PRECISIONS)
         mode = ",".join(step.modes) or "-"
         rows = ",".join(str(t) for t in step.forward_tokens if t >= 0) or "-"
         lines.append(
             f"{step.index:>4} {step.kind:<13}{mode:<10}{rows:>6}{step.decode_rows:>8}{step.prefill_rows:>8}"
-            f"{w4a16:>8}{a4:>6}  {','.join(step.kernel_families) or '-'}"
+            f"{w4a16:>8}{a4:>6}{a8:>6}  {','.join(step.kernel_families) or '-'}"
         )
     return lines
 
@@ -576,7 +578,7 @@ def format_report(result: E2EResult, per_step: bool = False) -> str:
         f"a4prefill e2e: {result.model}, pass={result.split_pass}, {len(layers)} MoE layers, "
         f"decode rows: query_len <= {result.max_decode_len}",
         f"{'step kind':<13}{'captured':>9}{'steps':>6}{'decode rows':>12}{'prefill rows':>13}"
-        f"{'W4A16 rows':>12}{'A4 rows':>9}   (rows summed over layers, {counters})",
+        f"{'W4A16 rows':>12}{'A4 rows':>9}{'A8 rows':>9}   (rows summed over layers, {counters})",
     ]
     for rank in range(result.ranks):
         if result.ranks > 1:
@@ -585,7 +587,7 @@ def format_report(result: E2EResult, per_step: bool = False) -> str:
             shown = "yes" if row["captured"] else "no"
             lines.append(
                 f"{row['kind']:<13}{shown:>9}{row['steps']:>6}{row['decode']:>12}"
-                f"{row['prefill']:>13}{row['w4a16']:>12}{row['a4']:>9}"
+                f"{row['prefill']:>13}{row['w4a16']:>12}{row['a4']:>9}{row['a8']:>9}"
             )
     sizes = ", ".join(f"{key}={value}" for key, value in result.parallel.items())
     problems = rule_violations(result)
@@ -609,7 +611,7 @@ def format_report(result: E2EResult, per_step: bool = False) -> str:
             lines.append(f"{layer}: FC1 encode scale per rank {fc1}; experts per rank {held}")
     for rank, statuses in enumerate(result.layer_status_per_rank):
         for layer, status in sorted(statuses.items()):
-            if status != A4_READY:
+            if status not in (A4_READY, A8_READY):
                 lines.append(f"W4A16 only{f' (rank {rank})' if result.ranks > 1 else ''}: {layer}: {status}")
     for record in result.pass_records:
         lines.append(
