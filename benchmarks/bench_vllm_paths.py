@@ -87,7 +87,8 @@ MODELS: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 16384,
         "uncalibrated_layer": None,
     },
-    "tiny": {"max_position_embeddings": 16384, "uncalibrated_layer": None},  # a CPU smoke run
+    # a CPU smoke run; intermediate 128 so that A8 (blocks of 128 along H and I) can run
+    "tiny": {"max_position_embeddings": 16384, "uncalibrated_layer": None, "moe_intermediate_size": 128},
 }
 CAPTURE_LIMIT = 64
 NUMERICS_PROMPTS, NUMERICS_LENGTH = 8, 256
@@ -235,8 +236,8 @@ def engine_arguments(name: str, checkpoint: Path, prefill_length: int) -> dict[s
 def _run_config(name: str, checkpoint: Path, prefill_length: int) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
 
+    from a4prefill.tools import rank_evidence
     from a4prefill.tools.capture import prompt_logprobs
-    from a4prefill.tools.e2e import pass_records
     from a4prefill.vllm_integration import register
 
     register()
@@ -245,7 +246,7 @@ def _run_config(name: str, checkpoint: Path, prefill_length: int) -> dict[str, A
     llm = LLM(**engine_arguments(name, checkpoint, prefill_length))
     result: dict[str, Any] = {"config": name, "engine_start_s": time.perf_counter() - started}
     result["moe_kernels"] = _moe_kernels(llm)
-    result["pass_records"] = pass_records(llm.llm_engine.vllm_config)
+    result["pass_records"] = llm.collective_rpc(rank_evidence.pass_records)[0]  # rank 0's
 
     numerics_prompts = _token_prompts(NUMERICS_PROMPTS, NUMERICS_LENGTH, vocab, seed=1)
     result["prompt_logprobs"] = prompt_logprobs(llm, numerics_prompts)
