@@ -428,6 +428,24 @@ def test_an_a8_engines_layer_needs_no_calibration_and_its_prefill_rows_run_a8(bu
     assert torch.equal(traced, moe_reference(hidden, weights, ids, a8_layer.experts, None))
 
 
+def test_inside_the_split_scope_apply_runs_the_layers_a8_split(build_layer, a8_layer):
+    """The CUDA form: inside the twin op's split scope ``apply`` calls ``moe_split`` with the
+    layer's prefill precision, so prompt rows run A8 and decode rows W4A16, row by row."""
+    from a4prefill.vllm_integration.split_scope import split_enabled
+
+    method, module = build_layer(settings=A8_SETTINGS, weights=a8_layer.quantized)
+    row_types = ops.row_types_from_query_lens([1, 5, 1], 1)  # rows 0 and 6 decode, 1..5 prefill
+    hidden, weights, ids = make_inputs(7, seed=4, hidden_size=A8_HIDDEN)
+    with torch.no_grad(), split_enabled(), ops.step_row_types(row_types):
+        out = method.apply(module, hidden, weights, ids, None, None)
+    decode, prefill = [0, 6], [1, 2, 3, 4, 5]
+    w4a16 = moe_reference(hidden[decode], weights[decode], ids[decode], a8_layer.experts, None)
+    assert torch.equal(out[decode], w4a16)
+    assert torch.equal(
+        out[prefill], moe_reference_a8(hidden[prefill], weights[prefill], ids[prefill], a8_layer.experts)
+    )
+
+
 def test_an_a8_engines_layer_of_other_sizes_runs_w4a16_and_says_why(build_layer, caplog):
     """The tiny layer (H = 64, I = 32) cannot run A8: load time withholds it, with the reason,
     and one warning; its prompt rows run W4A16."""
