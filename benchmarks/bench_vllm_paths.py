@@ -122,9 +122,12 @@ def _timed(llm: Any, prompts: list[Any], params: Any) -> float:
 
 
 # Substrings of the GPU kernels that serve the routed experts: the package's Triton and Gluon
-# kernels, vLLM's Marlin MoE and its unquantized fused MoE (routing, permutation and combine
-# included; the router's gate GEMM and top-k are not).
+# kernels (the Hopper prefill GEMMs are grouped_w4_gemm_kernel and grouped_w4_gemm_rs_kernel), vLLM's
+# Marlin MoE and its unquantized fused MoE (routing, permutation and combine included; the router's
+# gate GEMM and top-k are not). torch's own kernels that the package's routing launches (the sort
+# of the routes, the gather of the rows) have generic names and are not counted.
 MOE_KERNELS = (
+    "grouped_w4_gemm",
     "fc1_kernel",
     "fc1_finalize_kernel",
     "fc2_kernel",

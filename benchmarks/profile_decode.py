@@ -53,7 +53,15 @@ NCU_METRICS = (
     "Eligible Warps Per Scheduler",
     "No Eligible",
 )
-GEMM_KERNELS = ("fc1_kernel", "fc2_kernel", "fc1_decode_kernel", "fc2_decode_kernel", "marlin")
+# the GEMMs of the package (tiled, decode and Hopper prefill kernels) and of vLLM's Marlin MoE
+GEMM_KERNELS = (
+    "fc1_kernel",
+    "fc2_kernel",
+    "fc1_decode_kernel",
+    "fc2_decode_kernel",
+    "grouped_w4_gemm",
+    "marlin",
+)
 
 
 def ncu_summary(csv_path: str, kernels: tuple[str, ...] = GEMM_KERNELS) -> list[dict[str, Any]]:
