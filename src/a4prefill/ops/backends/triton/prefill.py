@@ -88,7 +88,8 @@ def launch_prefill_gemm(
     ``x`` is first copied with its columns in :func:`mma_column_order` (one gather of ``x``, timed
     with the GEMM by the benchmark; a fused producer of ``x`` could write that order directly).
     ``kernel`` replaces the schedule's Gluon kernel (tests: the TTGIR interpreter); by default it is
-    imported (Triton 3.6+ with Gluon, an sm_90 GPU)."""
+    imported (Triton 3.6+ with Gluon, an sm_90 GPU). It is compiled with the register cap
+    ``schedule.max_registers(mode)`` where that is not 0 (split calls of 128-route tiles)."""
     experts, n, half_k = codes.shape
     k = 2 * half_k
     if epilogue not in PREFILL_EPILOGUES:
@@ -175,4 +176,5 @@ def launch_prefill_gemm(
         GATHER=top_k is not None,
         **constexprs,
         num_warps=schedule.warps,
+        **({"maxnreg": cap} if (cap := schedule.max_registers(mode)) else {}),
     )

@@ -24,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from a4prefill.ops.precision import MODE_SPLIT
+
 DECODE_MAX_ROWS_PER_EXPERT = 32  # W4A16 calls with at most this many routes per active expert (mean)
 PREFILL_MIN_ROWS_PER_EXPERT = 64  # W4A16 bf16 calls on sm_90 with at least this many (mean): prefill GEMMs
 # What a prefill GEMM writes (the kernels' ``EPILOGUE`` constexpr): the raw product (benchmarks
@@ -331,6 +333,19 @@ class PrefillGemm:
         if self.register_weights:
             return (self.weights_ahead + 1) * weight_slot + self.depth * row_slot
         return self.depth * (weight_slot + row_slot) + 3 * rows * k * 2
+
+    def max_registers(self, mode: int) -> int:
+        """The register cap per thread (``maxnreg``) of this schedule's kernel in precision mode
+        ``mode`` (``precision.MODE_*``), 0 for the compiler's choice. 128 for a split call of the
+        register-weights schedules of 128 weight rows and at most 128 routes, so that two CTAs of
+        256 threads share an SM's 65536 registers: their W4A16 and A4 kernels compile to at most
+        128 registers uncapped (capping them changes their register allocation, not measured),
+        while the split FC1's epilogue (per-route flags, the select between ``h`` and its
+        requantized copy) takes 145 (Triton 3.9) to 161 (Triton 3.6) uncapped, one CTA per SM.
+        Capped, ptxas spills 8-24 bytes in the epilogue and none in the K loop (checked offline,
+        ``tests/test_triton_prefill_on_cpu.py``)."""
+        two_ctas = self.register_weights and self.weight_rows == 128 and self.routes <= 128
+        return 128 if two_ctas and mode == MODE_SPLIT else 0
 
     @property
     def weights_ahead(self) -> int:
