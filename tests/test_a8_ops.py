@@ -20,7 +20,7 @@ from a4prefill.ops.counters import A4, A8, W4A16
 from a4prefill.ops.precision import RowPlan
 from a4prefill.ops.reference import moe_reference, moe_reference_a8
 from a4prefill.tools.tiny_layer import TinyMoEModel
-from helpers.layers import A8_HIDDEN, make_inputs, moe_inputs
+from helpers.layers import A8_HIDDEN, make_inputs, moe_inputs, rows_of
 
 
 def run_a8(op, hidden, topk_weights, topk_ids, layer, name="layer", limit=None):
@@ -32,10 +32,6 @@ def run_a8(op, hidden, topk_weights, topk_ids, layer, name="layer", limit=None):
 
 def inputs(tokens, seed=0):
     return make_inputs(tokens, seed, hidden_size=A8_HIDDEN)
-
-
-def rows_of(spans):
-    return torch.tensor([r for a, b in spans for r in range(a, b)], dtype=torch.long)
 
 
 @given(

@@ -20,7 +20,7 @@ from a4prefill.ops.backends.reference import ReferenceBackend
 from a4prefill.ops.counters import A4, W4A16
 from a4prefill.ops.reference import moe_reference, swiglu
 from a4prefill.tools.tiny_layer import TinyMoEModel
-from helpers.layers import HIDDEN, halves_case, make_inputs, moe_inputs
+from helpers.layers import HIDDEN, halves_case, make_inputs, moe_inputs, rows_of
 
 OPS = [ops.moe_w4a16, ops.moe_a4, ops.moe_split]
 
@@ -29,10 +29,6 @@ def run(op, hidden, topk_weights, topk_ids, layer, name="layer", limit=None, sca
     """Call ``op`` on a TinyMoELayer with its own A4 scales (or ``scales`` given explicitly)."""
     a4_scales = layer.a4_scales if scales == "layer" else scales
     return ops.call_moe(op, hidden, topk_weights, topk_ids, layer.experts, a4_scales, name, limit)
-
-
-def rows_of(spans):
-    return torch.tensor([r for a, b in spans for r in range(a, b)], dtype=torch.long)
 
 
 @given(

@@ -31,6 +31,11 @@ def make_inputs(
     return hidden, topk_weights, topk_ids
 
 
+def rows_of(spans) -> torch.Tensor:
+    """int64 indices of every row of ``spans`` (``(start, end)`` pairs), in order."""
+    return torch.tensor([r for a, b in spans for r in range(a, b)], dtype=torch.long)
+
+
 @st.composite
 def moe_inputs(
     draw: st.DrawFn, tokens: int, hidden_size: int = HIDDEN

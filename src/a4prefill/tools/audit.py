@@ -19,13 +19,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from a4prefill.ops.fp8 import A8_READY
 from a4prefill.ops.precision import A4, A8, PREFILL_PRECISIONS
 from a4prefill.ops.scales import A4_READY
 
-_READY = {A4_READY: A4, A8_READY: A8}  # load-time status -> the prefill precision it allows
+# load-time status -> the prefill precision it allows (read-only)
+_READY = MappingProxyType({A4_READY: A4, A8_READY: A8})
 
 
 @dataclass
