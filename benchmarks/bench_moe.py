@@ -1,6 +1,7 @@
 """Benchmark the ``triton`` NVFP4 MoE backend against bf16 and vLLM's Marlin NVFP4 MoE (a script).
 
-Usage (CUDA GPU): ``PYTHONPATH=src python benchmarks/bench_moe.py --out DIR [--quick] [--sweep]``;
+Usage (CUDA GPU): ``PYTHONPATH=src python benchmarks/bench_moe.py --out DIR [--quick] [--sweep
+[all|decode|focus|prefill]]``;
 plot an existing result anywhere: ``python benchmarks/bench_moe.py --plot DIR/bench_moe.json``;
 print it as markdown tables: ``python benchmarks/bench_moe.py --table DIR/bench_moe.json``.
 
@@ -245,6 +246,17 @@ DECODE_SWEEP_FOCUS = [
     ((4, 256, "rows"), (4, 128, "rows", 16, True), 16, False),
 ]
 DECODE_SWEEP_MAX_ROUTES = 8192  # decode schedules are timed up to 1024 tokens at top-8, past the default
+# `--sweep prefill`: the Hopper prefill GEMMs' schedules (schedules.PREFILL_SCHEDULES labels of FC1,
+# then FC2) timed as the whole MoE at every size, below PREFILL_MIN_ROWS_PER_EXPERT too, in W4A16,
+# A4 and split
+PREFILL_SWEEP = [
+    ("rs_w128_t32_d4", "rs_w128_t32_d4"),
+    ("rs_w128_t64_d4", "rs_w128_t64_d4"),
+    ("rs_w128_t64_d6", "rs_w128_t64_d6"),
+    ("rs_w64_t64_d4", "rs_w64_t64_d4"),
+    ("rs_w128_t128_d4", "rs_w128_t128_d4"),
+    ("rs_w128_t256_d4", "w128_t256_d4"),
+]
 SWEEP = {  # block_m, fc1_n, fc1_k, fc2_n, fc2_k, warps, stages, ptx_dequant, split_k
     "bm16_n32_k128_w4_triton": (16, 32, 128, 64, 128, 4, 4, False, 1),
     "bm16_n32_k128_w4": (16, 32, 128, 64, 128, 4, 4, True, 1),
@@ -298,6 +310,20 @@ def decode_schedules(routes: int, experts: int, focus: bool = False) -> list[Any
     return schedules
 
 
+def prefill_configs(routes: int, experts: int, hidden: int, inter: int) -> dict[str, Any]:
+    """``prefill_<tiles>`` -> the call's default config with the :data:`PREFILL_SWEEP` tiles
+    instead of its decode schedule or tiles (those the shapes fit)."""
+    from a4prefill.ops.backends.triton.schedules import PREFILL_SCHEDULES, PrefillTiles, choose_config
+
+    default = choose_config(routes, experts, hidden, inter)
+    configs = {}
+    for fc1, fc2 in PREFILL_SWEEP:
+        tiles = PrefillTiles(PREFILL_SCHEDULES[fc1], PREFILL_SCHEDULES[fc2])
+        if tiles.fits(hidden, inter):
+            configs[f"prefill_{tiles}"] = dataclasses.replace(default, decode=None, prefill=tiles)
+    return configs
+
+
 def sweep_configs(
     fn: Callable[..., Any],
     routes: int,
@@ -307,13 +333,16 @@ def sweep_configs(
     flush: torch.Tensor,
     sweep: str,
     references: dict[str, torch.Tensor],
-    a4_fn: Callable[..., Any] | None = None,
-) -> tuple[dict[str, Any], dict[str, dict[str, float]], dict[str, Any]]:
-    """Median microseconds of ``fn(config=...)`` for each tile config in :data:`SWEEP` (``sweep``
-    ``"all"``) and, up to :data:`DECODE_SWEEP_MAX_ROUTES` routes, each decode schedule of
-    :func:`decode_schedules` (``focus`` with ``sweep == "focus"``; labels ``decode_<schedule>``);
-    per reference of ``references`` (suffix -> expected fp32 output), each config's relative
-    error; with ``sweep == "focus"``, ``a4_fn(config=...)``'s time for each decode schedule."""
+    mode_fns: dict[str, Callable[..., Any]] | None = None,
+) -> tuple[dict[str, Any], dict[str, dict[str, float]], dict[str, dict[str, Any]]]:
+    """Median microseconds of ``fn(config=...)`` (W4A16) for each tile config in :data:`SWEEP`
+    (``sweep`` ``"all"``), up to :data:`DECODE_SWEEP_MAX_ROUTES` routes each decode schedule of
+    :func:`decode_schedules` (``focus`` with ``sweep == "focus"``; labels ``decode_<schedule>``;
+    none with ``sweep == "prefill"``) and with ``sweep == "prefill"`` each
+    :func:`prefill_configs` config (labels ``prefill_<tiles>``); per reference of ``references``
+    (suffix -> expected fp32 output), each config's relative error; with ``sweep`` ``"focus"``
+    (decode schedules) or ``"prefill"`` (prefill tiles), the time of each ``mode_fns`` function
+    (mode -> ``fn(config=...)``: A4, split) by mode and label."""
     from a4prefill.ops.backends.triton.schedules import GemmConfig, choose_config
 
     configs = {
@@ -322,25 +351,29 @@ def sweep_configs(
         if sweep == "all" and config_fits(sizes, routes, experts)
     }
     default = choose_config(routes, experts, hidden, inter)
-    if routes <= DECODE_SWEEP_MAX_ROUTES:
+    if routes <= DECODE_SWEEP_MAX_ROUTES and sweep != "prefill":
         for tiles in decode_schedules(routes, experts, sweep == "focus"):
             if tiles.fits(hidden, inter):
                 configs[f"decode_{tiles}"] = dataclasses.replace(default, decode=tiles)
+    timed_modes = {"focus": "decode_", "prefill": "prefill_"}.get(sweep)
+    if sweep == "prefill":
+        configs.update(prefill_configs(routes, experts, hidden, inter))
     times: dict[str, Any] = {}
-    a4_times: dict[str, Any] = {}
+    mode_times: dict[str, dict[str, Any]] = {mode: {} for mode in mode_fns or {}}
     errors: dict[str, dict[str, float]] = {suffix: {} for suffix in references}
     for label, config in configs.items():
         try:
             times[label] = time_graph(functools.partial(fn, config=config), 20, flush)
             output = fn(config=config).float()
-            if sweep == "focus" and a4_fn is not None and label.startswith("decode_"):
-                a4_times[label] = time_graph(functools.partial(a4_fn, config=config), 20, flush)
+            for mode, mode_fn in (mode_fns or {}).items():
+                if timed_modes and label.startswith(timed_modes):
+                    mode_times[mode][label] = time_graph(functools.partial(mode_fn, config=config), 20, flush)
         except Exception as error:
             times[label] = repr(error)[:200]
             continue
         for suffix, expected in references.items():
             errors[suffix][label] = relative_error(output, expected)
-    return times, errors, a4_times
+    return times, errors, {mode: by_label for mode, by_label in mode_times.items() if by_label}
 
 
 def relative_error(output: torch.Tensor, expected: torch.Tensor) -> float:
@@ -441,7 +474,10 @@ def bench_shape(
                 result[f"{variant}_error"] = repr(error)[:300]
         if sweep:
             result["default_config"] = dataclasses.asdict(default_config)
-            result["sweep_w4a16_us"], errors, a4_times = sweep_configs(
+            mode_fns = {"a4": variants["a4"]}
+            if "split" in variants and sweep == "prefill":
+                mode_fns["split"] = variants["split"]
+            result["sweep_w4a16_us"], errors, mode_times = sweep_configs(
                 variants["w4a16"],
                 tokens * top_k,
                 experts,
@@ -450,10 +486,10 @@ def bench_shape(
                 flush,
                 sweep,
                 references,
-                variants["a4"],
+                mode_fns,
             )
-            if a4_times:
-                result["sweep_a4_us"] = a4_times
+            for mode, by_label in mode_times.items():
+                result[f"sweep_{mode}_us"] = by_label
             for suffix, by_label in errors.items():
                 result[f"sweep_w4a16_rel_err{suffix}"] = by_label
         w4, bf, ma = result.get("w4a16_us"), result.get("bf16_us"), result.get("marlin_us")
@@ -617,13 +653,19 @@ def _us(time: float | None) -> str:
     return "-" if time is None else f"{time:.1f}"
 
 
+def _is_decode_label(label: str) -> bool:
+    return label.startswith("decode_")
+
+
 def sweep_table(results: dict[str, Any]) -> str:
     """Per token count of a ``--sweep`` result: Marlin, the config this checkout chooses (timed
     in that run, :func:`committed_time`) and the fastest decode schedule of the sweep."""
     lines = []
     for name, shape_result in results["shapes"].items():
         shape = shape_result["shape"]
-        rows = [row for row in shape_result["rows"] if "sweep_w4a16_us" in row]
+        rows = [
+            row for row in shape_result["rows"] if any(map(_is_decode_label, row.get("sweep_w4a16_us", {})))
+        ]
         if not rows:
             continue
         lines += [
@@ -660,6 +702,38 @@ def sweep_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def prefill_sweep_table(results: dict[str, Any]) -> str:
+    """Per token count of a ``--sweep prefill`` result: the default W4A16 time (what this run's
+    checkout chose) and each prefill tile pair's W4A16 time, with its A4 and split times over
+    its W4A16 time."""
+    lines = []
+    for name, shape_result in results["shapes"].items():
+        rows = [row for row in shape_result["rows"] if row.get("sweep_split_us") or row.get("sweep_a4_us")]
+        labels = sorted({k for row in rows for k in row["sweep_w4a16_us"] if k.startswith("prefill_")})
+        if not labels:
+            continue
+        header = " | ".join(label.removeprefix("prefill_") for label in labels)
+        lines += [
+            f"### {name}: prefill GEMM tiles as the whole MoE (W4A16 us, A4/W4A16, split/W4A16)",
+            "",
+            f"| tokens | default W4A16 us | {header} |",
+            "|---|---|" + "---|" * len(labels),
+        ]
+        for row in rows:
+            cells = []
+            for label in labels:
+                w4 = row["sweep_w4a16_us"].get(label)
+                if not isinstance(w4, float):
+                    cells.append("-")
+                    continue
+                ratios = [row.get(f"sweep_{mode}_us", {}).get(label) for mode in ("a4", "split")]
+                shown = "/".join("-" if not isinstance(r, float) else f"{r / w4:.2f}" for r in ratios)
+                cells.append(f"{w4:.1f} ({shown})")
+            lines.append(f"| {row['tokens']} | {_us(row.get('w4a16_us'))} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -668,9 +742,10 @@ def main() -> None:
         "--sweep",
         nargs="?",
         const="all",
-        choices=["all", "decode", "focus"],
+        choices=["all", "decode", "focus", "prefill"],
         help="also time tile configs and decode schedules (W4A16); 'decode': decode schedules only; "
-        "'focus': the DECODE_SWEEP_FOCUS schedules, W4A16 and A4 timed",
+        "'focus': the DECODE_SWEEP_FOCUS schedules, W4A16 and A4 timed; 'prefill': the "
+        "PREFILL_SWEEP prefill GEMM tiles at every size, W4A16, A4 and split timed",
     )
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--tokens", help="comma-separated token counts (overrides --quick)")
@@ -687,6 +762,7 @@ def main() -> None:
             results = json.load(handle)
         print(markdown_table(results))
         print(sweep_table(results))
+        print(prefill_sweep_table(results))
         return
     if args.plot:
         with open(args.plot) as handle:

@@ -669,6 +669,60 @@ def test_calls_below_the_prefill_size_or_not_w4a16_bf16_plan_no_prefill_gemms(pr
     assert plan_call(tokens, 2, 4, 256, 96, torch.bfloat16, cpu).prefill is None  # 2 I = 192
 
 
+def test_an_explicit_config_runs_its_prefill_tiles_at_any_size_and_matches_the_reference(
+    prefill_moe_on_cpu, interpreted
+):
+    """A ``GemmConfig`` with ``prefill`` tiles (what the benchmark's prefill sweep times) plans
+    those tiles on a call below ``PREFILL_MIN_ROWS_PER_EXPERT`` (40 routes per expert, where the
+    size's choice is the tiled kernels), launches their kernels (32-route tiles, two or more per
+    expert, weights in registers: one FC1 and one FC2 launch) and stays within the W4A16 bounds
+    of the reference."""
+    import dataclasses
+
+    from a4prefill.ops.backends.triton.fused import fused_moe
+    from a4prefill.ops.backends.triton.plan import plan_call
+    from a4prefill.ops.backends.triton.schedules import choose_config
+    from a4prefill.tools.tiny_layer import make_tiny_layer, random_routing
+    from helpers.layers import assert_close_to_reference
+
+    tokens, experts, hidden_size, inter, top_k = 80, 4, 256, 128, 2
+    tiles = PrefillTiles(PREFILL_SCHEDULES["rs_w128_t32_d4"], PREFILL_SCHEDULES["rs_w128_t32_d4"])
+    default = choose_config(tokens * top_k, experts, hidden_size, inter)
+    config = dataclasses.replace(default, decode=None, prefill=tiles)
+    cpu = torch.device("cpu")
+    assert plan_call(tokens, top_k, experts, hidden_size, inter, torch.bfloat16, cpu).prefill is None
+    planned = plan_call(tokens, top_k, experts, hidden_size, inter, torch.bfloat16, cpu, config)
+    assert planned.prefill == tiles and planned.prefill_routing is not None
+    assert planned.prefill_routing.block_m == 32
+    layer = make_tiny_layer(experts, hidden_size, inter, top_k, seed=9, calibration_tokens=16)
+    generator = torch.Generator().manual_seed(tokens)
+    hidden = (2 * torch.randn(tokens, hidden_size, generator=generator)).to(torch.bfloat16)
+    topk_weights, topk_ids = random_routing(tokens, experts, top_k, generator)
+    before = len(interpreted[True].launches)
+    result = fused_moe(hidden, topk_weights, topk_ids, layer.experts, None, None, config=config)
+    assert len(interpreted[True].launches) - before == 2
+    expected_moe = moe_reference(hidden, topk_weights, topk_ids, layer.experts, None, None)
+    assert_close_to_reference(result, expected_moe, "w4a16")
+
+
+def test_an_explicit_config_with_prefill_tiles_the_shapes_cannot_take_or_with_decode_is_refused():
+    """``GemmConfig(prefill=...)`` with ``decode`` also set, or prefill tiles that do not divide
+    the layer (``2 * intermediate`` rows by 128-row CTAs), is a ``ValueError`` naming the field."""
+    import dataclasses
+
+    from a4prefill.ops.backends.triton.plan import plan_call
+    from a4prefill.ops.backends.triton.schedules import choose_config
+
+    tiles = PrefillTiles(PREFILL_SCHEDULES["rs_w128_t64_d4"], PREFILL_SCHEDULES["rs_w128_t64_d4"])
+    decode_config = choose_config(64, 16, 256, 128)
+    assert decode_config.decode is not None
+    with pytest.raises(ValueError, match=r"decode=.*prefill=.*both set"):
+        dataclasses.replace(decode_config, prefill=tiles)
+    config = dataclasses.replace(choose_config(4096, 16, 256, 96), prefill=tiles)
+    with pytest.raises(ValueError, match=r"config\.prefill=fc1_rs_w128_t64.*intermediate=96"):
+        plan_call(2048, 2, 16, 256, 96, torch.bfloat16, torch.device("cpu"), config)
+
+
 @pytest.mark.parametrize("label", ["rs_w128_t32_d4", "w64_t64_d6"])
 @pytest.mark.parametrize("epilogue", ["swiglu", "alpha"])
 @pytest.mark.parametrize("mode", ["a4", "split"])

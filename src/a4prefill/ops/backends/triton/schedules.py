@@ -65,6 +65,16 @@ class GemmConfig:
     ptx_dequant: bool = True  # bf16 io: dequantize in inline PTX (fp16 io always uses Triton ops)
     split_k: int = 1  # > 1: K slices summed with fp32 atomics (few-route calls: more programs)
     decode: DecodeTiles | None = None  # W4A16, bf16 io, sm_80+: the decode kernels instead
+    # bf16 io on sm_90 (explicit configs only: benchmarks and tests; choose_config leaves it None
+    # and plan_call picks the prefill GEMMs by size): the Hopper prefill GEMMs instead
+    prefill: PrefillTiles | None = None
+
+    def __post_init__(self) -> None:
+        if self.decode is not None and self.prefill is not None:
+            raise ValueError(
+                f"GemmConfig: decode={self.decode} and prefill={self.prefill} both set; a call runs "
+                "the decode kernels or the prefill GEMMs, set at most one"
+            )
 
 
 @dataclass(frozen=True)
@@ -433,6 +443,9 @@ class PrefillTiles:
     def routes(self) -> int:
         """Routes per tile of both GEMMs (the routing's ``block_m``)."""
         return self.fc1.routes
+
+    def __str__(self) -> str:
+        return f"fc1_{self.fc1}_fc2_{self.fc2}"
 
     def fits(self, hidden: int, intermediate: int) -> bool:
         """Whether FC1 (``K = hidden``, ``2 * intermediate`` rows) and FC2 (``K = intermediate``,
