@@ -54,10 +54,11 @@ def test_matches_the_fp32_product_eagerly_and_in_a_cuda_graph(label, gather):
 
 
 @pytest.mark.parametrize(
-    ("tokens", "fc1"), [(512, "rs_w128_t128_d4"), (1024, "rs_w128_t256_d4"), (2048, "rs_w128_t256_d4")]
+    ("tokens", "fc1"),
+    [(192, "rs_w128_t64_d4"), (512, "rs_w128_t128_d4"), (1024, "rs_w128_t256_d4"), (2048, "rs_w128_t256_d4")],
 )
 def test_the_w4a16_prefill_moe_matches_the_reference_eagerly_and_in_a_cuda_graph(tokens, fc1):
-    """``fused_moe`` on calls of 128, 256 and 512 routes per expert (16 experts, top-4): planned
+    """``fused_moe`` on calls of 48, 128, 256 and 512 routes per expert (16 experts, top-4): planned
     onto the prefill GEMMs of each size, within the W4A16 bounds of the fp32 reference MoE, the
     same when replayed from a CUDA graph."""
     from a4prefill.ops.backends.triton.fused import fused_moe
@@ -84,10 +85,13 @@ def test_the_w4a16_prefill_moe_matches_the_reference_eagerly_and_in_a_cuda_graph
     assert torch.equal(replayed, result)
 
 
-@pytest.mark.parametrize(("tokens", "fc1"), [(512, "rs_w128_t128_d4"), (2048, "rs_w128_t256_d4")])
+@pytest.mark.parametrize(
+    ("tokens", "fc1"), [(192, "rs_w128_t64_d4"), (512, "rs_w128_t128_d4"), (2048, "rs_w128_t256_d4")]
+)
 def test_a4_and_split_prefill_moe_match_the_reference_eagerly_and_in_a_cuda_graph(tokens, fc1):
-    """A4 and split calls of 128 and 512 routes per expert through the prefill GEMMs (both
-    kernels: FC2 at 512 routes per expert dequantizes into shared memory): all-A4 within the A4
+    """A4 and split calls of 48, 128 and 512 routes per expert through the prefill GEMMs (both
+    kernels: FC2 at 512 routes per expert dequantizes into shared memory; the split calls of
+    128-route tiles under their register cap): all-A4 within the A4
     bounds of the reference A4 MoE; split with every third token A4, its A4 rows within those
     bounds and its W4A16 rows within the W4A16 bounds; the split call replayed from a CUDA graph
     gives the same output."""

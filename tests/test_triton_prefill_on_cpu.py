@@ -587,6 +587,7 @@ def prefill_moe_on_cpu(interpreted):
 @pytest.mark.parametrize(
     ("tokens", "limit", "fc1", "fc2"),
     [
+        (96, None, "rs_w128_t64_d4", "rs_w128_t64_d4"),  # 48 routes per expert
         (160, None, "rs_w128_t128_d4", "rs_w128_t128_d4"),  # 80 routes per expert
         (160, 2.5, "rs_w128_t128_d4", "rs_w128_t128_d4"),
         (400, None, "rs_w128_t256_d4", "w128_t256_d4"),  # 200 routes per expert
@@ -623,19 +624,19 @@ def test_a_w4a16_prefill_call_runs_the_prefill_gemms_and_matches_the_reference(
     assert_close_to_reference(result, expected, "w4a16")
 
 
-@pytest.mark.parametrize("limit", [None, 2.5])
+@pytest.mark.parametrize(("tokens", "limit"), [(160, None), (160, 2.5), (96, 2.5)])
 def test_a4_and_split_prefill_calls_run_the_prefill_gemms_and_match_the_reference(
-    prefill_moe_on_cpu, interpreted, limit
+    prefill_moe_on_cpu, interpreted, tokens, limit
 ):
-    """A4 and split calls of a prefill size take the same two prefill launches as W4A16 (the
-    A4 rows quantized first): all-A4 within the A4 bounds of the reference A4 MoE; split with
-    every third token A4, its A4 rows within those bounds and its W4A16 rows within the W4A16
-    bounds of the reference W4A16 MoE."""
+    """A4 and split calls of a prefill size (80 routes per expert: 128-route tiles; 48: 64-route
+    tiles) take the same two prefill launches as W4A16 (the A4 rows quantized first): all-A4
+    within the A4 bounds of the reference A4 MoE; split with every third token A4, its A4 rows
+    within those bounds and its W4A16 rows within the W4A16 bounds of the reference W4A16 MoE."""
     from a4prefill.ops.backends.triton.fused import fused_moe
     from a4prefill.tools.tiny_layer import make_tiny_layer, random_routing
     from helpers.layers import assert_close_to_reference
 
-    tokens, experts, hidden_size, inter, top_k = 160, 4, 256, 128, 2  # 80 routes per expert
+    experts, hidden_size, inter, top_k = 4, 256, 128, 2
     layer = make_tiny_layer(experts, hidden_size, inter, top_k, seed=7, calibration_tokens=16)
     generator = torch.Generator().manual_seed(31)
     hidden = (2 * torch.randn(tokens, hidden_size, generator=generator)).to(torch.bfloat16)
@@ -647,7 +648,7 @@ def test_a4_and_split_prefill_calls_run_the_prefill_gemms_and_match_the_referenc
     assert_close_to_reference(fused_moe(*args, layer.a4_scales, limit), a4, "a4")
     flags = (torch.arange(tokens) % 3 == 1).to(torch.uint8)
     split = fused_moe(*args, layer.a4_scales, limit, flags)
-    assert len(interpreted[True].launches) - before == 4  # rs_w128_t128_d4: FC1 and FC2, twice
+    assert len(interpreted[True].launches) - before == 4  # weights in registers: FC1 and FC2, twice
     is_a4 = flags.bool()
     assert_close_to_reference(split[is_a4], a4[is_a4], "a4")
     assert_close_to_reference(split[~is_a4], w4a16[~is_a4], "w4a16")
@@ -673,10 +674,10 @@ def test_an_explicit_config_runs_its_prefill_tiles_at_any_size_and_matches_the_r
     prefill_moe_on_cpu, interpreted
 ):
     """A ``GemmConfig`` with ``prefill`` tiles (what the benchmark's prefill sweep times) plans
-    those tiles on a call below ``PREFILL_MIN_ROWS_PER_EXPERT`` (40 routes per expert, where the
-    size's choice is the tiled kernels), launches their kernels (32-route tiles, two or more per
-    expert, weights in registers: one FC1 and one FC2 launch) and stays within the W4A16 bounds
-    of the reference."""
+    those tiles on a call below ``PREFILL_MIN_ROWS_PER_EXPERT`` (24 routes per expert, where the
+    size's choice off the decode kernels is the tiled kernels), launches their kernels (32-route
+    tiles, weights in registers: one FC1 and one FC2 launch) and stays within the W4A16 bounds of
+    the reference."""
     import dataclasses
 
     from a4prefill.ops.backends.triton.fused import fused_moe
@@ -685,7 +686,7 @@ def test_an_explicit_config_runs_its_prefill_tiles_at_any_size_and_matches_the_r
     from a4prefill.tools.tiny_layer import make_tiny_layer, random_routing
     from helpers.layers import assert_close_to_reference
 
-    tokens, experts, hidden_size, inter, top_k = 80, 4, 256, 128, 2
+    tokens, experts, hidden_size, inter, top_k = 48, 4, 256, 128, 2
     tiles = PrefillTiles(PREFILL_SCHEDULES["rs_w128_t32_d4"], PREFILL_SCHEDULES["rs_w128_t32_d4"])
     default = choose_config(tokens * top_k, experts, hidden_size, inter)
     config = dataclasses.replace(default, decode=None, prefill=tiles)
@@ -799,7 +800,7 @@ def test_the_kernel_family_is_triton_prefill_for_prefill_calls_of_every_precisio
     assert backend.kernel_family(large, RowPlan.uniform(W4A16, 160)) == "triton-prefill"
     assert backend.kernel_family(large, RowPlan.uniform(A4, 160)) == "triton-prefill"
     assert backend.kernel_family(large, split) == "triton-prefill"
-    assert backend.kernel_family(call(100), RowPlan.uniform(W4A16, 100)) == "triton-tiled"  # 50 per expert
+    assert backend.kernel_family(call(60), RowPlan.uniform(W4A16, 60)) == "triton-tiled"  # 30 per expert
 
 
 @pytest.mark.parametrize(("mode", "cap"), [(MODE_W4A16, None), (MODE_A4, None), (MODE_SPLIT, 128)])

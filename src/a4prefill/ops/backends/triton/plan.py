@@ -29,7 +29,9 @@ from a4prefill.ops.backends.triton.schedules import (
 def decode_kernels_run(device: torch.device) -> bool:
     """Whether :mod:`decode_kernels` can run on ``device``: an NVIDIA GPU with bf16 ``mma.sync``
     (sm_80+) and a Triton whose Gluon has what the kernels use (the module imports)."""
-    if torch.version.hip is not None or torch.cuda.get_device_capability(device) < (8, 0):
+    if device.type != "cuda" or torch.version.hip is not None:
+        return False
+    if torch.cuda.get_device_capability(device) < (8, 0):
         return False
     return kernel_modules.decode_imports()
 

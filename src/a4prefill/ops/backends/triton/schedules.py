@@ -27,7 +27,7 @@ from types import MappingProxyType
 from a4prefill.ops.precision import MODE_SPLIT
 
 DECODE_MAX_ROWS_PER_EXPERT = 32  # W4A16 calls with at most this many routes per active expert (mean)
-PREFILL_MIN_ROWS_PER_EXPERT = 64  # W4A16 bf16 calls on sm_90 with at least this many (mean): prefill GEMMs
+PREFILL_MIN_ROWS_PER_EXPERT = 32  # bf16 calls on sm_90 with at least this many (mean): prefill GEMMs
 # What a prefill GEMM writes (the kernels' ``EPILOGUE`` constexpr): the raw product (benchmarks
 # and tests of the GEMM core), FC1's SwiGLU, FC2's alpha by route
 PREFILL_EPILOGUES = MappingProxyType({"none": 0, "swiglu": 1, "alpha": 2})
@@ -454,19 +454,30 @@ class PrefillTiles:
 
 
 def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: int) -> PrefillTiles | None:
-    """The prefill GEMMs of a call with ``routes`` routes over ``experts`` experts, or None below
-    :data:`PREFILL_MIN_ROWS_PER_EXPERT` routes per expert (mean; the decode and tiled kernels are
-    faster there) or where the shapes do not fit. From the H200 run of
-    ``benchmarks/bench_prefill_gemm.py`` of 2026-12-03 (GLM-5.3-Flash TP2 shape, the kernels with
-    the register fix; ``benchmarks/results``): 128-route tiles with weights in registers up to 160
-    routes per expert (4096 tokens: 114; FC1 1984 us, FC2 1012 us against 2681 / 1314 with
-    256-route tiles), then 256-route tiles, FC1 with weights in registers (8192 tokens: 2783 us
-    against 2909 with weights in shared memory; 16384: 5466 against 5838) and FC2 with weights in
-    shared memory (8192: 1492 against 1507; 16384: 2813 against 2835)."""
+    """The prefill GEMMs of a call with ``routes`` routes over ``experts`` experts (every precision
+    mode), or None below :data:`PREFILL_MIN_ROWS_PER_EXPERT` routes per expert (mean) or where the
+    shapes do not fit. The decode kernels, where they run, take the calls of up to
+    ``DECODE_MAX_ROWS_PER_EXPERT`` (32) routes per active expert first (:func:`plan.plan_call
+    <a4prefill.ops.backends.triton.plan.plan_call>`).
+
+    From the H200 runs of ``benchmarks/bench_moe.py --sweep prefill`` (2026-12-03, the whole MoE,
+    GLM-5.3-Flash TP2 shape; ``benchmarks/results``) and ``bench_prefill_gemm.py`` (the GEMMs):
+
+    - below 64 routes per expert, 64-route tiles with weights in registers (2048 tokens, 57 per
+      expert: 2286 us against 2507 for the tiled kernels and 2953 with 128-route tiles; A4 and
+      split faster than the tiled kernels' too);
+    - below 160, 128-route tiles with weights in registers (4096 tokens, 114 per expert: 3236 us
+      against 3857 with 64-route tiles; FC1 1984 us, FC2 1012 us against 2681 / 1314 with
+      256-route tiles);
+    - then 256-route tiles, FC1 with weights in registers (8192 tokens: 2783 us against 2909 with
+      weights in shared memory; 16384: 5466 against 5838) and FC2 with weights in shared memory
+      (8192: 1492 against 1507; 16384: 2813 against 2835)."""
     rows_per_expert = routes / max(1, experts)
     if rows_per_expert < PREFILL_MIN_ROWS_PER_EXPERT:
         return None
-    if rows_per_expert < 160:
+    if rows_per_expert < 64:
+        tiles = PrefillTiles(PREFILL_SCHEDULES["rs_w128_t64_d4"], PREFILL_SCHEDULES["rs_w128_t64_d4"])
+    elif rows_per_expert < 160:
         tiles = PrefillTiles(PREFILL_SCHEDULES["rs_w128_t128_d4"], PREFILL_SCHEDULES["rs_w128_t128_d4"])
     else:
         tiles = PrefillTiles(PREFILL_SCHEDULES["rs_w128_t256_d4"], PREFILL_SCHEDULES["w128_t256_d4"])
