@@ -252,6 +252,7 @@ DECODE_SWEEP_MAX_ROUTES = 8192  # decode schedules are timed up to 1024 tokens a
 PREFILL_SWEEP = [
     ("rs_w128_t32_d4", "rs_w128_t32_d4"),
     ("rs_w128_t64_d4", "rs_w128_t64_d4"),
+    ("rs_w128_t64_d4_r80", "rs_w128_t64_d4_r80"),
     ("rs_w128_t64_d6", "rs_w128_t64_d6"),
     ("rs_w64_t64_d4", "rs_w64_t64_d4"),
     ("rs_w128_t128_d4", "rs_w128_t128_d4"),

@@ -55,7 +55,12 @@ def test_matches_the_fp32_product_eagerly_and_in_a_cuda_graph(label, gather):
 
 @pytest.mark.parametrize(
     ("tokens", "fc1"),
-    [(192, "rs_w128_t64_d4"), (512, "rs_w128_t128_d4"), (1024, "rs_w128_t256_d4"), (2048, "rs_w128_t256_d4")],
+    [
+        (192, "rs_w128_t64_d4_r80"),
+        (512, "rs_w128_t128_d4"),
+        (1024, "rs_w128_t256_d4"),
+        (2048, "rs_w128_t256_d4"),
+    ],
 )
 def test_the_w4a16_prefill_moe_matches_the_reference_eagerly_and_in_a_cuda_graph(tokens, fc1):
     """``fused_moe`` on calls of 48, 128, 256 and 512 routes per expert (16 experts, top-4): planned
@@ -86,7 +91,7 @@ def test_the_w4a16_prefill_moe_matches_the_reference_eagerly_and_in_a_cuda_graph
 
 
 @pytest.mark.parametrize(
-    ("tokens", "fc1"), [(192, "rs_w128_t64_d4"), (512, "rs_w128_t128_d4"), (2048, "rs_w128_t256_d4")]
+    ("tokens", "fc1"), [(192, "rs_w128_t64_d4_r80"), (512, "rs_w128_t128_d4"), (2048, "rs_w128_t256_d4")]
 )
 def test_a4_and_split_prefill_moe_match_the_reference_eagerly_and_in_a_cuda_graph(tokens, fc1):
     """A4 and split calls of 48, 128 and 512 routes per expert through the prefill GEMMs (both

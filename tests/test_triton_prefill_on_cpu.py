@@ -247,23 +247,36 @@ def test_each_schedule_compiles_to_wgmma_for_sm90():
         pytest.param(MODE_SPLIT, id="split"),
     ],
 )
-def test_the_128_route_gemms_of_a_moe_call_keep_two_ctas_per_sm(mode):
-    """The GEMMs a MoE call runs from 64 to 160 routes per expert (``rs_w128_t128_d4``, 4096
-    tokens of the GLM TP2 shape): FC1 with the SwiGLU epilogue writing ``h`` in MMA column order
-    and FC2 with the alpha epilogue compile, as the launcher compiles them (the schedule's
-    register cap of the mode), to at most 128 registers per thread, so that two CTAs of 256
-    threads share an SM's 65536 registers, and with no register spill in the K loop. Before the
-    cap the split FC1 took 145 registers here (Triton 3.9; 161 with the H200's Triton 3.6): one
-    CTA per SM, the whole split MoE at 4096 tokens 1.26x W4A16. W4A16's FC1 once took 130
-    registers with Triton 3.6 while Triton 3.9, which this suite compiles with, allocated 128:
-    a guard, not proof for the H200's compiler."""
-    schedule = PREFILL_SCHEDULES["rs_w128_t128_d4"]
-    assert choose_prefill_tiles(4096 * 8, 288, 4096, 1024) == PrefillTiles(schedule, schedule)
+@pytest.mark.parametrize(
+    ("label", "tokens", "registers"),
+    [
+        pytest.param("rs_w128_t64_d4_r80", 2048, 80, id="64_routes_three_ctas"),
+        pytest.param("rs_w128_t128_d4", 4096, 128, id="128_routes_two_ctas"),
+    ],
+)
+def test_the_register_weights_gemms_of_a_moe_call_keep_their_ctas_per_sm(label, tokens, registers, mode):
+    """The GEMMs a MoE call of ``tokens`` tokens of the GLM TP2 shape runs (64-route tiles from 32
+    routes per expert, 128-route tiles from 64): FC1 with the SwiGLU epilogue writing ``h`` in MMA
+    column order and FC2 with the alpha epilogue compile, as the launcher compiles them (the
+    schedule's register cap of the mode), to at most ``registers`` per thread and with no
+    register spill in the K loop: three CTAs of 256 threads per SM's 65536 registers at 80, two
+    at 128.
+
+    - 64-route tiles: uncapped they took 96-102 registers with the H200's Triton 3.6 (two CTAs
+      per SM; 80-98 with Triton 3.9, which this suite compiles with); capped at 80 the whole MoE
+      at 2048 tokens took 2063 us against 2280 (H200).
+    - 128-route tiles: before the split's cap its FC1 took 145 registers here (161 with Triton
+      3.6): one CTA per SM, the whole split MoE at 4096 tokens 1.26x W4A16 (1.07x capped).
+      W4A16's FC1 once took 130 registers with Triton 3.6 while Triton 3.9 allocated 128.
+
+    A guard, not proof for the H200's compiler."""
+    schedule = PREFILL_SCHEDULES[label]
+    assert choose_prefill_tiles(tokens * 8, 288, 4096, 1024) == PrefillTiles(schedule, schedule)
     swiglu, alpha = PREFILL_EPILOGUES["swiglu"], PREFILL_EPILOGUES["alpha"]
     fc1 = compile_prefill_kernel(schedule, EPILOGUE=swiglu, MODE=mode, OUT_MMA_ORDER=True)
     fc2 = compile_prefill_kernel(schedule, GATHER=False, EPILOGUE=alpha, MODE=mode)
     for kernel in (fc1, fc2):
-        assert registers_per_thread(kernel) <= 128
+        assert registers_per_thread(kernel) <= registers
         assert local_memory_in_k_loop(kernel) == []
 
 
@@ -587,7 +600,7 @@ def prefill_moe_on_cpu(interpreted):
 @pytest.mark.parametrize(
     ("tokens", "limit", "fc1", "fc2"),
     [
-        (96, None, "rs_w128_t64_d4", "rs_w128_t64_d4"),  # 48 routes per expert
+        (96, None, "rs_w128_t64_d4_r80", "rs_w128_t64_d4_r80"),  # 48 routes per expert
         (160, None, "rs_w128_t128_d4", "rs_w128_t128_d4"),  # 80 routes per expert
         (160, 2.5, "rs_w128_t128_d4", "rs_w128_t128_d4"),
         (400, None, "rs_w128_t256_d4", "w128_t256_d4"),  # 200 routes per expert
@@ -803,18 +816,31 @@ def test_the_kernel_family_is_triton_prefill_for_prefill_calls_of_every_precisio
     assert backend.kernel_family(call(60), RowPlan.uniform(W4A16, 60)) == "triton-tiled"  # 30 per expert
 
 
-@pytest.mark.parametrize(("mode", "cap"), [(MODE_W4A16, None), (MODE_A4, None), (MODE_SPLIT, 128)])
-def test_the_launcher_caps_the_registers_of_split_calls_of_128_route_tiles_only(mode, cap):
+@pytest.mark.parametrize(
+    ("label", "mode", "cap"),
+    [
+        ("rs_w128_t128_d4", MODE_W4A16, None),
+        ("rs_w128_t128_d4", MODE_A4, None),
+        ("rs_w128_t128_d4", MODE_SPLIT, 128),
+        ("rs_w128_t64_d4_r80", MODE_W4A16, 80),
+        ("rs_w128_t64_d4_r80", MODE_A4, 80),
+        ("rs_w128_t64_d4_r80", MODE_SPLIT, 80),
+    ],
+)
+def test_the_launcher_caps_the_registers_of_split_calls_of_128_route_tiles_and_of_capped_schedules(
+    label, mode, cap
+):
     """What ``launch_prefill_gemm`` hands the kernel: ``maxnreg=128`` for a split FC1 of the
-    128-route schedule (two CTAs per SM), nothing for W4A16 and A4, whose kernels stay as they
-    were measured."""
+    128-route schedule (two CTAs per SM), nothing for its W4A16 and A4 calls, whose kernels stay
+    as they were measured; a schedule's own ``register_cap`` (80 for the 64-route tiles) in every
+    mode."""
     launches: list[dict[str, Any]] = []
 
     class Spy:
         def __getitem__(self, grid):
             return lambda *args, **kwargs: launches.append(kwargs)
 
-    schedule = PREFILL_SCHEDULES["rs_w128_t128_d4"]
+    schedule = PREFILL_SCHEDULES[label]
     experts, n, k, tokens, top_k = 2, 2 * schedule.weight_rows, schedule.block_k, 5, 2
     ids = torch.stack([torch.randperm(experts) for _ in range(tokens)]).int()
     routing = build_routing(ids, experts, schedule.routes, force_torch=True)

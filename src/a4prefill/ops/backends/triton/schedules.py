@@ -280,8 +280,9 @@ class PrefillGemm:
     for the 256-route tiles, which have one CTA per SM anyway; ``prefill_kernels``,
     ``grouped_w4_gemm_rs_kernel``). ``wgmmas_per_step`` (1 or 2, 2 with register weights and one
     set): a step's 64 columns as that many wgmmas, each later one's A operand dequantized while
-    the earlier ones run. A CTA's buffers (:attr:`shared_bytes`) must fit an H100/H200
-    CTA's 227 KiB of shared memory."""
+    the earlier ones run. ``register_cap`` (0, 80, 96 or 128): the register cap per thread
+    (``maxnreg``) of the kernel in every precision mode, 0 for :meth:`max_registers`' default.
+    A CTA's buffers (:attr:`shared_bytes`) must fit an H100/H200 CTA's 227 KiB of shared memory."""
 
     weight_rows: int = 128
     routes: int = 128
@@ -291,6 +292,7 @@ class PrefillGemm:
     weight_ahead: int = 0
     a_register_sets: int = 1
     wgmmas_per_step: int = 1
+    register_cap: int = 0
 
     def __post_init__(self) -> None:
         if self.weight_rows not in (64, 128, 256):
@@ -323,6 +325,10 @@ class PrefillGemm:
             )
         if not 3 <= self.depth <= 8:
             raise ValueError(f"PrefillGemm.depth must be 3 to 8, got {self.depth}")
+        if self.register_cap not in (0, 80, 96, 128):
+            raise ValueError(
+                f"PrefillGemm.register_cap must be 0 (none), 80, 96 or 128, got {self.register_cap}"
+            )
         if self.shared_bytes > 227 * 1024:
             raise ValueError(
                 f"PrefillGemm {self} needs {self.shared_bytes} bytes of shared memory, over 227 KiB"
@@ -353,7 +359,10 @@ class PrefillGemm:
         while the split FC1's epilogue (per-route flags, the select between ``h`` and its
         requantized copy) takes 145 (Triton 3.9) to 161 (Triton 3.6) uncapped, one CTA per SM.
         Capped, ptxas spills 8-24 bytes in the epilogue and none in the K loop (checked offline,
-        ``tests/test_triton_prefill_on_cpu.py``)."""
+        ``tests/test_triton_prefill_on_cpu.py``). A schedule's :attr:`register_cap`, where set,
+        is the cap of every mode."""
+        if self.register_cap:
+            return self.register_cap
         two_ctas = self.register_weights and self.weight_rows == 128 and self.routes <= 128
         return 128 if two_ctas and mode == MODE_SPLIT else 0
 
@@ -371,9 +380,9 @@ class PrefillGemm:
         ahead = f"_a{self.weight_ahead}" if self.weight_ahead else ""
         sets = "_x2" if self.a_register_sets == 2 else ""
         halves = "_h2" if self.wgmmas_per_step == 2 else ""
-        return (
-            f"{kernel}w{self.weight_rows}_t{self.routes}_k{self.block_k}_d{self.depth}{ahead}{sets}{halves}"
-        )
+        cap = f"_r{self.register_cap}" if self.register_cap else ""
+        tile = f"w{self.weight_rows}_t{self.routes}_k{self.block_k}_d{self.depth}"
+        return f"{kernel}{tile}{ahead}{sets}{halves}{cap}"
 
 
 # The prefill GEMM schedules the benchmark compares (benchmarks/bench_prefill_gemm.py). In the H200
@@ -394,6 +403,7 @@ PREFILL_SCHEDULES = MappingProxyType(
         "w128_t256_d4": PrefillGemm(128, 256, depth=4),
         "w128_t256_d3": PrefillGemm(128, 256, depth=3),
         "rs_w128_t64_d4": PrefillGemm(128, 64, depth=4, register_weights=True),
+        "rs_w128_t64_d4_r80": PrefillGemm(128, 64, depth=4, register_weights=True, register_cap=80),
         "rs_w128_t64_d6": PrefillGemm(128, 64, depth=6, register_weights=True),
         "rs_w128_t128_d4": PrefillGemm(128, 128, depth=4, register_weights=True),
         "rs_w128_t128_d6": PrefillGemm(128, 128, depth=6, register_weights=True),
@@ -463,9 +473,10 @@ def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: i
     From the H200 runs of ``benchmarks/bench_moe.py --sweep prefill`` (2026-12-03, the whole MoE,
     GLM-5.3-Flash TP2 shape; ``benchmarks/results``) and ``bench_prefill_gemm.py`` (the GEMMs):
 
-    - below 64 routes per expert, 64-route tiles with weights in registers (2048 tokens, 57 per
-      expert: 2286 us against 2507 for the tiled kernels and 2953 with 128-route tiles; A4 and
-      split faster than the tiled kernels' too);
+    - below 64 routes per expert, 64-route tiles with weights in registers, capped at 80
+      registers (three CTAs per SM) (2048 tokens, 57 per expert: 2063 us against 2280 uncapped
+      (96 registers with the H200's Triton 3.6, two CTAs per SM), 2507 for the tiled kernels and
+      2953 with 128-route tiles; A4 and split faster than the tiled kernels' too);
     - below 160, 128-route tiles with weights in registers (4096 tokens, 114 per expert: 3236 us
       against 3857 with 64-route tiles; FC1 1984 us, FC2 1012 us against 2681 / 1314 with
       256-route tiles);
@@ -476,7 +487,7 @@ def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: i
     if rows_per_expert < PREFILL_MIN_ROWS_PER_EXPERT:
         return None
     if rows_per_expert < 64:
-        tiles = PrefillTiles(PREFILL_SCHEDULES["rs_w128_t64_d4"], PREFILL_SCHEDULES["rs_w128_t64_d4"])
+        tiles = PrefillTiles(PREFILL_SCHEDULES["rs_w128_t64_d4_r80"], PREFILL_SCHEDULES["rs_w128_t64_d4_r80"])
     elif rows_per_expert < 160:
         tiles = PrefillTiles(PREFILL_SCHEDULES["rs_w128_t128_d4"], PREFILL_SCHEDULES["rs_w128_t128_d4"])
     else:
