@@ -1,0 +1,60 @@
+"""The prefill-tile sweep of ``benchmarks/bench_moe.py`` (no GPU): which configs it times and how
+its table reads a result."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers.scripts import BENCHMARKS, load_benchmark
+
+
+@pytest.fixture(scope="module")
+def bench():
+    with pytest.MonkeyPatch.context() as patch:  # bench_moe imports its sibling marlin_baseline
+        patch.syspath_prepend(str(BENCHMARKS))
+        return load_benchmark("bench_moe")
+
+
+def test_the_sweep_times_every_tile_pair_the_shape_takes_in_place_of_the_default_kernels(bench):
+    """GLM TP2 at 1024 tokens (the decode kernels' size): one config per ``PREFILL_SWEEP`` pair,
+    each with the decode schedule dropped and the pair's tiles set; a shape the 128-row CTAs do
+    not divide (``2 * intermediate`` = 192) gets none."""
+    from a4prefill.ops.backends.triton.schedules import PREFILL_SCHEDULES, choose_config
+
+    default = choose_config(1024 * 8, 288, 4096, 1024)
+    assert default.decode is not None
+    configs = bench.prefill_configs(1024 * 8, 288, 4096, 1024)
+    assert len(configs) == len(bench.PREFILL_SWEEP)
+    for (fc1, fc2), (label, config) in zip(bench.PREFILL_SWEEP, configs.items(), strict=True):
+        assert config.decode is None
+        assert (config.prefill.fc1, config.prefill.fc2) == (PREFILL_SCHEDULES[fc1], PREFILL_SCHEDULES[fc2])
+        assert label == f"prefill_fc1_{PREFILL_SCHEDULES[fc1]}_fc2_{PREFILL_SCHEDULES[fc2]}"
+        assert (config.block_m, config.fc1_n, config.warps) == (default.block_m, default.fc1_n, default.warps)
+    assert bench.prefill_configs(1024 * 8, 288, 4096, 96) == {}
+
+
+def test_the_prefill_table_shows_each_pairs_w4a16_time_and_its_a4_and_split_ratios(bench):
+    """One row per token count with a prefill sweep: the default W4A16 time, then per label (in
+    sorted order) ``W4A16 (A4/W4A16 / split/W4A16)``, ``-`` for a mode not timed or a failed
+    config; rows of other sweeps are left out."""
+    results = {
+        "shapes": {
+            "s": {
+                "shape": {},
+                "rows": [
+                    {
+                        "tokens": 2048,
+                        "w4a16_us": 2500.0,
+                        "sweep_w4a16_us": {"prefill_b": 2000.0, "prefill_a": "RuntimeError('x')"},
+                        "sweep_a4_us": {"prefill_b": 2100.0},
+                        "sweep_split_us": {"prefill_b": 2300.0},
+                    },
+                    {"tokens": 512, "w4a16_us": 1000.0, "sweep_w4a16_us": {"decode_x": 900.0}},
+                ],
+            }
+        }
+    }
+    table = bench.prefill_sweep_table(results).splitlines()
+    assert table[2] == "| tokens | default W4A16 us | a | b |"
+    assert table[4] == "| 2048 | 2500.0 | - | 2000.0 (1.05/1.15) |"
+    assert len(table) == 5
