@@ -654,10 +654,6 @@ def _us(time: float | None) -> str:
     return "-" if time is None else f"{time:.1f}"
 
 
-def _is_decode_label(label: str) -> bool:
-    return label.startswith("decode_")
-
-
 def sweep_table(results: dict[str, Any]) -> str:
     """Per token count of a ``--sweep`` result: Marlin, the config this checkout chooses (timed
     in that run, :func:`committed_time`) and the fastest decode schedule of the sweep."""
@@ -665,7 +661,9 @@ def sweep_table(results: dict[str, Any]) -> str:
     for name, shape_result in results["shapes"].items():
         shape = shape_result["shape"]
         rows = [
-            row for row in shape_result["rows"] if any(map(_is_decode_label, row.get("sweep_w4a16_us", {})))
+            row
+            for row in shape_result["rows"]
+            if any(label.startswith("decode_") for label in row.get("sweep_w4a16_us", {}))
         ]
         if not rows:
             continue

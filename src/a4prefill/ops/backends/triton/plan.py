@@ -125,8 +125,10 @@ def plan_call(
         )
     prefill = None
     if dtype == torch.bfloat16 and prefill_kernels_run(device):
-        by_size = config is None
-        prefill = choose_prefill_tiles(routes, experts, hidden, intermediate) if by_size else cfg.prefill
+        if config is None:
+            prefill = choose_prefill_tiles(routes, experts, hidden, intermediate)
+        else:
+            prefill = cfg.prefill
     # bf16 bit tricks need the bf16 exponent range; fp16 io uses the fp32 variant.
     ptx = cfg.ptx_dequant and dtype == torch.bfloat16
     split_k = (_split_k(hidden, cfg.fc1_k, cfg.split_k), _split_k(intermediate, cfg.fc2_k, cfg.split_k))
