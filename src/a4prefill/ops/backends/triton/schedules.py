@@ -268,7 +268,7 @@ def choose_config(routes: int, experts: int, hidden: int, intermediate: int) -> 
 class PrefillGemm:
     """Schedule of the Hopper prefill GEMM (:mod:`prefill_kernels`): ``weight_rows`` per CTA (the
     wgmma's M: 64, 128 or 256, one warpgroup per 64), ``routes`` of one expert per CTA (the wgmma's
-    N: 64, 128 or 256, or 16, 32 with ``register_weights``; the routing's ``block_m``), K columns per
+    N: 64, 128 or 256, or 16 to 48 with ``register_weights``; the routing's ``block_m``), K columns per
     step (``block_k``: 64 or 128) and ``depth`` ring slots of ``cp.async`` copies (3 to 8: a
     step's code bytes, scale bytes and activation rows are copied ``depth - 2`` steps ahead).
     ``register_weights`` picks the kernel: weights dequantized into the wgmma's A registers
@@ -282,6 +282,14 @@ class PrefillGemm:
     set): a step's 64 columns as that many wgmmas, each later one's A operand dequantized while
     the earlier ones run. ``register_cap`` (0, 80, 96 or 128): the register cap per thread
     (``maxnreg``) of the kernel in every precision mode, 0 for :meth:`max_registers`' default.
+    ``direct_weights`` (register weights, one A set, one wgmma per step): the code and scale bytes
+    are loaded from global memory straight into the registers they are dequantized in,
+    :attr:`weights_ahead` (1 to 3) steps ahead, instead of through a shared ring: the L1/shared
+    unit, which limits the small route tiles, then carries only the activation rows.
+    ``routes`` of 24, 40 or 48 (register weights, one A set, one wgmma per step) are two
+    accumulators (:attr:`route_parts`: 16 + 8, 32 + 8, 32 + 16) multiplying the same A registers:
+    route tiles in steps of 8, so that an expert's weights are read about once where its mean
+    route count lies between powers of two.
     A CTA's buffers (:attr:`shared_bytes`) must fit an H100/H200 CTA's 227 KiB of shared memory."""
 
     weight_rows: int = 128
@@ -293,23 +301,28 @@ class PrefillGemm:
     a_register_sets: int = 1
     wgmmas_per_step: int = 1
     register_cap: int = 0
+    direct_weights: bool = False
 
     def __post_init__(self) -> None:
         if self.weight_rows not in (64, 128, 256):
             raise ValueError(f"PrefillGemm.weight_rows must be 64, 128 or 256, got {self.weight_rows}")
-        if self.routes not in (16, 32, 64, 128, 256) or (self.routes < 64 and not self.register_weights):
+        if self.routes not in (16, 24, 32, 40, 48, 64, 128, 256) or (
+            self.routes < 64 and not self.register_weights
+        ):
             raise ValueError(
-                "PrefillGemm.routes must be 64, 128 or 256 (or 16, 32 with register_weights), "
-                f"got {self.routes}"
+                "PrefillGemm.routes must be 64, 128 or 256 (or 16, 24, 32, 40, 48 with "
+                f"register_weights), got {self.routes}"
             )
         if self.block_k not in (64, 128):
             raise ValueError(f"PrefillGemm.block_k must be 64 or 128, got {self.block_k}")
         if self.register_weights and self.block_k != 64:
             raise ValueError(f"PrefillGemm.block_k must be 64 with register_weights, got {self.block_k}")
-        if self.weight_ahead and (not self.register_weights or self.weight_ahead < self.depth - 2):
+        if self.weight_ahead and (
+            not self.register_weights or (self.weight_ahead < self.depth - 2 and not self.direct_weights)
+        ):
             raise ValueError(
-                f"PrefillGemm.weight_ahead must be 0, or at least depth - 2 with register_weights, "
-                f"got {self.weight_ahead}"
+                "PrefillGemm.weight_ahead must be 0, or with register_weights at least depth - 2 "
+                f"(any with direct_weights), got {self.weight_ahead}"
             )
         if self.a_register_sets not in (1, 2) or (self.a_register_sets == 2 and not self.register_weights):
             raise ValueError(
@@ -322,6 +335,17 @@ class PrefillGemm:
             raise ValueError(
                 "PrefillGemm.wgmmas_per_step must be 1, or 2 with register_weights and one A register "
                 f"set, got {self.wgmmas_per_step}"
+            )
+        plain_steps = self.register_weights and self.a_register_sets == 1 and self.wgmmas_per_step == 1
+        if self.route_parts[1] and not plain_steps:
+            raise ValueError(
+                f"PrefillGemm.routes {self.routes} (two accumulators) needs register_weights, one A "
+                "register set and one wgmma per step"
+            )
+        if self.direct_weights and not (plain_steps and 1 <= self.weights_ahead <= 3):
+            raise ValueError(
+                "PrefillGemm.direct_weights needs register_weights, one A register set, one wgmma per "
+                f"step and weights_ahead 1 to 3, got {self}"
             )
         if not 3 <= self.depth <= 8:
             raise ValueError(f"PrefillGemm.depth must be 3 to 8, got {self.depth}")
@@ -346,6 +370,8 @@ class PrefillGemm:
         bf16 weights."""
         rows, k = self.weight_rows, self.block_k
         weight_slot, row_slot = rows * k // 2 + rows * k // 16, self.routes * k * 2
+        if self.direct_weights:
+            return self.depth * row_slot
         if self.register_weights:
             return (self.weights_ahead + 1) * weight_slot + self.depth * row_slot
         return self.depth * (weight_slot + row_slot) + 3 * rows * k * 2
@@ -367,6 +393,13 @@ class PrefillGemm:
         return 128 if two_ctas and mode == MODE_SPLIT else 0
 
     @property
+    def route_parts(self) -> tuple[int, int]:
+        """The routes of the kernel's two accumulators: ``(routes, 0)`` for a power of two, else the
+        largest power of two below and the rest (24: 16 + 8, 40: 32 + 8, 48: 32 + 16)."""
+        main = 1 << (self.routes.bit_length() - 1)
+        return main, self.routes - main
+
+    @property
     def weights_ahead(self) -> int:
         """Steps ahead that the code and scale bytes are copied."""
         return self.weight_ahead or self.depth - 2
@@ -381,8 +414,17 @@ class PrefillGemm:
         sets = "_x2" if self.a_register_sets == 2 else ""
         halves = "_h2" if self.wgmmas_per_step == 2 else ""
         cap = f"_r{self.register_cap}" if self.register_cap else ""
+        direct = "_g" if self.direct_weights else ""
         tile = f"w{self.weight_rows}_t{self.routes}_k{self.block_k}_d{self.depth}"
-        return f"{kernel}{tile}{ahead}{sets}{halves}{cap}"
+        return f"{kernel}{tile}{ahead}{sets}{halves}{cap}{direct}"
+
+
+def _direct(routes: int, register_cap: int, depth: int = 4) -> PrefillGemm:
+    """A register-weights schedule of 128 weight rows with ``direct_weights`` (``depth - 2`` steps
+    ahead) and a register cap."""
+    return PrefillGemm(
+        128, routes, depth=depth, register_weights=True, register_cap=register_cap, direct_weights=True
+    )
 
 
 # The prefill GEMM schedules the benchmark compares (benchmarks/bench_prefill_gemm.py). In the H200
@@ -431,6 +473,17 @@ PREFILL_SCHEDULES = MappingProxyType(
         "rs_w256_t64_d4": PrefillGemm(256, 64, depth=4, register_weights=True),
         "rs_w256_t128_d4": PrefillGemm(256, 128, depth=4, register_weights=True),
         "rs_w256_t128_d5": PrefillGemm(256, 128, depth=5, register_weights=True),
+        "rs_w128_t24_d4": PrefillGemm(128, 24, depth=4, register_weights=True),
+        "rs_w128_t40_d4": PrefillGemm(128, 40, depth=4, register_weights=True),
+        "rs_w128_t48_d4": PrefillGemm(128, 48, depth=4, register_weights=True),
+        "rs_w128_t32_d4_g": PrefillGemm(128, 32, depth=4, register_weights=True, direct_weights=True),
+        "rs_w128_t24_d4_r80_g": _direct(24, 80),
+        "rs_w128_t32_d4_r80_g": _direct(32, 80),
+        "rs_w128_t40_d4_r80_g": _direct(40, 80),
+        "rs_w128_t48_d4_r80_g": _direct(48, 80),
+        "rs_w128_t64_d4_r80_g": _direct(64, 80),
+        "rs_w128_t32_d5_r80_g": _direct(32, 80, depth=5),
+        "rs_w128_t128_d4_r128_g": _direct(128, 128),
     }
 )
 
