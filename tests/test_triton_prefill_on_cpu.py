@@ -347,28 +347,21 @@ def test_schedules_refuse_what_the_kernel_cannot_run():
         PrefillGemm(routes=8, register_weights=True)
     with pytest.raises(ValueError, match="routes must be 64, 128 or 256"):
         PrefillGemm(routes=24)
-    with pytest.raises(ValueError, match="weight_ahead must be 0, or with register_weights at least"):
+    with pytest.raises(ValueError, match="weight_ahead must be 0, or at least depth - 2"):
         PrefillGemm(depth=6, register_weights=True, weight_ahead=3)
-    with pytest.raises(ValueError, match="weight_ahead must be 0, or with register_weights at least"):
+    with pytest.raises(ValueError, match="weight_ahead must be 0, or at least depth - 2"):
         PrefillGemm(weight_ahead=6)
-    with pytest.raises(ValueError, match=r"routes 40 \(two accumulators\) needs register_weights, one A"):
+    with pytest.raises(ValueError, match=r"routes 40 \(two accumulators\) needs register_weights and one A"):
         PrefillGemm(128, 40, register_weights=True, a_register_sets=2)
-    with pytest.raises(ValueError, match=r"routes 24 \(two accumulators\) needs register_weights, one A"):
-        PrefillGemm(128, 24, register_weights=True, wgmmas_per_step=2)
-    with pytest.raises(ValueError, match="direct_weights needs register_weights, one A register set"):
-        PrefillGemm(direct_weights=True)
-    with pytest.raises(ValueError, match="direct_weights needs register_weights, one A register set"):
-        PrefillGemm(register_weights=True, a_register_sets=2, direct_weights=True)
-    with pytest.raises(ValueError, match=r"direct_weights needs .* weights_ahead 1 to 3"):
-        PrefillGemm(depth=6, register_weights=True, direct_weights=True)
+    with pytest.raises(ValueError, match="block_k 128 with register_weights needs two wgmmas per step"):
+        PrefillGemm(block_k=128, register_weights=True)
+    with pytest.raises(ValueError, match="block_k 128 with register_weights needs two wgmmas per step"):
+        PrefillGemm(64, 64, 128, register_weights=True, a_register_sets=2)
     assert PrefillGemm(128, 40, register_weights=True).route_parts == (32, 8)
     assert PrefillGemm(128, 24, register_weights=True).route_parts == (16, 8)
     assert PrefillGemm(128, 48, register_weights=True).route_parts == (32, 16)
     assert PrefillGemm(128, 64).route_parts == (64, 0)
-    # a direct schedule keeps only the rows in shared memory: depth slots of 40 rows x 64 bf16
-    assert PrefillGemm(128, 40, register_weights=True, direct_weights=True).shared_bytes == 4 * 40 * 64 * 2
-    with pytest.raises(ValueError, match="block_k must be 64 with register_weights"):
-        PrefillGemm(block_k=128, register_weights=True)
+    assert PrefillGemm(128, 40, 128, register_weights=True, wgmmas_per_step=2).warps == 8
     with pytest.raises(ValueError, match="a_register_sets must be 1, or 2 with register_weights"):
         PrefillGemm(a_register_sets=2)
     with pytest.raises(ValueError, match="a_register_sets must be 1, or 2 with register_weights"):
@@ -426,7 +419,7 @@ def reference_epilogue(
     return by_route
 
 
-@pytest.mark.parametrize("label", ["rs_w128_t32_d4", "w64_t64_d6", "rs_w128_t40_d4_r80_g"])
+@pytest.mark.parametrize("label", ["rs_w128_t32_d4", "w64_t64_d6", "rs_w128_t40_k128_d4"])
 @pytest.mark.parametrize(("epilogue", "limit"), [("swiglu", None), ("swiglu", 3.0), ("alpha", None)])
 def test_the_moe_epilogues_apply_the_reference_math(interpreted, label, epilogue, limit):
     """FC1's SwiGLU pairs each gate row with its up row (two CTAs along N, each writing its half
@@ -467,7 +460,7 @@ def test_the_moe_epilogues_apply_the_reference_math(interpreted, label, epilogue
     assert ((out.double() - want).abs() <= 3 * step + 2.0**-20).all()
 
 
-@pytest.mark.parametrize("label", ["rs_w128_t32_d4", "w64_t64_d6", "rs_w128_t40_d4_r80_g"])
+@pytest.mark.parametrize("label", ["rs_w128_t32_d4", "w64_t64_d6", "rs_w128_t40_k128_d4"])
 def test_h_in_mma_column_order_feeds_a_register_weights_gemm_without_a_gather(interpreted, label):
     """FC1 with ``out_mma_order`` writes exactly the plain ``h`` with its columns in
     ``mma_column_order`` (128 columns: two groups of 64; 64-row CTAs write half a group each); a
@@ -753,7 +746,7 @@ def test_an_explicit_config_with_prefill_tiles_the_shapes_cannot_take_or_with_de
         plan_call(2048, 2, 16, 256, 96, torch.bfloat16, torch.device("cpu"), config)
 
 
-@pytest.mark.parametrize("label", ["rs_w128_t32_d4", "w64_t64_d6", "rs_w128_t40_d4_r80_g"])
+@pytest.mark.parametrize("label", ["rs_w128_t32_d4", "w64_t64_d6", "rs_w128_t40_k128_d4"])
 @pytest.mark.parametrize("epilogue", ["swiglu", "alpha"])
 @pytest.mark.parametrize("mode", ["a4", "split"])
 def test_the_a4_and_split_epilogues_apply_each_routes_precision(interpreted, label, epilogue, mode):

@@ -39,8 +39,8 @@ register_state(__name__, mma_column_order.cache_clear, mma_column_order)
 
 def schedule_constexprs(schedule: PrefillGemm) -> dict[str, int | bool]:
     """The kernel constexprs that ``schedule`` sets: the tile (``BW``, ``BT``: the first accumulator's
-    routes, ``DEPTH``) and, for ``grouped_w4_gemm_rs_kernel``, ``WEIGHT_AHEAD``, ``A_SETS``,
-    ``WGMMAS``, ``BT2`` (the second accumulator's routes, 0 for none) and ``DIRECT``, else ``BK``.
+    routes, ``DEPTH``, ``BK``) and, for ``grouped_w4_gemm_rs_kernel``, ``WEIGHT_AHEAD``,
+    ``A_SETS``, ``WGMMAS`` and ``BT2`` (the second accumulator's routes, 0 for none).
     What :func:`launch_prefill_gemm` compiles; the tests compile the same offline."""
     first, second = schedule.route_parts
     constexprs: dict[str, int | bool] = {"BW": schedule.weight_rows, "BT": first, "DEPTH": schedule.depth}
@@ -49,9 +49,7 @@ def schedule_constexprs(schedule: PrefillGemm) -> dict[str, int | bool]:
         constexprs["A_SETS"] = schedule.a_register_sets
         constexprs["WGMMAS"] = schedule.wgmmas_per_step
         constexprs["BT2"] = second
-        constexprs["DIRECT"] = schedule.direct_weights
-    else:
-        constexprs["BK"] = schedule.block_k
+    constexprs["BK"] = schedule.block_k
     return constexprs
 
 

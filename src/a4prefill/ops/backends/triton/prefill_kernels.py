@@ -616,8 +616,8 @@ def _copy_rows(rows, x_step, steps, BT2: gl.constexpr):
     ``x_step % DEPTH``: both parts of a two-accumulator tile (``BT2 > 0``). ``rows`` is ``(x_ring,
     x_ptrs, x_mask, x2_ring, x2_ptrs, x2_mask)``; no commit."""
     x_ring, x_ptrs, x_mask, x2_ring, x2_ptrs, x2_mask = rows
-    BK: gl.constexpr = 64
     DEPTH: gl.constexpr = x_ring.shape[0]
+    BK: gl.constexpr = x_ring.shape[2]
     live = x_step < steps
     _async_load(x_ring.index(x_step % DEPTH), x_ptrs + x_step * BK, mask=x_mask & live)
     if BT2 > 0:
@@ -625,15 +625,18 @@ def _copy_rows(rows, x_step, steps, BT2: gl.constexpr):
 
 
 @gluon.jit
-def _rs_mma(a, step, acc, acc2, rows, BT2: gl.constexpr):
-    """Issue step ``step``'s asynchronous wgmma(s) on the A operand ``a``: ``acc`` with the rows of
-    the first part and, for a two-accumulator tile (``BT2 > 0``), ``acc2`` with the second."""
+def _rs_mma(a, step, acc, acc2, rows, FIRST: gl.constexpr, COLUMNS: gl.constexpr, BT2: gl.constexpr):
+    """Issue step ``step``'s asynchronous wgmma(s) on the A operand ``a`` (``COLUMNS`` of the step's
+    columns from ``FIRST``): ``acc`` with those columns of the first part's rows and, for a
+    two-accumulator tile (``BT2 > 0``), ``acc2`` with the second part's."""
     x_ring = rows[0]
     x2_ring = rows[3]
     DEPTH: gl.constexpr = x_ring.shape[0]
-    acc = warpgroup_mma(a, x_ring.index(step % DEPTH).permute((1, 0)), acc, is_async=True)
+    x_slot = x_ring.index(step % DEPTH).slice(FIRST, COLUMNS, dim=1)
+    acc = warpgroup_mma(a, x_slot.permute((1, 0)), acc, is_async=True)
     if BT2 > 0:
-        acc2 = warpgroup_mma(a, x2_ring.index(step % DEPTH).permute((1, 0)), acc2, is_async=True)
+        x2_slot = x2_ring.index(step % DEPTH).slice(FIRST, COLUMNS, dim=1)
+        acc2 = warpgroup_mma(a, x2_slot.permute((1, 0)), acc2, is_async=True)
     return acc, acc2
 
 
@@ -664,42 +667,53 @@ def _rs_step(
     WGMMAS: gl.constexpr,
     BT2: gl.constexpr,
 ):
-    """Step ``step`` of :func:`grouped_w4_gemm_rs_kernel` with the weights through a shared ring:
-    wait for its copies, dequantize its weights into a new A operand ``a``, issue its wgmma(s)
-    (:func:`_rs_mma`), issue the copies ``WEIGHT_AHEAD`` (code and scale bytes) and ``DEPTH - 2``
-    (rows) steps ahead, then wait until ``IN_FLIGHT`` (0 or 1) wgmmas are left in flight, with
-    the previous step's A operand ``a_previous`` as a dependency of that wait. Returns ``(acc,
-    acc2, a)``. With ``IN_FLIGHT = 1`` this step's wgmma still reads ``a``'s registers: the caller
-    must pass ``a`` as the next step's ``a_previous`` and dequantize that step into other
-    registers. ``weights`` is ``(c_ring, s_ring, code_ptrs, scale_ptrs, steps)``, ``rows`` as
-    :func:`_copy_rows`.
+    """Step ``step`` of :func:`grouped_w4_gemm_rs_kernel`: wait for its copies, dequantize its
+    weights into a new A operand ``a``, issue its wgmma(s) (:func:`_rs_mma`), issue the copies
+    ``WEIGHT_AHEAD`` (code and scale bytes) and ``DEPTH - 2`` (rows) steps ahead, then wait until
+    ``IN_FLIGHT`` (0 or 1) wgmmas are left in flight, with the previous step's A operand
+    ``a_previous`` as a dependency of that wait. Returns ``(acc, acc2, a)``. With ``IN_FLIGHT =
+    1`` this step's wgmma still reads ``a``'s registers: the caller must pass ``a`` as the next
+    step's ``a_previous`` and dequantize that step into other registers. ``weights`` is
+    ``(c_ring, s_ring, code_ptrs, scale_ptrs, steps)``, ``rows`` as :func:`_copy_rows`; the step's
+    columns ``BK`` are the rings' (64 or 128).
 
-    ``WGMMAS = 2`` (with ``IN_FLIGHT = 0`` and one accumulator only): the step's 64 columns as two
-    wgmmas of 32, each A operand in registers of its own; the second half is dequantized while the
-    first half's wgmma runs, and both stay live until the wait retires both. ``a`` is then the
-    second half."""
+    ``WGMMAS = 2`` (with ``IN_FLIGHT = 0`` only): the step's columns as two halves, each A operand
+    in registers of its own; the second half is dequantized while the first half's wgmma runs, and
+    both stay live until the wait retires both. ``a`` is then the second half. At ``BK = 64`` a
+    half is bytes 0-3 / 4-7 of each scale group (MMA positions 0-31 / 32-63 of the 64, see
+    ``prefill.mma_column_order``); at ``BK = 128`` it is scale groups 0-3 / 4-7 (columns 0-63 /
+    64-127)."""
     c_ring, s_ring, code_ptrs, scale_ptrs, steps = weights
-    x_ring = rows[0]
-    BK: gl.constexpr = 64
-    DEPTH: gl.constexpr = x_ring.shape[0]
+    G: gl.constexpr = c_ring.shape[2]
+    BK: gl.constexpr = 16 * G
+    DEPTH: gl.constexpr = rows[0].shape[0]
     AHEAD: gl.constexpr = DEPTH - 2
     W_SLOTS: gl.constexpr = WEIGHT_AHEAD + 1
-    HALF_BYTES: gl.constexpr = 8 // WGMMAS
-    FL: gl.constexpr = fragment_codes_layout(BW, gl.num_warps(), HALF_BYTES)
     async_copy.wait_group(AHEAD - 1)
     fence_async_shared()
     _cta_barrier()  # every thread's copies of this step have landed
     c_slot = c_ring.index(step % W_SLOTS)
-    scales = s_ring.index(step % W_SLOTS).load(gl.SliceLayout(2, FL))
+    s_slot = s_ring.index(step % W_SLOTS)
     if WGMMAS == 1:
-        a = _dequant_fragment(c_slot.load(FL), scales, A_LAYOUT, BW)
-        acc, acc2 = _rs_mma(a, step, acc, acc2, rows, BT2)
+        FL: gl.constexpr = fragment_codes_layout(BW, gl.num_warps(), 8)
+        a = _dequant_fragment(c_slot.load(FL), s_slot.load(gl.SliceLayout(2, FL)), A_LAYOUT, BW)
+        acc, acc2 = _rs_mma(a, step, acc, acc2, rows, 0, BK, BT2)
     else:
-        x_slot = x_ring.index(step % DEPTH)
-        first = _dequant_fragment(c_slot.slice(0, HALF_BYTES, dim=2).load(FL), scales, A_LAYOUT, BW)
-        acc = warpgroup_mma(first, x_slot.slice(0, BK // 2, dim=1).permute((1, 0)), acc, is_async=True)
-        a = _dequant_fragment(c_slot.slice(HALF_BYTES, HALF_BYTES, dim=2).load(FL), scales, A_LAYOUT, BW)
-        acc = warpgroup_mma(a, x_slot.slice(BK // 2, BK // 2, dim=1).permute((1, 0)), acc, is_async=True)
+        if BK == 64:
+            FL_HALF: gl.constexpr = fragment_codes_layout(BW, gl.num_warps(), 4)
+            scales = s_slot.load(gl.SliceLayout(2, FL_HALF))
+            first = _dequant_fragment(c_slot.slice(0, 4, dim=2).load(FL_HALF), scales, A_LAYOUT, BW)
+            acc, acc2 = _rs_mma(first, step, acc, acc2, rows, 0, BK // 2, BT2)
+            a = _dequant_fragment(c_slot.slice(4, 4, dim=2).load(FL_HALF), scales, A_LAYOUT, BW)
+        else:
+            FL_GROUPS: gl.constexpr = fragment_codes_layout(BW, gl.num_warps(), 8)
+            SL_GROUPS: gl.constexpr = gl.SliceLayout(2, FL_GROUPS)
+            first_codes = c_slot.slice(0, 4, dim=1).load(FL_GROUPS)
+            first = _dequant_fragment(first_codes, s_slot.slice(0, 4, dim=1).load(SL_GROUPS), A_LAYOUT, BW)
+            acc, acc2 = _rs_mma(first, step, acc, acc2, rows, 0, BK // 2, BT2)
+            second_codes = c_slot.slice(4, 4, dim=1).load(FL_GROUPS)
+            a = _dequant_fragment(second_codes, s_slot.slice(4, 4, dim=1).load(SL_GROUPS), A_LAYOUT, BW)
+        acc, acc2 = _rs_mma(a, step, acc, acc2, rows, BK // 2, BK // 2, BT2)
     w_step = step + WEIGHT_AHEAD
     _async_load(c_ring.index(w_step % W_SLOTS), code_ptrs + w_step * (BK // 2), mask=w_step < steps)
     _async_load(s_ring.index(w_step % W_SLOTS), scale_ptrs + w_step * (BK // 16), mask=w_step < steps)
@@ -708,79 +722,15 @@ def _rs_step(
     if WGMMAS == 1:
         acc, acc2 = _rs_retire(acc, acc2, a_previous, IN_FLIGHT, BT2)
     else:
-        acc, a_previous, first = warpgroup_mma_wait(num_outstanding=IN_FLIGHT, deps=(acc, a_previous, first))
-    return acc, acc2, a
-
-
-@gluon.jit
-def _load_weights(code_ptrs, scale_ptrs, step, steps):
-    """The code bytes ``[BW, 4, 8]`` and scale bytes ``[BW, 4]`` of step ``step`` (zeros past
-    ``steps``), loaded from global memory into the registers of the pointers' layouts."""
-    live = step < steps
-    codes = gl.load(code_ptrs + step * 32, mask=live, other=0)
-    scales = gl.load(scale_ptrs + step * 4, mask=live, other=0)
-    return codes, scales
-
-
-@gluon.jit
-def _rs_direct_step(
-    step, acc, acc2, codes, scales, rows, steps, A_LAYOUT: gl.constexpr, BW: gl.constexpr, BT2: gl.constexpr
-):
-    """Step ``step`` of :func:`grouped_w4_gemm_rs_kernel` with ``DIRECT`` weights: wait for the
-    step's rows (cp.async, proxy fence, CTA barrier), dequantize the step's ``codes`` and
-    ``scales`` (already in registers, :func:`_load_weights`) into the A operand, issue the
-    wgmma(s), copy the rows ``DEPTH - 2`` steps ahead and retire the wgmma(s). Returns ``(acc,
-    acc2)``."""
-    DEPTH: gl.constexpr = rows[0].shape[0]
-    AHEAD: gl.constexpr = DEPTH - 2
-    async_copy.wait_group(AHEAD - 1)
-    fence_async_shared()
-    _cta_barrier()  # every thread's row copies of this step have landed
-    a = _dequant_fragment(codes, scales, A_LAYOUT, BW)
-    acc, acc2 = _rs_mma(a, step, acc, acc2, rows, BT2)
-    _copy_rows(rows, step + AHEAD, steps, BT2)
-    async_copy.commit_group()
-    return _rs_retire(acc, acc2, a, 0, BT2)
-
-
-@gluon.jit
-def _rs_direct_loop(
-    acc,
-    acc2,
-    code_ptrs,
-    scale_ptrs,
-    rows,
-    steps,
-    A_LAYOUT: gl.constexpr,
-    BW: gl.constexpr,
-    WEIGHT_AHEAD: gl.constexpr,
-    BT2: gl.constexpr,
-):
-    """Every step of a ``DIRECT`` tile: the code and scale bytes of step ``s + WEIGHT_AHEAD`` (1 to
-    3) are loaded from global memory at the start of step ``s`` into registers of their own,
-    carried through the loop until their step (no shared ring, no CTA barrier for them). The
-    pointers ``code_ptrs [BW, 4, 8]`` / ``scale_ptrs [BW, 4]`` (step 0, any layout) are converted
-    once to :func:`fragment_codes_layout`, the layout the dequantization writes the A registers
-    from. Returns ``(acc, acc2)``."""
-    FL: gl.constexpr = fragment_codes_layout(BW, gl.num_warps(), 8)
-    code_ptrs = gl.convert_layout(code_ptrs, FL)
-    scale_ptrs = gl.convert_layout(scale_ptrs, gl.SliceLayout(2, FL))
-    codes0, scales0 = _load_weights(code_ptrs, scale_ptrs, 0, steps)
-    if WEIGHT_AHEAD >= 2:
-        codes1, scales1 = _load_weights(code_ptrs, scale_ptrs, 1, steps)
-    if WEIGHT_AHEAD >= 3:
-        codes2, scales2 = _load_weights(code_ptrs, scale_ptrs, 2, steps)
-    for step in range(steps):
-        codes_next, scales_next = _load_weights(code_ptrs, scale_ptrs, step + WEIGHT_AHEAD, steps)
-        acc, acc2 = _rs_direct_step(step, acc, acc2, codes0, scales0, rows, steps, A_LAYOUT, BW, BT2)
-        if WEIGHT_AHEAD == 1:
-            codes0, scales0 = codes_next, scales_next
-        elif WEIGHT_AHEAD == 2:
-            codes0, scales0, codes1, scales1 = codes1, scales1, codes_next, scales_next
+        if BT2 > 0:
+            acc, acc2, a_previous, first = warpgroup_mma_wait(
+                num_outstanding=IN_FLIGHT, deps=(acc, acc2, a_previous, first)
+            )
         else:
-            codes0, scales0, codes1, scales1 = codes1, scales1, codes2, scales2
-            codes2, scales2 = codes_next, scales_next
-    return acc, acc2
+            acc, a_previous, first = warpgroup_mma_wait(
+                num_outstanding=IN_FLIGHT, deps=(acc, a_previous, first)
+            )
+    return acc, acc2, a
 
 
 # ROUTES unspecialized: a call's route count must not pick another compiled kernel (a compile while
@@ -813,15 +763,16 @@ def grouped_w4_gemm_rs_kernel(
     BW: gl.constexpr,
     BT: gl.constexpr,
     BT2: gl.constexpr,
+    BK: gl.constexpr,
     DEPTH: gl.constexpr,
     WEIGHT_AHEAD: gl.constexpr,
     A_SETS: gl.constexpr,
     WGMMAS: gl.constexpr,
-    DIRECT: gl.constexpr,
     OUT_MMA_ORDER: gl.constexpr,
 ):
     """:func:`grouped_w4_gemm_kernel` with the weights dequantized into the wgmma's A registers
-    (no dequantized weights in shared memory), 64 columns per step. ``x``'s columns must be in
+    (no dequantized weights in shared memory), ``BK`` (64, or 128 with ``WGMMAS = 2``) columns per
+    step. ``x``'s columns must be in
     :func:`~a4prefill.ops.backends.triton.prefill.mma_column_order` (the launcher permutes them);
     the code and scale bytes are the ModelOpt layout as loaded. Same arguments and grid otherwise.
 
@@ -833,12 +784,9 @@ def grouped_w4_gemm_rs_kernel(
     Per step, after its copies landed (wait, proxy fence, CTA barrier): codes and scales are read
     from shared memory in :func:`fragment_codes_layout`, dequantized in registers, and one
     asynchronous wgmma (A in registers, B the activation rows in shared memory) is issued; the
-    copies of step ``s + DEPTH - 2`` follow, then a wait (:func:`_rs_step`). With ``DIRECT`` (the
-    schedule's ``direct_weights``) the code and scale bytes are instead loaded from global memory
-    into registers ``WEIGHT_AHEAD`` steps ahead (:func:`_rs_direct_loop`); only the rows go
-    through shared memory. A wgmma reads its A registers while it runs, so they must not be
-    written before the wait that retires it; ``A_SETS`` (the schedule's ``a_register_sets``)
-    picks how:
+    copies of step ``s + DEPTH - 2`` follow, then a wait (:func:`_rs_step`). A wgmma reads its A
+    registers while it runs, so they must not be written before the wait that retires it;
+    ``A_SETS`` (the schedule's ``a_register_sets``) picks how:
 
     - 1: each step's wait retires its own wgmma (``wait(0)``): the next step's dequantization
       writes the same registers afterwards. A warpgroup does not dequantize while its wgmma
@@ -852,8 +800,8 @@ def grouped_w4_gemm_rs_kernel(
 
     ``WGMMAS`` (the schedule's ``wgmmas_per_step``, 2 only with one set): each step as two wgmmas
     of 32 columns, the second half dequantized into registers of its own while the first half's
-    wgmma runs; the step's wait retires both. Two accumulators and ``DIRECT`` take ``A_SETS = 1``
-    and ``WGMMAS = 1`` only.
+    wgmma runs; the step's wait retires both. Two accumulators take ``A_SETS = 1`` and ``WGMMAS =
+    1`` only.
 
     (One set of registers with one wgmma left in flight, the first version, let step ``s + 1``'s
     dequantization overwrite the registers of step ``s``'s wgmma in flight: results changed from
@@ -863,16 +811,14 @@ def grouped_w4_gemm_rs_kernel(
     Row ring slot ``(s - 2) % DEPTH`` is refilled at step ``s``: every warpgroup retired the wgmma
     of step ``s - 2`` before the barrier of step ``s``.
 
-    The code and scale bytes (not ``DIRECT``) run ``WEIGHT_AHEAD >= DEPTH - 2`` steps ahead in
+    The code and scale bytes run ``WEIGHT_AHEAD >= DEPTH - 2`` steps ahead in
     their own ring of ``WEIGHT_AHEAD + 1`` slots (small: 4.5 KiB per slot at ``BW = 128``): slot
     ``(s - 1) % (WEIGHT_AHEAD + 1)`` is refilled at step ``s``, after every thread read step ``s -
     1``'s bytes into registers. Step ``s``'s commit group holds the weight bytes of step ``s +
     WEIGHT_AHEAD`` and the rows of step ``s + DEPTH - 2``; the prologue's first ``WEIGHT_AHEAD -
     DEPTH + 2`` groups hold weight bytes only, so ``wait_group(DEPTH - 3)`` still completes both
-    of step ``s``. With ``DIRECT`` the commit groups hold rows only, the prologue ``DEPTH - 2`` of
-    them."""
-    BK: gl.constexpr = 64
-    G: gl.constexpr = 4
+    of step ``s``."""
+    G: gl.constexpr = BK // 16
     num_warps: gl.constexpr = gl.num_warps()
     ACC: gl.constexpr = acc_layout(BT, num_warps)
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
@@ -917,45 +863,37 @@ def grouped_w4_gemm_rs_kernel(
         x2_ring, x2_ptrs, x2_mask, acc2 = x_ring, x_ptrs, x_mask, acc  # not used
     rows = (x_ring, x_ptrs, x_mask, x2_ring, x2_ptrs, x2_mask)
 
-    if DIRECT:
-        for ahead in gl.static_range(AHEAD):
-            _copy_rows(rows, ahead, steps, BT2)
-            async_copy.commit_group()
-        acc, acc2 = _rs_direct_loop(
-            acc, acc2, code_ptrs, scale_ptrs, rows, steps, A_LAYOUT, BW, WEIGHT_AHEAD, BT2
-        )
+    c_ring = gl.allocate_shared_memory(gl.uint8, [W_SLOTS, BW, G, 8], PLAIN)
+    s_ring = gl.allocate_shared_memory(gl.uint8, [W_SLOTS, BW, G], PLAIN2)
+    for ahead in gl.static_range(WEIGHT_AHEAD):
+        _async_load(c_ring.index(ahead), code_ptrs + ahead * (BK // 2), mask=ahead < steps)
+        _async_load(s_ring.index(ahead), scale_ptrs + ahead * (BK // 16), mask=ahead < steps)
+        if ahead >= LAG:
+            _copy_rows(rows, ahead - LAG, steps, BT2)
+        async_copy.commit_group()
+    weights = (c_ring, s_ring, code_ptrs, scale_ptrs, steps)
+    a_last = gl.zeros([BW, BK // WGMMAS], gl.bfloat16, layout=A_LAYOUT)
+    if A_SETS == 1:
+        for step in range(steps):
+            acc, acc2, a_last = _rs_step(
+                step, acc, acc2, a_last, weights, rows, A_LAYOUT, BW, WEIGHT_AHEAD, 0, WGMMAS, BT2
+            )
     else:
-        c_ring = gl.allocate_shared_memory(gl.uint8, [W_SLOTS, BW, G, 8], PLAIN)
-        s_ring = gl.allocate_shared_memory(gl.uint8, [W_SLOTS, BW, G], PLAIN2)
-        for ahead in gl.static_range(WEIGHT_AHEAD):
-            _async_load(c_ring.index(ahead), code_ptrs + ahead * (BK // 2), mask=ahead < steps)
-            _async_load(s_ring.index(ahead), scale_ptrs + ahead * (BK // 16), mask=ahead < steps)
-            if ahead >= LAG:
-                _copy_rows(rows, ahead - LAG, steps, BT2)
-            async_copy.commit_group()
-        weights = (c_ring, s_ring, code_ptrs, scale_ptrs, steps)
-        a_last = gl.zeros([BW, BK // WGMMAS], gl.bfloat16, layout=A_LAYOUT)
-        if A_SETS == 1:
-            for step in range(steps):
-                acc, acc2, a_last = _rs_step(
-                    step, acc, acc2, a_last, weights, rows, A_LAYOUT, BW, WEIGHT_AHEAD, 0, WGMMAS, BT2
-                )
-        else:
-            # steps in pairs: even steps' A operand in one set of registers, odd steps' in another
-            a_odd = a_last
-            for pair in range(steps // 2):
-                acc, acc2, a_even = _rs_step(
-                    2 * pair, acc, acc2, a_odd, weights, rows, A_LAYOUT, BW, WEIGHT_AHEAD, 1, 1, BT2
-                )
-                acc, acc2, a_odd = _rs_step(
-                    2 * pair + 1, acc, acc2, a_even, weights, rows, A_LAYOUT, BW, WEIGHT_AHEAD, 1, 1, BT2
-                )
-            a_last = a_odd
-            if steps % 2 == 1:
-                acc, acc2, a_last = _rs_step(
-                    steps - 1, acc, acc2, a_odd, weights, rows, A_LAYOUT, BW, WEIGHT_AHEAD, 1, 1, BT2
-                )
-        acc, acc2 = _rs_retire(acc, acc2, a_last, 0, BT2)
+        # steps in pairs: even steps' A operand in one set of registers, odd steps' in another
+        a_odd = a_last
+        for pair in range(steps // 2):
+            acc, acc2, a_even = _rs_step(
+                2 * pair, acc, acc2, a_odd, weights, rows, A_LAYOUT, BW, WEIGHT_AHEAD, 1, 1, BT2
+            )
+            acc, acc2, a_odd = _rs_step(
+                2 * pair + 1, acc, acc2, a_even, weights, rows, A_LAYOUT, BW, WEIGHT_AHEAD, 1, 1, BT2
+            )
+        a_last = a_odd
+        if steps % 2 == 1:
+            acc, acc2, a_last = _rs_step(
+                steps - 1, acc, acc2, a_odd, weights, rows, A_LAYOUT, BW, WEIGHT_AHEAD, 1, 1, BT2
+            )
+    acc, acc2 = _rs_retire(acc, acc2, a_last, 0, BT2)
     async_copy.wait_group(0)
     _cta_barrier()  # every thread's (masked, zero-filling) copies landed before the epilogue's scratch
 

@@ -272,21 +272,20 @@ class PrefillGemm:
     step (``block_k``: 64 or 128) and ``depth`` ring slots of ``cp.async`` copies (3 to 8: a
     step's code bytes, scale bytes and activation rows are copied ``depth - 2`` steps ahead).
     ``register_weights`` picks the kernel: weights dequantized into the wgmma's A registers
-    (``grouped_w4_gemm_rs_kernel``, ``block_k`` 64 only) or into shared memory
+    (``grouped_w4_gemm_rs_kernel``) or into shared memory
     (``grouped_w4_gemm_kernel``). The former copies the code and scale bytes ``weight_ahead``
     steps ahead (0: ``depth - 2``, as the rows), in a ring of their own, and dequantizes into
     ``a_register_sets`` (1 or 2) sets of A registers: 1 retires each step's wgmma before the next
     step's dequantization, 2 alternates two sets with one wgmma left in flight (more registers:
     for the 256-route tiles, which have one CTA per SM anyway; ``prefill_kernels``,
     ``grouped_w4_gemm_rs_kernel``). ``wgmmas_per_step`` (1 or 2, 2 with register weights and one
-    set): a step's 64 columns as that many wgmmas, each later one's A operand dequantized while
+    set): a step's columns as that many wgmmas, each later one's A operand dequantized while
     the earlier ones run. ``register_cap`` (0, 80, 96 or 128): the register cap per thread
     (``maxnreg``) of the kernel in every precision mode, 0 for :meth:`max_registers`' default.
-    ``direct_weights`` (register weights, one A set, one wgmma per step): the code and scale bytes
-    are loaded from global memory straight into the registers they are dequantized in,
-    :attr:`weights_ahead` (1 to 3) steps ahead, instead of through a shared ring: the L1/shared
-    unit, which limits the small route tiles, then carries only the activation rows.
-    ``routes`` of 24, 40 or 48 (register weights, one A set, one wgmma per step) are two
+    ``block_k`` 128 with register weights (two wgmmas per step, one A set): each step's code bytes
+    are 64 per weight row (two 32-byte sectors of one line, against one at 64), and half as many
+    steps wait for copies and pass a CTA barrier.
+    ``routes`` of 24, 40 or 48 (register weights, one A set) are two
     accumulators (:attr:`route_parts`: 16 + 8, 32 + 8, 32 + 16) multiplying the same A registers:
     route tiles in steps of 8, so that an expert's weights are read about once where its mean
     route count lies between powers of two.
@@ -301,7 +300,6 @@ class PrefillGemm:
     a_register_sets: int = 1
     wgmmas_per_step: int = 1
     register_cap: int = 0
-    direct_weights: bool = False
 
     def __post_init__(self) -> None:
         if self.weight_rows not in (64, 128, 256):
@@ -315,14 +313,19 @@ class PrefillGemm:
             )
         if self.block_k not in (64, 128):
             raise ValueError(f"PrefillGemm.block_k must be 64 or 128, got {self.block_k}")
-        if self.register_weights and self.block_k != 64:
-            raise ValueError(f"PrefillGemm.block_k must be 64 with register_weights, got {self.block_k}")
-        if self.weight_ahead and (
-            not self.register_weights or (self.weight_ahead < self.depth - 2 and not self.direct_weights)
+        if (
+            self.register_weights
+            and self.block_k == 128
+            and (self.wgmmas_per_step != 2 or self.a_register_sets != 1)
         ):
             raise ValueError(
-                "PrefillGemm.weight_ahead must be 0, or with register_weights at least depth - 2 "
-                f"(any with direct_weights), got {self.weight_ahead}"
+                "PrefillGemm.block_k 128 with register_weights needs two wgmmas per step and one A "
+                f"register set, got {self}"
+            )
+        if self.weight_ahead and (not self.register_weights or self.weight_ahead < self.depth - 2):
+            raise ValueError(
+                f"PrefillGemm.weight_ahead must be 0, or at least depth - 2 with register_weights, "
+                f"got {self.weight_ahead}"
             )
         if self.a_register_sets not in (1, 2) or (self.a_register_sets == 2 and not self.register_weights):
             raise ValueError(
@@ -336,16 +339,10 @@ class PrefillGemm:
                 "PrefillGemm.wgmmas_per_step must be 1, or 2 with register_weights and one A register "
                 f"set, got {self.wgmmas_per_step}"
             )
-        plain_steps = self.register_weights and self.a_register_sets == 1 and self.wgmmas_per_step == 1
-        if self.route_parts[1] and not plain_steps:
+        if self.route_parts[1] and not (self.register_weights and self.a_register_sets == 1):
             raise ValueError(
-                f"PrefillGemm.routes {self.routes} (two accumulators) needs register_weights, one A "
-                "register set and one wgmma per step"
-            )
-        if self.direct_weights and not (plain_steps and 1 <= self.weights_ahead <= 3):
-            raise ValueError(
-                "PrefillGemm.direct_weights needs register_weights, one A register set, one wgmma per "
-                f"step and weights_ahead 1 to 3, got {self}"
+                f"PrefillGemm.routes {self.routes} (two accumulators) needs register_weights and one "
+                "A register set"
             )
         if not 3 <= self.depth <= 8:
             raise ValueError(f"PrefillGemm.depth must be 3 to 8, got {self.depth}")
@@ -370,8 +367,6 @@ class PrefillGemm:
         bf16 weights."""
         rows, k = self.weight_rows, self.block_k
         weight_slot, row_slot = rows * k // 2 + rows * k // 16, self.routes * k * 2
-        if self.direct_weights:
-            return self.depth * row_slot
         if self.register_weights:
             return (self.weights_ahead + 1) * weight_slot + self.depth * row_slot
         return self.depth * (weight_slot + row_slot) + 3 * rows * k * 2
@@ -414,16 +409,14 @@ class PrefillGemm:
         sets = "_x2" if self.a_register_sets == 2 else ""
         halves = "_h2" if self.wgmmas_per_step == 2 else ""
         cap = f"_r{self.register_cap}" if self.register_cap else ""
-        direct = "_g" if self.direct_weights else ""
         tile = f"w{self.weight_rows}_t{self.routes}_k{self.block_k}_d{self.depth}"
-        return f"{kernel}{tile}{ahead}{sets}{halves}{cap}{direct}"
+        return f"{kernel}{tile}{ahead}{sets}{halves}{cap}"
 
 
-def _direct(routes: int, register_cap: int, depth: int = 4) -> PrefillGemm:
-    """A register-weights schedule of 128 weight rows with ``direct_weights`` (``depth - 2`` steps
-    ahead) and a register cap."""
+def _two_halves(routes: int, depth: int = 4, register_cap: int = 0) -> PrefillGemm:
+    """A register-weights schedule of 128 weight rows and 128 columns per step, as two wgmmas."""
     return PrefillGemm(
-        128, routes, depth=depth, register_weights=True, register_cap=register_cap, direct_weights=True
+        128, routes, 128, depth, register_weights=True, wgmmas_per_step=2, register_cap=register_cap
     )
 
 
@@ -473,17 +466,13 @@ PREFILL_SCHEDULES = MappingProxyType(
         "rs_w256_t64_d4": PrefillGemm(256, 64, depth=4, register_weights=True),
         "rs_w256_t128_d4": PrefillGemm(256, 128, depth=4, register_weights=True),
         "rs_w256_t128_d5": PrefillGemm(256, 128, depth=5, register_weights=True),
-        "rs_w128_t24_d4": PrefillGemm(128, 24, depth=4, register_weights=True),
         "rs_w128_t40_d4": PrefillGemm(128, 40, depth=4, register_weights=True),
-        "rs_w128_t48_d4": PrefillGemm(128, 48, depth=4, register_weights=True),
-        "rs_w128_t32_d4_g": PrefillGemm(128, 32, depth=4, register_weights=True, direct_weights=True),
-        "rs_w128_t24_d4_r80_g": _direct(24, 80),
-        "rs_w128_t32_d4_r80_g": _direct(32, 80),
-        "rs_w128_t40_d4_r80_g": _direct(40, 80),
-        "rs_w128_t48_d4_r80_g": _direct(48, 80),
-        "rs_w128_t64_d4_r80_g": _direct(64, 80),
-        "rs_w128_t32_d5_r80_g": _direct(32, 80, depth=5),
-        "rs_w128_t128_d4_r128_g": _direct(128, 128),
+        "rs_w128_t32_k128_d4": _two_halves(32),
+        "rs_w128_t32_k128_d4_r80": _two_halves(32, register_cap=80),
+        "rs_w128_t40_k128_d4": _two_halves(40),
+        "rs_w128_t40_k128_d4_r80": _two_halves(40, register_cap=80),
+        "rs_w128_t64_k128_d3_r80": _two_halves(64, depth=3, register_cap=80),
+        "rs_w128_t64_k128_d4": _two_halves(64),
     }
 )
 
