@@ -22,7 +22,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from a4prefill.ops.backends.triton.prefill import launch_prefill_gemm, mma_column_order, schedule_constexprs
+from a4prefill.ops.backends.triton.prefill import launch_prefill_gemm, mma_column_order
 from a4prefill.ops.backends.triton.routing import build_routing
 from a4prefill.ops.backends.triton.schedules import (
     PREFILL_EPILOGUES,
@@ -97,8 +97,7 @@ def assert_rounded_product(out: torch.Tensor, product: tuple[torch.Tensor, torch
 
 def loop_body(ptx: str) -> str:
     """The PTX of the kernel's innermost loop (LLVM marks its header)."""
-    # the label's line may carry LLVM's name of the block (``// %.lr.ph``)
-    header = re.search(r"^(\$L__BB\d+_\d+):(?:\s+// %\S+)?\s+// =>This Inner Loop Header", ptx, re.MULTILINE)
+    header = re.search(r"^(\$L__BB\d+_\d+):\s+// =>This Inner Loop Header", ptx, re.MULTILINE)
     assert header is not None, "no loop in the PTX"
     end = ptx.index(f"bra \t{header.group(1)};", header.end())
     return ptx[header.end() : end]
@@ -110,8 +109,7 @@ def a_register_hazards(ptx: str) -> list[tuple[str, list[str]]]:
     runs), with those registers. Models the wgmma groups: ``commit_group`` closes one,
     ``wait_group N`` retires all but the last N; the loop body is walked twice, so the second
     pass sees the first iteration's groups in flight."""
-    # the label's line may carry LLVM's name of the block (``// %.lr.ph``)
-    header = re.search(r"^(\$L__BB\d+_\d+):(?:\s+// %\S+)?\s+// =>This Inner Loop Header", ptx, re.MULTILINE)
+    header = re.search(r"^(\$L__BB\d+_\d+):\s+// =>This Inner Loop Header", ptx, re.MULTILINE)
     assert header is not None, "no loop in the PTX"
     end = ptx.index(f"bra \t{header.group(1)};", header.end())
     body = [line.strip() for line in ptx[header.end() : end].splitlines()]
@@ -161,19 +159,24 @@ def compile_prefill_kernel(schedule: PrefillGemm, **overrides: int) -> Any:
         "*i32",
     )
     scalars = {**dict.fromkeys(["N", "K", "ROUTES", "TOPK"], "i32"), "limit": "fp32"}
-    constexprs: dict[str, int | bool] = {
+    tile = {"BW": schedule.weight_rows, "BT": schedule.routes, "DEPTH": schedule.depth}
+    constexprs: dict[str, int] = {
         "GATHER": True,
         "EPILOGUE": 0,
         "MODE": 0,
         "HAS_LIMIT": False,
         "OUT_MMA_ORDER": False,
-        **schedule_constexprs(schedule),
-        **overrides,
+        **tile,
     }
     if schedule.register_weights:
         kernel = kernels.grouped_w4_gemm_rs_kernel
+        constexprs["WEIGHT_AHEAD"] = schedule.weights_ahead
+        constexprs["A_SETS"] = schedule.a_register_sets
+        constexprs["WGMMAS"] = schedule.wgmmas_per_step
     else:
         kernel = kernels.grouped_w4_gemm_kernel
+        constexprs["BK"] = schedule.block_k
+    constexprs.update(overrides)
     divisible = {*pointers, *routing, "N", "K"}
     cap = schedule.max_registers(constexprs["MODE"]) or None  # as launch_prefill_gemm compiles it
     return compile_sm90(
@@ -221,8 +224,7 @@ def test_each_schedule_compiles_to_wgmma_for_sm90():
     for schedule in PREFILL_SCHEDULES.values():
         compiled = compile_prefill_kernel(schedule)
         ptx = compiled.asm["ptx"]
-        for routes in filter(None, schedule.route_parts):  # one wgmma per accumulator
-            assert f"wgmma.mma_async.sync.aligned.m64n{routes}k16.f32.bf16.bf16" in ptx, schedule
+        assert f"wgmma.mma_async.sync.aligned.m64n{schedule.routes}k16.f32.bf16.bf16" in ptx, schedule
         # one wgmma left in flight per step, except with one A register set (each retired at once)
         in_flight = 0 if schedule.register_weights and schedule.a_register_sets == 1 else 1
         assert "cp.async.cg.shared.global" in ptx, schedule
@@ -345,23 +347,12 @@ def test_schedules_refuse_what_the_kernel_cannot_run():
         PrefillGemm(routes=32)
     with pytest.raises(ValueError, match="routes must be 64, 128 or 256"):
         PrefillGemm(routes=8, register_weights=True)
-    with pytest.raises(ValueError, match="routes must be 64, 128 or 256"):
-        PrefillGemm(routes=24)
     with pytest.raises(ValueError, match="weight_ahead must be 0, or at least depth - 2"):
         PrefillGemm(depth=6, register_weights=True, weight_ahead=3)
     with pytest.raises(ValueError, match="weight_ahead must be 0, or at least depth - 2"):
         PrefillGemm(weight_ahead=6)
-    with pytest.raises(ValueError, match=r"routes 40 \(two accumulators\) needs register_weights and one A"):
-        PrefillGemm(128, 40, register_weights=True, a_register_sets=2)
-    with pytest.raises(ValueError, match="block_k 128 with register_weights needs two wgmmas per step"):
+    with pytest.raises(ValueError, match="block_k must be 64 with register_weights"):
         PrefillGemm(block_k=128, register_weights=True)
-    with pytest.raises(ValueError, match="block_k 128 with register_weights needs two wgmmas per step"):
-        PrefillGemm(64, 64, 128, register_weights=True, a_register_sets=2)
-    assert PrefillGemm(128, 40, register_weights=True).route_parts == (32, 8)
-    assert PrefillGemm(128, 24, register_weights=True).route_parts == (16, 8)
-    assert PrefillGemm(128, 48, register_weights=True).route_parts == (32, 16)
-    assert PrefillGemm(128, 64).route_parts == (64, 0)
-    assert PrefillGemm(128, 40, 128, register_weights=True, wgmmas_per_step=2).warps == 8
     with pytest.raises(ValueError, match="a_register_sets must be 1, or 2 with register_weights"):
         PrefillGemm(a_register_sets=2)
     with pytest.raises(ValueError, match="a_register_sets must be 1, or 2 with register_weights"):
@@ -419,7 +410,7 @@ def reference_epilogue(
     return by_route
 
 
-@pytest.mark.parametrize("label", ["rs_w128_t32_d4", "w64_t64_d6", "rs_w128_t40_k128_d4"])
+@pytest.mark.parametrize("label", ["rs_w128_t32_d4", "w64_t64_d6"])
 @pytest.mark.parametrize(("epilogue", "limit"), [("swiglu", None), ("swiglu", 3.0), ("alpha", None)])
 def test_the_moe_epilogues_apply_the_reference_math(interpreted, label, epilogue, limit):
     """FC1's SwiGLU pairs each gate row with its up row (two CTAs along N, each writing its half
@@ -460,7 +451,7 @@ def test_the_moe_epilogues_apply_the_reference_math(interpreted, label, epilogue
     assert ((out.double() - want).abs() <= 3 * step + 2.0**-20).all()
 
 
-@pytest.mark.parametrize("label", ["rs_w128_t32_d4", "w64_t64_d6", "rs_w128_t40_k128_d4"])
+@pytest.mark.parametrize("label", ["rs_w128_t32_d4", "w64_t64_d6"])
 def test_h_in_mma_column_order_feeds_a_register_weights_gemm_without_a_gather(interpreted, label):
     """FC1 with ``out_mma_order`` writes exactly the plain ``h`` with its columns in
     ``mma_column_order`` (128 columns: two groups of 64; 64-row CTAs write half a group each); a
@@ -746,7 +737,7 @@ def test_an_explicit_config_with_prefill_tiles_the_shapes_cannot_take_or_with_de
         plan_call(2048, 2, 16, 256, 96, torch.bfloat16, torch.device("cpu"), config)
 
 
-@pytest.mark.parametrize("label", ["rs_w128_t32_d4", "w64_t64_d6", "rs_w128_t40_k128_d4"])
+@pytest.mark.parametrize("label", ["rs_w128_t32_d4", "w64_t64_d6"])
 @pytest.mark.parametrize("epilogue", ["swiglu", "alpha"])
 @pytest.mark.parametrize("mode", ["a4", "split"])
 def test_the_a4_and_split_epilogues_apply_each_routes_precision(interpreted, label, epilogue, mode):

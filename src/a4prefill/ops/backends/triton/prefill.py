@@ -37,22 +37,6 @@ def mma_column_order(k: int, device: torch.device) -> torch.Tensor:
 register_state(__name__, mma_column_order.cache_clear, mma_column_order)
 
 
-def schedule_constexprs(schedule: PrefillGemm) -> dict[str, int | bool]:
-    """The kernel constexprs that ``schedule`` sets: the tile (``BW``, ``BT``: the first accumulator's
-    routes, ``DEPTH``, ``BK``) and, for ``grouped_w4_gemm_rs_kernel``, ``WEIGHT_AHEAD``,
-    ``A_SETS``, ``WGMMAS`` and ``BT2`` (the second accumulator's routes, 0 for none).
-    What :func:`launch_prefill_gemm` compiles; the tests compile the same offline."""
-    first, second = schedule.route_parts
-    constexprs: dict[str, int | bool] = {"BW": schedule.weight_rows, "BT": first, "DEPTH": schedule.depth}
-    if schedule.register_weights:
-        constexprs["WEIGHT_AHEAD"] = schedule.weights_ahead
-        constexprs["A_SETS"] = schedule.a_register_sets
-        constexprs["WGMMAS"] = schedule.wgmmas_per_step
-        constexprs["BT2"] = second
-    constexprs["BK"] = schedule.block_k
-    return constexprs
-
-
 def launch_prefill_gemm(
     x: torch.Tensor,
     codes: torch.Tensor,
@@ -147,14 +131,22 @@ def launch_prefill_gemm(
     if out_mma_order and out_n % 64:
         raise ValueError(f"out_mma_order needs out's row length ({out_n}) to be a multiple of 64")
     constexprs = {
-        **schedule_constexprs(schedule),
+        "BW": schedule.weight_rows,
+        "BT": schedule.routes,
+        "DEPTH": schedule.depth,
         "EPILOGUE": PREFILL_EPILOGUES[epilogue],
         "MODE": mode,
         "HAS_LIMIT": swiglu_limit is not None,
         "OUT_MMA_ORDER": out_mma_order,
     }
-    if schedule.register_weights and not x_mma_order:
-        x = x.index_select(1, mma_column_order(k, x.device))
+    if schedule.register_weights:
+        if not x_mma_order:
+            x = x.index_select(1, mma_column_order(k, x.device))
+        constexprs["WEIGHT_AHEAD"] = schedule.weights_ahead
+        constexprs["A_SETS"] = schedule.a_register_sets
+        constexprs["WGMMAS"] = schedule.wgmmas_per_step
+    else:
+        constexprs["BK"] = schedule.block_k
     if kernel is None:
         kernels = kernel_modules.prefill()
         if schedule.register_weights:

@@ -192,6 +192,7 @@ def _tile_operands(
     num_warps: gl.constexpr = gl.num_warps()
     CL: gl.constexpr = codes_layout(BW, BK, num_warps)
     SCL: gl.constexpr = scale_copy_layout(BK, num_warps)
+    XL: gl.constexpr = rows_layout(BK, num_warps)
     G: gl.constexpr = BK // 16
 
     # grid (N / BW, max_tiles): the CTAs launched together share a tile's activation rows
@@ -218,31 +219,8 @@ def _tile_operands(
     scale_rows = (expert * N + _weight_row(n0, rs, N, EPILOGUE)).to(gl.int64)
     scale_ptrs = scales_ptr + (scale_rows[:, None] * (steps_k * G) + gs[None, :])
     steps = gl.where(live_tile, steps_k, 0)
-    x_ptrs, x_mask = _row_pointers(
-        x_ptr, sorted_route_ptr, row0, seg_end, live_tile, K, ROUTES, TOPK, GATHER, BT, BK
-    )
-    return code_ptrs, scale_ptrs, x_ptrs, x_mask, steps, expert, row0, seg_end, n0, live_tile
-
-
-@gluon.jit
-def _row_pointers(
-    x_ptr,
-    sorted_route_ptr,
-    first,
-    seg_end,
-    live_tile,
-    K,
-    ROUTES,
-    TOPK,
-    GATHER: gl.constexpr,
-    BT: gl.constexpr,
-    BK: gl.constexpr,
-):
-    """``(x_ptrs [BT, BK], x_mask)``: the step-0 copy pointers of the activation rows of sorted
-    positions ``first`` to ``first + BT - 1`` (row ``sorted_route[p] // TOPK`` when ``GATHER``,
-    else ``p``), live inside the expert's segment (``p < seg_end``)."""
-    XL: gl.constexpr = rows_layout(BK, gl.num_warps())
-    pos_x = first + gl.arange(0, BT, layout=gl.SliceLayout(1, XL))
+    # activation rows [BT, BK], step 0
+    pos_x = row0 + gl.arange(0, BT, layout=gl.SliceLayout(1, XL))
     live_x = (pos_x < seg_end) & (pos_x < ROUTES) & live_tile
     if GATHER:
         x_rows = (gl.load(sorted_route_ptr + pos_x, mask=live_x, other=0) // TOPK).to(gl.int64)
@@ -251,7 +229,7 @@ def _row_pointers(
     cols = gl.arange(0, BK, layout=gl.SliceLayout(0, XL))
     x_ptrs = x_ptr + x_rows[:, None] * K + cols[None, :]
     x_mask = live_x[:, None] & (cols[None, :] < BK)
-    return x_ptrs, x_mask
+    return code_ptrs, scale_ptrs, x_ptrs, x_mask, steps, expert, row0, seg_end, n0, live_tile
 
 
 @gluon.jit
@@ -611,126 +589,61 @@ def _dequant_fragment(codes, scales, A_LAYOUT: gl.constexpr, BW: gl.constexpr):
 
 
 @gluon.jit
-def _copy_rows(rows, x_step, steps, BT2: gl.constexpr):
-    """cp.async the activation rows of step ``x_step`` (nothing past ``steps``) into ring slot
-    ``x_step % DEPTH``: both parts of a two-accumulator tile (``BT2 > 0``). ``rows`` is ``(x_ring,
-    x_ptrs, x_mask, x2_ring, x2_ptrs, x2_mask)``; no commit."""
-    x_ring, x_ptrs, x_mask, x2_ring, x2_ptrs, x2_mask = rows
-    DEPTH: gl.constexpr = x_ring.shape[0]
-    BK: gl.constexpr = x_ring.shape[2]
-    live = x_step < steps
-    _async_load(x_ring.index(x_step % DEPTH), x_ptrs + x_step * BK, mask=x_mask & live)
-    if BT2 > 0:
-        _async_load(x2_ring.index(x_step % DEPTH), x2_ptrs + x_step * BK, mask=x2_mask & live)
-
-
-@gluon.jit
-def _rs_mma(a, step, acc, acc2, rows, FIRST: gl.constexpr, COLUMNS: gl.constexpr, BT2: gl.constexpr):
-    """Issue step ``step``'s asynchronous wgmma(s) on the A operand ``a`` (``COLUMNS`` of the step's
-    columns from ``FIRST``): ``acc`` with those columns of the first part's rows and, for a
-    two-accumulator tile (``BT2 > 0``), ``acc2`` with the second part's."""
-    x_ring = rows[0]
-    x2_ring = rows[3]
-    DEPTH: gl.constexpr = x_ring.shape[0]
-    x_slot = x_ring.index(step % DEPTH).slice(FIRST, COLUMNS, dim=1)
-    acc = warpgroup_mma(a, x_slot.permute((1, 0)), acc, is_async=True)
-    if BT2 > 0:
-        x2_slot = x2_ring.index(step % DEPTH).slice(FIRST, COLUMNS, dim=1)
-        acc2 = warpgroup_mma(a, x2_slot.permute((1, 0)), acc2, is_async=True)
-    return acc, acc2
-
-
-@gluon.jit
-def _rs_retire(acc, acc2, a, IN_FLIGHT: gl.constexpr, BT2: gl.constexpr):
-    """Wait until ``IN_FLIGHT`` wgmmas are left in flight, with the accumulators (``acc2`` where
-    ``BT2 > 0``) and the A operand ``a`` as dependencies of the wait (their registers stay
-    untouched until then). Returns ``(acc, acc2)``."""
-    if BT2 > 0:
-        acc, acc2, a = warpgroup_mma_wait(num_outstanding=IN_FLIGHT, deps=(acc, acc2, a))
-    else:
-        acc, a = warpgroup_mma_wait(num_outstanding=IN_FLIGHT, deps=(acc, a))
-    return acc, acc2
-
-
-@gluon.jit
 def _rs_step(
     step,
     acc,
-    acc2,
     a_previous,
-    weights,
-    rows,
+    ring,
     A_LAYOUT: gl.constexpr,
     BW: gl.constexpr,
+    DEPTH: gl.constexpr,
     WEIGHT_AHEAD: gl.constexpr,
     IN_FLIGHT: gl.constexpr,
     WGMMAS: gl.constexpr,
-    BT2: gl.constexpr,
 ):
     """Step ``step`` of :func:`grouped_w4_gemm_rs_kernel`: wait for its copies, dequantize its
-    weights into a new A operand ``a``, issue its wgmma(s) (:func:`_rs_mma`), issue the copies
-    ``WEIGHT_AHEAD`` (code and scale bytes) and ``DEPTH - 2`` (rows) steps ahead, then wait until
-    ``IN_FLIGHT`` (0 or 1) wgmmas are left in flight, with the previous step's A operand
-    ``a_previous`` as a dependency of that wait. Returns ``(acc, acc2, a)``. With ``IN_FLIGHT =
-    1`` this step's wgmma still reads ``a``'s registers: the caller must pass ``a`` as the next
-    step's ``a_previous`` and dequantize that step into other registers. ``weights`` is
-    ``(c_ring, s_ring, code_ptrs, scale_ptrs, steps)``, ``rows`` as :func:`_copy_rows`; the step's
-    columns ``BK`` are the rings' (64 or 128).
+    weights into a new A operand ``a``, issue its wgmma, issue the copies ``WEIGHT_AHEAD`` (code
+    and scale bytes) and ``DEPTH - 2`` (rows) steps ahead, then wait until ``IN_FLIGHT`` (0 or 1)
+    wgmmas are left in flight, with the previous step's A operand ``a_previous`` as a dependency
+    of that wait. Returns ``(acc, a)``. With ``IN_FLIGHT = 1`` this step's wgmma still reads
+    ``a``'s registers: the caller must pass ``a`` as the next step's ``a_previous`` and
+    dequantize that step into other registers. ``ring`` is ``(c_ring, s_ring, x_ring, code_ptrs,
+    scale_ptrs, x_ptrs, x_mask, steps)``.
 
-    ``WGMMAS = 2`` (with ``IN_FLIGHT = 0`` only): the step's columns as two halves, each A operand
-    in registers of its own; the second half is dequantized while the first half's wgmma runs, and
-    both stay live until the wait retires both. ``a`` is then the second half. At ``BK = 64`` a
-    half is bytes 0-3 / 4-7 of each scale group (MMA positions 0-31 / 32-63 of the 64, see
-    ``prefill.mma_column_order``); at ``BK = 128`` it is scale groups 0-3 / 4-7 (columns 0-63 /
-    64-127)."""
-    c_ring, s_ring, code_ptrs, scale_ptrs, steps = weights
-    G: gl.constexpr = c_ring.shape[2]
-    BK: gl.constexpr = 16 * G
-    DEPTH: gl.constexpr = rows[0].shape[0]
+    ``WGMMAS = 2`` (with ``IN_FLIGHT = 0`` only): the step's 64 columns as two wgmmas of 32, each
+    A operand in registers of its own; the second half is dequantized while the first half's
+    wgmma runs, and both stay live until the wait retires both. ``a`` is then the second half."""
+    c_ring, s_ring, x_ring, code_ptrs, scale_ptrs, x_ptrs, x_mask, steps = ring
+    BK: gl.constexpr = 64
     AHEAD: gl.constexpr = DEPTH - 2
     W_SLOTS: gl.constexpr = WEIGHT_AHEAD + 1
+    HALF_BYTES: gl.constexpr = 8 // WGMMAS
+    FL: gl.constexpr = fragment_codes_layout(BW, gl.num_warps(), HALF_BYTES)
     async_copy.wait_group(AHEAD - 1)
     fence_async_shared()
     _cta_barrier()  # every thread's copies of this step have landed
     c_slot = c_ring.index(step % W_SLOTS)
-    s_slot = s_ring.index(step % W_SLOTS)
+    x_slot = x_ring.index(step % DEPTH)
+    scales = s_ring.index(step % W_SLOTS).load(gl.SliceLayout(2, FL))
     if WGMMAS == 1:
-        FL: gl.constexpr = fragment_codes_layout(BW, gl.num_warps(), 8)
-        a = _dequant_fragment(c_slot.load(FL), s_slot.load(gl.SliceLayout(2, FL)), A_LAYOUT, BW)
-        acc, acc2 = _rs_mma(a, step, acc, acc2, rows, 0, BK, BT2)
+        a = _dequant_fragment(c_slot.load(FL), scales, A_LAYOUT, BW)
+        acc = warpgroup_mma(a, x_slot.permute((1, 0)), acc, is_async=True)
     else:
-        if BK == 64:
-            FL_HALF: gl.constexpr = fragment_codes_layout(BW, gl.num_warps(), 4)
-            scales = s_slot.load(gl.SliceLayout(2, FL_HALF))
-            first = _dequant_fragment(c_slot.slice(0, 4, dim=2).load(FL_HALF), scales, A_LAYOUT, BW)
-            acc, acc2 = _rs_mma(first, step, acc, acc2, rows, 0, BK // 2, BT2)
-            a = _dequant_fragment(c_slot.slice(4, 4, dim=2).load(FL_HALF), scales, A_LAYOUT, BW)
-        else:
-            FL_GROUPS: gl.constexpr = fragment_codes_layout(BW, gl.num_warps(), 8)
-            SL_GROUPS: gl.constexpr = gl.SliceLayout(2, FL_GROUPS)
-            first_codes = c_slot.slice(0, 4, dim=1).load(FL_GROUPS)
-            first = _dequant_fragment(first_codes, s_slot.slice(0, 4, dim=1).load(SL_GROUPS), A_LAYOUT, BW)
-            acc, acc2 = _rs_mma(first, step, acc, acc2, rows, 0, BK // 2, BT2)
-            second_codes = c_slot.slice(4, 4, dim=1).load(FL_GROUPS)
-            a = _dequant_fragment(second_codes, s_slot.slice(4, 4, dim=1).load(SL_GROUPS), A_LAYOUT, BW)
-        acc, acc2 = _rs_mma(a, step, acc, acc2, rows, BK // 2, BK // 2, BT2)
+        first = _dequant_fragment(c_slot.slice(0, HALF_BYTES, dim=2).load(FL), scales, A_LAYOUT, BW)
+        acc = warpgroup_mma(first, x_slot.slice(0, BK // 2, dim=1).permute((1, 0)), acc, is_async=True)
+        a = _dequant_fragment(c_slot.slice(HALF_BYTES, HALF_BYTES, dim=2).load(FL), scales, A_LAYOUT, BW)
+        acc = warpgroup_mma(a, x_slot.slice(BK // 2, BK // 2, dim=1).permute((1, 0)), acc, is_async=True)
     w_step = step + WEIGHT_AHEAD
     _async_load(c_ring.index(w_step % W_SLOTS), code_ptrs + w_step * (BK // 2), mask=w_step < steps)
     _async_load(s_ring.index(w_step % W_SLOTS), scale_ptrs + w_step * (BK // 16), mask=w_step < steps)
-    _copy_rows(rows, step + AHEAD, steps, BT2)
+    x_step = step + AHEAD
+    _async_load(x_ring.index(x_step % DEPTH), x_ptrs + x_step * BK, mask=x_mask & (x_step < steps))
     async_copy.commit_group()
     if WGMMAS == 1:
-        acc, acc2 = _rs_retire(acc, acc2, a_previous, IN_FLIGHT, BT2)
+        acc, a_previous = warpgroup_mma_wait(num_outstanding=IN_FLIGHT, deps=(acc, a_previous))
     else:
-        if BT2 > 0:
-            acc, acc2, a_previous, first = warpgroup_mma_wait(
-                num_outstanding=IN_FLIGHT, deps=(acc, acc2, a_previous, first)
-            )
-        else:
-            acc, a_previous, first = warpgroup_mma_wait(
-                num_outstanding=IN_FLIGHT, deps=(acc, a_previous, first)
-            )
-    return acc, acc2, a
+        acc, a_previous, first = warpgroup_mma_wait(num_outstanding=IN_FLIGHT, deps=(acc, a_previous, first))
+    return acc, a
 
 
 # ROUTES unspecialized: a call's route count must not pick another compiled kernel (a compile while
@@ -762,8 +675,6 @@ def grouped_w4_gemm_rs_kernel(
     HAS_LIMIT: gl.constexpr,
     BW: gl.constexpr,
     BT: gl.constexpr,
-    BT2: gl.constexpr,
-    BK: gl.constexpr,
     DEPTH: gl.constexpr,
     WEIGHT_AHEAD: gl.constexpr,
     A_SETS: gl.constexpr,
@@ -771,15 +682,9 @@ def grouped_w4_gemm_rs_kernel(
     OUT_MMA_ORDER: gl.constexpr,
 ):
     """:func:`grouped_w4_gemm_kernel` with the weights dequantized into the wgmma's A registers
-    (no dequantized weights in shared memory), ``BK`` (64, or 128 with ``WGMMAS = 2``) columns per
-    step. ``x``'s columns must be in
+    (no dequantized weights in shared memory), 64 columns per step. ``x``'s columns must be in
     :func:`~a4prefill.ops.backends.triton.prefill.mma_column_order` (the launcher permutes them);
     the code and scale bytes are the ModelOpt layout as loaded. Same arguments and grid otherwise.
-
-    A tile is ``BT + BT2`` routes (the routing's ``block_m``): ``BT`` (a power of two) in one
-    accumulator and, where ``BT2 > 0`` (8 or 16, the schedule's ``route_parts``), the next ``BT2``
-    routes in a second one, with rows of their own in a second ring; each step issues one wgmma
-    per accumulator from the same A registers, and the epilogue runs once per accumulator.
 
     Per step, after its copies landed (wait, proxy fence, CTA barrier): codes and scales are read
     from shared memory in :func:`fragment_codes_layout`, dequantized in registers, and one
@@ -800,8 +705,7 @@ def grouped_w4_gemm_rs_kernel(
 
     ``WGMMAS`` (the schedule's ``wgmmas_per_step``, 2 only with one set): each step as two wgmmas
     of 32 columns, the second half dequantized into registers of its own while the first half's
-    wgmma runs; the step's wait retires both. Two accumulators take ``A_SETS = 1`` and ``WGMMAS =
-    1`` only.
+    wgmma runs; the step's wait retires both.
 
     (One set of registers with one wgmma left in flight, the first version, let step ``s + 1``'s
     dequantization overwrite the registers of step ``s``'s wgmma in flight: results changed from
@@ -811,14 +715,15 @@ def grouped_w4_gemm_rs_kernel(
     Row ring slot ``(s - 2) % DEPTH`` is refilled at step ``s``: every warpgroup retired the wgmma
     of step ``s - 2`` before the barrier of step ``s``.
 
-    The code and scale bytes run ``WEIGHT_AHEAD >= DEPTH - 2`` steps ahead in
-    their own ring of ``WEIGHT_AHEAD + 1`` slots (small: 4.5 KiB per slot at ``BW = 128``): slot
-    ``(s - 1) % (WEIGHT_AHEAD + 1)`` is refilled at step ``s``, after every thread read step ``s -
-    1``'s bytes into registers. Step ``s``'s commit group holds the weight bytes of step ``s +
-    WEIGHT_AHEAD`` and the rows of step ``s + DEPTH - 2``; the prologue's first ``WEIGHT_AHEAD -
-    DEPTH + 2`` groups hold weight bytes only, so ``wait_group(DEPTH - 3)`` still completes both
-    of step ``s``."""
-    G: gl.constexpr = BK // 16
+    The code and scale bytes run ``WEIGHT_AHEAD >= DEPTH - 2`` steps ahead in their own ring of
+    ``WEIGHT_AHEAD + 1`` slots (small: 4.5 KiB per slot at ``BW = 128``): slot ``(s - 1) %
+    (WEIGHT_AHEAD + 1)`` is refilled at step ``s``, after every thread read step ``s - 1``'s bytes
+    into registers. Step ``s``'s commit group holds the weight bytes of step ``s + WEIGHT_AHEAD``
+    and the rows of step ``s + DEPTH - 2``; the prologue's first ``WEIGHT_AHEAD - DEPTH + 2``
+    groups hold weight bytes only, so ``wait_group(DEPTH - 3)`` still completes both of step
+    ``s``."""
+    BK: gl.constexpr = 64
+    G: gl.constexpr = 4
     num_warps: gl.constexpr = gl.num_warps()
     ACC: gl.constexpr = acc_layout(BT, num_warps)
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
@@ -850,50 +755,33 @@ def grouped_w4_gemm_rs_kernel(
         BK,
     )
 
-    x_ring = gl.allocate_shared_memory(gl.bfloat16, [DEPTH, BT, BK], X_SMEM)
-    acc = gl.zeros([BW, BT], gl.float32, layout=ACC)
-    if BT2 > 0:
-        X2_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT2, BK], gl.bfloat16)
-        x2_ring = gl.allocate_shared_memory(gl.bfloat16, [DEPTH, BT2, BK], X2_SMEM)
-        x2_ptrs, x2_mask = _row_pointers(
-            x_ptr, sorted_route_ptr, row0 + BT, seg_end, live_tile, K, ROUTES, TOPK, GATHER, BT2, BK
-        )
-        acc2 = gl.zeros([BW, BT2], gl.float32, layout=acc_layout(BT2, num_warps))
-    else:
-        x2_ring, x2_ptrs, x2_mask, acc2 = x_ring, x_ptrs, x_mask, acc  # not used
-    rows = (x_ring, x_ptrs, x_mask, x2_ring, x2_ptrs, x2_mask)
-
     c_ring = gl.allocate_shared_memory(gl.uint8, [W_SLOTS, BW, G, 8], PLAIN)
     s_ring = gl.allocate_shared_memory(gl.uint8, [W_SLOTS, BW, G], PLAIN2)
+    x_ring = gl.allocate_shared_memory(gl.bfloat16, [DEPTH, BT, BK], X_SMEM)
+    acc = gl.zeros([BW, BT], gl.float32, layout=ACC)
+
     for ahead in gl.static_range(WEIGHT_AHEAD):
         _async_load(c_ring.index(ahead), code_ptrs + ahead * (BK // 2), mask=ahead < steps)
         _async_load(s_ring.index(ahead), scale_ptrs + ahead * (BK // 16), mask=ahead < steps)
         if ahead >= LAG:
-            _copy_rows(rows, ahead - LAG, steps, BT2)
+            live_x = x_mask & (ahead - LAG < steps)
+            _async_load(x_ring.index(ahead - LAG), x_ptrs + (ahead - LAG) * BK, mask=live_x)
         async_copy.commit_group()
-    weights = (c_ring, s_ring, code_ptrs, scale_ptrs, steps)
+    ring = (c_ring, s_ring, x_ring, code_ptrs, scale_ptrs, x_ptrs, x_mask, steps)
     a_last = gl.zeros([BW, BK // WGMMAS], gl.bfloat16, layout=A_LAYOUT)
     if A_SETS == 1:
         for step in range(steps):
-            acc, acc2, a_last = _rs_step(
-                step, acc, acc2, a_last, weights, rows, A_LAYOUT, BW, WEIGHT_AHEAD, 0, WGMMAS, BT2
-            )
+            acc, a_last = _rs_step(step, acc, a_last, ring, A_LAYOUT, BW, DEPTH, WEIGHT_AHEAD, 0, WGMMAS)
     else:
         # steps in pairs: even steps' A operand in one set of registers, odd steps' in another
         a_odd = a_last
         for pair in range(steps // 2):
-            acc, acc2, a_even = _rs_step(
-                2 * pair, acc, acc2, a_odd, weights, rows, A_LAYOUT, BW, WEIGHT_AHEAD, 1, 1, BT2
-            )
-            acc, acc2, a_odd = _rs_step(
-                2 * pair + 1, acc, acc2, a_even, weights, rows, A_LAYOUT, BW, WEIGHT_AHEAD, 1, 1, BT2
-            )
+            acc, a_even = _rs_step(2 * pair, acc, a_odd, ring, A_LAYOUT, BW, DEPTH, WEIGHT_AHEAD, 1, 1)
+            acc, a_odd = _rs_step(2 * pair + 1, acc, a_even, ring, A_LAYOUT, BW, DEPTH, WEIGHT_AHEAD, 1, 1)
         a_last = a_odd
         if steps % 2 == 1:
-            acc, acc2, a_last = _rs_step(
-                steps - 1, acc, acc2, a_odd, weights, rows, A_LAYOUT, BW, WEIGHT_AHEAD, 1, 1, BT2
-            )
-    acc, acc2 = _rs_retire(acc, acc2, a_last, 0, BT2)
+            acc, a_last = _rs_step(steps - 1, acc, a_odd, ring, A_LAYOUT, BW, DEPTH, WEIGHT_AHEAD, 1, 1)
+    acc, a_last = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a_last))
     async_copy.wait_group(0)
     _cta_barrier()  # every thread's (masked, zero-filling) copies landed before the epilogue's scratch
 
@@ -921,28 +809,3 @@ def grouped_w4_gemm_rs_kernel(
         BT,
         OUT_MMA_ORDER,
     )
-    if BT2 > 0:
-        _epilogue(
-            acc2,
-            out_ptr,
-            scale2_ptr,
-            sorted_route_ptr,
-            expert,
-            row0 + BT,
-            seg_end,
-            n0,
-            live_tile,
-            N,
-            ROUTES,
-            TOPK,
-            limit,
-            gs1_ptr,
-            gs2_ptr,
-            flag_ptr,
-            EPILOGUE,
-            MODE,
-            HAS_LIMIT,
-            BW,
-            BT2,
-            OUT_MMA_ORDER,
-        )

@@ -268,27 +268,20 @@ def choose_config(routes: int, experts: int, hidden: int, intermediate: int) -> 
 class PrefillGemm:
     """Schedule of the Hopper prefill GEMM (:mod:`prefill_kernels`): ``weight_rows`` per CTA (the
     wgmma's M: 64, 128 or 256, one warpgroup per 64), ``routes`` of one expert per CTA (the wgmma's
-    N: 64, 128 or 256, or 16 to 48 with ``register_weights``; the routing's ``block_m``), K columns per
+    N: 64, 128 or 256, or 16, 32 with ``register_weights``; the routing's ``block_m``), K columns per
     step (``block_k``: 64 or 128) and ``depth`` ring slots of ``cp.async`` copies (3 to 8: a
     step's code bytes, scale bytes and activation rows are copied ``depth - 2`` steps ahead).
     ``register_weights`` picks the kernel: weights dequantized into the wgmma's A registers
-    (``grouped_w4_gemm_rs_kernel``) or into shared memory
+    (``grouped_w4_gemm_rs_kernel``, ``block_k`` 64 only) or into shared memory
     (``grouped_w4_gemm_kernel``). The former copies the code and scale bytes ``weight_ahead``
     steps ahead (0: ``depth - 2``, as the rows), in a ring of their own, and dequantizes into
     ``a_register_sets`` (1 or 2) sets of A registers: 1 retires each step's wgmma before the next
     step's dequantization, 2 alternates two sets with one wgmma left in flight (more registers:
     for the 256-route tiles, which have one CTA per SM anyway; ``prefill_kernels``,
     ``grouped_w4_gemm_rs_kernel``). ``wgmmas_per_step`` (1 or 2, 2 with register weights and one
-    set): a step's columns as that many wgmmas, each later one's A operand dequantized while
+    set): a step's 64 columns as that many wgmmas, each later one's A operand dequantized while
     the earlier ones run. ``register_cap`` (0, 80, 96 or 128): the register cap per thread
     (``maxnreg``) of the kernel in every precision mode, 0 for :meth:`max_registers`' default.
-    ``block_k`` 128 with register weights (two wgmmas per step, one A set): each step's code bytes
-    are 64 per weight row (two 32-byte sectors of one line, against one at 64), and half as many
-    steps wait for copies and pass a CTA barrier.
-    ``routes`` of 24, 40 or 48 (register weights, one A set) are two
-    accumulators (:attr:`route_parts`: 16 + 8, 32 + 8, 32 + 16) multiplying the same A registers:
-    route tiles in steps of 8, so that an expert's weights are read about once where its mean
-    route count lies between powers of two.
     A CTA's buffers (:attr:`shared_bytes`) must fit an H100/H200 CTA's 227 KiB of shared memory."""
 
     weight_rows: int = 128
@@ -304,24 +297,15 @@ class PrefillGemm:
     def __post_init__(self) -> None:
         if self.weight_rows not in (64, 128, 256):
             raise ValueError(f"PrefillGemm.weight_rows must be 64, 128 or 256, got {self.weight_rows}")
-        if self.routes not in (16, 24, 32, 40, 48, 64, 128, 256) or (
-            self.routes < 64 and not self.register_weights
-        ):
+        if self.routes not in (16, 32, 64, 128, 256) or (self.routes < 64 and not self.register_weights):
             raise ValueError(
-                "PrefillGemm.routes must be 64, 128 or 256 (or 16, 24, 32, 40, 48 with "
-                f"register_weights), got {self.routes}"
+                "PrefillGemm.routes must be 64, 128 or 256 (or 16, 32 with register_weights), "
+                f"got {self.routes}"
             )
         if self.block_k not in (64, 128):
             raise ValueError(f"PrefillGemm.block_k must be 64 or 128, got {self.block_k}")
-        if (
-            self.register_weights
-            and self.block_k == 128
-            and (self.wgmmas_per_step != 2 or self.a_register_sets != 1)
-        ):
-            raise ValueError(
-                "PrefillGemm.block_k 128 with register_weights needs two wgmmas per step and one A "
-                f"register set, got {self}"
-            )
+        if self.register_weights and self.block_k != 64:
+            raise ValueError(f"PrefillGemm.block_k must be 64 with register_weights, got {self.block_k}")
         if self.weight_ahead and (not self.register_weights or self.weight_ahead < self.depth - 2):
             raise ValueError(
                 f"PrefillGemm.weight_ahead must be 0, or at least depth - 2 with register_weights, "
@@ -338,11 +322,6 @@ class PrefillGemm:
             raise ValueError(
                 "PrefillGemm.wgmmas_per_step must be 1, or 2 with register_weights and one A register "
                 f"set, got {self.wgmmas_per_step}"
-            )
-        if self.route_parts[1] and not (self.register_weights and self.a_register_sets == 1):
-            raise ValueError(
-                f"PrefillGemm.routes {self.routes} (two accumulators) needs register_weights and one "
-                "A register set"
             )
         if not 3 <= self.depth <= 8:
             raise ValueError(f"PrefillGemm.depth must be 3 to 8, got {self.depth}")
@@ -388,13 +367,6 @@ class PrefillGemm:
         return 128 if two_ctas and mode == MODE_SPLIT else 0
 
     @property
-    def route_parts(self) -> tuple[int, int]:
-        """The routes of the kernel's two accumulators: ``(routes, 0)`` for a power of two, else the
-        largest power of two below and the rest (24: 16 + 8, 40: 32 + 8, 48: 32 + 16)."""
-        main = 1 << (self.routes.bit_length() - 1)
-        return main, self.routes - main
-
-    @property
     def weights_ahead(self) -> int:
         """Steps ahead that the code and scale bytes are copied."""
         return self.weight_ahead or self.depth - 2
@@ -411,13 +383,6 @@ class PrefillGemm:
         cap = f"_r{self.register_cap}" if self.register_cap else ""
         tile = f"w{self.weight_rows}_t{self.routes}_k{self.block_k}_d{self.depth}"
         return f"{kernel}{tile}{ahead}{sets}{halves}{cap}"
-
-
-def _two_halves(routes: int, depth: int = 4, register_cap: int = 0) -> PrefillGemm:
-    """A register-weights schedule of 128 weight rows and 128 columns per step, as two wgmmas."""
-    return PrefillGemm(
-        128, routes, 128, depth, register_weights=True, wgmmas_per_step=2, register_cap=register_cap
-    )
 
 
 # The prefill GEMM schedules the benchmark compares (benchmarks/bench_prefill_gemm.py). In the H200
@@ -466,13 +431,6 @@ PREFILL_SCHEDULES = MappingProxyType(
         "rs_w256_t64_d4": PrefillGemm(256, 64, depth=4, register_weights=True),
         "rs_w256_t128_d4": PrefillGemm(256, 128, depth=4, register_weights=True),
         "rs_w256_t128_d5": PrefillGemm(256, 128, depth=5, register_weights=True),
-        "rs_w128_t40_d4": PrefillGemm(128, 40, depth=4, register_weights=True),
-        "rs_w128_t32_k128_d4": _two_halves(32),
-        "rs_w128_t32_k128_d4_r80": _two_halves(32, register_cap=80),
-        "rs_w128_t40_k128_d4": _two_halves(40),
-        "rs_w128_t40_k128_d4_r80": _two_halves(40, register_cap=80),
-        "rs_w128_t64_k128_d3_r80": _two_halves(64, depth=3, register_cap=80),
-        "rs_w128_t64_k128_d4": _two_halves(64),
     }
 )
 
