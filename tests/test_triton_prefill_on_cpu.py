@@ -22,7 +22,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from a4prefill.ops.backends.triton.prefill import launch_prefill_gemm, mma_column_order
+from a4prefill.ops.backends.triton.prefill import (
+    launch_prefill_gemm,
+    mma_column_order,
+    schedule_constexprs,
+    schedule_kernel,
+)
 from a4prefill.ops.backends.triton.routing import build_routing
 from a4prefill.ops.backends.triton.schedules import (
     PREFILL_EPILOGUES,
@@ -42,15 +47,23 @@ pytestmark = [pytest.mark.slow, needs_gluon]
 
 @pytest.fixture(scope="module")
 def interpreted():
-    """The two GEMM kernels under the TTGIR interpreter, by ``PrefillGemm.register_weights``."""
+    """The three GEMM kernels under the TTGIR interpreter, by :func:`kernel_of`."""
     from a4prefill.ops.backends.triton import kernel_modules
     from helpers.gluon_on_cpu import InterpretedKernel
 
     kernels = kernel_modules.prefill()
     return {
-        False: InterpretedKernel(kernels.grouped_w4_gemm_kernel),
-        True: InterpretedKernel(kernels.grouped_w4_gemm_rs_kernel),
+        "shared": InterpretedKernel(kernels.grouped_w4_gemm_kernel),
+        "registers": InterpretedKernel(kernels.grouped_w4_gemm_rs_kernel),
+        "warp_specialized": InterpretedKernel(kernel_modules.prefill_ws().grouped_w4_gemm_ws_kernel),
     }
+
+
+def kernel_of(schedule: PrefillGemm) -> str:
+    """Which kernel ``schedule`` runs: ``"warp_specialized"``, ``"registers"`` or ``"shared"``."""
+    if schedule.warp_specialized:
+        return "warp_specialized"
+    return "registers" if schedule.register_weights else "shared"
 
 
 def dequantized(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -80,7 +93,7 @@ def run(kernels, x, codes, scales, ids, schedule, top_k):
     routing.tile_expert[live:] = 1 << 24
     routing.tile_row[live:] = 1 << 24
     out = torch.full((ids.numel(), codes.shape[1]), float("nan"), dtype=torch.bfloat16)
-    kernel = kernels[schedule.register_weights]
+    kernel = kernels[kernel_of(schedule)]
     launch_prefill_gemm(x, codes, scales, routing, out, schedule, top_k, kernel=kernel)
     return out, routing
 
@@ -137,10 +150,8 @@ def compile_prefill_kernel(schedule: PrefillGemm, **overrides: int) -> Any:
     """The schedule's prefill kernel compiled offline for sm_90a as the launcher specializes it
     (16-byte aligned tensors, N and K multiples of 16): FC1 (rows gathered by token), no
     epilogue, W4A16, unless ``overrides`` sets other constexprs."""
-    from a4prefill.ops.backends.triton import kernel_modules
     from helpers.gluon_on_cpu import compile_sm90
 
-    kernels = kernel_modules.prefill()
     pointers = {
         "x_ptr": "*bf16",
         "codes_ptr": "*u8",
@@ -159,24 +170,16 @@ def compile_prefill_kernel(schedule: PrefillGemm, **overrides: int) -> Any:
         "*i32",
     )
     scalars = {**dict.fromkeys(["N", "K", "ROUTES", "TOPK"], "i32"), "limit": "fp32"}
-    tile = {"BW": schedule.weight_rows, "BT": schedule.routes, "DEPTH": schedule.depth}
-    constexprs: dict[str, int] = {
+    constexprs: dict[str, int | bool] = {
         "GATHER": True,
         "EPILOGUE": 0,
         "MODE": 0,
         "HAS_LIMIT": False,
         "OUT_MMA_ORDER": False,
-        **tile,
+        **schedule_constexprs(schedule),
+        **overrides,
     }
-    if schedule.register_weights:
-        kernel = kernels.grouped_w4_gemm_rs_kernel
-        constexprs["WEIGHT_AHEAD"] = schedule.weights_ahead
-        constexprs["A_SETS"] = schedule.a_register_sets
-        constexprs["WGMMAS"] = schedule.wgmmas_per_step
-    else:
-        kernel = kernels.grouped_w4_gemm_kernel
-        constexprs["BK"] = schedule.block_k
-    constexprs.update(overrides)
+    kernel = schedule_kernel(schedule)
     divisible = {*pointers, *routing, "N", "K"}
     cap = schedule.max_registers(constexprs["MODE"]) or None  # as launch_prefill_gemm compiles it
     return compile_sm90(
@@ -365,6 +368,18 @@ def test_schedules_refuse_what_the_kernel_cannot_run():
         PrefillGemm(register_weights=True, wgmmas_per_step=4)
     with pytest.raises(ValueError, match="weight_rows must be 64, 128 or 256"):
         PrefillGemm(weight_rows=32)
+    for not_warp_specializable in (
+        {"routes": 128},  # weights in shared memory
+        {"weight_rows": 64, "routes": 128, "register_weights": True},
+        {"routes": 32, "register_weights": True},
+        {"routes": 128, "register_weights": True, "register_cap": 128},
+        {"routes": 128, "register_weights": True, "wgmmas_per_step": 2},
+    ):
+        with pytest.raises(ValueError, match="warp_specialized needs register_weights, 128 weight rows"):
+            PrefillGemm(**not_warp_specializable, warp_specialized=True)
+    warp_specialized = PrefillGemm(128, 128, register_weights=True, warp_specialized=True)
+    assert warp_specialized.warps == 4  # the default partition; the workers add theirs
+    assert warp_specialized.max_registers(MODE_SPLIT) == 0  # no maxnreg under setmaxnreg
     with pytest.raises(ValueError, match="multiple of 64"):
         mma_column_order(96, torch.device("cpu"))
     assert PrefillGemm(64, 128).warps == 4 and PrefillGemm(128, 256).warps == 8
@@ -410,7 +425,7 @@ def reference_epilogue(
     return by_route
 
 
-@pytest.mark.parametrize("label", ["rs_w128_t32_d4", "w64_t64_d6"])
+@pytest.mark.parametrize("label", ["rs_w128_t32_d4", "w64_t64_d6", "rs_w128_t64_d6_ws"])
 @pytest.mark.parametrize(("epilogue", "limit"), [("swiglu", None), ("swiglu", 3.0), ("alpha", None)])
 def test_the_moe_epilogues_apply_the_reference_math(interpreted, label, epilogue, limit):
     """FC1's SwiGLU pairs each gate row with its up row (two CTAs along N, each writing its half
@@ -439,7 +454,7 @@ def test_the_moe_epilogues_apply_the_reference_math(interpreted, label, epilogue
         out,
         schedule,
         top_k if gather else None,
-        kernel=interpreted[schedule.register_weights],
+        kernel=interpreted[kernel_of(schedule)],
         epilogue=epilogue,
         scale2=scale2,
         swiglu_limit=limit,
@@ -451,7 +466,7 @@ def test_the_moe_epilogues_apply_the_reference_math(interpreted, label, epilogue
     assert ((out.double() - want).abs() <= 3 * step + 2.0**-20).all()
 
 
-@pytest.mark.parametrize("label", ["rs_w128_t32_d4", "w64_t64_d6"])
+@pytest.mark.parametrize("label", ["rs_w128_t32_d4", "w64_t64_d6", "rs_w128_t64_d6_ws"])
 def test_h_in_mma_column_order_feeds_a_register_weights_gemm_without_a_gather(interpreted, label):
     """FC1 with ``out_mma_order`` writes exactly the plain ``h`` with its columns in
     ``mma_column_order`` (128 columns: two groups of 64; 64-row CTAs write half a group each); a
@@ -466,7 +481,7 @@ def test_h_in_mma_column_order_feeds_a_register_weights_gemm_without_a_gather(in
     x = torch.randn(tokens, k, generator=generator).bfloat16()
     scale2 = torch.rand(experts, 2, generator=generator) + 0.5
     routing = build_routing(ids, experts, schedule.routes, force_torch=True)
-    kernel = interpreted[schedule.register_weights]
+    kernel = interpreted[kernel_of(schedule)]
     h = {}
     for order in (False, True):
         h[order] = torch.full((ids.numel(), inter), float("nan"), dtype=torch.bfloat16)
@@ -495,7 +510,15 @@ def test_h_in_mma_column_order_feeds_a_register_weights_gemm_without_a_gather(in
     for rows, x_order in ((h[False], False), (h[True], True)):
         y[x_order] = torch.full((ids.numel(), 128), float("nan"), dtype=torch.bfloat16)
         launch_prefill_gemm(
-            rows, codes2, scales2, routing2, y[x_order], fc2, None, interpreted[True], x_mma_order=x_order
+            rows,
+            codes2,
+            scales2,
+            routing2,
+            y[x_order],
+            fc2,
+            None,
+            interpreted["registers"],
+            x_mma_order=x_order,
         )
     assert torch.equal(y[True], y[False]) and not y[True].isnan().any()
 
@@ -588,8 +611,8 @@ def prefill_moe_on_cpu(interpreted):
     from test_triton_decode_on_cpu import _combine_contract, _quantize_rows_contract
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(prefill_kernels, "grouped_w4_gemm_rs_kernel", interpreted[True])
-        patch.setattr(prefill_kernels, "grouped_w4_gemm_kernel", interpreted[False])
+        patch.setattr(prefill_kernels, "grouped_w4_gemm_rs_kernel", interpreted["registers"])
+        patch.setattr(prefill_kernels, "grouped_w4_gemm_kernel", interpreted["shared"])
         patch.setattr(plan, "routing_launch", functools.partial(plan.routing_launch, force_torch=True))
         patch.setattr(plan, "prefill_kernels_run", lambda device: True)
         patch.setattr(fused, "_combine", _combine_contract)
@@ -629,9 +652,9 @@ def test_a_w4a16_prefill_call_runs_the_prefill_gemms_and_matches_the_reference(
     before = {kind: len(kernel.launches) for kind, kernel in interpreted.items()}
     result = fused_moe(hidden, topk_weights, topk_ids, layer.experts, None, limit)
     launched = {kind: len(kernel.launches) - before[kind] for kind, kernel in interpreted.items()}
-    wanted = {False: 0, True: 0}
+    wanted = dict.fromkeys(interpreted, 0)
     for schedule in (PREFILL_SCHEDULES[fc1], PREFILL_SCHEDULES[fc2]):
-        wanted[schedule.register_weights] += 1
+        wanted[kernel_of(schedule)] += 1
     assert launched == wanted
     expected = moe_reference(hidden, topk_weights, topk_ids, layer.experts, None, limit)
     assert_close_to_reference(result, expected, "w4a16")
@@ -657,11 +680,11 @@ def test_a4_and_split_prefill_calls_run_the_prefill_gemms_and_match_the_referenc
     args = (hidden, topk_weights, topk_ids, layer.experts)
     a4 = moe_reference(*args, layer.a4_scales, limit)
     w4a16 = moe_reference(*args, None, limit)
-    before = len(interpreted[True].launches)
+    before = len(interpreted["registers"].launches)
     assert_close_to_reference(fused_moe(*args, layer.a4_scales, limit), a4, "a4")
     flags = (torch.arange(tokens) % 3 == 1).to(torch.uint8)
     split = fused_moe(*args, layer.a4_scales, limit, flags)
-    assert len(interpreted[True].launches) - before == 4  # weights in registers: FC1 and FC2, twice
+    assert len(interpreted["registers"].launches) - before == 4  # weights in registers: FC1 and FC2, twice
     is_a4 = flags.bool()
     assert_close_to_reference(split[is_a4], a4[is_a4], "a4")
     assert_close_to_reference(split[~is_a4], w4a16[~is_a4], "w4a16")
@@ -712,9 +735,9 @@ def test_an_explicit_config_runs_its_prefill_tiles_at_any_size_and_matches_the_r
     generator = torch.Generator().manual_seed(tokens)
     hidden = (2 * torch.randn(tokens, hidden_size, generator=generator)).to(torch.bfloat16)
     topk_weights, topk_ids = random_routing(tokens, experts, top_k, generator)
-    before = len(interpreted[True].launches)
+    before = len(interpreted["registers"].launches)
     result = fused_moe(hidden, topk_weights, topk_ids, layer.experts, None, None, config=config)
-    assert len(interpreted[True].launches) - before == 2
+    assert len(interpreted["registers"].launches) - before == 2
     expected_moe = moe_reference(hidden, topk_weights, topk_ids, layer.experts, None, None)
     assert_close_to_reference(result, expected_moe, "w4a16")
 
@@ -737,7 +760,7 @@ def test_an_explicit_config_with_prefill_tiles_the_shapes_cannot_take_or_with_de
         plan_call(2048, 2, 16, 256, 96, torch.bfloat16, torch.device("cpu"), config)
 
 
-@pytest.mark.parametrize("label", ["rs_w128_t32_d4", "w64_t64_d6"])
+@pytest.mark.parametrize("label", ["rs_w128_t32_d4", "w64_t64_d6", "rs_w128_t64_d6_ws"])
 @pytest.mark.parametrize("epilogue", ["swiglu", "alpha"])
 @pytest.mark.parametrize("mode", ["a4", "split"])
 def test_the_a4_and_split_epilogues_apply_each_routes_precision(interpreted, label, epilogue, mode):
@@ -777,7 +800,7 @@ def test_the_a4_and_split_epilogues_apply_each_routes_precision(interpreted, lab
         out,
         schedule,
         top_k if gather else None,
-        kernel=interpreted[schedule.register_weights],
+        kernel=interpreted[kernel_of(schedule)],
         epilogue=epilogue,
         scale2=scale2,
         mode=MODE_SPLIT if mode == "split" else MODE_A4,

@@ -30,6 +30,22 @@ late as the program allows: its commit group is written only when a ``ttg.async_
 (masked-off elements land as zeros, as ``cp.async`` zero-fills). A program that reads a stage
 before waiting for its copy, or overwrites it before reading it, gets the wrong data.
 
+Warp specialization (``ttg.warp_specialize``): the default region and each worker partition run
+as partitions of one program, each with its own values, copy groups and wgmmas in flight, on
+one thread of control at a time (:class:`_Scheduler`): a partition runs until it waits on an
+mbarrier phase that has not completed, then the next partition that can go on runs (workers
+first: a producer runs as far ahead as its barriers let it; ``Kernel.default_partition_first``
+turns the order round). After every arrival the turn goes to the first partition in that order
+that can go on, so a slot released too early is refilled before its reader reads it. No
+partition can go on while one has not finished: ``Deadlock``, naming each partition's wait.
+mbarriers follow Triton's lowering (checked in the PTX of Triton 3.6 and 3.9):
+``ttng.init_barrier`` sets the arrival count; ``ttng.arrive_barrier`` is one arrival of
+``count`` per partition (after a barrier of the partition's warps, one thread arrives);
+``ttng.async_copy_mbarrier_arrive`` with ``noIncrement`` (``cp.async.mbarrier.arrive.noinc``)
+is one arrival per thread of the partition, made when the thread's earlier ``cp.async`` copies
+land: the copies land when the phase they belong to completes, as late as a GPU may land them.
+``ttng.wait_barrier`` with parity ``p`` returns once the phase of that parity completed (``try_wait.parity``).
+
 Only the ops these kernels use are implemented; anything else raises ``NotImplementedError``
 naming the op, so a kernel change that needs more is noticed.
 """
@@ -37,9 +53,12 @@ naming the op, so a kernel change that needs more is noticed.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import re
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -212,7 +231,9 @@ def _parse_ops(lines: list[str], index: int) -> tuple[list[Any], int]:
         else:
             results = [name] if count is None else [f"{name}#{i}" for i in range(int(count))]
         op = Op(results, op_name, rest, [])
-        if rest.rstrip().endswith("{"):
+        if op_name == "ttg.warp_specialize":
+            index = _parse_partitions(op, lines, index)
+        elif rest.rstrip().endswith("{"):
             region, index = _parse_ops(lines, index)
             op.regions.append(region)
             while lines[index].strip() == "} else {":  # scf.if's else region
@@ -226,6 +247,22 @@ def _parse_ops(lines: list[str], index: int) -> tuple[list[Any], int]:
     return items, index
 
 
+def _parse_partitions(op: Op, lines: list[str], index: int) -> int:
+    """The regions of a ``ttg.warp_specialize`` from ``lines[index]`` (its ``default {`` line)
+    to the ``} : (...) -> (...)`` that closes its last partition: one region per partition, each
+    led by its header line (``"default"`` or ``"partition0(%arg3: ...) num_warps(1)"``)."""
+    while True:
+        header = lines[index].strip()
+        if not (header == "default {" or header.startswith("partition")) or not header.endswith("{"):
+            raise ValueError(f"cannot parse the warp_specialize region header {header[:200]!r}")
+        region, index = _parse_ops(lines, index + 1)
+        op.regions.append([header.removesuffix("{").strip(), *region])
+        closing = lines[index].strip()
+        index += 1
+        if closing != "}":  # "} : (types) -> (types)": the last partition
+            return index
+
+
 @dataclasses.dataclass
 class Kernel:
     """One ``tt.func`` of a TTGIR module: argument names in order and its body."""
@@ -234,6 +271,10 @@ class Kernel:
     arguments: list[str]
     body: list[Any]
     num_warps: int
+    # warp specialization: which partition takes the turn first (module docstring); workers first
+    # lets a producer run ahead, the default partition first makes a consumer that reads before
+    # its wait see unlanded data
+    default_partition_first: bool = False
 
     @classmethod
     def from_ttgir(cls, ttgir: str) -> Kernel:
@@ -311,6 +352,129 @@ class _PendingDot:
         return self.done
 
 
+class Deadlock(RuntimeError):
+    """No partition of a warp-specialized program can go on and not all have finished."""
+
+
+@dataclasses.dataclass
+class _Barrier:
+    """One mbarrier: its arrival ``count``, the arrivals ``pending`` in the current phase, the
+    phases ``completed`` so far and the ``cp.async`` copies (shared memory, values) that land
+    when the current phase completes."""
+
+    count: int
+    pending: int
+    completed: int = 0
+    copies: list[tuple[torch.Tensor, torch.Tensor]] = dataclasses.field(default_factory=list)
+
+    def arrive(self, arrivals: int) -> None:
+        if arrivals > self.pending:
+            raise RuntimeError(
+                f"{arrivals} arrivals on an mbarrier expecting {self.pending} more in this phase"
+            )
+        self.pending -= arrivals
+        if self.pending == 0:
+            for memory, values in self.copies:
+                memory.copy_(values)
+            self.copies = []
+            self.completed += 1
+            self.pending = self.count
+
+    def phase_done(self, parity: int) -> bool:
+        """``mbarrier.try_wait.parity``: whether the phase of ``parity`` completed (the current,
+        incomplete phase has the other parity)."""
+        return self.completed % 2 != parity
+
+
+class _Scheduler:
+    """Runs the partitions of one ``ttg.warp_specialize`` one at a time, each on a Python thread
+    holding the turn until it finishes or waits (:meth:`wait_until`); the turn goes to the first
+    partition in ``order`` that can go on."""
+
+    def __init__(self, count: int, order: list[int]) -> None:
+        self.condition = threading.Condition()
+        self.order = order
+        self.turn: int | None = None
+        self.done = [False] * count
+        self.waiting: dict[int, tuple[Callable[[], bool], str]] = {}
+        self.error: BaseException | None = None
+
+    def run(self, bodies: list[Callable[[], None]]) -> None:
+        threads = [
+            threading.Thread(target=self._body, args=(i, body), daemon=True) for i, body in enumerate(bodies)
+        ]
+        for thread in threads:
+            thread.start()
+        with self.condition:
+            self._pass_turn()
+            self.condition.wait_for(lambda: all(self.done) or self.error is not None)
+        if self.error is not None:
+            with self.condition:
+                self.done = [True] * len(self.done)
+                self.turn = -1
+                self.condition.notify_all()
+            raise self.error
+
+    def _body(self, i: int, body: Callable[[], None]) -> None:
+        with self.condition:
+            self.condition.wait_for(lambda: self.turn == i or self.turn == -1)
+            if self.turn == -1:
+                return
+        try:
+            body()
+        except BaseException as error:  # handed to the launching thread
+            with self.condition:
+                self.error = self.error or error
+                self.condition.notify_all()
+            return
+        with self.condition:
+            self.done[i] = True
+            self._pass_turn()
+
+    def preempt(self, i: int) -> None:
+        """Partition ``i`` made an arrival: the turn goes to the first partition in ``order`` that
+        can go on now (``i`` itself if none before it can), so that a released slot is refilled,
+        or a completed phase consumed, before ``i`` takes another step."""
+        with self.condition:
+            self.waiting[i] = (lambda: True, "its turn after an arrival")
+            self._pass_turn()
+            self.condition.wait_for(lambda: self.turn == i or self.turn == -1)
+            if self.turn == -1:
+                raise Deadlock("another partition failed")
+            del self.waiting[i]
+
+    def wait_until(self, i: int, ready: Callable[[], bool], what: str) -> None:
+        """Partition ``i`` waits for ``ready()``: the turn passes on until it holds."""
+        if ready():
+            return
+        with self.condition:
+            self.waiting[i] = (ready, what)
+            self._pass_turn()
+            self.condition.wait_for(lambda: self.turn == i or self.turn == -1)
+            if self.turn == -1:
+                raise Deadlock("another partition failed")
+            del self.waiting[i]
+
+    def _pass_turn(self) -> None:
+        """Give the turn to the first partition in ``order`` that can go on (called holding the
+        condition); none while some have not finished: a deadlock."""
+        for j in self.order:
+            if self.done[j]:
+                continue
+            waiting = self.waiting.get(j)
+            if waiting is None or waiting[0]():
+                self.turn = j
+                self.condition.notify_all()
+                return
+        if not all(self.done):
+            waits = "; ".join(
+                f"partition {j} waits for {what}" for j, (_, what) in sorted(self.waiting.items())
+            )
+            self.error = self.error or Deadlock(f"no partition can go on: {waits}")
+        self.turn = -1
+        self.condition.notify_all()
+
+
 class _Program:
     def __init__(
         self,
@@ -329,6 +493,9 @@ class _Program:
         self.open_copies: list[tuple[torch.Tensor, torch.Tensor]] = []  # async copies not committed
         self.copy_groups: list[list[tuple[torch.Tensor, torch.Tensor]]] = []  # committed, not landed
         self.pending_dots: list[_PendingDot] = []  # asynchronous wgmmas not retired, oldest first
+        self.warps = kernel.num_warps  # of this partition (the whole program outside warp_specialize)
+        self.barriers: dict[int, _Barrier] = {}  # mbarriers by shared-memory address, shared by partitions
+        self.scheduler: _Scheduler | None = None  # inside warp_specialize: the partitions' scheduler
         for name, value in zip(kernel.arguments, arguments, strict=True):
             if isinstance(value, torch.Tensor):
                 if not value.is_contiguous():
@@ -481,6 +648,9 @@ class _Program:
 
     def _op_arith_shli(self, op: Op) -> torch.Tensor:
         return self._binary(op, torch.bitwise_left_shift)
+
+    def _op_arith_xori(self, op: Op) -> torch.Tensor:
+        return self._binary(op, torch.bitwise_xor)
 
     def _op_arith_ori(self, op: Op) -> torch.Tensor:
         return self._binary(op, torch.bitwise_or)
@@ -706,6 +876,92 @@ class _Program:
     def _op_ttng_fence_async_shared(self, op: Op) -> None:
         """Orders this program's shared-memory stores before its wgmmas' reads: the interpreter's
         reads happen at the wait anyway (see :meth:`_op_ttng_warp_group_dot`)."""
+
+    # -- warp specialization and mbarriers ---------------------------------------------------
+    def _op_ttg_warp_specialize(self, op: Op) -> Any:
+        """Run the default region and every worker partition (module docstring), workers first;
+        returns what the default region yields."""
+        if self.scheduler is not None:
+            raise NotImplementedError("ttg.warp_specialize inside a partition")
+        operands = self._args(op)
+        workers = list(range(1, len(op.regions)))
+        order = [0, *workers] if self.kernel.default_partition_first else [*workers, 0]
+        scheduler = _Scheduler(len(op.regions), order)
+        partitions, bodies = [], []
+        for index, (header, *region) in enumerate(op.regions):
+            partition = copy.copy(self)
+            partition.values = dict(self.values)
+            partition.open_copies, partition.copy_groups, partition.pending_dots = [], [], []
+            partition.scheduler, partition.index, partition.yielded = scheduler, index, []
+            if header != "default":
+                names = re.findall(r"(%[\w\-.]+):", header)
+                partition.values.update(zip(names, operands, strict=True))
+                partition.warps = int(re.search(r"num_warps\((\d+)\)", header).group(1))  # type: ignore[union-attr]
+            partitions.append(partition)
+            bodies.append(functools.partial(partition._run_partition, region))
+        scheduler.run(bodies)
+        for partition in partitions:
+            if partition.open_copies or partition.copy_groups:
+                raise RuntimeError(
+                    f"partition {partition.index} ended with cp.async copies that never landed"
+                )
+        results = partitions[0].yielded
+        return results if len(results) != 1 else results[0]
+
+    def _run_partition(self, region: list[Any]) -> None:
+        for inner in region:
+            if inner.name in ("ttg.warp_yield", "ttg.warp_return"):
+                self.yielded = self._args(inner)
+                return
+            self._execute(inner)
+
+    def _barrier(self, memory: torch.Tensor) -> _Barrier:
+        barrier = self.barriers.get(memory.data_ptr())
+        if barrier is None:
+            raise RuntimeError("an mbarrier used before ttng.init_barrier")
+        return barrier
+
+    def _op_ttng_init_barrier(self, op: Op) -> None:
+        (memory,) = self._args(op)
+        count = int(re.match(r"\s*%[\w\-.#]+, (\d+)", op.text).group(1))  # type: ignore[union-attr]
+        self.barriers[memory.data_ptr()] = _Barrier(count, count)
+
+    def _op_ttng_wait_barrier(self, op: Op) -> None:
+        memory, parity, *rest = self._args(op)
+        if rest and rest[0].dtype == torch.bool and not bool(rest[0]):
+            return
+        barrier, parity = self._barrier(memory), int(parity) & 1
+        what = f"the phase of parity {parity} of the mbarrier at shared offset {memory.data_ptr() % 4096:#x}"
+        if self.scheduler is None:
+            if not barrier.phase_done(parity):
+                raise Deadlock(f"a program without partitions waits forever for {what}")
+            return
+        self.scheduler.wait_until(self.index, lambda: barrier.phase_done(parity), what)
+
+    def _op_ttng_arrive_barrier(self, op: Op) -> None:
+        """One arrival of ``count`` for the partition (Triton: a barrier of the partition's warps,
+        then one thread arrives)."""
+        memory, *predicate = self._args(op)
+        count = int(re.match(r"\s*%[\w\-.#]+, (\d+)", op.text).group(1))  # type: ignore[union-attr]
+        if not predicate or bool(predicate[0]):
+            self._barrier(memory).arrive(count)
+            if self.scheduler is not None:
+                self.scheduler.preempt(self.index)
+
+    def _op_ttng_async_copy_mbarrier_arrive(self, op: Op) -> None:
+        """``cp.async.mbarrier.arrive.noinc``: every thread of the partition arrives once its
+        earlier copies land; those copies land when the barrier's phase completes."""
+        if "noIncrement" not in op.text:
+            raise NotImplementedError("ttng.async_copy_mbarrier_arrive without noIncrement")
+        if self.copy_groups:
+            raise NotImplementedError("cp.async copies tracked by both commit groups and an mbarrier")
+        (memory,) = self._args(op)
+        barrier = self._barrier(memory)
+        barrier.copies += self.open_copies
+        self.open_copies = []
+        barrier.arrive(self.warps * 32)
+        if self.scheduler is not None:
+            self.scheduler.preempt(self.index)
 
     def _op_gpu_barrier(self, op: Op) -> None:
         """A CTA barrier (``gpu.barrier`` in Triton 3.6, ``ttg.barrier`` later): a program is one

@@ -10,7 +10,9 @@ a kernel by setting the module's attribute).
 - :func:`decode`: :mod:`decode_kernels` (the decode GEMMs; Gluon, Triton 3.6+);
   :func:`decode_imports` says, once per process, whether that module imports;
 - :func:`prefill`: :mod:`prefill_kernels` (the Hopper prefill GEMM; Gluon, Triton 3.6+, sm_90a);
-  :func:`prefill_imports` says, once per process, whether that module imports.
+  :func:`prefill_imports` says, once per process, whether that module imports;
+- :func:`prefill_ws`: :mod:`prefill_ws_kernels` (its warp-specialized variant; part of what
+  :func:`prefill_imports` checks).
 """
 
 from __future__ import annotations
@@ -46,6 +48,12 @@ def prefill() -> Any:
     return prefill_kernels
 
 
+def prefill_ws() -> Any:
+    from a4prefill.ops.backends.triton import prefill_ws_kernels
+
+    return prefill_ws_kernels
+
+
 def _imports(load: Callable[[], Any]) -> bool:
     """Whether ``load`` imports its kernel module (a Triton whose Gluon has what it uses)."""
     try:
@@ -63,8 +71,9 @@ def decode_imports() -> bool:
 
 @functools.cache
 def prefill_imports() -> bool:
-    """Whether :mod:`prefill_kernels` imports (a Triton whose Gluon has the Hopper ops it uses)."""
-    return _imports(prefill)
+    """Whether :mod:`prefill_kernels` and :mod:`prefill_ws_kernels` import (a Triton whose Gluon
+    has the Hopper ops they use)."""
+    return _imports(prefill) and _imports(prefill_ws)
 
 
 register_state(__name__, decode_imports.cache_clear, decode_imports)

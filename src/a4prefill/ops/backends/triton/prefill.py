@@ -8,6 +8,7 @@ activation column order.
 from __future__ import annotations
 
 import functools
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -35,6 +36,41 @@ def mma_column_order(k: int, device: torch.device) -> torch.Tensor:
 
 
 register_state(__name__, mma_column_order.cache_clear, mma_column_order)
+
+
+# The warp-specialized kernel's workers: one producer warp with 40 registers per thread, the
+# second consumer warpgroup with 232 (Triton pads the producer to a warpgroup: 384 threads, one
+# CTA per SM)
+WS_PARTITIONS = MappingProxyType({"PRODUCER_WARPS": 1, "PRODUCER_REGISTERS": 40, "CONSUMER_REGISTERS": 232})
+
+
+def schedule_kernel(schedule: PrefillGemm) -> Any:
+    """The Gluon kernel that runs ``schedule``: ``grouped_w4_gemm_ws_kernel`` (warp-specialized),
+    ``grouped_w4_gemm_rs_kernel`` (register weights) or ``grouped_w4_gemm_kernel``. Imports them
+    (Triton 3.6+ with Gluon)."""
+    if schedule.warp_specialized:
+        return kernel_modules.prefill_ws().grouped_w4_gemm_ws_kernel
+    kernels = kernel_modules.prefill()
+    return kernels.grouped_w4_gemm_rs_kernel if schedule.register_weights else kernels.grouped_w4_gemm_kernel
+
+
+def schedule_constexprs(schedule: PrefillGemm) -> dict[str, int | bool]:
+    """The constexprs that ``schedule`` sets on :func:`schedule_kernel`: the tile (``BT``,
+    ``DEPTH`` and, but for the warp-specialized kernel, ``BW``), then per kernel ``WEIGHT_AHEAD``,
+    ``A_SETS``, ``WGMMAS`` (register weights), :data:`WS_PARTITIONS` (warp-specialized) or ``BK``.
+    What :func:`launch_prefill_gemm` compiles; the tests compile the same offline."""
+    constexprs: dict[str, int | bool] = {"BT": schedule.routes, "DEPTH": schedule.depth}
+    if schedule.warp_specialized:
+        constexprs.update(WS_PARTITIONS)
+    elif schedule.register_weights:
+        constexprs["BW"] = schedule.weight_rows
+        constexprs["WEIGHT_AHEAD"] = schedule.weights_ahead
+        constexprs["A_SETS"] = schedule.a_register_sets
+        constexprs["WGMMAS"] = schedule.wgmmas_per_step
+    else:
+        constexprs["BW"] = schedule.weight_rows
+        constexprs["BK"] = schedule.block_k
+    return constexprs
 
 
 def launch_prefill_gemm(
@@ -131,28 +167,16 @@ def launch_prefill_gemm(
     if out_mma_order and out_n % 64:
         raise ValueError(f"out_mma_order needs out's row length ({out_n}) to be a multiple of 64")
     constexprs = {
-        "BW": schedule.weight_rows,
-        "BT": schedule.routes,
-        "DEPTH": schedule.depth,
+        **schedule_constexprs(schedule),
         "EPILOGUE": PREFILL_EPILOGUES[epilogue],
         "MODE": mode,
         "HAS_LIMIT": swiglu_limit is not None,
         "OUT_MMA_ORDER": out_mma_order,
     }
-    if schedule.register_weights:
-        if not x_mma_order:
-            x = x.index_select(1, mma_column_order(k, x.device))
-        constexprs["WEIGHT_AHEAD"] = schedule.weights_ahead
-        constexprs["A_SETS"] = schedule.a_register_sets
-        constexprs["WGMMAS"] = schedule.wgmmas_per_step
-    else:
-        constexprs["BK"] = schedule.block_k
+    if schedule.register_weights and not x_mma_order:
+        x = x.index_select(1, mma_column_order(k, x.device))
     if kernel is None:
-        kernels = kernel_modules.prefill()
-        if schedule.register_weights:
-            kernel = kernels.grouped_w4_gemm_rs_kernel
-        else:
-            kernel = kernels.grouped_w4_gemm_kernel
+        kernel = schedule_kernel(schedule)
     grid = (n // schedule.weight_rows, routing.max_tiles)
     kernel[grid](
         x,

@@ -282,6 +282,10 @@ class PrefillGemm:
     set): a step's 64 columns as that many wgmmas, each later one's A operand dequantized while
     the earlier ones run. ``register_cap`` (0, 80, 96 or 128): the register cap per thread
     (``maxnreg``) of the kernel in every precision mode, 0 for :meth:`max_registers`' default.
+    ``warp_specialized`` (register weights, 128 weight rows, one A set, one wgmma per step, no
+    cap, routes 64 to 256): ``prefill_ws_kernels.grouped_w4_gemm_ws_kernel``, a producer warp
+    copying ``depth`` steps ahead and the two consumer warpgroups decoupled through mbarriers
+    (no CTA barrier per step); launched with 4 warps plus its workers.
     A CTA's buffers (:attr:`shared_bytes`) must fit an H100/H200 CTA's 227 KiB of shared memory."""
 
     weight_rows: int = 128
@@ -293,6 +297,7 @@ class PrefillGemm:
     a_register_sets: int = 1
     wgmmas_per_step: int = 1
     register_cap: int = 0
+    warp_specialized: bool = False
 
     def __post_init__(self) -> None:
         if self.weight_rows not in (64, 128, 256):
@@ -329,6 +334,19 @@ class PrefillGemm:
             raise ValueError(
                 f"PrefillGemm.register_cap must be 0 (none), 80, 96 or 128, got {self.register_cap}"
             )
+        if self.warp_specialized and not (
+            self.register_weights
+            and self.weight_rows == 128
+            and self.routes >= 64
+            and self.a_register_sets == 1
+            and self.wgmmas_per_step == 1
+            and not self.register_cap
+            and not self.weight_ahead
+        ):
+            raise ValueError(
+                "PrefillGemm.warp_specialized needs register_weights, 128 weight rows, 64 to 256 routes, "
+                f"one A register set, one wgmma per step, no register cap and no weight_ahead, got {self}"
+            )
         if self.shared_bytes > 227 * 1024:
             raise ValueError(
                 f"PrefillGemm {self} needs {self.shared_bytes} bytes of shared memory, over 227 KiB"
@@ -336,8 +354,9 @@ class PrefillGemm:
 
     @property
     def warps(self) -> int:
-        """Warps per CTA: one warpgroup (4 warps) per 64 weight rows."""
-        return self.weight_rows // 16
+        """Warps the CTA is launched with: one warpgroup (4 warps) per 64 weight rows; with
+        :attr:`warp_specialized` the default partition's warpgroup (its workers add their own)."""
+        return 4 if self.warp_specialized else self.weight_rows // 16
 
     @property
     def shared_bytes(self) -> int:
@@ -346,6 +365,8 @@ class PrefillGemm:
         bf16 weights."""
         rows, k = self.weight_rows, self.block_k
         weight_slot, row_slot = rows * k // 2 + rows * k // 16, self.routes * k * 2
+        if self.warp_specialized:
+            return self.depth * (weight_slot + row_slot) + 2 * self.depth * 8  # and the mbarriers
         if self.register_weights:
             return (self.weights_ahead + 1) * weight_slot + self.depth * row_slot
         return self.depth * (weight_slot + row_slot) + 3 * rows * k * 2
@@ -360,9 +381,12 @@ class PrefillGemm:
         requantized copy) takes 145 (Triton 3.9) to 161 (Triton 3.6) uncapped, one CTA per SM.
         Capped, ptxas spills 8-24 bytes in the epilogue and none in the K loop (checked offline,
         ``tests/test_triton_prefill_on_cpu.py``). A schedule's :attr:`register_cap`, where set,
-        is the cap of every mode."""
+        is the cap of every mode; a :attr:`warp_specialized` one has none (``setmaxnreg`` sets
+        its partitions' registers)."""
         if self.register_cap:
             return self.register_cap
+        if self.warp_specialized:  # its partitions' registers are set by setmaxnreg
+            return 0
         two_ctas = self.register_weights and self.weight_rows == 128 and self.routes <= 128
         return 128 if two_ctas and mode == MODE_SPLIT else 0
 
@@ -381,8 +405,15 @@ class PrefillGemm:
         sets = "_x2" if self.a_register_sets == 2 else ""
         halves = "_h2" if self.wgmmas_per_step == 2 else ""
         cap = f"_r{self.register_cap}" if self.register_cap else ""
+        cap += "_ws" if self.warp_specialized else ""
         tile = f"w{self.weight_rows}_t{self.routes}_k{self.block_k}_d{self.depth}"
         return f"{kernel}{tile}{ahead}{sets}{halves}{cap}"
+
+
+def _warp_specialized(routes: int, depth: int) -> PrefillGemm:
+    """The warp-specialized register-weights schedule of ``routes``-route tiles and ``depth``
+    ring slots (128 weight rows)."""
+    return PrefillGemm(128, routes, depth=depth, register_weights=True, warp_specialized=True)
 
 
 # The prefill GEMM schedules the benchmark compares (benchmarks/bench_prefill_gemm.py). In the H200
@@ -431,6 +462,10 @@ PREFILL_SCHEDULES = MappingProxyType(
         "rs_w256_t64_d4": PrefillGemm(256, 64, depth=4, register_weights=True),
         "rs_w256_t128_d4": PrefillGemm(256, 128, depth=4, register_weights=True),
         "rs_w256_t128_d5": PrefillGemm(256, 128, depth=5, register_weights=True),
+        "rs_w128_t128_d4_ws": _warp_specialized(128, 4),
+        "rs_w128_t128_d6_ws": _warp_specialized(128, 6),
+        "rs_w128_t64_d6_ws": _warp_specialized(64, 6),
+        "rs_w128_t256_d4_ws": _warp_specialized(256, 4),
     }
 )
 
