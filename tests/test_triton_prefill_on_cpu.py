@@ -283,6 +283,22 @@ def test_the_register_weights_gemms_of_a_moe_call_keep_their_ctas_per_sm(label, 
         assert local_memory_in_k_loop(kernel) == []
 
 
+@pytest.mark.parametrize("mode", [pytest.param(MODE_W4A16, id="w4a16"), pytest.param(MODE_SPLIT, id="split")])
+@pytest.mark.parametrize("label", ["rs_w128_t64_d6_ws", "rs_w128_t128_d4_ws"])
+def test_the_warp_specialized_gemms_spill_nothing(label, mode):
+    """FC1 (SwiGLU, ``h`` in MMA column order) and FC2 (alpha) of the warp-specialized kernel at
+    64- and 128-route tiles compile with no local memory at all (SASS), with the launcher's
+    partitions (``prefill.WS_PARTITIONS``). Its first cut, a one-warp producer with 40 registers,
+    spilled the copy addresses of 128 rows: 506 local loads and stores in the 128-route FC1 with
+    the H200's Triton 3.6. A guard, not proof for the H200's compiler."""
+    schedule = PREFILL_SCHEDULES[label]
+    swiglu, alpha = PREFILL_EPILOGUES["swiglu"], PREFILL_EPILOGUES["alpha"]
+    fc1 = compile_prefill_kernel(schedule, EPILOGUE=swiglu, MODE=mode, OUT_MMA_ORDER=True)
+    fc2 = compile_prefill_kernel(schedule, GATHER=False, EPILOGUE=alpha, MODE=mode)
+    for kernel in (fc1, fc2):
+        assert re.findall(r"\b(?:STL|LDL)\b", cuobjdump(kernel, "-sass")) == []
+
+
 @pytest.mark.parametrize("label", list(PREFILL_SCHEDULES))
 @pytest.mark.parametrize("gather", [True, False], ids=["fc1_gather", "fc2_sorted"])
 def test_matches_the_fp32_product(interpreted, label, gather):

@@ -38,10 +38,12 @@ def mma_column_order(k: int, device: torch.device) -> torch.Tensor:
 register_state(__name__, mma_column_order.cache_clear, mma_column_order)
 
 
-# The warp-specialized kernel's workers: one producer warp with 40 registers per thread, the
-# second consumer warpgroup with 232 (Triton pads the producer to a warpgroup: 384 threads, one
-# CTA per SM)
-WS_PARTITIONS = MappingProxyType({"PRODUCER_WARPS": 1, "PRODUCER_REGISTERS": 40, "CONSUMER_REGISTERS": 232})
+# The warp-specialized kernel's workers: a producer warpgroup with 64 registers per thread, the
+# second consumer warpgroup with 224 (the default one gets what setmaxnreg leaves it; 384
+# threads, one CTA per SM). A one-warp producer with 40 registers spilled its copy addresses
+# (506 local loads and stores in the 128-route FC1's SASS, Triton 3.6); this spills nothing at 64
+# and 128 routes and 4-22 at 256 (tests/test_triton_prefill_on_cpu.py)
+WS_PARTITIONS = MappingProxyType({"PRODUCER_WARPS": 4, "PRODUCER_REGISTERS": 64, "CONSUMER_REGISTERS": 224})
 
 
 def schedule_kernel(schedule: PrefillGemm) -> Any:

@@ -6,11 +6,12 @@ warpgroups decoupled.
 A CTA multiplies 128 weight rows of one expert by ``BT`` sorted routes of it, as three
 partitions (``gl.warp_specialize``) that meet only at mbarriers, never at a CTA barrier:
 
-- a **producer** (``PRODUCER_WARPS`` warps, few registers): per K step of 64 columns it waits
-  until ring slot ``s % DEPTH`` is free (``empty``), ``cp.async``-copies the step's code bytes
-  and scale bytes of all 128 rows and the ``BT`` activation rows (gathered by token for FC1)
-  into the slot, and arrives on the slot's ``ready`` barrier when its copies land
-  (``cp.async.mbarrier.arrive.noinc``: one arrival per producer thread);
+- a **producer** (``PRODUCER_WARPS`` warps, few registers; ``prefill.WS_PARTITIONS``): per K
+  step of 64 columns it waits until ring slot ``s % DEPTH`` is free (``empty``),
+  ``cp.async``-copies the step's code bytes and scale bytes of all 128 rows and the ``BT``
+  activation rows (gathered by token for FC1) into the slot, and arrives on the slot's ``ready``
+  barrier when its copies land (``cp.async.mbarrier.arrive.noinc``: one arrival per producer
+  thread);
 - two **consumers**, the default partition (weight rows 0-63) and a worker (rows 64-127), one
   warpgroup each: per step each waits for ``ready``, reads its 64 rows' code and scale bytes in
   :func:`~prefill_kernels.fragment_codes_layout`, dequantizes them into its wgmma A registers,

@@ -283,8 +283,8 @@ class PrefillGemm:
     the earlier ones run. ``register_cap`` (0, 80, 96 or 128): the register cap per thread
     (``maxnreg``) of the kernel in every precision mode, 0 for :meth:`max_registers`' default.
     ``warp_specialized`` (register weights, 128 weight rows, one A set, one wgmma per step, no
-    cap, routes 64 to 256): ``prefill_ws_kernels.grouped_w4_gemm_ws_kernel``, a producer warp
-    copying ``depth`` steps ahead and the two consumer warpgroups decoupled through mbarriers
+    cap, routes 64 to 256): ``prefill_ws_kernels.grouped_w4_gemm_ws_kernel``, a producer
+    warpgroup copying ``depth`` steps ahead and the two consumer warpgroups decoupled through mbarriers
     (no CTA barrier per step); launched with 4 warps plus its workers.
     A CTA's buffers (:attr:`shared_bytes`) must fit an H100/H200 CTA's 227 KiB of shared memory."""
 
