@@ -435,18 +435,14 @@ class _Scheduler:
         """Partition ``i`` made an arrival: the turn goes to the first partition in ``order`` that
         can go on now (``i`` itself if none before it can), so that a released slot is refilled,
         or a completed phase consumed, before ``i`` takes another step."""
-        with self.condition:
-            self.waiting[i] = (lambda: True, "its turn after an arrival")
-            self._pass_turn()
-            self.condition.wait_for(lambda: self.turn == i or self.turn == -1)
-            if self.turn == -1:
-                raise Deadlock("another partition failed")
-            del self.waiting[i]
+        self._hand_over(i, lambda: True, "its turn after an arrival")
 
     def wait_until(self, i: int, ready: Callable[[], bool], what: str) -> None:
         """Partition ``i`` waits for ``ready()``: the turn passes on until it holds."""
-        if ready():
-            return
+        if not ready():
+            self._hand_over(i, ready, what)
+
+    def _hand_over(self, i: int, ready: Callable[[], bool], what: str) -> None:
         with self.condition:
             self.waiting[i] = (ready, what)
             self._pass_turn()

@@ -164,6 +164,31 @@ def _weight_row(n0, r, N, EPILOGUE: gl.constexpr):
 
 
 @gluon.jit
+def _tile(
+    tile_expert_ptr,
+    tile_row_ptr,
+    seg_start_ptr,
+    seg_count_ptr,
+    num_tiles_ptr,
+    K,
+    BW: gl.constexpr,
+    BK: gl.constexpr,
+):
+    """This program's tile, scalars only: ``(steps, expert, row0, seg_end, n0, live_tile)``
+    (``BW`` weight rows from ``n0``, ``K / BK`` steps; ``steps`` 0 for an idle program, ``tile >=
+    num_tiles``, which reads no routing entry past ``num_tiles``)."""
+    # grid (N / BW, max_tiles): the CTAs launched together share a tile's activation rows
+    tile = gl.program_id(1)
+    n0 = gl.program_id(0) * BW
+    live_tile = tile < gl.load(num_tiles_ptr)
+    expert = gl.load(tile_expert_ptr + tile, mask=live_tile, other=0)
+    row0 = gl.load(tile_row_ptr + tile, mask=live_tile, other=0)
+    seg_end = gl.load(seg_start_ptr + expert) + gl.load(seg_count_ptr + expert)
+    steps = gl.where(live_tile, K // BK, 0)
+    return steps, expert, row0, seg_end, n0, live_tile
+
+
+@gluon.jit
 def _tile_operands(
     x_ptr,
     codes_ptr,
@@ -195,13 +220,9 @@ def _tile_operands(
     XL: gl.constexpr = rows_layout(BK, num_warps)
     G: gl.constexpr = BK // 16
 
-    # grid (N / BW, max_tiles): the CTAs launched together share a tile's activation rows
-    tile = gl.program_id(1)
-    n0 = gl.program_id(0) * BW
-    live_tile = tile < gl.load(num_tiles_ptr)
-    expert = gl.load(tile_expert_ptr + tile, mask=live_tile, other=0)
-    row0 = gl.load(tile_row_ptr + tile, mask=live_tile, other=0)
-    seg_end = gl.load(seg_start_ptr + expert) + gl.load(seg_count_ptr + expert)
+    steps, expert, row0, seg_end, n0, live_tile = _tile(
+        tile_expert_ptr, tile_row_ptr, seg_start_ptr, seg_count_ptr, num_tiles_ptr, K, BW, BK
+    )
 
     # code bytes [BW, G, 8] of the expert's rows n0.., step 0
     r3 = gl.arange(0, BW, layout=gl.SliceLayout(1, gl.SliceLayout(2, CL)))
@@ -218,7 +239,6 @@ def _tile_operands(
     gs = gl.arange(0, G, layout=gl.SliceLayout(0, SCL))
     scale_rows = (expert * N + _weight_row(n0, rs, N, EPILOGUE)).to(gl.int64)
     scale_ptrs = scales_ptr + (scale_rows[:, None] * (steps_k * G) + gs[None, :])
-    steps = gl.where(live_tile, steps_k, 0)
     # activation rows [BT, BK], step 0
     pos_x = row0 + gl.arange(0, BT, layout=gl.SliceLayout(1, XL))
     live_x = (pos_x < seg_end) & (pos_x < ROUTES) & live_tile

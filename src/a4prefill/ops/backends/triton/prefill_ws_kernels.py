@@ -42,6 +42,7 @@ from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warp
 from a4prefill.ops.backends.triton.prefill_kernels import (
     _dequant_fragment,
     _epilogue,
+    _tile,
     _tile_operands,
     acc_layout,
     fragment_codes_layout,
@@ -146,26 +147,9 @@ def _consume(
     ACC: gl.constexpr = acc_layout(BT, gl.num_warps())
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
     FL: gl.constexpr = fragment_codes_layout(CONSUMER_ROWS, gl.num_warps(), 8)
-    # this program's tile (scalars only: the pointers are the producer's)
-    _, _, _, _, steps, expert, row0, seg_end, n0, live_tile = _tile_operands(
-        out_ptr,
-        out_ptr,
-        out_ptr,
-        sorted_route_ptr,
-        tile_expert_ptr,
-        tile_row_ptr,
-        seg_start_ptr,
-        seg_count_ptr,
-        num_tiles_ptr,
-        N,
-        K,
-        ROUTES,
-        TOPK,
-        False,
-        EPILOGUE,
-        2 * CONSUMER_ROWS,
-        BT,
-        STEP,
+    # this program's tile (the copy pointers are the producer's)
+    steps, expert, row0, seg_end, n0, live_tile = _tile(
+        tile_expert_ptr, tile_row_ptr, seg_start_ptr, seg_count_ptr, num_tiles_ptr, K, 2 * CONSUMER_ROWS, STEP
     )
     acc = gl.zeros([CONSUMER_ROWS, BT], gl.float32, layout=ACC)
     for step in range(steps):
