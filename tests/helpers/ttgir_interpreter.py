@@ -301,7 +301,7 @@ class Kernel:
         for z in range(grid[2]):
             for y in range(grid[1]):
                 for x in range(grid[0]):
-                    _Program(self, (x, y, z), arguments, writers, accesses).run()
+                    _Program(self, (x, y, z), grid, arguments, writers, accesses).run()
         return accesses
 
 
@@ -476,12 +476,14 @@ class _Program:
         self,
         kernel: Kernel,
         program_id: tuple[int, int, int],
+        grid: tuple[int, int, int],
         arguments: list[Any],
         writers: dict[int, torch.Tensor],
         accesses: Accesses,
     ) -> None:
         self.kernel = kernel
         self.program_id = program_id
+        self.grid = grid
         self.writers = writers
         self.accesses = accesses
         self.waited = False  # griddepcontrol.wait seen
@@ -573,6 +575,10 @@ class _Program:
     def _op_tt_get_program_id(self, op: Op) -> torch.Tensor:
         axis = "xyz".index(op.text.split()[0])
         return torch.tensor(self.program_id[axis], dtype=torch.int32)
+
+    def _op_tt_get_num_programs(self, op: Op) -> torch.Tensor:
+        axis = "xyz".index(op.text.split()[0])
+        return torch.tensor(self.grid[axis], dtype=torch.int32)
 
     # -- shapes -----------------------------------------------------------------------------
     def _op_tt_splat(self, op: Op) -> Any:

@@ -38,12 +38,27 @@ def mma_column_order(k: int, device: torch.device) -> torch.Tensor:
 register_state(__name__, mma_column_order.cache_clear, mma_column_order)
 
 
-# The warp-specialized kernel's workers: a producer warpgroup with 64 registers per thread, the
-# second consumer warpgroup with 224 (the default one gets what setmaxnreg leaves it; 384
+# The warp-specialized kernel's workers: a producer warpgroup with 80 registers per thread, the
+# second consumer warpgroup with 216 (the default one gets what setmaxnreg leaves it; 384
 # threads, one CTA per SM). A one-warp producer with 40 registers spilled its copy addresses
-# (506 local loads and stores in the 128-route FC1's SASS, Triton 3.6); this spills nothing at 64
-# and 128 routes and 4-22 at 256 (tests/test_triton_prefill_on_cpu.py)
-WS_PARTITIONS = MappingProxyType({"PRODUCER_WARPS": 4, "PRODUCER_REGISTERS": 64, "CONSUMER_REGISTERS": 224})
+# (506 local loads and stores in the 128-route FC1's SASS, Triton 3.6); a warpgroup with 64
+# spilled 4 (Triton 3.6) to 32 (3.9) in the persistent kernel's 128-route FC2, whose loop over
+# work items keeps more addresses live; 80 spills nothing at 64 and 128 routes, with one or two
+# A register sets (tests/test_triton_prefill_on_cpu.py)
+WS_PARTITIONS = MappingProxyType({"PRODUCER_WARPS": 4, "PRODUCER_REGISTERS": 80, "CONSUMER_REGISTERS": 216})
+
+
+@functools.cache
+def persistent_programs(device: torch.device) -> int:
+    """Programs that a persistent kernel (the warp-specialized one: one CTA per SM) is launched
+    with on ``device``: its SM count on a CUDA device, 2 elsewhere (the TTGIR interpreter on the
+    CPU, so that each program runs several work items). Cached per device."""
+    if device.type != "cuda":
+        return 2
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+register_state(__name__, persistent_programs.cache_clear, persistent_programs)
 
 
 def schedule_kernel(schedule: PrefillGemm) -> Any:
@@ -59,10 +74,12 @@ def schedule_kernel(schedule: PrefillGemm) -> Any:
 def schedule_constexprs(schedule: PrefillGemm) -> dict[str, int | bool]:
     """The constexprs that ``schedule`` sets on :func:`schedule_kernel`: the tile (``BT``,
     ``DEPTH`` and, but for the warp-specialized kernel, ``BW``), then per kernel ``WEIGHT_AHEAD``,
-    ``A_SETS``, ``WGMMAS`` (register weights), :data:`WS_PARTITIONS` (warp-specialized) or ``BK``.
+    ``A_SETS``, ``WGMMAS`` (register weights), ``A_SETS`` and :data:`WS_PARTITIONS`
+    (warp-specialized) or ``BK``.
     What :func:`launch_prefill_gemm` compiles; the tests compile the same offline."""
     constexprs: dict[str, int | bool] = {"BT": schedule.routes, "DEPTH": schedule.depth}
     if schedule.warp_specialized:
+        constexprs["A_SETS"] = schedule.a_register_sets
         constexprs.update(WS_PARTITIONS)
     elif schedule.register_weights:
         constexprs["BW"] = schedule.weight_rows
@@ -179,7 +196,9 @@ def launch_prefill_gemm(
         x = x.index_select(1, mma_column_order(k, x.device))
     if kernel is None:
         kernel = schedule_kernel(schedule)
-    grid = (n // schedule.weight_rows, routing.max_tiles)
+    grid: tuple[int, ...] = (n // schedule.weight_rows, routing.max_tiles)
+    if schedule.warp_specialized:  # persistent: at most one program per SM, looping over the work
+        grid = (min(persistent_programs(x.device), grid[0] * grid[1]),)
     kernel[grid](
         x,
         codes,

@@ -165,6 +165,8 @@ def _weight_row(n0, r, N, EPILOGUE: gl.constexpr):
 
 @gluon.jit
 def _tile(
+    tile,
+    n_block,
     tile_expert_ptr,
     tile_row_ptr,
     seg_start_ptr,
@@ -174,12 +176,13 @@ def _tile(
     BW: gl.constexpr,
     BK: gl.constexpr,
 ):
-    """This program's tile, scalars only: ``(steps, expert, row0, seg_end, n0, live_tile)``
-    (``BW`` weight rows from ``n0``, ``K / BK`` steps; ``steps`` 0 for an idle program, ``tile >=
-    num_tiles``, which reads no routing entry past ``num_tiles``)."""
-    # grid (N / BW, max_tiles): the CTAs launched together share a tile's activation rows
-    tile = gl.program_id(1)
-    n0 = gl.program_id(0) * BW
+    """Route tile ``tile`` of the routing times weight-row block ``n_block``, scalars only:
+    ``(steps, expert, row0, seg_end, n0, live_tile)`` (``BW`` weight rows from ``n0 = n_block *
+    BW``, ``K / BK`` steps; ``steps`` 0 for an idle tile, ``tile >= num_tiles``, which reads no
+    routing entry past ``num_tiles``). The one-tile kernels pass ``(program_id(1),
+    program_id(0))`` of their grid ``(N / BW, max_tiles)``, so that the CTAs launched together
+    share a tile's activation rows."""
+    n0 = n_block * BW
     live_tile = tile < gl.load(num_tiles_ptr)
     expert = gl.load(tile_expert_ptr + tile, mask=live_tile, other=0)
     row0 = gl.load(tile_row_ptr + tile, mask=live_tile, other=0)
@@ -190,6 +193,8 @@ def _tile(
 
 @gluon.jit
 def _tile_operands(
+    tile,
+    n_block,
     x_ptr,
     codes_ptr,
     scales_ptr,
@@ -209,7 +214,7 @@ def _tile_operands(
     BT: gl.constexpr,
     BK: gl.constexpr,
 ):
-    """This program's tile and the copy pointers of its step 0: ``(code_ptrs [BW, BK / 16, 8],
+    """The tile of :func:`_tile` and the copy pointers of its step 0: ``(code_ptrs [BW, BK / 16, 8],
     scale_ptrs [BW, BK / 16], x_ptrs [BT, BK], x_mask, steps, expert, row0, seg_end, n0,
     live_tile)``; weight rows as :func:`_weight_row`.
     ``steps`` is 0 for an idle program (``tile >= num_tiles``), which reads no routing entry past
@@ -221,7 +226,7 @@ def _tile_operands(
     G: gl.constexpr = BK // 16
 
     steps, expert, row0, seg_end, n0, live_tile = _tile(
-        tile_expert_ptr, tile_row_ptr, seg_start_ptr, seg_count_ptr, num_tiles_ptr, K, BW, BK
+        tile, n_block, tile_expert_ptr, tile_row_ptr, seg_start_ptr, seg_count_ptr, num_tiles_ptr, K, BW, BK
     )
 
     # code bytes [BW, G, 8] of the expert's rows n0.., step 0
@@ -485,6 +490,8 @@ def grouped_w4_gemm_kernel(
     AHEAD: gl.constexpr = DEPTH - 2
 
     code_ptrs, scale_ptrs, x_ptrs, x_mask, steps, expert, row0, seg_end, n0, live_tile = _tile_operands(
+        gl.program_id(1),
+        gl.program_id(0),
         x_ptr,
         codes_ptr,
         scales_ptr,
@@ -755,6 +762,8 @@ def grouped_w4_gemm_rs_kernel(
     LAG: gl.constexpr = WEIGHT_AHEAD - AHEAD
 
     code_ptrs, scale_ptrs, x_ptrs, x_mask, steps, expert, row0, seg_end, n0, live_tile = _tile_operands(
+        gl.program_id(1),
+        gl.program_id(0),
         x_ptr,
         codes_ptr,
         scales_ptr,

@@ -1,10 +1,13 @@
 """The warp-specialized Hopper prefill GEMM of the ``triton`` backend (Gluon, sm_90a; issue 23,
-ninth round, not yet chosen by any MoE call): ``grouped_w4_gemm_ws_kernel``, the register-weights
-GEMM of :mod:`prefill_kernels` (``grouped_w4_gemm_rs_kernel``) with its copies and its two
-warpgroups decoupled.
+not yet chosen by any MoE call): ``grouped_w4_gemm_ws_kernel``, the register-weights GEMM of
+:mod:`prefill_kernels` (``grouped_w4_gemm_rs_kernel``) with its copies and its two warpgroups
+decoupled, and persistent.
 
-A CTA multiplies 128 weight rows of one expert by ``BT`` sorted routes of it, as three
-partitions (``gl.warp_specialize``) that meet only at mbarriers, never at a CTA barrier:
+A work item is 128 weight rows of one expert times ``BT`` sorted routes of it (one route tile
+of the routing times one 128-row block: :func:`_works`). The kernel is persistent: program ``p``
+of ``P`` (one per SM) takes items ``p, p + P, ...`` of the routing's live tiles, read on the
+device (no host sync), as three partitions (``gl.warp_specialize``) that meet only at
+mbarriers, never at a CTA barrier:
 
 - a **producer** (``PRODUCER_WARPS`` warps, few registers; ``prefill.WS_PARTITIONS``): per K
   step of 64 columns it waits until ring slot ``s % DEPTH`` is free (``empty``),
@@ -15,21 +18,22 @@ partitions (``gl.warp_specialize``) that meet only at mbarriers, never at a CTA 
 - two **consumers**, the default partition (weight rows 0-63) and a worker (rows 64-127), one
   warpgroup each: per step each waits for ``ready``, reads its 64 rows' code and scale bytes in
   :func:`~prefill_kernels.fragment_codes_layout`, dequantizes them into its wgmma A registers,
-  issues the wgmma on the slot's rows, retires it and releases the slot (one arrival each, so
-  ``empty`` counts two); then each runs the epilogue of its 64 rows
+  issues the wgmma on the slot's rows and releases the slot once that wgmma retired (one arrival
+  each, so ``empty`` counts two); after an item's last step each runs the epilogue of its 64 rows
   (:func:`~prefill_kernels._epilogue` with 64 rows from ``n0 + 64 * w``: the SwiGLU row pairing
   of :func:`~prefill_kernels._weight_row` holds per 16 rows, so the halves are independent).
 
-So a consumer dequantizes while the other's wgmma runs, and the producer keeps ``DEPTH`` steps
-of copies in flight for both, where the register-weights kernel runs every step of the CTA in
-lockstep behind a CTA barrier. Same arguments, grid, numerics and epilogues as that kernel
-(``x``'s columns in ``prefill.mma_column_order``; the ModelOpt code layout as loaded).
+The ring step ``s`` counts on across a program's items, so the producer copies the next item's
+first steps while the consumers run the epilogue of the last one. A consumer dequantizes while
+the other's wgmma runs and, with ``A_SETS = 2``, while its own previous wgmma runs too. Same
+arguments, numerics and epilogues as the register-weights kernel (``x``'s columns in
+``prefill.mma_column_order``; the ModelOpt code layout as loaded).
 
 Ordering (checked on the CPU by the TTGIR interpreter, which runs the partitions one at a time and
 switches at every mbarrier wait and after every arrival): slot ``s % DEPTH`` is refilled for
-step ``s + DEPTH`` only after both consumers released it at step ``s``, which each does after
-the wgmma that read its rows retired; a consumer reads a slot only after its ``ready`` phase
-completed, which needs every producer thread's copies of that step to have landed.
+ring step ``s + DEPTH`` only after both consumers released it, which each does after the wgmma
+that read its rows retired; a consumer reads a slot only after its ``ready`` phase completed,
+which needs every producer thread's copies of that step to have landed.
 """
 
 from __future__ import annotations
@@ -37,7 +41,11 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mbarrier
-from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 from a4prefill.ops.backends.triton.prefill_kernels import (
     _dequant_fragment,
@@ -54,6 +62,14 @@ _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_g
 
 CONSUMER_ROWS: gl.constexpr = gl.constexpr(64)  # weight rows per consumer warpgroup
 STEP: gl.constexpr = gl.constexpr(64)  # K columns per step
+
+
+@gluon.jit
+def _works(N, num_tiles_ptr):
+    """``(n_blocks, works)``: a work item ``w`` is route tile ``w // n_blocks`` times weight-row
+    block ``w % n_blocks`` (128 rows each); ``works`` counts those of the routing's live tiles."""
+    n_blocks = N // (2 * CONSUMER_ROWS)
+    return n_blocks, n_blocks * gl.load(num_tiles_ptr)
 
 
 @gluon.jit
@@ -76,37 +92,116 @@ def _produce(
     EPILOGUE: gl.constexpr,
     BT: gl.constexpr,
 ):
-    """The producer partition: every step's copies into its ring slot, ``ready`` on landing."""
+    """The producer partition: for each of the program's work items in turn, every step's copies
+    into its ring slot, ``ready`` on landing. The ring runs on across work items: ``done`` counts
+    the steps of the program's earlier items."""
     c_ring, s_ring, x_ring, ready, empty = rings
     DEPTH: gl.constexpr = x_ring.shape[0]
-    code_ptrs, scale_ptrs, x_ptrs, x_mask, steps, _, _, _, _, _ = _tile_operands(
-        x_ptr,
-        codes_ptr,
-        scales_ptr,
-        sorted_route_ptr,
-        tile_expert_ptr,
-        tile_row_ptr,
-        seg_start_ptr,
-        seg_count_ptr,
-        num_tiles_ptr,
-        N,
-        K,
-        ROUTES,
-        TOPK,
-        GATHER,
-        EPILOGUE,
-        2 * CONSUMER_ROWS,
-        BT,
-        STEP,
-    )
-    for step in range(steps):
-        slot = step % DEPTH
-        # the slot's previous use released by both consumers (its first use passes at once)
-        mbarrier.wait(empty.index(slot), ((step // DEPTH) & 1) ^ 1)
-        _async_load(c_ring.index(slot), code_ptrs + step * (STEP // 2))
-        _async_load(s_ring.index(slot), scale_ptrs + step * (STEP // 16))
-        _async_load(x_ring.index(slot), x_ptrs + step * STEP, mask=x_mask)
-        async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
+    n_blocks, works = _works(N, num_tiles_ptr)
+    done = 0
+    for work in range(gl.program_id(0), works, gl.num_programs(0)):
+        code_ptrs, scale_ptrs, x_ptrs, x_mask, steps, _, _, _, _, _ = _tile_operands(
+            work // n_blocks,
+            work % n_blocks,
+            x_ptr,
+            codes_ptr,
+            scales_ptr,
+            sorted_route_ptr,
+            tile_expert_ptr,
+            tile_row_ptr,
+            seg_start_ptr,
+            seg_count_ptr,
+            num_tiles_ptr,
+            N,
+            K,
+            ROUTES,
+            TOPK,
+            GATHER,
+            EPILOGUE,
+            2 * CONSUMER_ROWS,
+            BT,
+            STEP,
+        )
+        for step in range(steps):
+            s = done + step
+            slot = s % DEPTH
+            # the slot's previous use released by both consumers (its first use passes at once)
+            mbarrier.wait(empty.index(slot), ((s // DEPTH) & 1) ^ 1)
+            _async_load(c_ring.index(slot), code_ptrs + step * (STEP // 2))
+            _async_load(s_ring.index(slot), scale_ptrs + step * (STEP // 16))
+            _async_load(x_ring.index(slot), x_ptrs + step * STEP, mask=x_mask)
+            async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
+        done += steps
+
+
+@gluon.jit
+def _consume_step(
+    s,
+    first,
+    acc,
+    a_previous,
+    HALF: gl.constexpr,
+    rings,
+    A_LAYOUT: gl.constexpr,
+    IN_FLIGHT: gl.constexpr,
+):
+    """Ring step ``s`` of a consumer (``first``: the ring step of its work item's step 0): wait for
+    the slot's copies, dequantize its rows' weights into a new A operand ``a``, issue the wgmma,
+    then wait until ``IN_FLIGHT`` wgmmas are left in flight and release the slot whose wgmma that
+    retired: with 0 this step's (its A operand ``a`` a dependency of the wait), with 1 the previous
+    step's of the same item (``a_previous`` the dependency; none at the item's first step: the
+    previous item's last slot was released after its final wait). Returns ``(acc, a)``; with
+    ``IN_FLIGHT = 1`` the wgmma still reads ``a``'s registers, so the caller passes ``a`` as the
+    next step's ``a_previous`` (:func:`_mainloop` unrolls pairs of steps so that they take two sets
+    of registers)."""
+    c_ring, s_ring, x_ring, ready, empty = rings
+    DEPTH: gl.constexpr = x_ring.shape[0]
+    FL: gl.constexpr = fragment_codes_layout(CONSUMER_ROWS, gl.num_warps(), 8)
+    slot = s % DEPTH
+    mbarrier.wait(ready.index(slot), (s // DEPTH) & 1)
+    fence_async_shared()  # the rows the copies wrote, before the wgmma reads them (async proxy)
+    codes = c_ring.index(slot).slice(HALF * CONSUMER_ROWS, CONSUMER_ROWS, dim=0).load(FL)
+    scales = s_ring.index(slot).slice(HALF * CONSUMER_ROWS, CONSUMER_ROWS, dim=0).load(gl.SliceLayout(2, FL))
+    a = _dequant_fragment(codes, scales, A_LAYOUT, CONSUMER_ROWS)
+    acc = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), acc, is_async=True)
+    if IN_FLIGHT == 0:
+        acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
+        mbarrier.arrive(empty.index(slot))
+    else:
+        acc, a_previous = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_previous))
+        if s > first:
+            mbarrier.arrive(empty.index((s - 1) % DEPTH))
+    return acc, a
+
+
+@gluon.jit
+def _mainloop(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr, A_SETS: gl.constexpr):
+    """A consumer's ``steps`` steps of one work item, ring steps ``done`` on: its rows' fp32
+    accumulator ``[64, BT]``, every wgmma retired and every slot released. ``A_SETS`` 1 retires
+    each step's wgmma before the next dequantization; 2 dequantizes step ``s + 1`` into the other
+    set of A registers while step ``s``'s wgmma runs (as ``grouped_w4_gemm_rs_kernel``'s
+    ``A_SETS``)."""
+    x_ring, empty = rings[2], rings[4]
+    DEPTH: gl.constexpr = x_ring.shape[0]
+    ACC: gl.constexpr = acc_layout(BT, gl.num_warps())
+    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
+    acc = gl.zeros([CONSUMER_ROWS, BT], gl.float32, layout=ACC)
+    a_last = gl.zeros([CONSUMER_ROWS, STEP], gl.bfloat16, layout=A_LAYOUT)
+    if A_SETS == 1:
+        for step in range(steps):
+            acc, a_last = _consume_step(done + step, done, acc, a_last, HALF, rings, A_LAYOUT, 0)
+    else:
+        # steps in pairs: even steps' A operand in one set of registers, odd steps' in another
+        a_odd = a_last
+        for pair in range(steps // 2):
+            acc, a_even = _consume_step(done + 2 * pair, done, acc, a_odd, HALF, rings, A_LAYOUT, 1)
+            acc, a_odd = _consume_step(done + 2 * pair + 1, done, acc, a_even, HALF, rings, A_LAYOUT, 1)
+        a_last = a_odd
+        if steps % 2 == 1:
+            acc, a_last = _consume_step(done + steps - 1, done, acc, a_odd, HALF, rings, A_LAYOUT, 1)
+        acc, a_last = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a_last))
+        mbarrier.arrive(empty.index((done + steps - 1) % DEPTH))
+    return acc
 
 
 @gluon.jit
@@ -117,12 +212,14 @@ def _consume(
     MODE: gl.constexpr,
     HAS_LIMIT: gl.constexpr,
     BT: gl.constexpr,
+    A_SETS: gl.constexpr,
     OUT_MMA_ORDER: gl.constexpr,
 ):
     """A consumer partition (one warpgroup, weight rows ``64 * HALF`` to ``64 * HALF + 63`` of
-    the CTA): every step's dequantization and wgmma, then the epilogue of its rows. ``tensors``:
-    the kernel's ``out_ptr`` to ``limit`` arguments but ``GATHER``'s, then the rings and
-    barriers."""
+    each work item): for each of the program's work items in turn, every step's dequantization and
+    wgmma (:func:`_mainloop`), then the epilogue of its rows, while the producer already copies the
+    next item's first steps. ``tensors``: the kernel's ``out_ptr`` to ``limit`` arguments but
+    ``GATHER``'s, then the rings and barriers."""
     (
         out_ptr,
         scale2_ptr,
@@ -142,51 +239,47 @@ def _consume(
         limit,
         rings,
     ) = tensors
-    c_ring, s_ring, x_ring, ready, empty = rings
-    DEPTH: gl.constexpr = x_ring.shape[0]
-    ACC: gl.constexpr = acc_layout(BT, gl.num_warps())
-    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
-    FL: gl.constexpr = fragment_codes_layout(CONSUMER_ROWS, gl.num_warps(), 8)
-    # this program's tile (the copy pointers are the producer's)
-    steps, expert, row0, seg_end, n0, live_tile = _tile(
-        tile_expert_ptr, tile_row_ptr, seg_start_ptr, seg_count_ptr, num_tiles_ptr, K, 2 * CONSUMER_ROWS, STEP
-    )
-    acc = gl.zeros([CONSUMER_ROWS, BT], gl.float32, layout=ACC)
-    for step in range(steps):
-        slot = step % DEPTH
-        mbarrier.wait(ready.index(slot), (step // DEPTH) & 1)
-        codes = c_ring.index(slot).slice(HALF * CONSUMER_ROWS, CONSUMER_ROWS, dim=0).load(FL)
-        scales = (
-            s_ring.index(slot).slice(HALF * CONSUMER_ROWS, CONSUMER_ROWS, dim=0).load(gl.SliceLayout(2, FL))
+    n_blocks, works = _works(N, num_tiles_ptr)
+    done = 0
+    for work in range(gl.program_id(0), works, gl.num_programs(0)):
+        steps, expert, row0, seg_end, n0, live_tile = _tile(
+            work // n_blocks,
+            work % n_blocks,
+            tile_expert_ptr,
+            tile_row_ptr,
+            seg_start_ptr,
+            seg_count_ptr,
+            num_tiles_ptr,
+            K,
+            2 * CONSUMER_ROWS,
+            STEP,
         )
-        a = _dequant_fragment(codes, scales, A_LAYOUT, CONSUMER_ROWS)
-        acc = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), acc, is_async=True)
-        acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
-        mbarrier.arrive(empty.index(slot))
-    _epilogue(
-        acc,
-        out_ptr,
-        scale2_ptr,
-        sorted_route_ptr,
-        expert,
-        row0,
-        seg_end,
-        n0 + HALF * CONSUMER_ROWS,
-        live_tile,
-        N,
-        ROUTES,
-        TOPK,
-        limit,
-        gs1_ptr,
-        gs2_ptr,
-        flag_ptr,
-        EPILOGUE,
-        MODE,
-        HAS_LIMIT,
-        CONSUMER_ROWS,
-        BT,
-        OUT_MMA_ORDER,
-    )
+        acc = _mainloop(done, steps, HALF, rings, BT, A_SETS)
+        _epilogue(
+            acc,
+            out_ptr,
+            scale2_ptr,
+            sorted_route_ptr,
+            expert,
+            row0,
+            seg_end,
+            n0 + HALF * CONSUMER_ROWS,
+            live_tile,
+            N,
+            ROUTES,
+            TOPK,
+            limit,
+            gs1_ptr,
+            gs2_ptr,
+            flag_ptr,
+            EPILOGUE,
+            MODE,
+            HAS_LIMIT,
+            CONSUMER_ROWS,
+            BT,
+            OUT_MMA_ORDER,
+        )
+        done += steps
 
 
 # ROUTES unspecialized: a call's route count must not pick another compiled kernel (a compile while
@@ -218,17 +311,19 @@ def grouped_w4_gemm_ws_kernel(
     HAS_LIMIT: gl.constexpr,
     BT: gl.constexpr,
     DEPTH: gl.constexpr,
+    A_SETS: gl.constexpr,
     PRODUCER_WARPS: gl.constexpr,
     PRODUCER_REGISTERS: gl.constexpr,
     CONSUMER_REGISTERS: gl.constexpr,
     OUT_MMA_ORDER: gl.constexpr,
 ):
-    """``grouped_w4_gemm_rs_kernel``'s product and epilogues for 128 weight rows and ``BT``
-    routes per CTA, warp-specialized (module docstring): launched with 4 warps (the default
-    partition, consumer 0), plus a consumer warpgroup and ``PRODUCER_WARPS`` producer warps as
-    workers (``PRODUCER_REGISTERS`` and ``CONSUMER_REGISTERS`` per thread, ``setmaxnreg``).
-    ``DEPTH`` ring slots, each a step's code bytes (128 x 32), scale bytes (128 x 4) and
-    activation rows (``BT`` x 64 bf16). Grid ``(N / 128, max_tiles)``."""
+    """``grouped_w4_gemm_rs_kernel``'s product and epilogues for work items of 128 weight rows
+    and ``BT`` routes, warp-specialized and persistent (module docstring): launched with 4 warps
+    (the default partition, consumer 0), plus a consumer warpgroup and ``PRODUCER_WARPS``
+    producer warps as workers (``PRODUCER_REGISTERS`` and ``CONSUMER_REGISTERS`` per thread,
+    ``setmaxnreg``). ``DEPTH`` ring slots, each a step's code bytes (128 x 32), scale bytes (128
+    x 4) and activation rows (``BT`` x 64 bf16); ``A_SETS`` (1 or 2) sets of A registers per
+    consumer. Grid ``(P,)``, any ``P >= 1`` (``prefill.persistent_programs``: one per SM)."""
     PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
     PLAIN2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     X_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, STEP], gl.bfloat16)
@@ -263,8 +358,8 @@ def grouped_w4_gemm_ws_kernel(
     )
     gl.warp_specialize(
         [
-            (_consume, (0, consumer, EPILOGUE, MODE, HAS_LIMIT, BT, OUT_MMA_ORDER)),
-            (_consume, (1, consumer, EPILOGUE, MODE, HAS_LIMIT, BT, OUT_MMA_ORDER)),
+            (_consume, (0, consumer, EPILOGUE, MODE, HAS_LIMIT, BT, A_SETS, OUT_MMA_ORDER)),
+            (_consume, (1, consumer, EPILOGUE, MODE, HAS_LIMIT, BT, A_SETS, OUT_MMA_ORDER)),
             (
                 _produce,
                 (
