@@ -250,16 +250,14 @@ DECODE_SWEEP_MAX_ROUTES = 8192  # decode schedules are timed up to 1024 tokens a
 # then FC2) timed as the whole MoE at every size, below PREFILL_MIN_ROWS_PER_EXPERT too, in W4A16,
 # A4 and split
 PREFILL_SWEEP = [
+    ("rs_w128_t32_d4", "rs_w128_t32_d4"),
     ("rs_w128_t64_d4", "rs_w128_t64_d4"),
     ("rs_w128_t64_d4_r80", "rs_w128_t64_d4_r80"),
     ("rs_w128_t128_d4", "rs_w128_t128_d4"),
     ("rs_w128_t256_d4", "w128_t256_d4"),
-    ("rs_w128_t64_d6_x2_ws", "rs_w128_t64_d6_x2_ws"),
+    ("rs_w128_t64_d6_ws", "rs_w128_t64_d6_ws"),
     ("rs_w128_t128_d4_ws", "rs_w128_t128_d4_ws"),
     ("rs_w128_t128_d6_ws", "rs_w128_t128_d6_ws"),
-    ("rs_w128_t128_d4_x2_ws", "rs_w128_t128_d4_x2_ws"),
-    ("rs_w128_t128_d6_x2_ws", "rs_w128_t128_d6_x2_ws"),
-    ("rs_w128_t256_d4", "rs_w128_t128_d4_x2_ws"),
 ]
 SWEEP = {  # block_m, fc1_n, fc1_k, fc2_n, fc2_k, warps, stages, ptx_dequant, split_k
     "bm16_n32_k128_w4_triton": (16, 32, 128, 64, 128, 4, 4, False, 1),

@@ -43,8 +43,9 @@ register_state(__name__, mma_column_order.cache_clear, mma_column_order)
 # threads, one CTA per SM). A one-warp producer with 40 registers spilled its copy addresses
 # (506 local loads and stores in the 128-route FC1's SASS, Triton 3.6); a warpgroup with 64
 # spilled 4 (Triton 3.6) to 32 (3.9) in the persistent kernel's 128-route FC2, whose loop over
-# work items keeps more addresses live; 80 spills nothing at 64 and 128 routes, with one or two
-# A register sets (tests/test_triton_prefill_on_cpu.py)
+# work items keeps more addresses live; 80 spills nothing at 64 and 128 routes
+# (tests/test_triton_prefill_on_cpu.py). A producer of 8 warps (64 registers, consumers 192) was
+# 5% slower at 4096 tokens on the H200 (tenth round)
 WS_PARTITIONS = MappingProxyType({"PRODUCER_WARPS": 4, "PRODUCER_REGISTERS": 80, "CONSUMER_REGISTERS": 216})
 
 
@@ -74,12 +75,10 @@ def schedule_kernel(schedule: PrefillGemm) -> Any:
 def schedule_constexprs(schedule: PrefillGemm) -> dict[str, int | bool]:
     """The constexprs that ``schedule`` sets on :func:`schedule_kernel`: the tile (``BT``,
     ``DEPTH`` and, but for the warp-specialized kernel, ``BW``), then per kernel ``WEIGHT_AHEAD``,
-    ``A_SETS``, ``WGMMAS`` (register weights), ``A_SETS`` and :data:`WS_PARTITIONS`
-    (warp-specialized) or ``BK``.
+    ``A_SETS``, ``WGMMAS`` (register weights), :data:`WS_PARTITIONS` (warp-specialized) or ``BK``.
     What :func:`launch_prefill_gemm` compiles; the tests compile the same offline."""
     constexprs: dict[str, int | bool] = {"BT": schedule.routes, "DEPTH": schedule.depth}
     if schedule.warp_specialized:
-        constexprs["A_SETS"] = schedule.a_register_sets
         constexprs.update(WS_PARTITIONS)
     elif schedule.register_weights:
         constexprs["BW"] = schedule.weight_rows

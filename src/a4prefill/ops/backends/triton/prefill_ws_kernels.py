@@ -18,16 +18,15 @@ mbarriers, never at a CTA barrier:
 - two **consumers**, the default partition (weight rows 0-63) and a worker (rows 64-127), one
   warpgroup each: per step each waits for ``ready``, reads its 64 rows' code and scale bytes in
   :func:`~prefill_kernels.fragment_codes_layout`, dequantizes them into its wgmma A registers,
-  issues the wgmma on the slot's rows and releases the slot once that wgmma retired (one arrival
+  issues the wgmma on the slot's rows, retires it and releases the slot (one arrival
   each, so ``empty`` counts two); after an item's last step each runs the epilogue of its 64 rows
   (:func:`~prefill_kernels._epilogue` with 64 rows from ``n0 + 64 * w``: the SwiGLU row pairing
   of :func:`~prefill_kernels._weight_row` holds per 16 rows, so the halves are independent).
 
 The ring step ``s`` counts on across a program's items, so the producer copies the next item's
 first steps while the consumers run the epilogue of the last one. A consumer dequantizes while
-the other's wgmma runs and, with ``A_SETS = 2``, while its own previous wgmma runs too. Same
-arguments, numerics and epilogues as the register-weights kernel (``x``'s columns in
-``prefill.mma_column_order``; the ModelOpt code layout as loaded).
+the other's wgmma runs. Same arguments, numerics and epilogues as the register-weights kernel
+(``x``'s columns in ``prefill.mma_column_order``; the ModelOpt code layout as loaded).
 
 Ordering (checked on the CPU by the TTGIR interpreter, which runs the partitions one at a time and
 switches at every mbarrier wait and after every arrival): slot ``s % DEPTH`` is refilled for
@@ -135,72 +134,34 @@ def _produce(
 
 
 @gluon.jit
-def _consume_step(
-    s,
-    first,
-    acc,
-    a_previous,
-    HALF: gl.constexpr,
-    rings,
-    A_LAYOUT: gl.constexpr,
-    IN_FLIGHT: gl.constexpr,
-):
-    """Ring step ``s`` of a consumer (``first``: the ring step of its work item's step 0): wait for
-    the slot's copies, dequantize its rows' weights into a new A operand ``a``, issue the wgmma,
-    then wait until ``IN_FLIGHT`` wgmmas are left in flight and release the slot whose wgmma that
-    retired: with 0 this step's (its A operand ``a`` a dependency of the wait), with 1 the previous
-    step's of the same item (``a_previous`` the dependency; none at the item's first step: the
-    previous item's last slot was released after its final wait). Returns ``(acc, a)``; with
-    ``IN_FLIGHT = 1`` the wgmma still reads ``a``'s registers, so the caller passes ``a`` as the
-    next step's ``a_previous`` (:func:`_mainloop` unrolls pairs of steps so that they take two sets
-    of registers)."""
-    c_ring, s_ring, x_ring, ready, empty = rings
-    DEPTH: gl.constexpr = x_ring.shape[0]
-    FL: gl.constexpr = fragment_codes_layout(CONSUMER_ROWS, gl.num_warps(), 8)
-    slot = s % DEPTH
-    mbarrier.wait(ready.index(slot), (s // DEPTH) & 1)
-    fence_async_shared()  # the rows the copies wrote, before the wgmma reads them (async proxy)
-    codes = c_ring.index(slot).slice(HALF * CONSUMER_ROWS, CONSUMER_ROWS, dim=0).load(FL)
-    scales = s_ring.index(slot).slice(HALF * CONSUMER_ROWS, CONSUMER_ROWS, dim=0).load(gl.SliceLayout(2, FL))
-    a = _dequant_fragment(codes, scales, A_LAYOUT, CONSUMER_ROWS)
-    acc = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), acc, is_async=True)
-    if IN_FLIGHT == 0:
-        acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
-        mbarrier.arrive(empty.index(slot))
-    else:
-        acc, a_previous = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_previous))
-        if s > first:
-            mbarrier.arrive(empty.index((s - 1) % DEPTH))
-    return acc, a
-
-
-@gluon.jit
-def _mainloop(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr, A_SETS: gl.constexpr):
+def _mainloop(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr):
     """A consumer's ``steps`` steps of one work item, ring steps ``done`` on: its rows' fp32
-    accumulator ``[64, BT]``, every wgmma retired and every slot released. ``A_SETS`` 1 retires
-    each step's wgmma before the next dequantization; 2 dequantizes step ``s + 1`` into the other
-    set of A registers while step ``s``'s wgmma runs (as ``grouped_w4_gemm_rs_kernel``'s
-    ``A_SETS``)."""
-    x_ring, empty = rings[2], rings[4]
+    accumulator ``[64, BT]``. Per step: wait for the slot's copies, dequantize its rows' weights
+    into the A registers, issue the wgmma, retire it (the next step's dequantization writes the
+    same registers) and release the slot.
+
+    (Two sets of A registers with one wgmma left in flight, as ``grouped_w4_gemm_rs_kernel``'s
+    ``A_SETS = 2``, were tried in the tenth round: the ptxas of Triton 3.6 (CUDA 12.8)
+    serializes every wgmma of that loop, "insufficient register resources", with this kernel's
+    partitions; it was slower on the H200.)"""
+    c_ring, s_ring, x_ring, ready, empty = rings
     DEPTH: gl.constexpr = x_ring.shape[0]
     ACC: gl.constexpr = acc_layout(BT, gl.num_warps())
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
+    FL: gl.constexpr = fragment_codes_layout(CONSUMER_ROWS, gl.num_warps(), 8)
     acc = gl.zeros([CONSUMER_ROWS, BT], gl.float32, layout=ACC)
-    a_last = gl.zeros([CONSUMER_ROWS, STEP], gl.bfloat16, layout=A_LAYOUT)
-    if A_SETS == 1:
-        for step in range(steps):
-            acc, a_last = _consume_step(done + step, done, acc, a_last, HALF, rings, A_LAYOUT, 0)
-    else:
-        # steps in pairs: even steps' A operand in one set of registers, odd steps' in another
-        a_odd = a_last
-        for pair in range(steps // 2):
-            acc, a_even = _consume_step(done + 2 * pair, done, acc, a_odd, HALF, rings, A_LAYOUT, 1)
-            acc, a_odd = _consume_step(done + 2 * pair + 1, done, acc, a_even, HALF, rings, A_LAYOUT, 1)
-        a_last = a_odd
-        if steps % 2 == 1:
-            acc, a_last = _consume_step(done + steps - 1, done, acc, a_odd, HALF, rings, A_LAYOUT, 1)
-        acc, a_last = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a_last))
-        mbarrier.arrive(empty.index((done + steps - 1) % DEPTH))
+    for step in range(steps):
+        s = done + step
+        slot = s % DEPTH
+        mbarrier.wait(ready.index(slot), (s // DEPTH) & 1)
+        fence_async_shared()  # the rows the copies wrote, before the wgmma reads them (async proxy)
+        codes = c_ring.index(slot).slice(HALF * CONSUMER_ROWS, CONSUMER_ROWS, dim=0).load(FL)
+        scale_slot = s_ring.index(slot).slice(HALF * CONSUMER_ROWS, CONSUMER_ROWS, dim=0)
+        scales = scale_slot.load(gl.SliceLayout(2, FL))
+        a = _dequant_fragment(codes, scales, A_LAYOUT, CONSUMER_ROWS)
+        acc = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), acc, is_async=True)
+        acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
+        mbarrier.arrive(empty.index(slot))
     return acc
 
 
@@ -212,7 +173,6 @@ def _consume(
     MODE: gl.constexpr,
     HAS_LIMIT: gl.constexpr,
     BT: gl.constexpr,
-    A_SETS: gl.constexpr,
     OUT_MMA_ORDER: gl.constexpr,
 ):
     """A consumer partition (one warpgroup, weight rows ``64 * HALF`` to ``64 * HALF + 63`` of
@@ -254,7 +214,7 @@ def _consume(
             2 * CONSUMER_ROWS,
             STEP,
         )
-        acc = _mainloop(done, steps, HALF, rings, BT, A_SETS)
+        acc = _mainloop(done, steps, HALF, rings, BT)
         _epilogue(
             acc,
             out_ptr,
@@ -311,7 +271,6 @@ def grouped_w4_gemm_ws_kernel(
     HAS_LIMIT: gl.constexpr,
     BT: gl.constexpr,
     DEPTH: gl.constexpr,
-    A_SETS: gl.constexpr,
     PRODUCER_WARPS: gl.constexpr,
     PRODUCER_REGISTERS: gl.constexpr,
     CONSUMER_REGISTERS: gl.constexpr,
@@ -322,8 +281,8 @@ def grouped_w4_gemm_ws_kernel(
     (the default partition, consumer 0), plus a consumer warpgroup and ``PRODUCER_WARPS``
     producer warps as workers (``PRODUCER_REGISTERS`` and ``CONSUMER_REGISTERS`` per thread,
     ``setmaxnreg``). ``DEPTH`` ring slots, each a step's code bytes (128 x 32), scale bytes (128
-    x 4) and activation rows (``BT`` x 64 bf16); ``A_SETS`` (1 or 2) sets of A registers per
-    consumer. Grid ``(P,)``, any ``P >= 1`` (``prefill.persistent_programs``: one per SM)."""
+    x 4) and activation rows (``BT`` x 64 bf16). Grid ``(P,)``, any ``P >= 1``
+    (``prefill.persistent_programs``: one per SM)."""
     PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
     PLAIN2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     X_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, STEP], gl.bfloat16)
@@ -358,8 +317,8 @@ def grouped_w4_gemm_ws_kernel(
     )
     gl.warp_specialize(
         [
-            (_consume, (0, consumer, EPILOGUE, MODE, HAS_LIMIT, BT, A_SETS, OUT_MMA_ORDER)),
-            (_consume, (1, consumer, EPILOGUE, MODE, HAS_LIMIT, BT, A_SETS, OUT_MMA_ORDER)),
+            (_consume, (0, consumer, EPILOGUE, MODE, HAS_LIMIT, BT, OUT_MMA_ORDER)),
+            (_consume, (1, consumer, EPILOGUE, MODE, HAS_LIMIT, BT, OUT_MMA_ORDER)),
             (
                 _produce,
                 (

@@ -283,10 +283,10 @@ class PrefillGemm:
     the earlier ones run. ``register_cap`` (0, 80, 96 or 128): the register cap per thread
     (``maxnreg``) of the kernel in every precision mode, 0 for :meth:`max_registers`' default.
     ``warp_specialized`` (register weights, 128 weight rows, one wgmma per step, no cap, routes
-    64 to 256): ``prefill_ws_kernels.grouped_w4_gemm_ws_kernel``, persistent (one program per
-    SM), a producer warpgroup copying ``depth`` steps ahead and the two consumer warpgroups
-    decoupled through mbarriers (no CTA barrier per step), each with ``a_register_sets`` sets of
-    A registers; launched with 4 warps plus its workers.
+    64 to 256, one A register set): ``prefill_ws_kernels.grouped_w4_gemm_ws_kernel``,
+    persistent (one program per SM), a producer warpgroup copying ``depth`` steps ahead and the
+    two consumer warpgroups decoupled through mbarriers (no CTA barrier per step); launched with 4
+    warps plus its workers.
     A CTA's buffers (:attr:`shared_bytes`) must fit an H100/H200 CTA's 227 KiB of shared memory."""
 
     weight_rows: int = 128
@@ -339,13 +339,14 @@ class PrefillGemm:
             self.register_weights
             and self.weight_rows == 128
             and self.routes >= 64
+            and self.a_register_sets == 1
             and self.wgmmas_per_step == 1
             and not self.register_cap
             and not self.weight_ahead
         ):
             raise ValueError(
                 "PrefillGemm.warp_specialized needs register_weights, 128 weight rows, 64 to 256 routes, "
-                f"one wgmma per step, no register cap and no weight_ahead, got {self}"
+                f"one A register set, one wgmma per step, no register cap and no weight_ahead, got {self}"
             )
         if self.shared_bytes > 227 * 1024:
             raise ValueError(
@@ -472,10 +473,6 @@ PREFILL_SCHEDULES = MappingProxyType(
         "rs_w128_t128_d4_ws": _warp_specialized(128, 4),
         "rs_w128_t128_d6_ws": _warp_specialized(128, 6),
         "rs_w128_t64_d6_ws": _warp_specialized(64, 6),
-        "rs_w128_t256_d4_ws": _warp_specialized(256, 4),
-        "rs_w128_t128_d4_x2_ws": _warp_specialized(128, 4, 2),
-        "rs_w128_t128_d6_x2_ws": _warp_specialized(128, 6, 2),
-        "rs_w128_t64_d6_x2_ws": _warp_specialized(64, 6, 2),
     }
 )
 
