@@ -15,6 +15,15 @@ runs once before the profiled region (compilation and warm caches stay outside i
 one entry per case, in the order given, with ``profile_decode.NCU_METRICS``. Nsight
 Compute locks the clocks to base, so its durations are longer than the timed ones
 (``bench_prefill_gemm.py``); compare percentages.
+
+Where the warps wait: profile with ``--section SourceCounters -o prof`` as well, export the
+SASS page with ``ncu --import prof.ncu-rep --page source --csv --print-source sass >
+source.csv``, and ``--ncu-source source.csv --out DIR`` (no GPU) writes
+``DIR/profile_prefill_source_ncu.json``: per case, the warp-stall samples by reason, the
+:data:`TOP_INSTRUCTIONS` instructions with the most samples (address, SASS, samples, times
+executed by warps, their two largest reasons) and every mbarrier wait's executions. An mbarrier
+wait is a ``SYNCS.PHASECHK`` test, then (out of line) a retry loop of another one: the retry
+runs only while a warp waits, so its executions against the test's count how often warps wait.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import argparse
 import json
 import os
 import sys
+from typing import Any
 
 import torch
 
@@ -30,6 +40,56 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 EXPERTS, HIDDEN, INTERMEDIATE, TOP_K = 288, 4096, 1024, 8
 DEFAULT_CASES = ["512:w128_t64_d4", "8192:w128_t256_d4"]
+TOP_INSTRUCTIONS = 30
+
+
+def source_summary(csv_path: str) -> list[dict[str, Any]]:
+    """Per kernel launch of an ``ncu --page source --csv --print-source sass`` export, in order:
+    ``{"kernel", "samples", "stall_share" (reason -> share of the samples, largest first),
+    "top" (the :data:`TOP_INSTRUCTIONS` instructions with the most samples), "mbarrier_waits"
+    (every ``SYNCS.PHASECHK``: address, times executed by warps)}``."""
+    import csv
+
+    with open(csv_path) as handle:
+        lines = handle.read().splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith('"Kernel Name"')]
+    launches = []
+    for start, end in zip(starts, [*starts[1:], len(lines)], strict=True):
+        kernel = next(csv.reader([lines[start]]))[1]
+        records = list(csv.DictReader(lines[start + 1 : end]))
+        reasons = [c for c in records[0] if c.startswith("stall_") and "Not Issued" not in c]
+        samples = [int(r["Warp Stall Sampling (All Samples)"] or 0) for r in records]
+        total = sum(samples)
+        by_reason = {c: sum(int(r[c] or 0) for r in records) for c in reasons}
+        top = sorted(zip(samples, range(len(records)), strict=True), reverse=True)[:TOP_INSTRUCTIONS]
+        launches.append(
+            {
+                "kernel": kernel,
+                "samples": total,
+                "stall_share": {
+                    c.removeprefix("stall_"): round(v / total, 4)
+                    for c, v in sorted(by_reason.items(), key=lambda item: -item[1])
+                    if v
+                },
+                "top": [
+                    {
+                        "address": records[i]["Address"][-5:],
+                        "sass": records[i]["Source"].strip(),
+                        "samples": n,
+                        "executed": int(records[i]["Instructions Executed"] or 0),
+                        "reasons": [c.removeprefix("stall_") for _, c in sorted(counts, reverse=True)[:2]],
+                    }
+                    for n, i in top
+                    for counts in [[(int(records[i][c] or 0), c) for c in reasons]]
+                ],
+                "mbarrier_waits": [
+                    {"address": r["Address"][-5:], "executed": int(r["Instructions Executed"] or 0)}
+                    for r in records
+                    if "SYNCS.PHASECHK" in r["Source"]
+                ],
+            }
+        )
+    return launches
 
 
 def main() -> None:
@@ -40,9 +100,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--case", action="append", help="TOKENS:SCHEDULE (repeatable)")
     parser.add_argument("--ncu-summary", help="summarize this ncu CSV of the same cases (no GPU)")
-    parser.add_argument("--out", default=".", help="folder of profile_prefill_ncu.json")
+    parser.add_argument("--ncu-source", help="summarize this ncu source-page CSV of the same cases (no GPU)")
+    parser.add_argument("--out", default=".", help="folder of the summaries' JSON")
     args = parser.parse_args()
     cases = args.case or DEFAULT_CASES
+    if args.ncu_source:
+        kernels = source_summary(args.ncu_source)
+        if len(kernels) != len(cases):
+            raise SystemExit(f"{args.ncu_source} has {len(kernels)} launches for {len(cases)} cases")
+        with open(os.path.join(args.out, "profile_prefill_source_ncu.json"), "w") as handle:
+            json.dump(dict(zip(cases, kernels, strict=True)), handle, indent=1)
+        return
     if args.ncu_summary:
         from profile_decode import ncu_summary
 
