@@ -109,23 +109,39 @@ def assert_rounded_product(out: torch.Tensor, product: tuple[torch.Tensor, torch
 
 
 def loop_body(ptx: str) -> str:
-    """The PTX of the kernel's innermost loop (LLVM marks its header)."""
-    header = re.search(r"^(\$L__BB\d+_\d+):\s+// =>This Inner Loop Header", ptx, re.MULTILINE)
-    assert header is not None, "no loop in the PTX"
-    end = ptx.index(f"bra \t{header.group(1)};", header.end())
-    return ptx[header.end() : end]
+    """The PTX of the kernel's K loop: the deepest loop that issues a wgmma, as the text of its
+    basic blocks (its inner loops' included) in PTX order. LLVM's comments on each block's label
+    name the loops holding it: ``This Loop Header: Depth=d`` or ``in Loop: Header=L Depth=d``, and
+    ``Parent Loop L`` for the enclosing ones. (In the warp-specialized kernel the K loops hold the
+    mbarrier waits' retry loops and sit inside the loops over work items.)"""
+    labels = list(re.finditer(r"^\$L__(BB\d+_\d+):", ptx, re.MULTILINE))
+    loops: dict[str, list[str]] = {}  # header -> its blocks' text
+    depth: dict[str, int] = {}
+    for label, following in zip(labels, [*labels[1:], None], strict=True):
+        block = ptx[label.start() : following.start() if following else len(ptx)]
+        comments = "\n".join(re.findall(r"//.*", block[: block.find("\n\t")]))
+        own = re.search(r"This (?:Inner )?Loop Header: Depth=(\d+)", comments)
+        inner = re.search(r"in Loop: Header=(BB\d+_\d+) Depth=(\d+)", comments)
+        holding = re.findall(r"Parent Loop (BB\d+_\d+) Depth=(\d+)", comments)
+        if own:
+            holding.append((label.group(1), own.group(1)))
+        elif inner:
+            holding.append(inner.groups())
+        for header, level in holding:
+            loops.setdefault(header, []).append(block)
+            depth[header] = int(level)
+    with_wgmma = [header for header, blocks in loops.items() if any("wgmma.mma_async" in b for b in blocks)]
+    assert with_wgmma, "no loop of the PTX issues a wgmma"
+    return "".join(loops[max(with_wgmma, key=depth.__getitem__)])
 
 
 def a_register_hazards(ptx: str) -> list[tuple[str, list[str]]]:
-    """The instructions of the kernel's innermost loop that write a register a ``wgmma`` still in
+    """The instructions of the K loop (:func:`loop_body`) that write a register a ``wgmma`` still in
     flight reads as its A operand (undefined behaviour in PTX: the wgmma reads them while it
     runs), with those registers. Models the wgmma groups: ``commit_group`` closes one,
     ``wait_group N`` retires all but the last N; the loop body is walked twice, so the second
     pass sees the first iteration's groups in flight."""
-    header = re.search(r"^(\$L__BB\d+_\d+):\s+// =>This Inner Loop Header", ptx, re.MULTILINE)
-    assert header is not None, "no loop in the PTX"
-    end = ptx.index(f"bra \t{header.group(1)};", header.end())
-    body = [line.strip() for line in ptx[header.end() : end].splitlines()]
+    body = [line.strip() for line in loop_body(ptx).splitlines()]
     pending: list[set[str]] = []
     current: set[str] = set()
     hazards = []
