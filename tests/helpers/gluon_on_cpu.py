@@ -87,6 +87,11 @@ class InterpretedKernel:
             if param.is_constexpr:
                 constexprs[param.name] = value
                 continue
+            if hasattr(value, "block_shape"):  # a host TMA descriptor: flattened as Triton passes it
+                element = POINTER_TYPES[value.base.dtype].removeprefix("*")
+                signature[param.name] = f"tensordesc<{element}{list(value.block_shape)},{value.layout!r}>"
+                runtime += [value, *value.shape, *value.strides]
+                continue
             runtime.append(value)
             if isinstance(value, torch.Tensor):
                 signature[param.name] = POINTER_TYPES[value.dtype]

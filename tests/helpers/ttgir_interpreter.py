@@ -45,6 +45,13 @@ mbarriers follow Triton's lowering (checked in the PTX of Triton 3.6 and 3.9):
 is one arrival per thread of the partition, made when the thread's earlier ``cp.async`` copies
 land: the copies land when the phase they belong to completes, as late as a GPU may land them.
 ``ttng.wait_barrier`` with parity ``p`` returns once the phase of that parity completed (``try_wait.parity``).
+TMA (host tensor descriptors, passed as Gluon's ``TensorDescriptor``): ``ttng.barrier_expect``
+is ``mbarrier.arrive.expect_tx``, one arrival that expects a byte count in the phase;
+``ttng.async_tma_copy_global_to_local`` reads the descriptor's box when issued (rows and columns
+outside the tensor as zeros) and puts it in flight on the mbarrier. The phase completes, and its
+boxes land, when a wait observes every arrival made and exactly the expected bytes in flight: a
+wrong byte count leaves the phase open (a wait on it never returns), and a read before the wait
+gets garbage.
 
 Only the ops these kernels use are implemented; anything else raises ``NotImplementedError``
 naming the op, so a kernel change that needs more is noticed.
@@ -284,7 +291,7 @@ class Kernel:
             match = re.match(r"\s*tt\.func public @(\w+)\((.*)\)(?: attributes .*)? \{$", line)
             if match:
                 arguments = [
-                    re.match(r"(%\w+):", a).group(1)  # type: ignore[union-attr]
+                    re.match(r"(%[\w.]+):", a).group(1)  # type: ignore[union-attr]
                     for a in _split_top(match.group(2))
                 ]
                 body, _ = _parse_ops(lines, i + 1)
@@ -359,31 +366,54 @@ class Deadlock(RuntimeError):
 @dataclasses.dataclass
 class _Barrier:
     """One mbarrier: its arrival ``count``, the arrivals ``pending`` in the current phase, the
-    phases ``completed`` so far and the ``cp.async`` copies (shared memory, values) that land
-    when the current phase completes."""
+    transaction bytes ``tx`` that ``expect`` announced in it, the phases ``completed`` so far, the
+    ``cp.async`` copies (shared memory, values) that land when the current phase completes, and
+    the TMA copies in flight (shared memory, values, bytes).
+
+    A phase completes once no arrival is pending and its TMA copies bring exactly the announced
+    bytes. TMA copies land as late as a GPU may land them: when a wait (or a later arrival)
+    observes the barrier, not when they are issued."""
 
     count: int
     pending: int
     completed: int = 0
+    tx: int = 0
     copies: list[tuple[torch.Tensor, torch.Tensor]] = dataclasses.field(default_factory=list)
+    transfers: list[tuple[torch.Tensor, torch.Tensor, int]] = dataclasses.field(default_factory=list)
 
-    def arrive(self, arrivals: int) -> None:
+    def arrive(self, arrivals: int, expect_bytes: int = 0) -> None:
+        """``arrivals`` arrivals, the last one announcing ``expect_bytes`` transaction bytes in
+        this phase (``mbarrier.arrive.expect_tx``)."""
+        self._complete_if_done()
         if arrivals > self.pending:
             raise RuntimeError(
                 f"{arrivals} arrivals on an mbarrier expecting {self.pending} more in this phase"
             )
         self.pending -= arrivals
-        if self.pending == 0:
-            for memory, values in self.copies:
-                memory.copy_(values)
-            self.copies = []
-            self.completed += 1
-            self.pending = self.count
+        self.tx += expect_bytes
+        if not self.transfers and not self.tx:
+            self._complete_if_done()
+
+    def transfer(self, memory: torch.Tensor, values: torch.Tensor, nbytes: int) -> None:
+        """A TMA copy of ``nbytes`` tracked by this barrier (``complete_tx::bytes``), in flight."""
+        self.transfers.append((memory, values, nbytes))
 
     def phase_done(self, parity: int) -> bool:
         """``mbarrier.try_wait.parity``: whether the phase of ``parity`` completed (the current,
         incomplete phase has the other parity)."""
+        self._complete_if_done()
         return self.completed % 2 != parity
+
+    def _complete_if_done(self) -> None:
+        if self.pending or self.tx != sum(nbytes for _, _, nbytes in self.transfers):
+            return
+        for memory, values in self.copies:
+            memory.copy_(values)
+        for memory, values, _ in self.transfers:
+            memory.copy_(values)
+        self.copies, self.transfers, self.tx = [], [], 0
+        self.completed += 1
+        self.pending = self.count
 
 
 class _Scheduler:
@@ -503,6 +533,8 @@ class _Program:
                 value = torch.tensor(int(value), dtype=torch.int32)
             elif isinstance(value, float):
                 value = torch.tensor(value, dtype=torch.float32)
+            elif not hasattr(value, "block_shape"):  # a TMA descriptor stays as given
+                raise TypeError(f"{name}: unsupported argument {type(value).__name__}")
             self.values[name] = value
 
     def run(self) -> None:
@@ -962,6 +994,40 @@ class _Program:
         barrier.copies += self.open_copies
         self.open_copies = []
         barrier.arrive(self.warps * 32)
+        if self.scheduler is not None:
+            self.scheduler.preempt(self.index)
+
+    def _op_ttng_barrier_expect(self, op: Op) -> None:
+        """``mbarrier.arrive.expect_tx`` (Triton's lowering of ``mbarrier.expect``): one arrival
+        that expects the op's byte count of TMA copies in the current phase."""
+        memory, *predicate = self._args(op)
+        nbytes = int(re.match(r"\s*%[\w\-.#]+, (\d+)", op.text).group(1))  # type: ignore[union-attr]
+        if not predicate or bool(predicate[0]):
+            self._barrier(memory).arrive(1, nbytes)
+            if self.scheduler is not None:
+                self.scheduler.preempt(self.index)
+
+    def _op_ttng_async_tma_copy_global_to_local(self, op: Op) -> None:
+        """A TMA load (``cp.async.bulk.tensor``): the descriptor's box at the coordinates (its
+        rows and columns outside the tensor read as zeros), in flight on the mbarrier until a
+        wait observes its phase complete (:class:`_Barrier`)."""
+        descriptor, *rest = self._args(op)
+        rank = len(descriptor.block_shape)
+        coordinates, (memory, barrier_memory, *predicate) = rest[:rank], rest[rank:]
+        if predicate and not bool(predicate[0]):
+            return
+        source = descriptor.base.as_strided(list(descriptor.shape), list(descriptor.strides))
+        box = torch.zeros(list(descriptor.block_shape), dtype=source.dtype)
+        inside, taken = [], []
+        for start, size, extent in zip(
+            (int(c) for c in coordinates), descriptor.block_shape, descriptor.shape, strict=True
+        ):
+            low, high = max(start, 0), min(start + size, extent)
+            inside.append(slice(low, max(high, low)))
+            taken.append(slice(low - start, max(high, low) - start))
+        box[tuple(taken)] = source[tuple(inside)]
+        nbytes = box.numel() * box.element_size()
+        self._barrier(barrier_memory).transfer(memory, box.view(memory.dtype), nbytes)
         if self.scheduler is not None:
             self.scheduler.preempt(self.index)
 
