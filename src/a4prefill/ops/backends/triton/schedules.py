@@ -411,17 +411,10 @@ class PrefillGemm:
         return f"{kernel}{tile}{ahead}{sets}{halves}{cap}"
 
 
-def _warp_specialized(routes: int, depth: int, a_register_sets: int = 1) -> PrefillGemm:
-    """The warp-specialized register-weights schedule of ``routes``-route tiles, ``depth`` ring
-    slots and ``a_register_sets`` sets of A registers per consumer (128 weight rows)."""
-    return PrefillGemm(
-        128,
-        routes,
-        depth=depth,
-        register_weights=True,
-        a_register_sets=a_register_sets,
-        warp_specialized=True,
-    )
+def _warp_specialized(routes: int, depth: int) -> PrefillGemm:
+    """The warp-specialized register-weights schedule of ``routes``-route tiles and ``depth``
+    ring slots (128 weight rows)."""
+    return PrefillGemm(128, routes, depth=depth, register_weights=True, warp_specialized=True)
 
 
 # The prefill GEMM schedules the benchmark compares (benchmarks/bench_prefill_gemm.py). In the H200
