@@ -258,6 +258,7 @@ PREFILL_SWEEP = [
     ("rs_w128_t64_d6_ws", "rs_w128_t64_d6_ws"),
     ("rs_w128_t128_d4_ws", "rs_w128_t128_d4_ws"),
     ("rs_w128_t128_d6_ws", "rs_w128_t128_d6_ws"),
+    ("rs_w128_t256_d4_ws", "rs_w128_t256_d4_ws"),
 ]
 SWEEP = {  # block_m, fc1_n, fc1_k, fc2_n, fc2_k, warps, stages, ptx_dequant, split_k
     "bm16_n32_k128_w4_triton": (16, 32, 128, 64, 128, 4, 4, False, 1),

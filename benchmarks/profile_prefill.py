@@ -7,7 +7,8 @@ by token, random routing and bytes)::
     ncu --profile-from-start off -k regex:grouped_w4 --section SpeedOfLight --section Occupancy \
         --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \
         --section MemoryWorkloadAnalysis --section SchedulerStats --page details --csv \
-        python benchmarks/profile_prefill.py [--case 512:rs_w128_t32_d4 --case 8192:w128_t256_d4] > ncu.csv
+        python benchmarks/profile_prefill.py [--case 512:rs_w128_t32_d4 \
+            --case 8192:rs_w128_t256_d4_ws] > ncu.csv
 
 Each ``--case`` is ``TOKENS:SCHEDULE`` with a label of ``schedules.PREFILL_SCHEDULES``; every case
 runs once before the profiled region (compilation and warm caches stay outside it).
@@ -39,7 +40,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 EXPERTS, HIDDEN, INTERMEDIATE, TOP_K = 288, 4096, 1024, 8
-DEFAULT_CASES = ["512:rs_w128_t32_d4", "8192:w128_t256_d4"]
+DEFAULT_CASES = ["512:rs_w128_t32_d4", "8192:rs_w128_t256_d4_ws"]
 TOP_INSTRUCTIONS = 30
 
 

@@ -57,9 +57,9 @@ def test_matches_the_fp32_product_eagerly_and_in_a_cuda_graph(label, gather):
     ("tokens", "fc1"),
     [
         (192, "rs_w128_t64_d4_r80"),
-        (512, "rs_w128_t128_d4"),
-        (1024, "rs_w128_t256_d4"),
-        (2048, "rs_w128_t256_d4"),
+        (512, "rs_w128_t128_d6_ws"),
+        (1024, "rs_w128_t256_d4_ws"),
+        (2048, "rs_w128_t256_d4_ws"),
     ],
 )
 def test_the_w4a16_prefill_moe_matches_the_reference_eagerly_and_in_a_cuda_graph(tokens, fc1):
@@ -91,12 +91,13 @@ def test_the_w4a16_prefill_moe_matches_the_reference_eagerly_and_in_a_cuda_graph
 
 
 @pytest.mark.parametrize(
-    ("tokens", "fc1"), [(192, "rs_w128_t64_d4_r80"), (512, "rs_w128_t128_d4"), (2048, "rs_w128_t256_d4")]
+    ("tokens", "fc1"),
+    [(192, "rs_w128_t64_d4_r80"), (512, "rs_w128_t128_d6_ws"), (2048, "rs_w128_t256_d4_ws")],
 )
 def test_a4_and_split_prefill_moe_match_the_reference_eagerly_and_in_a_cuda_graph(tokens, fc1):
-    """A4 and split calls of 48, 128 and 512 routes per expert through the prefill GEMMs (both
-    kernels: FC2 at 512 routes per expert dequantizes into shared memory; the split calls of
-    128-route tiles under their register cap): all-A4 within the A4
+    """A4 and split calls of 48, 128 and 512 routes per expert through the prefill GEMMs (the
+    register-weights kernel under its 80-register cap at 48, the warp-specialized one on 128- and
+    256-route tiles above): all-A4 within the A4
     bounds of the reference A4 MoE; split with every third token A4, its A4 rows within those
     bounds and its W4A16 rows within the W4A16 bounds; the split call replayed from a CUDA graph
     gives the same output."""

@@ -8,6 +8,7 @@ activation column order.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -38,15 +39,25 @@ def mma_column_order(k: int, device: torch.device) -> torch.Tensor:
 register_state(__name__, mma_column_order.cache_clear, mma_column_order)
 
 
-# The warp-specialized kernel's workers: a producer warpgroup with 80 registers per thread, the
-# second consumer warpgroup with 216 (the default one gets what setmaxnreg leaves it; 384
-# threads, one CTA per SM). A one-warp producer with 40 registers spilled its copy addresses
-# (506 local loads and stores in the 128-route FC1's SASS, Triton 3.6); a warpgroup with 64
-# spilled 4 (Triton 3.6) to 32 (3.9) in the persistent kernel's 128-route FC2, whose loop over
-# work items keeps more addresses live; 80 spills nothing at 64 and 128 routes
-# (tests/test_triton_prefill_on_cpu.py). A producer of 8 warps (64 registers, consumers 192) was
-# 5% slower at 4096 tokens on the H200 (tenth round)
-WS_PARTITIONS = MappingProxyType({"PRODUCER_WARPS": 4, "PRODUCER_REGISTERS": 80, "CONSUMER_REGISTERS": 216})
+def ws_partitions(routes: int) -> Mapping[str, int]:
+    """The warp-specialized kernel's workers for ``routes``-route tiles (its ``PRODUCER_WARPS``,
+    ``PRODUCER_REGISTERS`` and ``CONSUMER_REGISTERS`` constexprs): a producer warpgroup and the
+    second consumer warpgroup, registers per thread set by ``setmaxnreg`` (the default partition,
+    the first consumer, gets what they leave it; 384 threads, one CTA per SM, 512 registers per
+    thread summed over the three warpgroups at most).
+
+    - Up to 128 routes: producer 80, consumers 216. With the cp.async producer (tenth round) 64
+      spilled copy addresses, 80 nothing; with TMA copies (eleventh round) 56 spilled 16-32
+      local loads and stores in the 128-route FC1 (Triton 3.6) and was 5% slower at 4096 tokens.
+    - 256 routes: producer 56, consumers 224. A consumer's accumulator is 128 fp32 registers; at
+      216 the 256-route kernel spilled in its K loop (tenth round), at 224 the W4A16 kernels spill
+      nothing and the split FC1 16 local accesses outside the K loop (Triton 3.6).
+
+    Checked offline by ``tests/test_triton_prefill_on_cpu.py``. A producer of 8 warps (64
+    registers, consumers 192) was 5% slower at 4096 tokens on the H200 (tenth round)."""
+    if routes > 128:
+        return MappingProxyType({"PRODUCER_WARPS": 4, "PRODUCER_REGISTERS": 56, "CONSUMER_REGISTERS": 224})
+    return MappingProxyType({"PRODUCER_WARPS": 4, "PRODUCER_REGISTERS": 80, "CONSUMER_REGISTERS": 216})
 
 
 @functools.cache
@@ -75,11 +86,11 @@ def schedule_kernel(schedule: PrefillGemm) -> Any:
 def schedule_constexprs(schedule: PrefillGemm) -> dict[str, int | bool]:
     """The constexprs that ``schedule`` sets on :func:`schedule_kernel`: the tile (``BT``,
     ``DEPTH`` and, but for the warp-specialized kernel, ``BW``), then per kernel ``WEIGHT_AHEAD``,
-    ``A_SETS``, ``WGMMAS`` (register weights), :data:`WS_PARTITIONS` (warp-specialized) or ``BK``.
+    ``A_SETS``, ``WGMMAS`` (register weights), :func:`ws_partitions` (warp-specialized) or ``BK``.
     What :func:`launch_prefill_gemm` compiles; the tests compile the same offline."""
     constexprs: dict[str, int | bool] = {"BT": schedule.routes, "DEPTH": schedule.depth}
     if schedule.warp_specialized:
-        constexprs.update(WS_PARTITIONS)
+        constexprs.update(ws_partitions(schedule.routes))
     elif schedule.register_weights:
         constexprs["BW"] = schedule.weight_rows
         constexprs["WEIGHT_AHEAD"] = schedule.weights_ahead
@@ -196,11 +207,18 @@ def launch_prefill_gemm(
     if kernel is None:
         kernel = schedule_kernel(schedule)
     grid: tuple[int, ...] = (n // schedule.weight_rows, routing.max_tiles)
+    operands: tuple[Any, ...] = (x, codes)
+    gather = {"GATHER": top_k is not None}
     if schedule.warp_specialized:  # persistent: at most one program per SM, looping over the work
         grid = (min(persistent_programs(x.device), grid[0] * grid[1]),)
+        # its TMA copies take a tile's rows as one box: FC1's rows gathered in sorted order first
+        rows = x if top_k is None else x.index_select(0, routing.sorted_route // top_k)
+        operands = kernel_modules.prefill_ws().tma_descriptors(
+            rows, codes, schedule.routes, epilogue == "swiglu"
+        )
+        gather = {}
     kernel[grid](
-        x,
-        codes,
+        *operands,
         scales,
         out,
         scale2 if scale2 is not None else routing.seg_count,  # not read by the "none" epilogue
@@ -217,7 +235,7 @@ def launch_prefill_gemm(
         routes,
         top_k or routes_per_token or 1,
         float(swiglu_limit or 0.0),
-        GATHER=top_k is not None,
+        **gather,
         **constexprs,
         num_warps=schedule.warps,
         **({"maxnreg": cap} if (cap := schedule.max_registers(mode)) else {}),

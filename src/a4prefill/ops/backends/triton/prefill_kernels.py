@@ -192,6 +192,20 @@ def _tile(
 
 
 @gluon.jit
+def _scale_pointers(scales_ptr, expert, n0, N, K, EPILOGUE: gl.constexpr, BW: gl.constexpr, BK: gl.constexpr):
+    """The ``[BW, BK / 16]`` pointers (``scale_copy_layout``) to the scale bytes of step 0 of the
+    expert's ``BW`` weight rows from ``n0`` (rows as :func:`_weight_row`); a step's bytes are at
+    ``+ k // 16``. The row stride is written as a multiple of the copy width (``K`` a multiple of
+    ``BK``), so that the compiler proves the ``BK / 16``-byte copies aligned."""
+    SCL: gl.constexpr = scale_copy_layout(BK, gl.num_warps())
+    G: gl.constexpr = BK // 16
+    rs = gl.arange(0, BW, layout=gl.SliceLayout(1, SCL))
+    gs = gl.arange(0, G, layout=gl.SliceLayout(0, SCL))
+    scale_rows = (expert * N + _weight_row(n0, rs, N, EPILOGUE)).to(gl.int64)
+    return scales_ptr + (scale_rows[:, None] * ((K // BK) * G) + gs[None, :])
+
+
+@gluon.jit
 def _tile_operands(
     tile,
     n_block,
@@ -221,7 +235,6 @@ def _tile_operands(
     ``num_tiles`` (a step's copies are at ``+ k // 2``, ``+ k // 16`` and ``+ k``)."""
     num_warps: gl.constexpr = gl.num_warps()
     CL: gl.constexpr = codes_layout(BW, BK, num_warps)
-    SCL: gl.constexpr = scale_copy_layout(BK, num_warps)
     XL: gl.constexpr = rows_layout(BK, num_warps)
     G: gl.constexpr = BK // 16
 
@@ -239,11 +252,7 @@ def _tile_operands(
     rows_w = (expert * N + _weight_row(n0, r3, N, EPILOGUE)).to(gl.int64)
     code_off = rows_w[:, None, None] * (steps_k * (BK // 2)) + g3[None, :, None] * 8 + b3[None, None, :]
     code_ptrs = codes_ptr + code_off
-    # scale bytes [BW, G], step 0
-    rs = gl.arange(0, BW, layout=gl.SliceLayout(1, SCL))
-    gs = gl.arange(0, G, layout=gl.SliceLayout(0, SCL))
-    scale_rows = (expert * N + _weight_row(n0, rs, N, EPILOGUE)).to(gl.int64)
-    scale_ptrs = scales_ptr + (scale_rows[:, None] * (steps_k * G) + gs[None, :])
+    scale_ptrs = _scale_pointers(scales_ptr, expert, n0, N, K, EPILOGUE, BW, BK)
     # activation rows [BT, BK], step 0
     pos_x = row0 + gl.arange(0, BT, layout=gl.SliceLayout(1, XL))
     live_x = (pos_x < seg_end) & (pos_x < ROUTES) & live_tile
@@ -600,6 +609,26 @@ def fragment_codes_layout(bw: int, warps: int, step_bytes: int = 8) -> gl.Distri
         warp_bases=warp_bases,
         block_bases=[],
         shape=[bw, 4, step_bytes],
+    )
+
+
+@gluon.constexpr_function
+def fragment_code_rows_layout(bw: int, warps: int) -> gl.DistributedLinearLayout:
+    """:func:`fragment_codes_layout` (8 bytes per group) over the same bytes as ``[BW, 32]``
+    (byte ``8 q + b`` of a row is byte ``b`` of group ``q``): how the warp-specialized kernel's
+    consumers load a TMA box of code rows, whose reshape to ``[BW, 4, 8]`` is then that layout
+    with the registers unchanged."""
+    grouped = fragment_codes_layout(bw, warps, 8)
+
+    def flat(bases: list[list[int]]) -> list[list[int]]:
+        return [[row, 8 * group + byte] for row, group, byte in bases]
+
+    return gl.DistributedLinearLayout(
+        reg_bases=flat(grouped.reg_bases),
+        lane_bases=flat(grouped.lane_bases),
+        warp_bases=flat(grouped.warp_bases),
+        block_bases=[],
+        shape=[bw, 32],
     )
 
 

@@ -1,7 +1,7 @@
-"""The warp-specialized Hopper prefill GEMM of the ``triton`` backend (Gluon, sm_90a; issue 23,
-not yet chosen by any MoE call): ``grouped_w4_gemm_ws_kernel``, the register-weights GEMM of
-:mod:`prefill_kernels` (``grouped_w4_gemm_rs_kernel``) with its copies and its two warpgroups
-decoupled, and persistent.
+"""The warp-specialized Hopper prefill GEMM of the ``triton`` backend (Gluon, sm_90a; issue 23;
+what MoE calls of 64 or more routes per expert run, ``schedules.choose_prefill_tiles``):
+``grouped_w4_gemm_ws_kernel``, the register-weights GEMM of :mod:`prefill_kernels`
+(``grouped_w4_gemm_rs_kernel``) with its copies and its two warpgroups decoupled, and persistent.
 
 A work item is 128 weight rows of one expert times ``BT`` sorted routes of it (one route tile
 of the routing times one 128-row block: :func:`_works`). The kernel is persistent: program ``p``
@@ -9,17 +9,23 @@ of ``P`` (one per SM) takes items ``p, p + P, ...`` of the routing's live tiles,
 device (no host sync), as three partitions (``gl.warp_specialize``) that meet only at
 mbarriers, never at a CTA barrier:
 
-- a **producer** (``PRODUCER_WARPS`` warps, few registers; ``prefill.WS_PARTITIONS``): per K
-  step of 64 columns it waits until ring slot ``s % DEPTH`` is free (``empty``),
-  ``cp.async``-copies the step's code bytes and scale bytes of all 128 rows and the ``BT``
-  activation rows (gathered by token for FC1) into the slot, and arrives on the slot's ``ready``
-  barrier when its copies land (``cp.async.mbarrier.arrive.noinc``: one arrival per producer
-  thread);
+- a **producer** (``PRODUCER_WARPS`` warps, few registers; ``prefill.ws_partitions``): per K
+  step of 64 columns it waits until ring slot ``s % DEPTH`` is free (``empty``), then one thread
+  announces the step's TMA bytes on the slot's ``ready`` barrier (``mbarrier.expect``) and issues
+  the TMA boxes (``cp.async.bulk.tensor``: the code bytes of the 128 weight rows, in boxes of 8
+  rows for FC1's gate/up row groups, one box of 128 rows for FC2; the ``BT`` activation rows from
+  the tile's first sorted position, one box), and every thread ``cp.async``-copies one row's 4
+  scale bytes (under TMA's 16-byte minimum box row) and arrives when they land
+  (``cp.async.mbarrier.arrive.noinc``); ``ready`` completes when all threads arrived and all the
+  TMA bytes landed. The activation rows are in sorted order: FC2's are, FC1's are gathered by
+  token before the launch (``prefill.launch_prefill_gemm``: one ``[routes, K]`` copy), since
+  Hopper's TMA has no gather;
 - two **consumers**, the default partition (weight rows 0-63) and a worker (rows 64-127), one
   warpgroup each: per step each waits for ``ready``, reads its 64 rows' code and scale bytes in
-  :func:`~prefill_kernels.fragment_codes_layout`, dequantizes them into its wgmma A registers,
-  issues the wgmma on the slot's rows, retires it and releases the slot (one arrival
-  each, so ``empty`` counts two); after an item's last step each runs the epilogue of its 64 rows
+  :func:`~prefill_kernels.fragment_codes_layout` (the code rows as the TMA wrote them, in
+  :func:`~prefill_kernels.fragment_code_rows_layout`, then reshaped), dequantizes them into its
+  wgmma A registers, issues the wgmma on the slot's rows, retires it and releases the slot (one
+  arrival each, so ``empty`` counts two); after an item's last step each runs the epilogue of its 64 rows
   (:func:`~prefill_kernels._epilogue` with 64 rows from ``n0 + 64 * w``: the SwiGLU row pairing
   of :func:`~prefill_kernels._weight_row` holds per 16 rows, so the halves are independent).
 
@@ -32,35 +38,75 @@ Ordering (checked on the CPU by the TTGIR interpreter, which runs the partitions
 switches at every mbarrier wait and after every arrival): slot ``s % DEPTH`` is refilled for
 ring step ``s + DEPTH`` only after both consumers released it, which each does after the wgmma
 that read its rows retired; a consumer reads a slot only after its ``ready`` phase completed,
-which needs every producer thread's copies of that step to have landed.
+which needs every producer thread's scale copies and all TMA bytes of that step to have landed.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy, mbarrier
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
+    mbarrier,
+    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from a4prefill.ops.backends.triton.prefill_kernels import (
     _dequant_fragment,
     _epilogue,
+    _scale_pointers,
     _tile,
-    _tile_operands,
+    _weight_row,
     acc_layout,
+    fragment_code_rows_layout,
     fragment_codes_layout,
 )
 
 # cp.async into shared memory: ``async_load`` from Triton 3.7 on, ``async_copy_global_to_shared``
-# before (same arguments)
+# before (same arguments); the TMA load likewise
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 CONSUMER_ROWS: gl.constexpr = gl.constexpr(64)  # weight rows per consumer warpgroup
 STEP: gl.constexpr = gl.constexpr(64)  # K columns per step
+WORK_ROWS = 128  # weight rows per work item (two consumers)
+
+
+def code_box_rows(swiglu: bool) -> int:
+    """Weight rows per TMA box of code bytes: 8 for FC1 (SwiGLU), whose work item's rows are
+    groups of 8 gate and 8 up rows (``prefill_kernels._weight_row``), else the work item's 128."""
+    return 8 if swiglu else WORK_ROWS
+
+
+def tma_boxes(routes: int, swiglu: bool) -> tuple[tuple[list[int], Any], tuple[list[int], Any]]:
+    """``((x_box, x_layout), (code_box, code_layout))``: the block shapes and shared layouts of the
+    kernel's TMA copies. Activation rows: ``routes`` rows by one 64-column step of bf16, 128-byte
+    swizzle (the wgmma's B layout); code bytes: :func:`code_box_rows` rows by one step's 32 bytes."""
+    x_box, code_box = [routes, int(STEP)], [code_box_rows(swiglu), int(STEP) // 2]
+    return (
+        (x_box, gl.NVMMASharedLayout.get_default_for(x_box, gl.bfloat16)),
+        (code_box, gl.NVMMASharedLayout.get_default_for(code_box, gl.uint8)),
+    )
+
+
+def tma_descriptors(x: torch.Tensor, codes: torch.Tensor, routes: int, swiglu: bool) -> tuple[Any, Any]:
+    """Host tensor descriptors of the kernel's TMA copies (:func:`tma_boxes`): ``x`` bf16 ``[R,
+    K]``, the activation rows in sorted order, and ``codes`` uint8 ``[E, N, K / 2]`` viewed as
+    ``[E * N, K / 2]``. Both contiguous with 16-byte aligned rows (``K`` a multiple of 64); boxes
+    reaching past row ``R`` read zeros there."""
+    experts, n, half_k = codes.shape
+    (x_box, x_layout), (code_box, code_layout) = tma_boxes(routes, swiglu)
+    return (
+        TensorDescriptor.from_tensor(x, x_box, x_layout),
+        TensorDescriptor.from_tensor(codes.view(experts * n, half_k), code_box, code_layout),
+    )
 
 
 @gluon.jit
@@ -73,10 +119,9 @@ def _works(N, num_tiles_ptr):
 
 @gluon.jit
 def _produce(
-    x_ptr,
-    codes_ptr,
+    x_desc,
+    codes_desc,
     scales_ptr,
-    sorted_route_ptr,
     tile_expert_ptr,
     tile_row_ptr,
     seg_start_ptr,
@@ -84,52 +129,53 @@ def _produce(
     num_tiles_ptr,
     N,
     K,
-    ROUTES,
-    TOPK,
     rings,
-    GATHER: gl.constexpr,
     EPILOGUE: gl.constexpr,
-    BT: gl.constexpr,
 ):
     """The producer partition: for each of the program's work items in turn, every step's copies
-    into its ring slot, ``ready`` on landing. The ring runs on across work items: ``done`` counts
-    the steps of the program's earlier items."""
+    into its ring slot, ``ready`` when all landed. One thread issues the step's TMA boxes (the
+    code bytes of the 128 weight rows, the ``BT`` activation rows from the tile's first sorted
+    position) after one ``expect`` of their bytes; every thread ``cp.async``-copies one row's 4
+    scale bytes (a TMA box row takes at least 16) and arrives when they land (``noinc``). The
+    ring runs on across work items: ``done`` counts the steps of the program's earlier items."""
     c_ring, s_ring, x_ring, ready, empty = rings
     DEPTH: gl.constexpr = x_ring.shape[0]
+    BT: gl.constexpr = x_ring.shape[1]
+    CODE_BOX: gl.constexpr = codes_desc.block_type.shape[0]
+    STEP_BYTES: gl.constexpr = 2 * CONSUMER_ROWS * (STEP // 2) + BT * STEP * 2  # the TMA boxes'
     n_blocks, works = _works(N, num_tiles_ptr)
     done = 0
     for work in range(gl.program_id(0), works, gl.num_programs(0)):
-        code_ptrs, scale_ptrs, x_ptrs, x_mask, steps, _, _, _, _, _ = _tile_operands(
+        steps, expert, row0, _, n0, _ = _tile(
             work // n_blocks,
             work % n_blocks,
-            x_ptr,
-            codes_ptr,
-            scales_ptr,
-            sorted_route_ptr,
             tile_expert_ptr,
             tile_row_ptr,
             seg_start_ptr,
             seg_count_ptr,
             num_tiles_ptr,
-            N,
             K,
-            ROUTES,
-            TOPK,
-            GATHER,
-            EPILOGUE,
             2 * CONSUMER_ROWS,
-            BT,
             STEP,
         )
+        scale_ptrs = _scale_pointers(scales_ptr, expert, n0, N, K, EPILOGUE, 2 * CONSUMER_ROWS, STEP)
         for step in range(steps):
             s = done + step
             slot = s % DEPTH
             # the slot's previous use released by both consumers (its first use passes at once)
             mbarrier.wait(empty.index(slot), ((s // DEPTH) & 1) ^ 1)
-            _async_load(c_ring.index(slot), code_ptrs + step * (STEP // 2))
+            ready_slot = ready.index(slot)
+            mbarrier.expect(ready_slot, STEP_BYTES)
+            for box in gl.static_range(2 * CONSUMER_ROWS // CODE_BOX):
+                _tma_load(
+                    codes_desc,
+                    [expert * N + _weight_row(n0, box * CODE_BOX, N, EPILOGUE), step * (STEP // 2)],
+                    ready_slot,
+                    c_ring.index(slot).slice(box * CODE_BOX, CODE_BOX, dim=0),
+                )
+            _tma_load(x_desc, [row0, step * STEP], ready_slot, x_ring.index(slot))
             _async_load(s_ring.index(slot), scale_ptrs + step * (STEP // 16))
-            _async_load(x_ring.index(slot), x_ptrs + step * STEP, mask=x_mask)
-            async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
+            async_copy.mbarrier_arrive(ready_slot, increment_count=False)
         done += steps
 
 
@@ -149,13 +195,15 @@ def _mainloop(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr):
     ACC: gl.constexpr = acc_layout(BT, gl.num_warps())
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
     FL: gl.constexpr = fragment_codes_layout(CONSUMER_ROWS, gl.num_warps(), 8)
+    FL_ROWS: gl.constexpr = fragment_code_rows_layout(CONSUMER_ROWS, gl.num_warps())
     acc = gl.zeros([CONSUMER_ROWS, BT], gl.float32, layout=ACC)
     for step in range(steps):
         s = done + step
         slot = s % DEPTH
         mbarrier.wait(ready.index(slot), (s // DEPTH) & 1)
         fence_async_shared()  # the rows the copies wrote, before the wgmma reads them (async proxy)
-        codes = c_ring.index(slot).slice(HALF * CONSUMER_ROWS, CONSUMER_ROWS, dim=0).load(FL)
+        code_rows = c_ring.index(slot).slice(HALF * CONSUMER_ROWS, CONSUMER_ROWS, dim=0).load(FL_ROWS)
+        codes = gl.convert_layout(gl.reshape(code_rows, [CONSUMER_ROWS, 4, 8]), FL)  # registers unchanged
         scale_slot = s_ring.index(slot).slice(HALF * CONSUMER_ROWS, CONSUMER_ROWS, dim=0)
         scales = scale_slot.load(gl.SliceLayout(2, FL))
         a = _dequant_fragment(codes, scales, A_LAYOUT, CONSUMER_ROWS)
@@ -246,8 +294,8 @@ def _consume(
 # serving after the load-time warm-up)
 @gluon.jit(do_not_specialize=["ROUTES"])
 def grouped_w4_gemm_ws_kernel(
-    x_ptr,
-    codes_ptr,
+    x_desc,
+    codes_desc,
     scales_ptr,
     out_ptr,
     scale2_ptr,
@@ -265,7 +313,6 @@ def grouped_w4_gemm_ws_kernel(
     ROUTES,
     TOPK,
     limit,
-    GATHER: gl.constexpr,
     EPILOGUE: gl.constexpr,
     MODE: gl.constexpr,
     HAS_LIMIT: gl.constexpr,
@@ -280,20 +327,20 @@ def grouped_w4_gemm_ws_kernel(
     and ``BT`` routes, warp-specialized and persistent (module docstring): launched with 4 warps
     (the default partition, consumer 0), plus a consumer warpgroup and ``PRODUCER_WARPS``
     producer warps as workers (``PRODUCER_REGISTERS`` and ``CONSUMER_REGISTERS`` per thread,
-    ``setmaxnreg``). ``DEPTH`` ring slots, each a step's code bytes (128 x 32), scale bytes (128
-    x 4) and activation rows (``BT`` x 64 bf16). Grid ``(P,)``, any ``P >= 1``
-    (``prefill.persistent_programs``: one per SM)."""
-    PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
+    ``setmaxnreg``). ``x_desc`` and ``codes_desc`` are :func:`tma_descriptors`' (the activation
+    rows in sorted order: FC1's gathered by token before the launch). ``DEPTH`` ring slots, each a
+    step's code bytes (128 x 32), scale bytes (128 x 4) and activation rows (``BT`` x 64 bf16).
+    Grid ``(P,)``, any ``P >= 1`` (``prefill.persistent_programs``: one per SM)."""
     PLAIN2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    X_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, STEP], gl.bfloat16)
     BARRIER: gl.constexpr = mbarrier.MBarrierLayout()
-    c_ring = gl.allocate_shared_memory(gl.uint8, [DEPTH, 2 * CONSUMER_ROWS, STEP // 16, 8], PLAIN)
+    c_ring = gl.allocate_shared_memory(gl.uint8, [DEPTH, 2 * CONSUMER_ROWS, STEP // 2], codes_desc.layout)
     s_ring = gl.allocate_shared_memory(gl.uint8, [DEPTH, 2 * CONSUMER_ROWS, STEP // 16], PLAIN2)
-    x_ring = gl.allocate_shared_memory(gl.bfloat16, [DEPTH, BT, STEP], X_SMEM)
+    x_ring = gl.allocate_shared_memory(gl.bfloat16, [DEPTH, BT, STEP], x_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], BARRIER)
     empty = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], BARRIER)
     for slot in gl.static_range(DEPTH):
-        mbarrier.init(ready.index(slot), count=PRODUCER_WARPS * 32)  # every producer thread
+        # every producer thread (its scale copies) and the TMA boxes' expect
+        mbarrier.init(ready.index(slot), count=PRODUCER_WARPS * 32 + 1)
         mbarrier.init(empty.index(slot), count=2)  # each consumer partition once
     rings = (c_ring, s_ring, x_ring, ready, empty)
     consumer = (
@@ -322,10 +369,9 @@ def grouped_w4_gemm_ws_kernel(
             (
                 _produce,
                 (
-                    x_ptr,
-                    codes_ptr,
+                    x_desc,
+                    codes_desc,
                     scales_ptr,
-                    sorted_route_ptr,
                     tile_expert_ptr,
                     tile_row_ptr,
                     seg_start_ptr,
@@ -333,12 +379,8 @@ def grouped_w4_gemm_ws_kernel(
                     num_tiles_ptr,
                     N,
                     K,
-                    ROUTES,
-                    TOPK,
                     rings,
-                    GATHER,
                     EPILOGUE,
-                    BT,
                 ),
             ),
         ],

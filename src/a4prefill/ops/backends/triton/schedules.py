@@ -446,6 +446,7 @@ PREFILL_SCHEDULES = MappingProxyType(
         "rs_w128_t128_d4_ws": _warp_specialized(128, 4),
         "rs_w128_t128_d6_ws": _warp_specialized(128, 6),
         "rs_w128_t64_d6_ws": _warp_specialized(64, 6),
+        "rs_w128_t256_d4_ws": _warp_specialized(256, 4),
     }
 )
 
@@ -485,26 +486,27 @@ def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: i
     ``DECODE_MAX_ROWS_PER_EXPERT`` (32) routes per active expert first (:func:`plan.plan_call
     <a4prefill.ops.backends.triton.plan.plan_call>`).
 
-    From the H200 runs of ``benchmarks/bench_moe.py --sweep prefill`` (2026-12-03, the whole MoE,
-    GLM-5.3-Flash TP2 shape; ``benchmarks/results``) and ``bench_prefill_gemm.py`` (the GEMMs):
+    From the H200 runs of ``benchmarks/bench_moe.py --sweep prefill`` (the whole MoE,
+    GLM-5.3-Flash TP2 shape; ``benchmarks/results``):
 
     - below 64 routes per expert, 64-route tiles with weights in registers, capped at 80
       registers (three CTAs per SM) (2048 tokens, 57 per expert: 2063 us against 2280 uncapped
       (96 registers with the H200's Triton 3.6, two CTAs per SM), 2507 for the tiled kernels and
-      2953 with 128-route tiles; A4 and split faster than the tiled kernels' too);
-    - below 160, 128-route tiles with weights in registers (4096 tokens, 114 per expert: 3236 us
-      against 3857 with 64-route tiles; FC1 1984 us, FC2 1012 us against 2681 / 1314 with
-      256-route tiles);
-    - then 256-route tiles, FC1 with weights in registers (8192 tokens: 2783 us against 2909 with
-      weights in shared memory; 16384: 5466 against 5838) and FC2 with weights in shared memory
-      (8192: 1492 against 1507; 16384: 2813 against 2835)."""
+      2953 with 128-route tiles; A4 and split faster than the tiled kernels' too; 2026-12-03);
+    - below 160, the warp-specialized kernel (TMA copies) on 128-route tiles, 6 ring slots (4096
+      tokens, 114 per expert: 3160 us against 3243 for the register-weights kernel's 128-route
+      tiles and 3456 for 256-route ones; 2026-12-04, eleventh round);
+    - then the warp-specialized kernel on 256-route tiles, 4 ring slots (8192 tokens: 4073 us
+      against 4839 for the register-weights FC1 with the shared-memory-weights FC2 on 256-route
+      tiles and 5820 for 128-route warp-specialized tiles; 16384: 7843 against 8787; eleventh
+      round)."""
     rows_per_expert = routes / max(1, experts)
     if rows_per_expert < PREFILL_MIN_ROWS_PER_EXPERT:
         return None
     if rows_per_expert < 64:
         tiles = PrefillTiles(PREFILL_SCHEDULES["rs_w128_t64_d4_r80"], PREFILL_SCHEDULES["rs_w128_t64_d4_r80"])
     elif rows_per_expert < 160:
-        tiles = PrefillTiles(PREFILL_SCHEDULES["rs_w128_t128_d4"], PREFILL_SCHEDULES["rs_w128_t128_d4"])
+        tiles = PrefillTiles(PREFILL_SCHEDULES["rs_w128_t128_d6_ws"], PREFILL_SCHEDULES["rs_w128_t128_d6_ws"])
     else:
-        tiles = PrefillTiles(PREFILL_SCHEDULES["rs_w128_t256_d4"], PREFILL_SCHEDULES["w128_t256_d4"])
+        tiles = PrefillTiles(PREFILL_SCHEDULES["rs_w128_t256_d4_ws"], PREFILL_SCHEDULES["rs_w128_t256_d4_ws"])
     return tiles if tiles.fits(hidden, intermediate) else None
