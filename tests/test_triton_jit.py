@@ -25,7 +25,14 @@ from hypothesis import strategies as st
 from a4prefill.ops.backends.base import WarmUp
 from a4prefill.ops.backends.triton import plan
 from a4prefill.ops.backends.triton.fused import fused_moe
-from a4prefill.ops.backends.triton.schedules import DECODE_SCHEDULES, DecodeGemm, DecodeTiles, GemmConfig
+from a4prefill.ops.backends.triton.schedules import (
+    DECODE_SCHEDULES,
+    PREFILL_SCHEDULES,
+    DecodeGemm,
+    DecodeTiles,
+    GemmConfig,
+    PrefillTiles,
+)
 from a4prefill.ops.modelopt import NvFp4Experts
 from a4prefill.ops.precision import MODE_A4, MODE_SPLIT, MODE_W4A16
 from a4prefill.ops.scales import A4Scales
@@ -135,16 +142,26 @@ def test_every_tiled_kernel_reaches_a_post_compile_hook_serialized(device, confi
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
-    ("tokens", "kernel"),
-    [(512, "grouped_w4_gemm_rs_kernel"), (1280, "grouped_w4_gemm_kernel")],  # 64 and 160 routes per expert
+    ("tokens", "tiles", "kernel"),
+    [
+        (384, None, "grouped_w4_gemm_rs_kernel"),  # 48 routes per expert
+        (512, None, "grouped_w4_gemm_ws_kernel"),  # 64, routed by the one-program kernel
+        (1280, None, "grouped_w4_gemm_ws_kernel"),  # 160: 256-route tiles
+        (512, "w128_t256_d4", "grouped_w4_gemm_kernel"),  # weights in shared memory: explicit only
+    ],
 )
-def test_every_prefill_kernel_reaches_a_post_compile_hook_serialized(device, tokens, kernel):
-    """A W4A16 call of prefill size (on sm_90) runs the routing, the two prefill GEMMs and the
-    combine; each compiles and Triton serializes its specialization for the hook."""
+def test_every_prefill_kernel_reaches_a_post_compile_hook_serialized(device, tokens, tiles, kernel):
+    """A W4A16 call of prefill size (on sm_90) runs the routing, the two prefill GEMMs (the size's
+    default tiles, or ``tiles`` for both GEMMs by an explicit config) and the combine; each
+    compiles and Triton serializes its specialization for the hook."""
     if device == "cuda" and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the prefill kernels run on sm_90 (Hopper) only")
+    config = None
+    if tiles is not None:
+        both = PrefillTiles(PREFILL_SCHEDULES[tiles], PREFILL_SCHEDULES[tiles])
+        config = dataclasses.replace(TILED_CONFIGS[0], prefill=both)
     with on(device), fresh_launches(device) as compiles:
-        call(device, tokens, MODE_W4A16)
+        call(device, tokens, MODE_W4A16, config)
     compiled = {event.kernel for event in compiles}
     assert {kernel, "combine_kernel"} <= compiled
 
@@ -178,6 +195,7 @@ def test_the_hook_tests_cover_every_kernel_the_package_launches():
         "combine_kernel",
         "grouped_w4_gemm_rs_kernel",
         "grouped_w4_gemm_kernel",
+        "grouped_w4_gemm_ws_kernel",
     }
     assert {name.rsplit(".", 1)[-1] for name in package_kernels()} == covered
 

@@ -708,15 +708,20 @@ def test_a_w4a16_prefill_call_runs_the_prefill_gemms_and_matches_the_reference(
     assert_close_to_reference(result, expected, "w4a16")
 
 
-@pytest.mark.parametrize(("tokens", "limit"), [(160, None), (160, 2.5), (96, 2.5)])
+@pytest.mark.parametrize(
+    ("tokens", "limit", "expected_kernel"),
+    [(160, None, "warp_specialized"), (160, 2.5, "warp_specialized"), (96, 2.5, "registers")],
+)
 def test_a4_and_split_prefill_calls_run_the_prefill_gemms_and_match_the_reference(
-    prefill_moe_on_cpu, interpreted, tokens, limit
+    prefill_moe_on_cpu, interpreted, tokens, limit, expected_kernel
 ):
-    """A4 and split calls of a prefill size (80 routes per expert: 128-route tiles; 48: 64-route
-    tiles) take the same two prefill launches as W4A16 (the A4 rows quantized first): all-A4
-    within the A4 bounds of the reference A4 MoE; split with every third token A4, its A4 rows
-    within those bounds and its W4A16 rows within the W4A16 bounds of the reference W4A16 MoE."""
+    """A4 and split calls of a prefill size (80 routes per expert: the warp-specialized kernel's
+    128-route tiles; 48: 64-route register-weights tiles) take the same two prefill launches as
+    W4A16 (the A4 rows quantized first): all-A4 within the A4 bounds of the reference A4 MoE;
+    split with every third token A4, its A4 rows within those bounds and its W4A16 rows within
+    the W4A16 bounds of the reference W4A16 MoE."""
     from a4prefill.ops.backends.triton.fused import fused_moe
+    from a4prefill.ops.backends.triton.plan import plan_call
     from a4prefill.tools.tiny_layer import make_tiny_layer, random_routing
     from helpers.layers import assert_close_to_reference
 
@@ -728,11 +733,17 @@ def test_a4_and_split_prefill_calls_run_the_prefill_gemms_and_match_the_referenc
     args = (hidden, topk_weights, topk_ids, layer.experts)
     a4 = moe_reference(*args, layer.a4_scales, limit)
     w4a16 = moe_reference(*args, None, limit)
-    before = len(interpreted["registers"].launches)
+    planned = plan_call(tokens, top_k, experts, hidden_size, inter, torch.bfloat16, torch.device("cpu"))
+    assert planned.prefill is not None
+    wanted = dict.fromkeys(interpreted, 0)
+    for schedule in (planned.prefill.fc1, planned.prefill.fc2):
+        wanted[kernel_of(schedule)] += 2  # the A4 call and the split call
+    assert wanted[expected_kernel] == 4
+    before = {kind: len(kernel.launches) for kind, kernel in interpreted.items()}
     assert_close_to_reference(fused_moe(*args, layer.a4_scales, limit), a4, "a4")
     flags = (torch.arange(tokens) % 3 == 1).to(torch.uint8)
     split = fused_moe(*args, layer.a4_scales, limit, flags)
-    assert len(interpreted["registers"].launches) - before == 4  # weights in registers: FC1 and FC2, twice
+    assert {kind: len(kernel.launches) - before[kind] for kind, kernel in interpreted.items()} == wanted
     is_a4 = flags.bool()
     assert_close_to_reference(split[is_a4], a4[is_a4], "a4")
     assert_close_to_reference(split[~is_a4], w4a16[~is_a4], "w4a16")

@@ -12,12 +12,15 @@ the hook. Everything is restored at the end.
   launch ``kernel[grid](...)`` becomes Triton's ``JITFunction.warmup``: Triton's binder
   specializes the arguments exactly as for a launch (constexprs, pointer dtypes, 16-byte
   alignment, sizes divisible by 16, values equal to 1), compiles on a cache miss (from its disk
-  cache when it can), calls the hook, and launches nothing. Tensors live on the CPU; nothing
-  reads them.
+  cache when it can), calls the hook, and launches nothing. Tensors live on the CPU. The one
+  kernel output host code reads, the routing (the warp-specialized FC1 gathers its rows by
+  ``sorted_route`` with ``index_select``), is written by the torch routing after the routing
+  kernel's warm-up, so that gather sees valid routes; nothing reads the other outputs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -65,14 +68,35 @@ def package_kernels() -> dict[str, Any]:
     """``module.name -> kernel`` of every kernel the package launches (``*_kernel`` JIT functions)."""
     from triton.runtime.jit import JITFunction
 
-    from a4prefill.ops.backends.triton import decode_kernels, prefill_kernels, shared_kernels, tiled_kernels
+    from a4prefill.ops.backends.triton import (
+        decode_kernels,
+        prefill_kernels,
+        prefill_ws_kernels,
+        shared_kernels,
+        tiled_kernels,
+    )
 
     return {
         f"{module.__name__}.{name}": value
-        for module in (shared_kernels, tiled_kernels, decode_kernels, prefill_kernels)
+        for module in (shared_kernels, tiled_kernels, decode_kernels, prefill_kernels, prefill_ws_kernels)
         for name, value in vars(module).items()
         if name.endswith("_kernel") and isinstance(value, JITFunction)
     }
+
+
+def _routing_written_by_torch(sort_routes: Callable[..., Any]) -> Callable[..., Any]:
+    """``sort_routes`` whose one-program routing kernel (launched warm-up only: it writes nothing)
+    has its outputs written by the torch routing of the same routes."""
+
+    def sort(ids: Any, experts: int, launch: Any) -> Any:
+        routing = sort_routes(ids, experts, launch)
+        if launch.program_routes:
+            written = sort_routes(ids, experts, dataclasses.replace(launch, program_routes=0))
+            for output, value in zip(routing.kernel_args(), written.kernel_args(), strict=True):
+                output.copy_(value)
+        return routing
+
+    return sort
 
 
 @contextmanager
@@ -81,11 +105,14 @@ def _offline_sm90(kernels: dict[str, Any]) -> Iterator[None]:
 
     from triton.runtime.driver import driver
 
+    from a4prefill.ops.backends.triton import fused
+
     saved_driver = driver._active
     with pytest.MonkeyPatch.context() as patch:
         for qualified, kernel in kernels.items():
             module, name = qualified.rsplit(".", 1)
             patch.setattr(sys.modules[module], name, _WarmupOnly(kernel))
+        patch.setattr(fused, "sort_routes", _routing_written_by_torch(fused.sort_routes))
         driver.set_active(_Sm90Driver())
         try:
             yield
