@@ -34,6 +34,7 @@ import functools
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -247,8 +248,9 @@ DECODE_SWEEP_FOCUS = [
 ]
 DECODE_SWEEP_MAX_ROUTES = 8192  # decode schedules are timed up to 1024 tokens at top-8, past the default
 # `--sweep prefill`: the Hopper prefill GEMMs' schedules (schedules.PREFILL_SCHEDULES labels of FC1,
-# then FC2) timed as the whole MoE at every size, below PREFILL_MIN_ROWS_PER_EXPERT too, in W4A16,
-# A4 and split
+# then FC2, or "ws_t<routes>_d<depth>": a warp-specialized schedule no default takes, deeper rings
+# than the labelled ones) timed as the whole MoE at every size, below PREFILL_MIN_ROWS_PER_EXPERT
+# too, in W4A16, A4 and split
 PREFILL_SWEEP = [
     ("rs_w128_t32_d4", "rs_w128_t32_d4"),
     ("rs_w128_t64_d4", "rs_w128_t64_d4"),
@@ -259,6 +261,12 @@ PREFILL_SWEEP = [
     ("rs_w128_t128_d4_ws", "rs_w128_t128_d4_ws"),
     ("rs_w128_t128_d6_ws", "rs_w128_t128_d6_ws"),
     ("rs_w128_t256_d4_ws", "rs_w128_t256_d4_ws"),
+    ("ws_t64_d10", "ws_t64_d10"),
+    ("ws_t128_d8", "ws_t128_d8"),
+    ("ws_t128_d10", "ws_t128_d10"),
+    ("ws_t128_d10", "ws_t128_d6"),
+    ("ws_t256_d5", "ws_t256_d5"),
+    ("ws_t256_d6", "ws_t256_d6"),
 ]
 SWEEP = {  # block_m, fc1_n, fc1_k, fc2_n, fc2_k, warps, stages, ptx_dequant, split_k
     "bm16_n32_k128_w4_triton": (16, 32, 128, 64, 128, 4, 4, False, 1),
@@ -313,15 +321,31 @@ def decode_schedules(routes: int, experts: int, focus: bool = False) -> list[Any
     return schedules
 
 
+def sweep_gemm(name: str) -> Any:
+    """The ``PrefillGemm`` of a :data:`PREFILL_SWEEP` name: a ``schedules.PREFILL_SCHEDULES``
+    label, or ``ws_t<routes>_d<depth>`` (warp-specialized, 128 weight rows)."""
+    from a4prefill.ops.backends.triton.schedules import PREFILL_SCHEDULES, PrefillGemm
+
+    if name in PREFILL_SCHEDULES:
+        return PREFILL_SCHEDULES[name]
+    match = re.fullmatch(r"ws_t(\d+)_d(\d+)", name)
+    if match is None:
+        raise ValueError(
+            f"a PREFILL_SWEEP name is a PREFILL_SCHEDULES label or ws_t<routes>_d<depth>, got {name!r}"
+        )
+    routes, depth = int(match[1]), int(match[2])
+    return PrefillGemm(128, routes, depth=depth, register_weights=True, warp_specialized=True)
+
+
 def prefill_configs(routes: int, experts: int, hidden: int, inter: int) -> dict[str, Any]:
     """``prefill_<tiles>`` -> the call's default config with the :data:`PREFILL_SWEEP` tiles
     instead of its decode schedule or tiles (those the shapes fit)."""
-    from a4prefill.ops.backends.triton.schedules import PREFILL_SCHEDULES, PrefillTiles, choose_config
+    from a4prefill.ops.backends.triton.schedules import PrefillTiles, choose_config
 
     default = choose_config(routes, experts, hidden, inter)
     configs = {}
     for fc1, fc2 in PREFILL_SWEEP:
-        tiles = PrefillTiles(PREFILL_SCHEDULES[fc1], PREFILL_SCHEDULES[fc2])
+        tiles = PrefillTiles(sweep_gemm(fc1), sweep_gemm(fc2))
         if tiles.fits(hidden, inter):
             configs[f"prefill_{tiles}"] = dataclasses.replace(default, decode=None, prefill=tiles)
     return configs

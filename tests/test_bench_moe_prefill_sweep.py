@@ -19,7 +19,7 @@ def test_the_sweep_times_every_tile_pair_the_shape_takes_in_place_of_the_default
     """GLM TP2 at 1024 tokens (the decode kernels' size): one config per ``PREFILL_SWEEP`` pair,
     each with the decode schedule dropped and the pair's tiles set; a shape the 128-row CTAs do
     not divide (``2 * intermediate`` = 192) gets none."""
-    from a4prefill.ops.backends.triton.schedules import PREFILL_SCHEDULES, choose_config
+    from a4prefill.ops.backends.triton.schedules import choose_config
 
     default = choose_config(1024 * 8, 288, 4096, 1024)
     assert default.decode is not None
@@ -27,8 +27,8 @@ def test_the_sweep_times_every_tile_pair_the_shape_takes_in_place_of_the_default
     assert len(configs) == len(bench.PREFILL_SWEEP)
     for (fc1, fc2), (label, config) in zip(bench.PREFILL_SWEEP, configs.items(), strict=True):
         assert config.decode is None
-        assert (config.prefill.fc1, config.prefill.fc2) == (PREFILL_SCHEDULES[fc1], PREFILL_SCHEDULES[fc2])
-        assert label == f"prefill_fc1_{PREFILL_SCHEDULES[fc1]}_fc2_{PREFILL_SCHEDULES[fc2]}"
+        assert (config.prefill.fc1, config.prefill.fc2) == (bench.sweep_gemm(fc1), bench.sweep_gemm(fc2))
+        assert label == f"prefill_fc1_{config.prefill.fc1}_fc2_{config.prefill.fc2}"
         assert (config.block_m, config.fc1_n, config.warps) == (default.block_m, default.fc1_n, default.warps)
     assert bench.prefill_configs(1024 * 8, 288, 4096, 96) == {}
 
@@ -58,3 +58,16 @@ def test_the_prefill_table_shows_each_pairs_w4a16_time_and_its_a4_and_split_rati
     assert table[2] == "| tokens | default W4A16 us | a | b |"
     assert table[4] == "| 2048 | 2500.0 | - | 2000.0 (1.05/1.15) |"
     assert len(table) == 5
+
+
+def test_sweep_names_are_labels_or_warp_specialized_tiles_and_nothing_else(bench):
+    """``ws_t<routes>_d<depth>``: the warp-specialized schedule of 128 weight rows with those
+    tiles; a label stays its schedule; any other name is a ``ValueError`` naming the forms."""
+    from a4prefill.ops.backends.triton.schedules import PREFILL_SCHEDULES, PrefillGemm
+
+    assert bench.sweep_gemm("ws_t128_d10") == PrefillGemm(
+        128, 128, depth=10, register_weights=True, warp_specialized=True
+    )
+    assert bench.sweep_gemm("rs_w128_t32_d4") is PREFILL_SCHEDULES["rs_w128_t32_d4"]
+    with pytest.raises(ValueError, match="ws_t<routes>_d<depth>"):
+        bench.sweep_gemm("ws_t128")

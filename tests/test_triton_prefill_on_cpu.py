@@ -391,6 +391,12 @@ def test_any_segment_lengths_and_scale_byte(interpreted, register_weights, count
 def test_schedules_refuse_what_the_kernel_cannot_run():
     with pytest.raises(ValueError, match="depth must be 3 to 8"):
         PrefillGemm(depth=2)
+    with pytest.raises(ValueError, match="depth must be 3 to 8"):
+        PrefillGemm(128, 64, depth=9, register_weights=True)
+    with pytest.raises(ValueError, match="depth must be 3 to 12"):
+        PrefillGemm(128, 64, depth=13, register_weights=True, warp_specialized=True)
+    with pytest.raises(ValueError, match="over 227 KiB"):  # 7 slots of 36.5 KiB
+        PrefillGemm(128, 256, depth=7, register_weights=True, warp_specialized=True)
     with pytest.raises(ValueError, match="over 227 KiB"):
         PrefillGemm(128, 256, 128, depth=3)
     with pytest.raises(ValueError, match="routes must be 64, 128 or 256"):

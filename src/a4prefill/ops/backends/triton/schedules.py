@@ -269,8 +269,9 @@ class PrefillGemm:
     """Schedule of the Hopper prefill GEMM (:mod:`prefill_kernels`): ``weight_rows`` per CTA (the
     wgmma's M: 64, 128 or 256, one warpgroup per 64), ``routes`` of one expert per CTA (the wgmma's
     N: 64, 128 or 256, or 16, 32 with ``register_weights``; the routing's ``block_m``), K columns per
-    step (``block_k``: 64 or 128) and ``depth`` ring slots of ``cp.async`` copies (3 to 8: a
-    step's code bytes, scale bytes and activation rows are copied ``depth - 2`` steps ahead).
+    step (``block_k``: 64 or 128) and ``depth`` ring slots of ``cp.async`` copies (3 to 8, 3 to 12
+    warp-specialized: a step's code bytes, scale bytes and activation rows are copied ``depth -
+    2`` steps ahead, ``depth`` warp-specialized).
     ``register_weights`` picks the kernel: weights dequantized into the wgmma's A registers
     (``grouped_w4_gemm_rs_kernel``, ``block_k`` 64 only) or into shared memory
     (``grouped_w4_gemm_kernel``). The former copies the code and scale bytes ``weight_ahead``
@@ -329,8 +330,11 @@ class PrefillGemm:
                 "PrefillGemm.wgmmas_per_step must be 1, or 2 with register_weights and one A register "
                 f"set, got {self.wgmmas_per_step}"
             )
-        if not 3 <= self.depth <= 8:
-            raise ValueError(f"PrefillGemm.depth must be 3 to 8, got {self.depth}")
+        max_depth = 12 if self.warp_specialized else 8
+        if not 3 <= self.depth <= max_depth:
+            raise ValueError(
+                f"PrefillGemm.depth must be 3 to {max_depth} (12 warp-specialized, else 8), got {self.depth}"
+            )
         if self.register_cap not in (0, 80, 96, 128):
             raise ValueError(
                 f"PrefillGemm.register_cap must be 0 (none), 80, 96 or 128, got {self.register_cap}"
