@@ -162,10 +162,11 @@ def a_register_hazards(ptx: str) -> list[tuple[str, list[str]]]:
     return hazards
 
 
-def compile_prefill_kernel(schedule: PrefillGemm, **overrides: int) -> Any:
+def compile_prefill_kernel(schedule: PrefillGemm, a8: bool = False, **overrides: int) -> Any:
     """The schedule's prefill kernel compiled offline for sm_90a as the launcher specializes it
     (16-byte aligned tensors, N and K multiples of 16): FC1 (rows gathered by token), no
-    epilogue, W4A16, unless ``overrides`` sets other constexprs."""
+    epilogue, W4A16, unless ``overrides`` sets other constexprs; with ``a8`` (a warp-specialized
+    schedule) its A8 mainloop (e4m3 rows, their block scales ``xs_ptr``)."""
     from helpers.gluon_on_cpu import compile_sm90
 
     pointers = {
@@ -201,13 +202,20 @@ def compile_prefill_kernel(schedule: PrefillGemm, **overrides: int) -> Any:
         from a4prefill.ops.backends.triton import kernel_modules
 
         boxes = kernel_modules.prefill_ws().tma_boxes(
-            schedule.routes, constexprs["EPILOGUE"] == PREFILL_EPILOGUES["swiglu"]
+            schedule.routes, constexprs["EPILOGUE"] == PREFILL_EPILOGUES["swiglu"], a8
         )
-        for name, element, (box, layout) in zip(("x_ptr", "codes_ptr"), ("bf16", "u8"), boxes, strict=True):
+        x_element = "fp8e4nv" if a8 else "bf16"
+        for name, element, (box, layout) in zip(
+            ("x_ptr", "codes_ptr"), (x_element, "u8"), boxes, strict=True
+        ):
             del pointers[name]
             divisible.discard(name)
             pointers[name.replace("_ptr", "_desc")] = f"tensordesc<{element}{box},{layout!r}>"
         del constexprs["GATHER"]
+        if a8:
+            pointers["xs_ptr"] = "*fp32"
+            divisible.add("xs_ptr")
+            constexprs["A8"] = True
     cap = schedule.max_registers(constexprs["MODE"]) or None  # as launch_prefill_gemm compiles it
     return compile_sm90(
         kernel, {**pointers, **routing, **scalars}, constexprs, schedule.warps, divisible, cap

@@ -24,6 +24,7 @@ POINTER_TYPES = {
     torch.int8: "*i8",
     torch.uint8: "*u8",
     torch.uint16: "*u16",
+    torch.float8_e4m3fn: "*fp8e4nv",
 }
 
 
@@ -45,6 +46,13 @@ def compile_sm90(
 
     names = list(fn.arg_names)
     attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in divisible}
+    # parameters given neither way take their defaults, as the launcher binds them (constexprs)
+    defaults = {
+        param.name: param.default
+        for param in fn.params
+        if param.has_default and param.name not in signature and param.name not in constexprs
+    }
+    constexprs = {**constexprs, **defaults}
     source = gluon._runtime.GluonASTSource(
         fn=fn,
         signature={**signature, **dict.fromkeys(constexprs, "constexpr")},
@@ -83,8 +91,8 @@ class InterpretedKernel:
         bound = dict(zip(self.fn.arg_names, args, strict=False)) | kwargs
         constexprs, runtime, signature, divisible = {}, [], {}, set()
         for param in self.fn.params:
-            value = bound[param.name]
-            if param.is_constexpr:
+            value = bound[param.name] if param.name in bound or not param.has_default else param.default
+            if param.is_constexpr or value is None:  # None binds as a constexpr, as in Triton
                 constexprs[param.name] = value
                 continue
             if hasattr(value, "block_shape"):  # a host TMA descriptor: flattened as Triton passes it

@@ -82,6 +82,7 @@ TORCH_TYPES = {
     "bf16": torch.bfloat16,
     "f32": torch.float32,
     "f64": torch.float64,
+    "f8E4M3FN": torch.float8_e4m3fn,
 }
 UNSIGNED = {torch.int8: torch.uint8, torch.int16: torch.uint16, torch.int32: torch.uint32}
 CMP = {  # arith.cmpi predicates (signed) and the ordered arith.cmpf ones, plus une
@@ -769,6 +770,17 @@ class _Program:
     def _op_arith_truncf(self, op: Op) -> torch.Tensor:
         value, dtype = self._convert(op)
         return value.to(dtype)  # round to nearest even
+
+    def _op_tt_fp_to_fp(self, op: Op) -> torch.Tensor:
+        """Float conversions Triton writes as ``tt.fp_to_fp`` (those to and from float8): to
+        e4m3 only with round to nearest even, saturating finite values at +-448 as sm_90's
+        ``cvt.rn.satfinite.e4m3x2.f32`` does; widening ones exactly."""
+        value, dtype = self._convert(op)
+        if dtype == torch.float8_e4m3fn:
+            if "rounding = rtne" not in op.text:
+                raise NotImplementedError(f"tt.fp_to_fp to e4m3 without rtne: {op.text[:120]}")
+            value = torch.where(value.isnan(), value, value.clamp(-448.0, 448.0))
+        return value.to(dtype)
 
     def _op_arith_extf(self, op: Op) -> torch.Tensor:
         value, dtype = self._convert(op)

@@ -120,6 +120,7 @@ def launch_prefill_gemm(
     routes_per_token: int | None = None,
     x_mma_order: bool = False,
     out_mma_order: bool = False,
+    x_block_scales: torch.Tensor | None = None,
 ) -> None:
     """``out[p] = x[row(p)] @ dequant(W[e(p)])^T`` for every sorted position ``p`` of
     ``routing`` (fp32 accumulation), then the ``epilogue``, without a host sync.
@@ -152,6 +153,13 @@ def launch_prefill_gemm(
     ``schedule.weight_rows`` and ``K`` of ``schedule.block_k``. With ``schedule.register_weights``
     ``x`` is first copied with its columns in :func:`mma_column_order` (one gather of ``x``, timed
     with the GEMM by the benchmark; a fused producer of ``x`` could write that order directly).
+    A8 (``x_block_scales`` given; issue 28, docs/numerics.md section 8): every route A8, ``x``
+    float8_e4m3fn codes and ``x_block_scales`` fp32 ``[rows, K / 128]`` their scales per
+    128-column block (``fp8.quantize_rows``), rows indexed as ``x``'s; the weights converted to
+    e4m3 in the kernel (``prefill_a8_kernels``). Needs a warp-specialized schedule of 128 routes,
+    ``mode`` W4A16 (the epilogues' W4A16 multipliers), ``K`` a multiple of 128 and neither column
+    order. The activation scales reach the kernel in sorted order, block-major (``[K / 128, R]``).
+
     ``kernel`` replaces the schedule's Gluon kernel (tests: the TTGIR interpreter); by default it is
     imported (Triton 3.6+ with Gluon, an sm_90 GPU). It is compiled with the register cap
     ``schedule.max_registers(mode)`` where that is not 0 (split calls of 128-route tiles)."""
@@ -159,8 +167,25 @@ def launch_prefill_gemm(
     k = 2 * half_k
     if epilogue not in PREFILL_EPILOGUES:
         raise ValueError(f"epilogue must be one of {sorted(PREFILL_EPILOGUES)}, got {epilogue!r}")
-    if x.dtype != torch.bfloat16 or out.dtype != torch.bfloat16:
-        raise ValueError(f"x and out must be bf16, got {x.dtype} and {out.dtype}")
+    a8 = x_block_scales is not None
+    x_dtype = torch.float8_e4m3fn if a8 else torch.bfloat16
+    if x.dtype != x_dtype or out.dtype != torch.bfloat16:
+        raise ValueError(f"x must be {x_dtype} and out bf16, got {x.dtype} and {out.dtype}")
+    if x_block_scales is not None and (
+        not schedule.warp_specialized
+        or schedule.routes != 128
+        or mode != MODE_W4A16
+        or k % 128
+        or x_mma_order
+        or out_mma_order
+        or x_block_scales.dtype != torch.float32
+        or tuple(x_block_scales.shape) != (x.shape[0], k // 128)
+    ):
+        raise ValueError(
+            "x_block_scales (A8) needs fp32 [x rows, K / 128], a warp-specialized schedule of 128 routes, "
+            f"mode W4A16, K a multiple of 128 and no column order; got {schedule}, mode {mode}, K={k}, "
+            f"scales {x_block_scales.dtype} {tuple(x_block_scales.shape)}"
+        )
     routes = routing.sorted_route.numel()
     out_n = n // 2 if epilogue == "swiglu" else n
     if x.shape[1] != k or scales.shape != (experts, n, k // 16) or out.shape != (routes, out_n):
@@ -202,21 +227,26 @@ def launch_prefill_gemm(
         "HAS_LIMIT": swiglu_limit is not None,
         "OUT_MMA_ORDER": out_mma_order,
     }
-    if schedule.register_weights and not x_mma_order:
+    if schedule.register_weights and not x_mma_order and not a8:
         x = x.index_select(1, mma_column_order(k, x.device))
     if kernel is None:
         kernel = schedule_kernel(schedule)
     grid: tuple[int, ...] = (n // schedule.weight_rows, routing.max_tiles)
     operands: tuple[Any, ...] = (x, codes)
-    gather = {"GATHER": top_k is not None}
+    gather: dict[str, Any] = {"GATHER": top_k is not None}
     if schedule.warp_specialized:  # persistent: at most one program per SM, looping over the work
         grid = (min(persistent_programs(x.device), grid[0] * grid[1]),)
         # its TMA copies take a tile's rows as one box: FC1's rows gathered in sorted order first
-        rows = x if top_k is None else x.index_select(0, routing.sorted_route // top_k)
+        # (e4m3 rows as bytes: index_select has no float8 kernels)
+        token = None if top_k is None else routing.sorted_route // top_k
+        rows = x if token is None else x.view(torch.uint8).index_select(0, token).view(x.dtype)
         operands = kernel_modules.prefill_ws().tma_descriptors(
-            rows, codes, schedule.routes, epilogue == "swiglu"
+            rows, codes, schedule.routes, epilogue == "swiglu", a8
         )
         gather = {}
+        if x_block_scales is not None:
+            block_scales = x_block_scales if token is None else x_block_scales.index_select(0, token)
+            gather = {"xs_ptr": block_scales.t().contiguous(), "A8": True}
     kernel[grid](
         *operands,
         scales,

@@ -122,6 +122,15 @@ def _dequant_nibbles(codes, scales):
     bf16 ``w * 2**-7``: the low and the high nibble of each byte, in the codes' layout (``B`` a
     multiple of 4: the assembly takes 4 bytes of a thread at a time)."""
     factor = (e4m3_bytes_f32(scales) * 6.646139978924579e35).to(gl.bfloat16)  # scale * 2**119
+    return nibbles_times(codes, factor)
+
+
+@gluon.jit
+def nibbles_times(codes, factor):
+    """codes ``[BW, G, B]`` uint8, ``factor [BW, G]`` bf16 -> ``(even, odd)``, each ``[BW, G, B]``
+    bf16 ``e2m1 * 2**-126 * factor`` (``numerics.BYTE_DEQUANT_ASM``: exact when the product has at
+    most 8 significant bits and is a normal bf16): the low and the high nibble of each byte, in the
+    codes' layout (``B`` a multiple of 4)."""
     factor = gl.broadcast(gl.expand_dims(factor, 2), codes)[0]
     return gl.inline_asm_elementwise(
         BYTE_DEQUANT_ASM,

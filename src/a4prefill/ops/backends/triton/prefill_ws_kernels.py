@@ -58,6 +58,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from a4prefill.ops.backends.triton.prefill_a8_kernels import A8_STEP, mainloop_a8
 from a4prefill.ops.backends.triton.prefill_kernels import (
     _dequant_fragment,
     _epilogue,
@@ -85,24 +86,30 @@ def code_box_rows(swiglu: bool) -> int:
     return 8 if swiglu else WORK_ROWS
 
 
-def tma_boxes(routes: int, swiglu: bool) -> tuple[tuple[list[int], Any], tuple[list[int], Any]]:
+def tma_boxes(
+    routes: int, swiglu: bool, a8: bool = False
+) -> tuple[tuple[list[int], Any], tuple[list[int], Any]]:
     """``((x_box, x_layout), (code_box, code_layout))``: the block shapes and shared layouts of the
-    kernel's TMA copies. Activation rows: ``routes`` rows by one 64-column step of bf16, 128-byte
-    swizzle (the wgmma's B layout); code bytes: :func:`code_box_rows` rows by one step's 32 bytes."""
-    x_box, code_box = [routes, int(STEP)], [code_box_rows(swiglu), int(STEP) // 2]
+    kernel's TMA copies, per step. Activation rows: ``routes`` rows by one step of 128 bytes (64
+    bf16 columns, or with ``a8`` one A8 block of 128 e4m3 columns), 128-byte swizzle (the wgmma's
+    B layout); code bytes: :func:`code_box_rows` rows by the step's 32 (64 with ``a8``) bytes."""
+    step = int(A8_STEP) if a8 else int(STEP)
+    x_box, code_box = [routes, step], [code_box_rows(swiglu), step // 2]
     return (
-        (x_box, gl.NVMMASharedLayout.get_default_for(x_box, gl.bfloat16)),
+        (x_box, gl.NVMMASharedLayout.get_default_for(x_box, gl.float8e4nv if a8 else gl.bfloat16)),
         (code_box, gl.NVMMASharedLayout.get_default_for(code_box, gl.uint8)),
     )
 
 
-def tma_descriptors(x: torch.Tensor, codes: torch.Tensor, routes: int, swiglu: bool) -> tuple[Any, Any]:
-    """Host tensor descriptors of the kernel's TMA copies (:func:`tma_boxes`): ``x`` bf16 ``[R,
-    K]``, the activation rows in sorted order, and ``codes`` uint8 ``[E, N, K / 2]`` viewed as
-    ``[E * N, K / 2]``. Both contiguous with 16-byte aligned rows (``K`` a multiple of 64); boxes
-    reaching past row ``R`` read zeros there."""
+def tma_descriptors(
+    x: torch.Tensor, codes: torch.Tensor, routes: int, swiglu: bool, a8: bool = False
+) -> tuple[Any, Any]:
+    """Host tensor descriptors of the kernel's TMA copies (:func:`tma_boxes`): ``x`` ``[R, K]``,
+    the activation rows in sorted order (bf16, or float8_e4m3fn with ``a8``), and ``codes`` uint8
+    ``[E, N, K / 2]`` viewed as ``[E * N, K / 2]``. Both contiguous with 16-byte aligned rows
+    (``K`` a multiple of 64, of 128 with ``a8``); boxes reaching past row ``R`` read zeros there."""
     experts, n, half_k = codes.shape
-    (x_box, x_layout), (code_box, code_layout) = tma_boxes(routes, swiglu)
+    (x_box, x_layout), (code_box, code_layout) = tma_boxes(routes, swiglu, a8)
     return (
         TensorDescriptor.from_tensor(x, x_box, x_layout),
         TensorDescriptor.from_tensor(codes.view(experts * n, half_k), code_box, code_layout),
@@ -129,21 +136,35 @@ def _produce(
     num_tiles_ptr,
     N,
     K,
+    ROUTES,
+    xs_ptr,
     rings,
     EPILOGUE: gl.constexpr,
+    A8: gl.constexpr,
 ):
     """The producer partition: for each of the program's work items in turn, every step's copies
     into its ring slot, ``ready`` when all landed. One thread issues the step's TMA boxes (the
     code bytes of the 128 weight rows, the ``BT`` activation rows from the tile's first sorted
-    position) after one ``expect`` of their bytes; every thread ``cp.async``-copies one row's 4
-    scale bytes (a TMA box row takes at least 16) and arrives when they land (``noinc``). The
-    ring runs on across work items: ``done`` counts the steps of the program's earlier items."""
-    c_ring, s_ring, x_ring, ready, empty = rings
+    position) after one ``expect`` of their bytes; every thread ``cp.async``-copies one row's
+    scale bytes (4, or 8 for an A8 step; a TMA box row takes at least 16) and, with ``A8``, one
+    route's activation scale of the step's block (``xs [K / 128, ROUTES]`` fp32, 0 past
+    ``ROUTES``), and arrives when they land (``noinc``). The ring runs on across work items:
+    ``done`` counts the steps of the program's earlier items."""
+    c_ring = rings[0]
+    s_ring = rings[1]
+    x_ring = rings[2]
+    ready = rings[3]
+    empty = rings[4]
     DEPTH: gl.constexpr = x_ring.shape[0]
     BT: gl.constexpr = x_ring.shape[1]
+    X_STEP_BYTES: gl.constexpr = x_ring.shape[2] * x_ring.dtype.primitive_bitwidth // 8
     CODE_BOX: gl.constexpr = codes_desc.block_type.shape[0]
-    STEP_BYTES: gl.constexpr = 2 * CONSUMER_ROWS * (STEP // 2) + BT * STEP * 2  # the TMA boxes'
+    CODE_STEP: gl.constexpr = codes_desc.block_type.shape[1]  # code bytes of a row per step
+    STEP_BYTES: gl.constexpr = 2 * CONSUMER_ROWS * CODE_STEP + BT * X_STEP_BYTES  # the TMA boxes'
     n_blocks, works = _works(N, num_tiles_ptr)
+    if A8:
+        XS: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+        xs_routes = gl.arange(0, BT, layout=XS)
     done = 0
     for work in range(gl.program_id(0), works, gl.num_programs(0)):
         steps, expert, row0, _, n0, _ = _tile(
@@ -156,9 +177,9 @@ def _produce(
             num_tiles_ptr,
             K,
             2 * CONSUMER_ROWS,
-            STEP,
+            2 * CODE_STEP,
         )
-        scale_ptrs = _scale_pointers(scales_ptr, expert, n0, N, K, EPILOGUE, 2 * CONSUMER_ROWS, STEP)
+        scale_ptrs = _scale_pointers(scales_ptr, expert, n0, N, K, EPILOGUE, 2 * CONSUMER_ROWS, 2 * CODE_STEP)
         for step in range(steps):
             s = done + step
             slot = s % DEPTH
@@ -169,12 +190,15 @@ def _produce(
             for box in gl.static_range(2 * CONSUMER_ROWS // CODE_BOX):
                 _tma_load(
                     codes_desc,
-                    [expert * N + _weight_row(n0, box * CODE_BOX, N, EPILOGUE), step * (STEP // 2)],
+                    [expert * N + _weight_row(n0, box * CODE_BOX, N, EPILOGUE), step * CODE_STEP],
                     ready_slot,
                     c_ring.index(slot).slice(box * CODE_BOX, CODE_BOX, dim=0),
                 )
-            _tma_load(x_desc, [row0, step * STEP], ready_slot, x_ring.index(slot))
-            _async_load(s_ring.index(slot), scale_ptrs + step * (STEP // 16))
+            _tma_load(x_desc, [row0, step * 2 * CODE_STEP], ready_slot, x_ring.index(slot))
+            _async_load(s_ring.index(slot), scale_ptrs + step * (CODE_STEP // 8))
+            if A8:
+                pos = row0 + xs_routes
+                _async_load(rings[5].index(slot), xs_ptr + step * ROUTES + pos, mask=pos < ROUTES)
             async_copy.mbarrier_arrive(ready_slot, increment_count=False)
         done += steps
 
@@ -222,12 +246,13 @@ def _consume(
     HAS_LIMIT: gl.constexpr,
     BT: gl.constexpr,
     OUT_MMA_ORDER: gl.constexpr,
+    A8: gl.constexpr,
 ):
     """A consumer partition (one warpgroup, weight rows ``64 * HALF`` to ``64 * HALF + 63`` of
     each work item): for each of the program's work items in turn, every step's dequantization and
-    wgmma (:func:`_mainloop`), then the epilogue of its rows, while the producer already copies the
-    next item's first steps. ``tensors``: the kernel's ``out_ptr`` to ``limit`` arguments but
-    ``GATHER``'s, then the rings and barriers."""
+    wgmma (:func:`_mainloop`, or with ``A8`` :func:`prefill_a8_kernels.mainloop_a8`), then the
+    epilogue of its rows, while the producer already copies the next item's first steps.
+    ``tensors``: the kernel's ``out_ptr`` to ``limit`` arguments, then the rings and barriers."""
     (
         out_ptr,
         scale2_ptr,
@@ -260,9 +285,9 @@ def _consume(
             num_tiles_ptr,
             K,
             2 * CONSUMER_ROWS,
-            STEP,
+            A8_STEP if A8 else STEP,
         )
-        acc = _mainloop(done, steps, HALF, rings, BT)
+        acc = mainloop_a8(done, steps, HALF, rings, BT) if A8 else _mainloop(done, steps, HALF, rings, BT)
         _epilogue(
             acc,
             out_ptr,
@@ -322,6 +347,8 @@ def grouped_w4_gemm_ws_kernel(
     PRODUCER_REGISTERS: gl.constexpr,
     CONSUMER_REGISTERS: gl.constexpr,
     OUT_MMA_ORDER: gl.constexpr,
+    xs_ptr=None,
+    A8: gl.constexpr = False,
 ):
     """``grouped_w4_gemm_rs_kernel``'s product and epilogues for work items of 128 weight rows
     and ``BT`` routes, warp-specialized and persistent (module docstring): launched with 4 warps
@@ -330,19 +357,33 @@ def grouped_w4_gemm_ws_kernel(
     ``setmaxnreg``). ``x_desc`` and ``codes_desc`` are :func:`tma_descriptors`' (the activation
     rows in sorted order: FC1's gathered by token before the launch). ``DEPTH`` ring slots, each a
     step's code bytes (128 x 32), scale bytes (128 x 4) and activation rows (``BT`` x 64 bf16).
-    Grid ``(P,)``, any ``P >= 1`` (``prefill.persistent_programs``: one per SM)."""
+    Grid ``(P,)``, any ``P >= 1`` (``prefill.persistent_programs``: one per SM).
+
+    ``A8`` (``MODE`` W4A16, ``BT`` 128; ``tma_descriptors(..., a8=True)``): every route A8, the
+    consumers of :mod:`prefill_a8_kernels` on steps of one A8 block (code bytes 128 x 64, scale
+    bytes 128 x 8, activation rows ``BT`` x 128 e4m3 and their block's scales, ``xs_ptr`` fp32
+    ``[K / 128, ROUTES]`` in sorted order), each consumer with a ``[64, 128]`` e4m3 buffer of its
+    converted weights."""
     PLAIN2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     BARRIER: gl.constexpr = mbarrier.MBarrierLayout()
-    c_ring = gl.allocate_shared_memory(gl.uint8, [DEPTH, 2 * CONSUMER_ROWS, STEP // 2], codes_desc.layout)
-    s_ring = gl.allocate_shared_memory(gl.uint8, [DEPTH, 2 * CONSUMER_ROWS, STEP // 16], PLAIN2)
-    x_ring = gl.allocate_shared_memory(gl.bfloat16, [DEPTH, BT, STEP], x_desc.layout)
+    CODE_STEP: gl.constexpr = codes_desc.block_type.shape[1]
+    c_ring = gl.allocate_shared_memory(gl.uint8, [DEPTH, 2 * CONSUMER_ROWS, CODE_STEP], codes_desc.layout)
+    s_ring = gl.allocate_shared_memory(gl.uint8, [DEPTH, 2 * CONSUMER_ROWS, CODE_STEP // 8], PLAIN2)
+    x_ring = gl.allocate_shared_memory(x_desc.dtype, [DEPTH, BT, 2 * CODE_STEP], x_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], BARRIER)
     empty = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], BARRIER)
     for slot in gl.static_range(DEPTH):
         # every producer thread (its scale copies) and the TMA boxes' expect
         mbarrier.init(ready.index(slot), count=PRODUCER_WARPS * 32 + 1)
         mbarrier.init(empty.index(slot), count=2)  # each consumer partition once
-    rings = (c_ring, s_ring, x_ring, ready, empty)
+    if A8:
+        A_LAYOUT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([CONSUMER_ROWS, A8_STEP], gl.float8e4nv)
+        PLAIN1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+        xs_ring = gl.allocate_shared_memory(gl.float32, [DEPTH, BT], PLAIN1)
+        a_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, CONSUMER_ROWS, A8_STEP], A_LAYOUT)
+        rings = (c_ring, s_ring, x_ring, ready, empty, xs_ring, a_smem)
+    else:
+        rings = (c_ring, s_ring, x_ring, ready, empty)  # type: ignore[assignment]  # A8's has 2 more
     consumer = (
         out_ptr,
         scale2_ptr,
@@ -364,8 +405,8 @@ def grouped_w4_gemm_ws_kernel(
     )
     gl.warp_specialize(
         [
-            (_consume, (0, consumer, EPILOGUE, MODE, HAS_LIMIT, BT, OUT_MMA_ORDER)),
-            (_consume, (1, consumer, EPILOGUE, MODE, HAS_LIMIT, BT, OUT_MMA_ORDER)),
+            (_consume, (0, consumer, EPILOGUE, MODE, HAS_LIMIT, BT, OUT_MMA_ORDER, A8)),
+            (_consume, (1, consumer, EPILOGUE, MODE, HAS_LIMIT, BT, OUT_MMA_ORDER, A8)),
             (
                 _produce,
                 (
@@ -379,8 +420,11 @@ def grouped_w4_gemm_ws_kernel(
                     num_tiles_ptr,
                     N,
                     K,
+                    ROUTES,
+                    xs_ptr,
                     rings,
                     EPILOGUE,
+                    A8,
                 ),
             ),
         ],

@@ -1,0 +1,132 @@
+"""The A8 consumers of the warp-specialized Hopper prefill GEMM (Gluon, sm_90a; issue 28):
+FP8 e4m3 activations times the NVFP4 weights converted to e4m3 on the way in, on the FP8
+tensor cores, with the per-block promotion of docs/numerics.md section 8 (``a4prefill.ops.fp8``
+is the oracle). :mod:`prefill_ws_kernels` runs these in place of its bf16 mainloop when its
+``A8`` constexpr is set; its producer, work items, ring and epilogues stay as they are.
+
+A step is one A8 block of 128 K columns. Per step a consumer (64 weight rows):
+
+1. reads its rows' 64 code bytes and 8 scale bytes per row from the ring slot and converts them
+   to FP8 weights (:func:`fp8_weights`): per row the block's exponent ``p`` (the smallest
+   integer with ``6 * max|scale| <= 448 * 2**p``, from the scale bytes' bits), the nibbles times
+   ``bf16(scale * 2**(104 - p))`` by ``numerics.BYTE_DEQUANT_ASM`` (``e2m1 * scale * 2**(-p -
+   22)``, exact in bf16), times ``2**22`` in fp32 (exact), rounded to e4m3 (nearest even): the
+   values of ``fp8.weights`` bit for bit, in the K order of the activations (no column
+   permutation);
+2. stores them into its own shared buffer (NVMMA-swizzled, K-major, what the FP8 wgmma reads),
+   fences, and issues one wgmma of both operands from shared memory into a fresh fp32 partial
+   (``use_acc=False``), then retires it and releases the slot;
+3. promotes: ``acc += partial * 2**(p - 7) * s`` with ``s`` the routes' activation scales of the
+   block (the ring slot's ``[BT]`` fp32, copied by the producer). The ``2**-7`` matches the bf16
+   mainloop's accumulator, whose epilogues multiply by 128 (exact).
+
+Numerics against ``fp8.block_product``: the weights and the products inside a block are exact
+(on the CPU interpreter the block sums are exact too; the tensor cores sum a block with fewer
+bits, as the section says); the promotion rounds once or twice per block (the compiler may fuse
+the product and the sum). Scale bytes ``0x7f``/``0xff`` (e4m3 NaN) decode as +-480, as in the
+other kernels, where the oracle gives NaN.
+
+Who may call: :mod:`prefill_ws_kernels` (jit helpers), tests.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from a4prefill.ops.backends.triton.numerics import e4m3_bytes_f32
+from a4prefill.ops.backends.triton.prefill_kernels import _cta_barrier, codes_layout, nibbles_times
+
+A8_STEP: gl.constexpr = gl.constexpr(128)  # K columns per step: one A8 block (fp8.A8_BLOCK)
+
+
+@gluon.constexpr_function
+def fp8_acc_layout(bt: int, warps: int) -> gl.NVMMADistributedLayout:
+    """The FP8 wgmma's accumulator ``[64, BT]`` (its instruction takes 32 K columns)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, bt, 32])
+
+
+@gluon.constexpr_function
+def code_rows_layout(rows: int, warps: int) -> gl.BlockedLayout:
+    """``[rows, 64]`` code bytes of one block: 16 consecutive bytes (2 scale groups) per thread;
+    reshaped to ``[rows, 8, 8]`` it is :func:`prefill_kernels.codes_layout` of 128 columns."""
+    return gl.BlockedLayout([1, 16], [8, 4], [warps, 1], [1, 0])
+
+
+@gluon.jit
+def _pow2(exponent):
+    """``2**exponent`` in fp32 for int32 exponents of the normal range (-126 to 127)."""
+    return ((exponent + 127) << 23).to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def weight_exponents(scale_bytes):
+    """Scale bytes ``[BW, 8]`` (uint8, one 128-column block of each row) -> int32 ``[BW]``: the
+    smallest ``p`` with ``6 * m <= 448 * 2**p``, ``m`` the largest ``|scale|`` (0 for a zero
+    block), as ``fp8.weight_exponents``. ``q = 6 m`` is exact in fp32; with ``q = f * 2**e``,
+    ``1 <= f < 2``, and ``448 = 1.75 * 2**8``: ``p = e - 8``, or ``e - 7`` where ``f > 1.75``."""
+    largest = gl.max(scale_bytes.to(gl.int32) & 0x7F, axis=1)  # e4m3 magnitudes order as integers
+    bits = (e4m3_bytes_f32(largest) * 6.0).to(gl.int32, bitcast=True)
+    exponent = (bits >> 23) - 135 + ((bits & 0x7FFFFF) > 0x600000).to(gl.int32)
+    return gl.where(largest == 0, 0, exponent)
+
+
+@gluon.jit
+def fp8_weights(codes, scale_bytes):
+    """codes ``[BW, 8, 8]`` uint8 (one 128-column block: 8 groups of 16 columns, 8 bytes each, in
+    :func:`prefill_kernels.codes_layout`), ``scale_bytes [BW, 8]`` -> ``(w, shift)``: ``w [BW,
+    128]`` float8e4nv ``e4m3(e2m1 * scale * 2**-p)`` in K order (``fp8.weights``) and ``shift
+    [BW]`` fp32 ``2**(p - 7)``, the row's promotion factor (module docstring)."""
+    BW: gl.constexpr = codes.shape[0]
+    p = weight_exponents(scale_bytes)
+    factor = (e4m3_bytes_f32(scale_bytes) * gl.expand_dims(_pow2(104 - p), 1)).to(gl.bfloat16)
+    even, odd = nibbles_times(codes, factor)  # e2m1 * scale * 2**(-p - 22), exact
+    w = gl.reshape(gl.join(even, odd), [BW, 128])  # column 16 g + 2 b + h: nibble h of byte b
+    w8 = (w.to(gl.float32) * 4194304.0).to(gl.float8e4nv, fp_downcast_rounding="rtne")
+    return w8, _pow2(p - 7)
+
+
+@gluon.jit
+def mainloop_a8(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr):
+    """A consumer's ``steps`` A8 steps of one work item (weight rows ``64 * HALF`` on of the
+    slot), ring steps ``done`` on: its rows' fp32 accumulator ``[64, BT]`` in
+    :func:`fp8_acc_layout`, ``2**-7`` times the block product. ``rings``: ``(c_ring [DEPTH, 128,
+    64], s_ring [DEPTH, 128, 8], x_ring [DEPTH, BT, 128] fp8, ready, empty, xs_ring [DEPTH, BT]
+    fp32, a_smem [2, 64, 128] fp8)``; per step as the module docstring says."""
+    c_ring = rings[0]
+    s_ring = rings[1]
+    x_ring = rings[2]
+    ready = rings[3]
+    empty = rings[4]
+    xs_ring = rings[5]
+    a_smem = rings[6].index(HALF)
+    ROWS: gl.constexpr = 64
+    DEPTH: gl.constexpr = x_ring.shape[0]
+    ACC: gl.constexpr = fp8_acc_layout(BT, gl.num_warps())
+    CL: gl.constexpr = codes_layout(ROWS, 128, gl.num_warps())
+    CODE_ROWS: gl.constexpr = code_rows_layout(ROWS, gl.num_warps())
+    acc = gl.zeros([ROWS, BT], gl.float32, layout=ACC)
+    for step in range(steps):
+        s = done + step
+        slot = s % DEPTH
+        mbarrier.wait(ready.index(slot), (s // DEPTH) & 1)
+        code_rows = c_ring.index(slot).slice(HALF * ROWS, ROWS, dim=0).load(CODE_ROWS)
+        codes = gl.convert_layout(gl.reshape(code_rows, [ROWS, 8, 8]), CL)  # registers unchanged
+        scale_bytes = s_ring.index(slot).slice(HALF * ROWS, ROWS, dim=0).load(gl.SliceLayout(2, CL))
+        w8, shift = fp8_weights(codes, scale_bytes)
+        a_smem.store(w8)
+        fence_async_shared()  # the warpgroup's stores, before the wgmma reads them (async proxy)
+        _cta_barrier()  # in a partition: a barrier of its warpgroup
+        partial = warpgroup_mma(a_smem, x_ring.index(slot).permute((1, 0)), acc, use_acc=False, is_async=True)
+        partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
+        x_scales = xs_ring.index(slot).load(gl.SliceLayout(0, ACC))
+        mbarrier.arrive(empty.index(slot))
+        row_shift = gl.convert_layout(shift, gl.SliceLayout(1, ACC))
+        acc = acc + partial * gl.expand_dims(row_shift, 1) * gl.expand_dims(x_scales, 0)
+    return acc

@@ -1,0 +1,158 @@
+"""The A8 mainloop of the warp-specialized Hopper prefill GEMM (``triton.prefill_a8_kernels``,
+issue 28) on the CPU: compiled for sm_90a as on an H100/H200, its TTGIR interpreted, against the
+oracle of docs/numerics.md section 8 (``a4prefill.ops.fp8``).
+
+Checked here: the conversion of every e2m1 code under every non-NaN scale byte to the e4m3
+weights of ``fp8.weights``, bit for bit (one-hot activation rows pick single weights), the
+exponent of blocks whose groups differ, the per-block promotion with the activations' scales, the
+gather by token, tiles that end inside a segment, empty experts and more steps than the ring has
+slots. Not checked here: the tensor cores' reduced-precision sums inside a block (the interpreter
+sums exactly), speed, the ordering between warpgroups.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from a4prefill.ops import fp8
+from a4prefill.ops.backends.triton.prefill import launch_prefill_gemm
+from a4prefill.ops.backends.triton.routing import build_routing
+from a4prefill.ops.backends.triton.schedules import PREFILL_EPILOGUES, PrefillGemm
+from helpers.layers import EVERY_SCALE_BYTE
+from helpers.markers import needs_gluon
+
+pytestmark = [pytest.mark.slow, needs_gluon]
+
+SCHEDULE = PrefillGemm(128, 128, depth=3, register_weights=True, warp_specialized=True)
+E4M3_ONE = 0x38  # the e4m3 byte of 1.0
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    """The warp-specialized kernel under the TTGIR interpreter."""
+    from a4prefill.ops.backends.triton import kernel_modules
+    from helpers.gluon_on_cpu import InterpretedKernel
+
+    return InterpretedKernel(kernel_modules.prefill_ws().grouped_w4_gemm_ws_kernel)
+
+
+def run_a8(kernel, x8, block_scales, codes, scales, ids, top_k):
+    """One A8 launch (``epilogue="none"``) with torch-built routing whose entries past
+    ``num_tiles`` hold an out-of-range expert and row: ``(out [R, N] bf16, routing)``."""
+    routing = build_routing(ids, codes.shape[0], SCHEDULE.routes, force_torch=True)
+    live = int(routing.num_tiles)
+    routing.tile_expert[live:] = 1 << 24
+    routing.tile_row[live:] = 1 << 24
+    out = torch.full((ids.numel(), codes.shape[1]), float("nan"), dtype=torch.bfloat16)
+    launch_prefill_gemm(
+        x8, codes, scales, routing, out, SCHEDULE, top_k, kernel=kernel, x_block_scales=block_scales
+    )
+    return out, routing
+
+
+def oracle(x8, block_scales, codes, scales, routing, top_k):
+    """``(exact, magnitude)`` fp64 ``[R, N]`` per sorted position: ``fp8.block_product`` of its
+    row and its expert's weights computed exactly, and the same of the absolute values."""
+    experts = codes.shape[0]
+    expert_of = torch.repeat_interleave(torch.arange(experts), routing.seg_count.long())
+    rows = routing.sorted_route.long() // top_k if top_k else torch.arange(routing.sorted_route.numel())
+    weights, exponents = fp8.weights(codes, scales.view(torch.float8_e4m3fn))
+    blocks = codes.shape[2] * 2 // fp8.A8_BLOCK
+    w = weights.double().unflatten(-1, (blocks, fp8.A8_BLOCK))[expert_of]  # [R, N, B, 128]
+    x = x8.double().unflatten(-1, (blocks, fp8.A8_BLOCK))[rows]  # [R, B, 128]
+    factor = block_scales.double()[rows][:, None, :] * torch.pow(
+        2.0, exponents[expert_of].double()
+    )  # [R, N, B]
+    exact = (torch.einsum("rbk,rnbk->rnb", x, w) * factor).sum(-1)
+    magnitude = (torch.einsum("rbk,rnbk->rnb", x.abs(), w.abs()) * factor.abs()).sum(-1)
+    return exact, magnitude
+
+
+def test_every_code_and_scale_byte_converts_to_the_oracles_e4m3_weight(interpreted):
+    """One-hot activation rows (code 1.0, scale 1.0) pick single weight columns, so every output
+    is one weight times ``2**p``: rows 0-253 take one non-NaN scale byte each for all their groups
+    (all 16 codes, 8 times, under every scale byte); rows 256-511 take 8 different bytes per block
+    (the block's largest sets ``p``: the smaller groups' weights lose bits in e4m3's subnormals
+    or become 0). Each equals ``fp8.weights``' value times ``2**p`` exactly."""
+    n, k = 512, fp8.A8_BLOCK
+    codes = (torch.arange(n * k // 2) % 256).to(torch.uint8).reshape(1, n, k // 2)
+    uniform = EVERY_SCALE_BYTE[torch.arange(256) % len(EVERY_SCALE_BYTE)].repeat_interleave(8)
+    mixed = EVERY_SCALE_BYTE[(torch.arange(256 * 8) * 37) % len(EVERY_SCALE_BYTE)]
+    scales = torch.cat([uniform, mixed]).reshape(1, n, k // 16)
+    columns = torch.arange(k)
+    x8 = torch.zeros(k, k, dtype=torch.uint8)
+    x8[columns, columns] = E4M3_ONE
+    x8 = x8.view(torch.float8_e4m3fn)
+    block_scales = torch.ones(k, 1)
+    ids = torch.zeros(k, 1, dtype=torch.int32)
+    out, routing = run_a8(interpreted, x8, block_scales, codes, scales, ids, None)
+    weights, exponents = fp8.weights(codes[0], scales[0].view(torch.float8_e4m3fn))
+    expected = weights.float() * torch.pow(2.0, exponents.float())  # [N, K]: column c of position c
+    assert routing.sorted_route.tolist() == columns.tolist()
+    assert torch.equal(out.float(), expected.T), "an e4m3 weight differs from fp8.weights"
+    assert (expected[256:] == 0).any() and (expected[:256] != 0).any()  # both cases are exercised
+
+
+@pytest.mark.parametrize("gather", [True, False], ids=["fc1_gather", "fc2_sorted"])
+def test_a8_product_matches_the_block_product(interpreted, gather):
+    """Three experts (one without routes), segments that end inside a tile, more steps (128-column
+    blocks) than the ring has slots, rows gathered by token or in sorted order, activations of
+    very different magnitudes per block: ``bf16(acc * 128)`` is the exact block product rounded
+    once to bf16, give or take one bf16 step, plus ``2**-16`` of the absolute product (the
+    promotion's fp32 roundings)."""
+    generator = torch.Generator().manual_seed(3)
+    experts, n, k, tokens, top_k = 3, 256, (SCHEDULE.depth + 2) * fp8.A8_BLOCK, 45, 2
+    codes = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=generator)
+    picks = torch.randint(0, len(EVERY_SCALE_BYTE), (experts, n, k // 16), generator=generator)
+    scales = EVERY_SCALE_BYTE[picks]
+    ids = torch.stack([torch.randperm(2, generator=generator) for _ in range(tokens)]).int()  # expert 2: none
+    rows = tokens if gather else tokens * top_k
+    spread = torch.pow(2.0, torch.randint(-20, 20, (rows, k // fp8.A8_BLOCK), generator=generator).float())
+    x = torch.randn(rows, k, generator=generator) * spread.repeat_interleave(fp8.A8_BLOCK, dim=1)
+    x8, block_scales = fp8.quantize_rows(x.bfloat16())
+    out, routing = run_a8(interpreted, x8, block_scales, codes, scales, ids, top_k if gather else None)
+    exact, magnitude = oracle(x8, block_scales, codes, scales, routing, top_k if gather else None)
+    assert not out.isnan().any(), "a sorted position was not written"
+    step = exact.abs().clamp(min=2.0**-120).float().bfloat16().double() * 2.0**-7
+    assert ((out.double() - exact).abs() <= step + magnitude * 2.0**-16 + 1e-30).all()
+
+
+def test_a8_launches_refuse_what_the_kernel_cannot_run():
+    """``x_block_scales`` needs the warp-specialized schedule of 128 routes, W4A16 multipliers, K
+    a multiple of 128, e4m3 rows and fp32 scales of their shape: each a ``ValueError``."""
+    codes = torch.zeros(1, 128, 64, dtype=torch.uint8)
+    scales = torch.zeros(1, 128, 8, dtype=torch.uint8)
+    ids = torch.zeros(4, 1, dtype=torch.int32)
+    routing = build_routing(ids, 1, 128, force_torch=True)
+    out = torch.zeros(4, 128, dtype=torch.bfloat16)
+    x8 = torch.zeros(4, 128, dtype=torch.float8_e4m3fn)
+    block_scales = torch.ones(4, 1)
+    cases = [
+        (x8, block_scales, PrefillGemm(128, 128, register_weights=True)),
+        (x8, block_scales, PrefillGemm(128, 64, depth=3, register_weights=True, warp_specialized=True)),
+        (x8, torch.ones(4, 2), SCHEDULE),
+        (x8, block_scales.double(), SCHEDULE),
+        (x8.view(torch.uint8), block_scales, SCHEDULE),
+    ]
+    for rows, block, schedule in cases:
+        with pytest.raises(ValueError, match=r"x_block_scales|must be torch\.float8_e4m3fn"):
+            launch_prefill_gemm(rows, codes, scales, routing, out, schedule, None, x_block_scales=block)
+
+
+@pytest.mark.parametrize("epilogue", ["swiglu", "alpha"])
+def test_the_a8_kernels_compile_to_fp8_wgmmas_without_spills(epilogue):
+    """FC1 (SwiGLU, rows gathered by token) and FC2 (alpha) in A8, compiled for sm_90a as the
+    launcher would: the products are e4m3 x e4m3 wgmmas from shared memory into fp32, the weights
+    reach e4m3 by ``cvt.rn.satfinite.e4m3x2.f32`` (nearest even), nothing spills to local memory."""
+    from test_triton_prefill_on_cpu import compile_prefill_kernel, cuobjdump
+
+    kernel = compile_prefill_kernel(SCHEDULE, a8=True, EPILOGUE=PREFILL_EPILOGUES[epilogue])
+    ptx = kernel.asm["ptx"]
+    assert set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.\w+\.f32\.(\w+)\.(\w+)", ptx)) == {
+        ("e4m3", "e4m3")
+    }
+    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
+    assert re.findall(r"\b(?:STL|LDL)\b", cuobjdump(kernel, "-sass")) == []
