@@ -168,7 +168,7 @@ class A4OnlyBackend(ReferenceBackend):
     precisions = (W4A16, A4)
 
 
-@pytest.mark.parametrize("backend", [TritonBackend(), B12xBackend(), A4OnlyBackend()], ids=lambda b: b.name)
+@pytest.mark.parametrize("backend", [B12xBackend(), A4OnlyBackend()], ids=lambda b: b.name)
 def test_backends_without_an_a8_kernel_refuse_a8_naming_the_setting_and_what_to_use(backend):
     reason = backend.refuses(A8)
     assert reason is not None and "a4prefill.prefill_precision 'a8'" in reason
@@ -177,12 +177,17 @@ def test_backends_without_an_a8_kernel_refuse_a8_naming_the_setting_and_what_to_
     assert ReferenceBackend().refuses(A8) is None
 
 
-def test_triton_refuses_an_a8_plan_before_launching_anything(a8_layer):
-    """No silent A4 for A8 rows: the triton backend's ``run`` checks the plan first (this runs on
-    the CPU because the check comes before any CUDA work)."""
+def test_triton_refuses_a8_off_sm90_naming_the_setting_and_runs_nothing(a8_layer):
+    """The triton backend's A8 kernel needs an sm_90 GPU: on the CPU ``refuses("a8", cpu)`` says
+    so and names the setting (W4A16 and A4 stay accepted), and ``run`` checks the plan before any
+    launch: no silent A4 or W4A16 for A8 rows."""
+    cpu = torch.device("cpu")
+    reason = TritonBackend().refuses(A8, cpu)
+    assert reason is not None and "sm_90" in reason and "a4prefill.prefill_precision 'a8'" in reason
+    assert TritonBackend().refuses(A4, cpu) is None and TritonBackend().refuses(W4A16, cpu) is None
     hidden, topk_weights, topk_ids = inputs(4)
     call = ops.MoECall(hidden, topk_weights, topk_ids, a8_layer.experts, None, None, "t", A8)
-    with pytest.raises(ValueError, match="layer 't': the triton backend has no A8 kernel"):
+    with pytest.raises(ValueError, match=r"layer 't': the triton backend's A8 kernel runs on sm_90 GPUs"):
         TritonBackend().run(call, RowPlan.uniform(A8, 4))
 
 

@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from a4prefill.ops.backends.base import WarmUp
-from a4prefill.ops.backends.triton import plan
+from a4prefill.ops.backends.triton import fused_a8, plan
 from a4prefill.ops.backends.triton.fused import fused_moe
 from a4prefill.ops.backends.triton.schedules import (
     DECODE_SCHEDULES,
@@ -100,12 +100,13 @@ def call(
 @contextlib.contextmanager
 def on(device: str) -> Iterator[None]:
     """On the CPU, the backend's device checks answer as on an H200 (decode kernels, overlapping
-    launches, prefill kernels); on a GPU they answer for it."""
+    launches, prefill kernels, the A8 kernel); on a GPU they answer for it."""
     with pytest.MonkeyPatch.context() as patch:
         if device == "cpu":
             patch.setattr(plan, "decode_kernels_run", lambda _: True)
             patch.setattr(plan, "grid_dependencies_run", lambda _: True)
             patch.setattr(plan, "prefill_kernels_run", lambda _: True)
+            patch.setattr(fused_a8, "a8_device_refusal", lambda _: None)
         yield
 
 
@@ -236,6 +237,31 @@ def test_after_the_warm_up_no_call_of_any_size_or_precision_compiles(device):
             for name, mode in MODES.items():
                 call(device, tokens, mode)
                 assert len(compiles) == warm, (tokens, name, compiles[warm:])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_after_an_a8_warm_up_no_a8_call_of_any_size_compiles(device):
+    """A layer warmed up with ``a8``: A8 calls of 1 .. ``MAX_TOKENS`` tokens (every routing
+    launch, the one-program routing's sizes and the torch routing) compile nothing more. (The
+    check can fail: the A8 kernel's first call compiles it, as the W4A16 test above shows.)"""
+    if device == "cuda" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the A8 kernel runs on sm_90 (Hopper) only")
+    from a4prefill.ops.backends.triton.warmup import a8_representatives, plan_representatives, warm_up
+
+    experts, _ = layer_tensors(False, device)
+    with on(device), fresh_launches(device) as compiles:
+        report = warm_up(experts, None, None, MAX_TOKENS, torch.bfloat16, TOP_K, a8=True)
+        warm = len(compiles)
+        assert {"grouped_w4_gemm_ws_kernel", "route_prep_kernel"} <= {event.kernel for event in compiles}
+        shapes = (TOP_K, EXPERTS, HIDDEN, INTERMEDIATE, torch.bfloat16, torch.device(device))
+        w4a16_plans = len(plan_representatives(MAX_TOKENS, *shapes))
+        assert report.calls == report.plans == w4a16_plans + len(a8_representatives(MAX_TOKENS, TOP_K))
+        for tokens in [*range(1, 70), *range(70, MAX_TOKENS + 1, 53), MAX_TOKENS]:
+            x = torch.zeros(tokens, HIDDEN, dtype=torch.bfloat16, device=device)
+            ids = (torch.arange(tokens * TOP_K, device=device) % EXPERTS).reshape(tokens, TOP_K).int()
+            weights = torch.full((tokens, TOP_K), 0.125, device=device)
+            fused_a8.fused_moe_a8(x, weights, ids, experts, None)
+            assert len(compiles) == warm, (tokens, compiles[warm:])
 
 
 @pytest.mark.parametrize("device", DEVICES)

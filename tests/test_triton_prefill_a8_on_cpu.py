@@ -12,6 +12,7 @@ sums exactly), speed, the ordering between warpgroups.
 
 from __future__ import annotations
 
+import functools
 import re
 
 import pytest
@@ -156,3 +157,86 @@ def test_the_a8_kernels_compile_to_fp8_wgmmas_without_spills(epilogue):
     }
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
     assert re.findall(r"\b(?:STL|LDL)\b", cuobjdump(kernel, "-sass")) == []
+
+
+@pytest.fixture
+def a8_moe_on_cpu(interpreted):
+    """``fused_moe_a8`` (and the ``triton`` backend's plans) on CPU tensors as on an H200: the
+    prefill GEMMs interpreted (the warp-specialized kernel, A8 or W4A16), the routing by torch
+    ops, the combine by its contract (as in ``test_triton_decode_on_cpu``)."""
+    from a4prefill.ops.backends.triton import (
+        backend,
+        fused,
+        fused_a8,
+        plan,
+        prefill_kernels,
+        prefill_ws_kernels,
+    )
+    from helpers.gluon_on_cpu import InterpretedKernel
+    from test_triton_decode_on_cpu import _combine_contract
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(prefill_ws_kernels, "grouped_w4_gemm_ws_kernel", interpreted)
+        patch.setattr(
+            prefill_kernels,
+            "grouped_w4_gemm_rs_kernel",
+            InterpretedKernel(prefill_kernels.grouped_w4_gemm_rs_kernel),
+        )
+        patch.setattr(fused_a8, "a8_device_refusal", lambda device: None)
+        patch.setattr(backend, "a8_device_refusal", lambda device: None)
+        patch.setattr(fused_a8, "routing_launch", functools.partial(plan.routing_launch, force_torch=True))
+        patch.setattr(plan, "routing_launch", functools.partial(plan.routing_launch, force_torch=True))
+        patch.setattr(plan, "prefill_kernels_run", lambda device: True)
+        patch.setattr(fused_a8, "_combine", _combine_contract)
+        patch.setattr(fused, "_combine", _combine_contract)
+        yield
+
+
+def tiny_a8_layer(tokens: int, seed: int):
+    """A tiny layer whose GEMMs take A8 (H 256, I 128: multiples of 128; 4 experts, top-2) and
+    ``tokens`` bf16 rows with random routing: ``(layer, hidden, topk_weights, topk_ids)``."""
+    from a4prefill.tools.tiny_layer import make_tiny_layer, random_routing
+
+    layer = make_tiny_layer(4, 256, 128, 2, seed=seed, calibration_tokens=16)
+    generator = torch.Generator().manual_seed(seed)
+    hidden = (2 * torch.randn(tokens, 256, generator=generator)).to(torch.bfloat16)
+    return (layer, hidden, *random_routing(tokens, 4, 2, generator))
+
+
+@pytest.mark.parametrize(("tokens", "limit"), [(40, None), (150, 2.5)])
+def test_an_a8_call_matches_the_a8_reference_moe(a8_moe_on_cpu, tokens, limit):
+    """The whole A8 MoE (quantized rows, FC1 with SwiGLU, ``h`` quantized per route, FC2, combine)
+    within the bounds of ``moe_reference_a8``, clamp included, at a size of one tile per expert
+    and of several."""
+    from a4prefill.ops.backends.triton.fused_a8 import fused_moe_a8
+    from a4prefill.ops.reference import moe_reference_a8
+    from helpers.layers import assert_close_to_reference
+
+    layer, hidden, topk_weights, topk_ids = tiny_a8_layer(tokens, seed=tokens)
+    result = fused_moe_a8(hidden, topk_weights, topk_ids, layer.experts, limit)
+    expected = moe_reference_a8(hidden, topk_weights, topk_ids, layer.experts, limit)
+    assert_close_to_reference(result, expected, "a8")
+
+
+def test_a_split_a8_plan_runs_prefill_rows_a8_and_the_others_w4a16(a8_moe_on_cpu):
+    """The ``triton`` backend under a split plan with prefill precision A8: the prefill rows
+    match the A8 reference MoE, the decode and padding rows the W4A16 one (each within its own
+    bounds), and they differ from each other's precision where the two references differ."""
+    from a4prefill.ops.backends.triton.backend import TritonBackend
+    from a4prefill.ops.precision import A8, MoECall, RowPlan
+    from a4prefill.ops.reference import moe_reference, moe_reference_a8
+    from a4prefill.ops.rows import RowTypes
+    from helpers.layers import assert_close_to_reference
+
+    layer, hidden, topk_weights, topk_ids = tiny_a8_layer(200, seed=9)
+    row_types = RowTypes(200, decode=((0, 70),), prefill=((70, 190),), padding=((190, 200),))
+    plan = RowPlan.for_rows(row_types, prefill=A8)
+    call = MoECall(hidden, topk_weights, topk_ids, layer.experts, prefill_precision=A8, layer_name="layer")
+    result = TritonBackend().run(call, plan)
+    args = (hidden, topk_weights, topk_ids, layer.experts)
+    a8, w4a16 = moe_reference_a8(*args), moe_reference(*args, None)
+    prefill = torch.zeros(200, dtype=torch.bool)
+    prefill[70:190] = True
+    assert_close_to_reference(result[prefill], a8[prefill], "a8")
+    assert_close_to_reference(result[~prefill], w4a16[~prefill], "w4a16")
+    assert not torch.equal(result[prefill], w4a16[prefill].to(result.dtype))

@@ -105,14 +105,15 @@ def _offline_sm90(kernels: dict[str, Any]) -> Iterator[None]:
 
     from triton.runtime.driver import driver
 
-    from a4prefill.ops.backends.triton import fused
+    from a4prefill.ops.backends.triton import fused, fused_a8
 
     saved_driver = driver._active
     with pytest.MonkeyPatch.context() as patch:
         for qualified, kernel in kernels.items():
             module, name = qualified.rsplit(".", 1)
             patch.setattr(sys.modules[module], name, _WarmupOnly(kernel))
-        patch.setattr(fused, "sort_routes", _routing_written_by_torch(fused.sort_routes))
+        for caller in (fused, fused_a8):  # the modules that sort a call's routes
+            patch.setattr(caller, "sort_routes", _routing_written_by_torch(caller.sort_routes))
         driver.set_active(_Sm90Driver())
         try:
             yield

@@ -213,7 +213,7 @@ class A4PrefillModelOptNvFp4MoEMethod(FusedMoEMethodBase):
         reason = a8_shape_reason(hidden, intermediate)
         if reason is not None:
             return reason
-        refusal = backend_for(layer.w13_weight.device).refuses(A8)
+        refusal = backend_for(layer.w13_weight.device).refuses(A8, layer.w13_weight.device)
         if refusal is not None:
             raise ValueError(f"a4prefill_nvfp4: layer {self.layer_name!r}: {refusal}")
         return A8_READY
@@ -228,6 +228,7 @@ class A4PrefillModelOptNvFp4MoEMethod(FusedMoEMethodBase):
             self.max_call_tokens,
             self.moe.in_dtype,
             self.moe.experts_per_token,
+            a8=self.prefill_precision == A8,
         )
         layer.a4prefill_warmup = report
         log = logger.info if report.seconds >= 1.0 else logger.debug

@@ -47,10 +47,11 @@ class MoEBackend(abc.ABC):
     name: str
     precisions: tuple[str, ...] = (W4A16, A4)
 
-    def refuses(self, precision: str) -> str | None:
+    def refuses(self, precision: str, device: torch.device | None = None) -> str | None:
         """Why this backend cannot run rows in ``precision`` (one of
-        :data:`~a4prefill.ops.precision.PRECISIONS`), or None if it can. Host arithmetic only;
-        the ops ask before every call, the vLLM integration at load time."""
+        :data:`~a4prefill.ops.precision.PRECISIONS`) on ``device`` (None: on any device it runs
+        on), or None if it can. Host arithmetic only; the ops ask before every call, the vLLM
+        integration at load time."""
         if precision in self.precisions:
             return None
         return (
@@ -63,7 +64,7 @@ class MoEBackend(abc.ABC):
         """Raise ``ValueError`` (naming the layer) if ``plan`` gives rows a precision this backend
         :meth:`refuses`: a wrong precision is a wrong result, so nothing falls back."""
         for precision in plan.precisions:
-            reason = self.refuses(precision)
+            reason = self.refuses(precision, call.hidden_states.device)
             if reason is not None:
                 raise ValueError(f"layer {call.layer_name!r}: {reason}")
 
@@ -104,10 +105,11 @@ class MoEBackend(abc.ABC):
         max_tokens: int,
         dtype: torch.dtype,
         top_k: int,
+        a8: bool = False,
     ) -> WarmUp:
         """Compile now everything that later calls on this layer (``experts``, ``a4_scales``,
         ``swiglu_limit`` as its calls pass them; ``1 .. max_tokens`` tokens of ``dtype``,
-        top-``top_k``; every precision the layer can run) would compile. Called at load time,
-        before any CUDA graph is captured. This default compiles nothing (for backends without
-        just-in-time kernels)."""
+        top-``top_k``; every precision the layer can run: W4A16, A4 with ``a4_scales``, A8 with
+        ``a8``) would compile. Called at load time, before any CUDA graph is captured. This
+        default compiles nothing (for backends without just-in-time kernels)."""
         return WarmUp(0, 0, 0.0)

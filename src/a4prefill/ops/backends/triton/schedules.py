@@ -483,6 +483,13 @@ class PrefillTiles:
         return self.fc1.fits(hidden, 2 * intermediate) and self.fc2.fits(intermediate, hidden)
 
 
+# The A8 rows' GEMMs (``fused_a8``, issue 28): the warp-specialized kernel's A8 mainloop on
+# 128-route tiles, 6 ring slots. An A8 slot holds one 128-column block (code bytes 8 KiB, scale
+# bytes 1 KiB, e4m3 rows 16 KiB and their scales 0.5 KiB; ``shared_bytes`` counts bf16 slots of 64
+# columns, 20.5 KiB) plus 16 KiB of converted weights: 169 KiB in all. Not yet timed on a GPU.
+A8_PREFILL = _warp_specialized(128, 6)
+
+
 def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: int) -> PrefillTiles | None:
     """The prefill GEMMs of a call with ``routes`` routes over ``experts`` experts (every precision
     mode), or None below :data:`PREFILL_MIN_ROWS_PER_EXPERT` routes per expert (mean) or where the

@@ -25,7 +25,10 @@ import torch
 
 from a4prefill.ops.backends.base import WarmUp
 from a4prefill.ops.backends.triton.fused import fused_moe
+from a4prefill.ops.backends.triton.fused_a8 import fused_moe_a8
 from a4prefill.ops.backends.triton.plan import CallPlan, plan_call
+from a4prefill.ops.backends.triton.routing import RoutingLaunch, routing_launch
+from a4prefill.ops.backends.triton.schedules import A8_PREFILL
 from a4prefill.ops.modelopt import NvFp4Experts
 from a4prefill.ops.scales import A4Scales
 
@@ -50,6 +53,17 @@ def plan_representatives(
     return representatives
 
 
+def a8_representatives(max_tokens: int, top_k: int) -> dict[RoutingLaunch, int]:
+    """The smallest token count of each distinct routing launch of A8 calls
+    (:func:`fused_a8.fused_moe_a8`) of ``1 .. max_tokens`` tokens: the rest of such a call
+    launches the same kernels at every size (its GEMMs take the route count unspecialized).
+    Host arithmetic only."""
+    representatives: dict[RoutingLaunch, int] = {}
+    for tokens in range(1, max_tokens + 1):
+        representatives.setdefault(routing_launch(tokens * top_k, A8_PREFILL.routes), tokens)
+    return representatives
+
+
 def warm_up(
     experts: NvFp4Experts,
     a4_scales: A4Scales | None,
@@ -57,24 +71,31 @@ def warm_up(
     max_tokens: int,
     dtype: torch.dtype,
     top_k: int,
+    a8: bool = False,
 ) -> WarmUp:
     """Run the layer ``experts`` (on its device) once per plan of :func:`plan_representatives`
     with ``dtype`` activations and top-``top_k`` routing, W4A16 and, with ``a4_scales``, also A4
-    and split (half the rows A4): zero activations, routes spread over the experts, outputs
-    discarded. ``swiglu_limit`` as the layer's calls pass it. Synchronizes once at the end.
-    Allocates: call at load time, never while a stream captures."""
+    and split (half the rows A4), and with ``a8`` once A8 per routing launch of
+    :func:`a8_representatives` (a split plan's A8 rows are an A8 call of their own): zero
+    activations, routes spread over the experts, outputs discarded. ``swiglu_limit`` as the
+    layer's calls pass it. Synchronizes once at the end. Allocates: call at load time, never while
+    a stream captures."""
     started = time.perf_counter()
     fc1 = experts.fc1
     num_experts, hidden, intermediate = fc1.experts, fc1.columns, fc1.rows // 2
     device = fc1.codes.device
     plans = plan_representatives(max_tokens, top_k, num_experts, hidden, intermediate, dtype, device)
-    calls = 0
-    for tokens in plans.values():
+
+    def inputs(tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         x = torch.zeros(tokens, hidden, dtype=dtype, device=device)
         ids = (
             (torch.arange(tokens * top_k, device=device) % num_experts).to(torch.int32).reshape(tokens, top_k)
         )
-        weights = torch.full((tokens, top_k), 1.0 / top_k, device=device)
+        return x, torch.full((tokens, top_k), 1.0 / top_k, device=device), ids
+
+    calls = 0
+    for tokens in plans.values():
+        x, weights, ids = inputs(tokens)
         fused_moe(x, weights, ids, experts, None, swiglu_limit)
         calls += 1
         if a4_scales is not None:
@@ -82,6 +103,10 @@ def warm_up(
             fused_moe(x, weights, ids, experts, a4_scales, swiglu_limit)
             fused_moe(x, weights, ids, experts, a4_scales, swiglu_limit, flags)
             calls += 2
+    a8_launches = a8_representatives(max_tokens, top_k) if a8 else {}
+    for tokens in a8_launches.values():
+        fused_moe_a8(*inputs(tokens), experts, swiglu_limit)
+        calls += 1
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return WarmUp(len(plans), calls, time.perf_counter() - started)
+    return WarmUp(len(plans) + len(a8_launches), calls, time.perf_counter() - started)

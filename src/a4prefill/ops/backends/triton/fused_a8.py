@@ -1,0 +1,119 @@
+"""The ``triton`` backend's A8 MoE call (:func:`fused_moe_a8`; issue 28): every row's activations
+FP8 e4m3 per 128-column block, the NVFP4 weights converted to e4m3 inside the kernel, products on
+Hopper's FP8 tensor cores, with the numerics of docs/numerics.md section 8 (oracle:
+``reference.moe_reference_a8``).
+
+Per call (``T`` tokens, top-k ``k``, ``R = T * k`` routes, the one NVFP4 weight layout):
+
+1. routing sorted by expert in 128-route tiles (:func:`routing.sort_routes`, no host sync);
+2. the hidden rows quantized once per token (``fp8.quantize_rows``: codes and a scale per row
+   and 128 columns; torch ops);
+3. FC1: :func:`prefill.launch_prefill_gemm` with ``x_block_scales`` (the warp-specialized
+   kernel's A8 mainloop, :data:`schedules.A8_PREFILL`), SwiGLU epilogue into ``h [R, I]`` bf16 in
+   sorted order, rounded where W4A16 rounds;
+4. ``h`` quantized per route the same way, FC2 likewise with the alpha epilogue into ``y [R, H]``
+   by route, then the top-k sum (the W4A16 combine).
+
+Runs on sm_90 GPUs only (:func:`plan.prefill_kernels_run`: the FP8 wgmma), bf16 activations, H
+and I multiples of 128. Every call takes this path whatever its size (rows the plan gives A8 run
+A8): small calls leave most of each 128-route tile empty. CUDA-graph safe (no host sync, sizes
+from shapes), though the row rule never runs A8 rows in a captured graph.
+
+Who may call: :class:`~a4prefill.ops.backends.triton.backend.TritonBackend` (A8 rows of a
+plan), :mod:`warmup`, tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from a4prefill.ops import fp8
+from a4prefill.ops.backends.triton.fused import _aligned, _combine
+from a4prefill.ops.backends.triton.plan import prefill_kernels_run
+from a4prefill.ops.backends.triton.prefill import launch_prefill_gemm
+from a4prefill.ops.backends.triton.routing import routing_launch, sort_routes
+from a4prefill.ops.backends.triton.schedules import A8_PREFILL
+from a4prefill.ops.modelopt import NvFp4Experts
+from a4prefill.ops.precision import MODE_W4A16
+
+
+def a8_device_refusal(device: torch.device) -> str | None:
+    """Why :func:`fused_moe_a8` cannot run on ``device``, or None: it needs an sm_90 GPU and a
+    Triton whose Gluon the kernels import (:func:`plan.prefill_kernels_run`)."""
+    if device.type == "cuda" and torch.cuda.is_available() and prefill_kernels_run(device):
+        return None
+    return (
+        f"the triton backend's A8 kernel runs on sm_90 GPUs (Hopper: FP8 wgmma) with a Triton whose "
+        f"Gluon it imports, not on {device}"
+    )
+
+
+def a8_refusal(device: torch.device, dtype: torch.dtype, hidden: int, intermediate: int) -> str | None:
+    """Why :func:`fused_moe_a8` cannot run a layer of these shapes with ``dtype`` activations on
+    ``device``, or None. Host arithmetic (one cached device query)."""
+    reason = a8_device_refusal(device)
+    if reason is not None:
+        return reason
+    if dtype != torch.bfloat16:
+        return f"the triton backend's A8 kernel takes bf16 activations, got {dtype}"
+    return fp8.a8_shape_reason(hidden, intermediate)
+
+
+def fused_moe_a8(
+    hidden_states: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    experts: NvFp4Experts,
+    swiglu_limit: float | None,
+) -> torch.Tensor:
+    """The MoE on ``hidden_states [T, H]`` (bf16) with every row A8 (module docstring): ``[T, H]``
+    bf16. ``topk_weights``/``topk_ids [T, k]`` as :func:`fused.fused_moe` takes them (out-of-range
+    ids ignored). Raises ``ValueError`` with :func:`a8_refusal`'s reason where it cannot run."""
+    tokens, hidden = hidden_states.shape
+    fc1, fc2 = experts.fc1, experts.fc2
+    intermediate = fc1.rows // 2
+    reason = a8_refusal(hidden_states.device, hidden_states.dtype, hidden, intermediate)
+    if reason is not None:
+        raise ValueError(reason)
+    output = torch.empty_like(hidden_states)
+    if tokens == 0:
+        return output
+    top_k = topk_ids.shape[1]
+    routes = tokens * top_k
+    topk_weights = _aligned(topk_weights.to(torch.float32))
+    topk_ids = _aligned(topk_ids.to(torch.int32))
+    launch = routing_launch(routes, A8_PREFILL.routes)
+    routing = sort_routes(topk_ids.reshape(-1), fc1.experts, launch)
+    x8, x_scales = fp8.quantize_rows(hidden_states)
+    h = torch.empty(routes, intermediate, dtype=torch.bfloat16, device=hidden_states.device)
+    launch_prefill_gemm(
+        x8,
+        fc1.codes,
+        fc1.scale_bytes(),
+        routing,
+        h,
+        A8_PREFILL,
+        top_k,
+        epilogue="swiglu",
+        scale2=fc1.scale_2,
+        swiglu_limit=swiglu_limit,
+        x_block_scales=x_scales,
+    )
+    h8, h_scales = fp8.quantize_rows(h)
+    y = torch.empty(routes, hidden, dtype=torch.bfloat16, device=hidden_states.device)
+    launch_prefill_gemm(
+        h8,
+        fc2.codes,
+        fc2.scale_bytes(),
+        routing,
+        y,
+        A8_PREFILL,
+        None,
+        epilogue="alpha",
+        scale2=fc2.scale_2,
+        x_block_scales=h_scales,
+    )
+    _combine(
+        y, topk_weights, topk_ids, output, experts, fc2.scale_2, routing.seg_count, MODE_W4A16, False, False
+    )
+    return output
