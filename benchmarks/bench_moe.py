@@ -9,7 +9,9 @@ For each shape and token count, with random top-k routing (one routing per token
 by every variant): W4A16 (the default choice: the decode kernels at decode sizes, the Hopper
 prefill GEMMs from ``schedules.PREFILL_MIN_ROWS_PER_EXPERT`` routes per expert on sm_90), W4A16
 tiled (at decode sizes, the tiled kernels the default replaced), A4 (emulated: FP4 activations
-dequantized for a bf16 MMA), split (first half of the rows decode/W4A16, second half prefill/A4)
+dequantized for a bf16 MMA), A8 (on sm_90: FP8 activations and weights converted to e4m3 on the
+FP8 tensor cores, ``fused_a8``; its error against the fp32 W4A16 reference is A8's quantization
+error), split (first half of the rows decode/W4A16, second half prefill/A4)
 and bf16 (``torch._grouped_mm`` on bf16 copies of the weights, same routing: sort, gather, two
 grouped GEMMs, SwiGLU, weighted sum) and,
 when vLLM is importable, marlin (vLLM's ``fused_marlin_moe`` on Marlin-repacked copies of the same
@@ -418,6 +420,7 @@ def bench_shape(
     baselines: tuple[str, ...] = ("marlin", "humming"),
 ) -> dict[str, Any]:
     from a4prefill.ops.backends.triton.fused import fused_moe
+    from a4prefill.ops.backends.triton.fused_a8 import a8_refusal, fused_moe_a8
     from a4prefill.ops.backends.triton.schedules import choose_config
     from a4prefill.ops.reference import moe_reference
     from a4prefill.ops.scales import derive_a4_scales
@@ -437,6 +440,7 @@ def bench_shape(
     except Exception as error:  # an import or set-up failure: the other columns stay
         humming_error = repr(error)[:300]
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    a8_runs = a8_refusal(torch.device("cuda"), torch.bfloat16, hidden, inter) is None  # sm_90 only
     fp4_expert_bytes = 3 * inter * hidden * (0.5 + 1 / 16)
     bf16_expert_bytes = 3 * inter * hidden * 2
     rows = []
@@ -462,6 +466,8 @@ def bench_shape(
             variants["w4a16_tiled"] = functools.partial(
                 run, x, topk_w, topk_ids, a4_scales=None, config=tiled
             )
+        if a8_runs:
+            variants["a8"] = functools.partial(fused_moe_a8, x, topk_w, topk_ids, weights.experts(), None)
         if marlin is not None:
             variants["marlin"] = functools.partial(marlin, x, topk_w, topk_ids)
         if humming is not None:
@@ -473,7 +479,7 @@ def bench_shape(
             # fp32 activations: the exact MoE of the NVFP4 weights; bf16 activations: the same
             # with the kernels' own bf16 roundings (input, FC1 output) (docs/numerics.md)
             outputs: dict[str, torch.Tensor] = {}
-            for variant in ("w4a16", "w4a16_tiled", "marlin", "humming"):
+            for variant in ("w4a16", "w4a16_tiled", "marlin", "humming", "a8"):
                 try:
                     if variant in variants:
                         outputs[variant] = variants[variant]().float()
@@ -546,6 +552,10 @@ def bench_shape(
                     result[f"{variant}_speedup_vs_bf16"] = bf / result[f"{variant}_us"]
         if w4 and result.get("a4_us"):
             result["a4_over_w4a16"] = result["a4_us"] / w4
+        if result.get("a8_us"):
+            result["a8_TFLOPs"] = flops / (result["a8_us"] * 1e-6) / 1e12
+            if w4:
+                result["a8_speedup_vs_w4a16"] = w4 / result["a8_us"]
         if result.get("split_us") and result.get("split_part_w4a16_us") and result.get("split_part_a4_us"):
             result["split_over_parts"] = result["split_us"] / (
                 result["split_part_w4a16_us"] + result["split_part_a4_us"]
@@ -574,7 +584,7 @@ def plot(results: dict[str, Any], path: str) -> None:
         rows = data["rows"]
         tokens = [r["tokens"] for r in rows]
         ax = axes[0][col]
-        for variant in ("bf16", "marlin", "humming", "w4a16", "w4a16_tiled", "a4", "split"):
+        for variant in ("bf16", "marlin", "humming", "w4a16", "w4a16_tiled", "a4", "a8", "split"):
             points = [(r["tokens"], r[f"{variant}_us"]) for r in rows if r.get(f"{variant}_us")]
             if points:
                 ax.plot(*zip(*points, strict=True), marker="o", label=variant)
@@ -621,8 +631,9 @@ def markdown_table(results: dict[str, Any]) -> str:
             "| bf16 us | Marlin/W4A16 | Marlin/W4A16 tiled | Humming/W4A16 | W4A16 GB/s (% copy) "
             "| Marlin GB/s (% copy) | W4A16 TFLOP/s (% dense bf16) | bf16/W4A16 | A4/W4A16 | split/(parts) "
             "| rel err W4A16 | rel err Marlin | rel err Humming | rel err W4A16 (bf16 io) "
-            "| rel err W4A16 tiled (bf16 io) | rel err Marlin (bf16 io) | rel err Humming (bf16 io) |",
-            "|" + "---|" * 25,
+            "| rel err W4A16 tiled (bf16 io) | rel err Marlin (bf16 io) | rel err Humming (bf16 io) "
+            "| A8 us | W4A16/A8 | A8 TFLOP/s | rel err A8 |",
+            "|" + "---|" * 29,
         ]
         for row in shape_result["rows"]:
 
@@ -653,7 +664,9 @@ def markdown_table(results: dict[str, Any]) -> str:
                 f"| {cell(row, 'a4_over_w4a16', 2)} | {cell(row, 'split_over_parts', 2)} "
                 f"| {error('w4a16_rel_err')} | {error('marlin_rel_err')} | {error('humming_rel_err')} "
                 f"| {error('w4a16_rel_err_bf16_io')} | {error('w4a16_tiled_rel_err_bf16_io')} "
-                f"| {error('marlin_rel_err_bf16_io')} | {error('humming_rel_err_bf16_io')} |"
+                f"| {error('marlin_rel_err_bf16_io')} | {error('humming_rel_err_bf16_io')} "
+                f"| {cell(row, 'a8_us')} | {cell(row, 'a8_speedup_vs_w4a16', 2)} | {cell(row, 'a8_TFLOPs')} "
+                f"| {error('a8_rel_err')} |"
             )
         lines.append("")
     return "\n".join(lines)

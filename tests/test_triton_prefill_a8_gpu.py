@@ -1,0 +1,113 @@
+"""The A8 prefill GEMM and A8 MoE of the ``triton`` backend on a GPU (sm_90: FP8 wgmma; issue 28):
+the GEMM against the exact block product of ``fp8`` (the oracle) within the tensor cores'
+reduced-precision sums inside a block, the MoE and a split A8 plan against the reference MoEs,
+launched eagerly and replayed from a CUDA graph."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from a4prefill.ops import fp8
+from a4prefill.ops.backends.triton.routing import build_routing
+from a4prefill.ops.backends.triton.schedules import A8_PREFILL
+from helpers.layers import EVERY_SCALE_BYTE
+from helpers.markers import needs_gluon
+
+pytestmark = [
+    pytest.mark.gpu,
+    needs_gluon,
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+        reason="needs a Hopper GPU (sm_90: FP8 wgmma)",
+    ),
+]
+
+
+@pytest.mark.parametrize("gather", [True, False], ids=["fc1_gather", "fc2_sorted"])
+def test_the_a8_gemm_matches_the_block_product_eagerly_and_in_a_cuda_graph(gather):
+    """8 experts (one without routes), 512 weight rows, K = 8 blocks, rows gathered by token or
+    sorted, activations of very different magnitudes per block: ``bf16(acc * 128)`` within one
+    bf16 step of the exact block product plus ``2**-12`` of its absolute product (the tensor
+    cores add a block's products with about 14 significant bits, DeepSeek-V3 report section
+    3.3.2; the promotion adds fp32 roundings); the graph replay gives the same bits."""
+    from a4prefill.ops.backends.triton.prefill import launch_prefill_gemm
+    from test_triton_prefill_a8_on_cpu import oracle
+
+    generator = torch.Generator().manual_seed(17)
+    experts, n, k, tokens, top_k = 8, 512, 8 * fp8.A8_BLOCK, 700, 4
+    codes = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=generator)
+    picks = torch.randint(0, len(EVERY_SCALE_BYTE), (experts, n, k // 16), generator=generator)
+    scales = EVERY_SCALE_BYTE[picks]
+    ids = torch.stack([torch.randperm(experts - 1, generator=generator)[:top_k] for _ in range(tokens)]).int()
+    rows = tokens if gather else tokens * top_k
+    spread = torch.pow(2.0, torch.randint(-20, 20, (rows, k // fp8.A8_BLOCK), generator=generator).float())
+    x = torch.randn(rows, k, generator=generator) * spread.repeat_interleave(fp8.A8_BLOCK, dim=1)
+    x8, block_scales = fp8.quantize_rows(x.bfloat16())
+    cuda = [t.cuda() for t in (x8, block_scales, codes, scales, ids)]
+    routing = build_routing(cuda[4], experts, A8_PREFILL.routes)
+    out = torch.full((tokens * top_k, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+
+    def launch() -> None:
+        launch_prefill_gemm(
+            cuda[0],
+            cuda[2],
+            cuda[3],
+            routing,
+            out,
+            A8_PREFILL,
+            top_k if gather else None,
+            x_block_scales=cuda[1],
+        )
+
+    launch()
+    cpu_routing = build_routing(ids, experts, A8_PREFILL.routes, force_torch=True)
+    assert torch.equal(routing.sorted_route.cpu(), cpu_routing.sorted_route)
+    exact, magnitude = oracle(x8, block_scales, codes, scales, cpu_routing, top_k if gather else None)
+    result = out.cpu()
+    assert not result.isnan().any(), "a sorted position was not written"
+    step = exact.abs().clamp(min=2.0**-120).float().bfloat16().double() * 2.0**-7
+    assert ((result.double() - exact).abs() <= step + magnitude * 2.0**-12 + 1e-30).all()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch()
+    out.fill_(float("nan"))
+    graph.replay()
+    assert torch.equal(out.cpu(), result)
+
+
+@pytest.mark.parametrize("tokens", [64, 1500])
+def test_the_a8_moe_and_a_split_a8_plan_match_the_references(tokens):
+    """``fused_moe_a8`` (16 experts, H 1024, I 512, top-4; a call of 16 and of 375 routes per
+    expert) within the A8 bounds of ``moe_reference_a8``, the same when replayed from a CUDA
+    graph; the triton backend under a split A8 plan: prefill rows A8, decode rows W4A16."""
+    from a4prefill.ops.backends.triton.backend import TritonBackend
+    from a4prefill.ops.backends.triton.fused_a8 import fused_moe_a8
+    from a4prefill.ops.precision import A8, MoECall, RowPlan
+    from a4prefill.ops.reference import moe_reference, moe_reference_a8
+    from a4prefill.ops.rows import RowTypes
+    from a4prefill.tools.tiny_layer import make_tiny_layer, random_routing
+    from helpers.layers import assert_close_to_reference
+
+    experts, hidden_size, inter, top_k = 16, 1024, 512, 4
+    layer = make_tiny_layer(experts, hidden_size, inter, top_k, seed=5, calibration_tokens=16)
+    cuda_experts = layer.experts.to("cuda")
+    generator = torch.Generator().manual_seed(tokens)
+    hidden = (2 * torch.randn(tokens, hidden_size, generator=generator)).to(torch.bfloat16)
+    topk_weights, topk_ids = random_routing(tokens, experts, top_k, generator)
+    gpu = [t.cuda() for t in (hidden, topk_weights, topk_ids)]
+    args = (hidden, topk_weights, topk_ids, layer.experts)
+    a8, w4a16 = moe_reference_a8(*args, 4.0), moe_reference(*args, None, 4.0)
+    result = fused_moe_a8(*gpu, cuda_experts, 4.0)
+    assert_close_to_reference(result, a8, "a8")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = fused_moe_a8(*gpu, cuda_experts, 4.0)
+    graph.replay()
+    assert torch.equal(replayed, result)
+    decode = tokens // 4
+    row_types = RowTypes(tokens, decode=((0, decode),), prefill=((decode, tokens),), padding=())
+    call = MoECall(*gpu, cuda_experts, None, 4.0, "layer", A8)
+    split = TritonBackend().run(call, RowPlan.for_rows(row_types, prefill=A8)).cpu()
+    assert_close_to_reference(split[decode:], a8[decode:], "a8")
+    assert_close_to_reference(split[:decode], w4a16[:decode], "w4a16")
