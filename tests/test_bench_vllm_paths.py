@@ -49,20 +49,23 @@ def test_failed_configurations_are_rows_of_the_table_and_nothing_is_plotted(benc
         bench.plot(data, tmp_path / "plot.png")
 
 
-def test_the_a8_split_runs_a8_on_the_reference_backend_uncaptured_and_the_others_do_not(bench, tmp_path):
-    """``a4prefill_split_a8``: the split pass, ``prefill_precision: "a8"`` for the engine, the
-    reference backend (the only one with A8 rows) and no CUDA graphs (the reference backend is not
-    capture-safe); every other configuration keeps its engine arguments (no a4prefill settings,
-    FULL_AND_PIECEWISE graphs, the default backend)."""
-    a8 = bench.engine_arguments("a4prefill_split_a8", tmp_path, 8192)
+def test_the_a8_splits_differ_from_the_split_only_where_they_say_and_the_others_run_a4(bench, tmp_path):
+    """``a4prefill_split_a8``: the split's engine arguments plus ``prefill_precision: "a8"`` (the
+    default backend, CUDA graphs as the split); ``a4prefill_split_a8_reference``: the same on the
+    reference backend without CUDA graphs (not capture-safe); every other configuration keeps
+    its engine arguments (no a4prefill settings, FULL_AND_PIECEWISE graphs, the default backend)."""
     split = bench.engine_arguments("a4prefill_split", tmp_path, 8192)
-    assert a8["additional_config"] == {"a4prefill": {"prefill_precision": "a8"}}
-    assert a8["compilation_config"]["cudagraph_mode"] == "NONE"
-    assert a8["compilation_config"]["inductor_passes"] == split["compilation_config"]["inductor_passes"]
-    assert bench.CONFIGS["a4prefill_split_a8"]["environment"] == {"A4PREFILL_BACKEND": "reference"}
-    differing = {key for key in a8 if a8[key] != split.get(key)}
+    a8 = bench.engine_arguments("a4prefill_split_a8", tmp_path, 8192)
+    assert a8 == {**split, "additional_config": {"a4prefill": {"prefill_precision": "a8"}}}
+    assert "environment" not in bench.CONFIGS["a4prefill_split_a8"]
+    oracle = bench.engine_arguments("a4prefill_split_a8_reference", tmp_path, 8192)
+    assert oracle["additional_config"] == {"a4prefill": {"prefill_precision": "a8"}}
+    assert oracle["compilation_config"]["cudagraph_mode"] == "NONE"
+    assert oracle["compilation_config"]["inductor_passes"] == split["compilation_config"]["inductor_passes"]
+    assert bench.CONFIGS["a4prefill_split_a8_reference"]["environment"] == {"A4PREFILL_BACKEND": "reference"}
+    differing = {key for key in oracle if oracle[key] != split.get(key)}
     assert differing == {"additional_config", "compilation_config"}
-    for name in set(bench.CONFIGS) - {"a4prefill_split_a8"}:
+    for name in set(bench.CONFIGS) - {"a4prefill_split_a8", "a4prefill_split_a8_reference"}:
         arguments = bench.engine_arguments(name, tmp_path, 8192)
         assert "additional_config" not in arguments and "environment" not in bench.CONFIGS[name]
         assert arguments["compilation_config"]["cudagraph_mode"] == "FULL_AND_PIECEWISE"

@@ -23,9 +23,9 @@ Keys (all optional):
   they may run something other than W4A16. ``"a4"``: NVFP4 activations with the layer's
   calibrated encode scales (today's behaviour); ``"a8"``: FP8 e4m3 activations scaled per row and
   128-column block (docs/numerics.md, section 8), for GPUs with FP8 tensor cores (CUDA capability
-  >= 8.9). Decode, verify, padding and captured rows run W4A16 either way. Today only the
-  ``reference`` backend runs ``"a8"`` (numerics, not speed); the triton and b12x backends refuse
-  it at load time.
+  >= 8.9). Decode, verify, padding and captured rows run W4A16 either way. The ``reference``
+  backend runs ``"a8"`` anywhere (numerics, not speed), the triton backend on sm_90 GPUs (its A8
+  prefill kernel, FP8 wgmma; elsewhere it refuses at load time), the b12x backend refuses it.
 
 The legacy variable ``B12X_W4A16_A4_PREFILL_MIN_TOKENS`` (deprecated) is an on/off switch: a
 valid integer >= 0 means on (one deprecation warning; its threshold is ignored: precision is
