@@ -162,7 +162,7 @@ def test_moe_a4_refuses_a8(a8_layer):
 
 
 class A4OnlyBackend(ReferenceBackend):
-    """A backend with the kernels the triton and b12x backends have: W4A16 and A4, no A8."""
+    """A backend with the kernels the b12x backend has (and triton off sm_90): W4A16 and A4, no A8."""
 
     name = "a4-only"
     precisions = (W4A16, A4)

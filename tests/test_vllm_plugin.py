@@ -460,7 +460,7 @@ def test_an_a8_engines_layer_of_other_sizes_runs_w4a16_and_says_why(build_layer,
 
 
 class A4OnlyBackend(ReferenceBackend):
-    """What the triton and b12x backends offer: W4A16 and A4 kernels, no A8."""
+    """What the b12x backend (and the triton backend off sm_90) offer: W4A16 and A4 kernels, no A8."""
 
     name = "a4-only"
     precisions = ("w4a16", "a4")
