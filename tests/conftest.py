@@ -24,6 +24,31 @@ settings.register_profile("ci", deadline=None, max_examples=40, derandomize=True
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
+# Test files that start a real vLLM engine (in process or as a server): under pytest-xdist
+# (scripts/test.sh runs two workers, ``--dist loadgroup``) they share one worker and so run one
+# engine at a time (an engine's memory and threads; fixed paths such as test_vllm_server's README
+# row log). The other worker takes the rest.
+ENGINE_TEST_FILES = frozenset(
+    {
+        "test_vllm_e2e.py",
+        "test_vllm_server.py",
+        "test_numerics.py",
+        "test_inspect_graphs.py",
+        "test_warm_compile_cache.py",
+        "test_readme_example.py",
+        "test_tools_environment.py",
+        "test_split_prefill_pass.py",
+        "test_split_prefill_pass_vllm.py",
+    }
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in ENGINE_TEST_FILES:
+            item.add_marker(pytest.mark.xdist_group("vllm-engine"))
+
+
 @pytest.fixture(scope="session")
 def layer() -> TinyMoELayer:
     return make_tiny_layer(EXPERTS, HIDDEN, INTERMEDIATE, TOP_K, seed=3, calibration_tokens=128)
