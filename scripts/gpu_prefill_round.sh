@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One H200 round of the Hopper prefill GEMM (issue 23): its GPU tests, the benchmark of every
+# One H200 round of the Hopper prefill GEMM (issues 23 and 28): its GPU tests (W4A16/A4/split and A8), the benchmark of every
 # schedule, Nsight Compute sections of the cases given as arguments (TOKENS:SCHEDULE), and the
 # SASS instruction mix of the compiled prefill kernels. Everything goes under $OUT (device tool).
 # Optional: TEST_FILTER (a pytest -k expression within the prefill GPU tests) and SCHEDULES (labels
@@ -7,7 +7,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-timeout 170 python -m pytest -q -p no:cacheprovider -m gpu tests -k "test_triton_prefill_gpu${TEST_FILTER:+ and ($TEST_FILTER)}" 2>&1 | tee "$OUT/prefill_gpu_tests.txt" | tail -5
+timeout 170 python -m pytest -q -p no:cacheprovider -m gpu tests -k "(test_triton_prefill_gpu or test_triton_prefill_a8_gpu)${TEST_FILTER:+ and ($TEST_FILTER)}" 2>&1 | tee "$OUT/prefill_gpu_tests.txt" | tail -5
 timeout 320 python benchmarks/bench_prefill_gemm.py --out "$OUT" ${SCHEDULES:+--schedules $SCHEDULES} 2>&1 | tee "$OUT/bench_prefill_gemm.txt" | grep -v "^{" | tail -5
 cases=()
 for case in "$@"; do cases+=(--case "$case"); done
