@@ -59,10 +59,16 @@ def tiny_model(request, tmp_path_factory) -> Path:
 
 
 def run_engine(
-    model: Path, out: Path, *args: str, cache_root: Path | None = None, jit_monitor_mode: str = "error"
+    model: Path,
+    out: Path,
+    *args: str,
+    cache_root: Path | None = None,
+    jit_monitor_mode: str = "error",
+    settings: dict[str, str] | None = None,
 ) -> E2EResult:
-    """One engine run; with ``jit_monitor_mode="error"`` any Triton compile while serving fails
-    it, with ``"warn"`` the compiles are recorded and none may be one of the package's kernels."""
+    """One engine run (``settings``: more ``a4prefill`` settings beside ``count_rows``); with
+    ``jit_monitor_mode="error"`` any Triton compile while serving fails it, with ``"warn"`` the
+    compiles are recorded and none may be one of the package's kernels."""
     env = dict(os.environ)
     env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", A4PREFILL_BACKEND="triton")
     if cache_root is not None:
@@ -75,7 +81,7 @@ def run_engine(
         "--jit-monitor-mode",
         jit_monitor_mode,
         "--additional-config",
-        json.dumps({"count_rows": True}),
+        json.dumps({"count_rows": True, **(settings or {})}),
         *args,
     ]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=500)
@@ -143,7 +149,7 @@ def speculative_run(tiny_model, tmp_path_factory) -> E2EResult:
 def step_rows(step: StepRecord) -> int:
     """Rows of the step's forward pass (padded), from the device counters of one layer."""
     counts = step.evidence[CALIBRATED[0]]
-    return counts["w4a16"] + counts["a4"]
+    return counts["w4a16"] + counts["a4"] + counts.get("a8", 0)
 
 
 def assert_row_rule(result: E2EResult) -> None:
@@ -234,6 +240,34 @@ def test_kernels_were_compiled_at_load_and_each_step_names_its_kernel_family(spl
             assert step.evidence[CALIBRATED[0]]["a4"] == step.prefill_rows > 256
     else:
         assert {f for s in split_run.steps for f in s.kernel_families} == {"triton-tiled"}
+
+
+@pytest.fixture(scope="module")
+def a8_run(tiny_model, tmp_path_factory) -> E2EResult:
+    """The split with ``prefill_precision: "a8"`` (the triton backend's A8 kernel: sm_90 only)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the triton backend's A8 kernel runs on sm_90 (Hopper) only")
+    out = tmp_path_factory.mktemp("a8") / "run.json"
+    ranges = json.dumps(SPLIT_RANGES)
+    return run_engine(tiny_model, out, "--compilation-config", ranges, settings={"prefill_precision": "a8"})
+
+
+def test_a8_prefill_rows_of_uncaptured_steps_run_a8_and_every_other_row_w4a16(a8_run, tiny_model):
+    """Under ``"a8"`` (issue 28), by the device counters: captured steps ran no A8 row,
+    uncaptured steps ran exactly their prefill rows A8 and the others W4A16, no row ran A4, in
+    every layer (A8 needs no calibration: the uncalibrated layer runs it too). The ``tiny``
+    model's intermediate size (64) is not a multiple of 128, so there every row runs W4A16; the
+    ``real`` one's (768) runs A8. No kernel compiled while serving (``run_engine``)."""
+    config = json.loads((tiny_model / "config.json").read_text())
+    a8_shapes = config["hidden_size"] % 128 == 0 and config["moe_intermediate_size"] % 128 == 0
+    assert any(not step.captured and step.prefill_rows for step in a8_run.steps)
+    for step in a8_run.steps:
+        for layer in (*CALIBRATED, UNCALIBRATED):
+            counts = step.evidence[layer]
+            assert counts["a4"] == 0, (step.index, layer, counts)
+            a8_rows = step.prefill_rows if a8_shapes and not step.captured else 0
+            assert counts.get("a8", 0) == a8_rows, (step.index, layer, step.modes, counts)
+            assert counts["w4a16"] == step_rows(step) - a8_rows >= step.decode_rows, (step.index, layer)
 
 
 def test_speculative_verify_rows_run_w4a16(speculative_run):
