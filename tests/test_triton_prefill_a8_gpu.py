@@ -111,3 +111,21 @@ def test_the_a8_moe_and_a_split_a8_plan_match_the_references(tokens):
     split = TritonBackend().run(call, RowPlan.for_rows(row_types, prefill=A8)).cpu()
     assert_close_to_reference(split[decode:], a8[decode:], "a8")
     assert_close_to_reference(split[:decode], w4a16[:decode], "w4a16")
+
+
+def test_the_row_quantizer_is_fp8_quantize_rows_bit_for_bit_on_the_gpu():
+    """``fused_a8.quantize_rows`` on the GPU against ``fp8.quantize_rows`` on the CPU: the same
+    e4m3 bytes and fp32 scales (IEEE divisions, nearest-even e4m3), rows of blocks of every
+    magnitude from bf16 subnormals to near its largest, and a block of zeros."""
+    from a4prefill.ops.backends.triton.fused_a8 import quantize_rows
+
+    generator = torch.Generator().manual_seed(23)
+    rows, k = 1000, 4 * fp8.A8_BLOCK
+    exponents = torch.randint(-140, 120, (rows, k // fp8.A8_BLOCK), generator=generator).double()
+    magnitudes = torch.pow(2.0, exponents).repeat_interleave(fp8.A8_BLOCK, dim=1)
+    x = (torch.randn(rows, k, generator=generator, dtype=torch.float64) * magnitudes).bfloat16()
+    x[3, : fp8.A8_BLOCK] = 0
+    codes, scales = quantize_rows(x.cuda())
+    expected_codes, expected_scales = fp8.quantize_rows(x)
+    assert torch.equal(codes.cpu().view(torch.uint8), expected_codes.view(torch.uint8))
+    assert torch.equal(scales.cpu(), expected_scales)

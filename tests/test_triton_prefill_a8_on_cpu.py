@@ -17,6 +17,8 @@ import re
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from a4prefill.ops import fp8
 from a4prefill.ops.backends.triton.prefill import launch_prefill_gemm
@@ -159,8 +161,48 @@ def test_the_a8_kernels_compile_to_fp8_wgmmas_without_spills(epilogue):
     assert re.findall(r"\b(?:STL|LDL)\b", cuobjdump(kernel, "-sass")) == []
 
 
+@pytest.fixture(scope="module")
+def interpreted_quantizer():
+    """The A8 row quantizer under the TTGIR interpreter."""
+    from a4prefill.ops.backends.triton import kernel_modules
+    from helpers.gluon_on_cpu import InterpretedKernel
+
+    return InterpretedKernel(kernel_modules.prefill_a8().quantize_fp8_rows_kernel)
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    rows=st.integers(1, 40),
+    blocks=st.integers(1, 3),
+    exponents=st.lists(st.integers(-140, 120), min_size=3, max_size=3),
+    zero_block=st.booleans(),
+)
+def test_the_row_quantizer_is_fp8_quantize_rows_bit_for_bit(
+    interpreted_quantizer, rows, blocks, exponents, zero_block
+):
+    """``fused_a8.quantize_rows`` (the Gluon kernel, interpreted) against ``fp8.quantize_rows``:
+    the same e4m3 bytes and fp32 scales, for row counts that end inside a program, several
+    blocks each of its own magnitude, from bf16 subnormals (under the ``2**-100`` floor) to near
+    bf16's largest, and a block of zeros."""
+    from a4prefill.ops.backends.triton import fused_a8
+
+    generator = torch.Generator().manual_seed(rows * 7 + blocks)
+    k = blocks * fp8.A8_BLOCK
+    block_scales = torch.pow(2.0, torch.tensor(exponents[:blocks], dtype=torch.float64))  # one per block
+    magnitudes = block_scales.repeat_interleave(fp8.A8_BLOCK)
+    x = (torch.randn(rows, k, generator=generator, dtype=torch.float64) * magnitudes).bfloat16()
+    if zero_block:
+        x[0, : fp8.A8_BLOCK] = 0
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fused_a8.kernel_modules.prefill_a8(), "quantize_fp8_rows_kernel", interpreted_quantizer)
+        codes, scales = fused_a8.quantize_rows(x)
+    expected_codes, expected_scales = fp8.quantize_rows(x)
+    assert torch.equal(codes.view(torch.uint8), expected_codes.view(torch.uint8))
+    assert torch.equal(scales, expected_scales)
+
+
 @pytest.fixture
-def a8_moe_on_cpu(interpreted):
+def a8_moe_on_cpu(interpreted, interpreted_quantizer):
     """``fused_moe_a8`` (and the ``triton`` backend's plans) on CPU tensors as on an H200: the
     prefill GEMMs interpreted (the warp-specialized kernel, A8 or W4A16), the routing by torch
     ops, the combine by its contract (as in ``test_triton_decode_on_cpu``)."""
@@ -168,6 +210,7 @@ def a8_moe_on_cpu(interpreted):
         backend,
         fused,
         fused_a8,
+        kernel_modules,
         plan,
         prefill_kernels,
         prefill_ws_kernels,
@@ -177,6 +220,7 @@ def a8_moe_on_cpu(interpreted):
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(prefill_ws_kernels, "grouped_w4_gemm_ws_kernel", interpreted)
+        patch.setattr(kernel_modules.prefill_a8(), "quantize_fp8_rows_kernel", interpreted_quantizer)
         patch.setattr(
             prefill_kernels,
             "grouped_w4_gemm_rs_kernel",
@@ -240,3 +284,18 @@ def test_a_split_a8_plan_runs_prefill_rows_a8_and_the_others_w4a16(a8_moe_on_cpu
     assert_close_to_reference(result[prefill], a8[prefill], "a8")
     assert_close_to_reference(result[~prefill], w4a16[~prefill], "w4a16")
     assert not torch.equal(result[prefill], w4a16[prefill].to(result.dtype))
+
+
+def test_the_row_quantizer_compiles_to_ieee_divisions_and_nearest_even_e4m3():
+    """What the interpreter cannot tell apart (it divides exactly whatever the division): compiled
+    for sm_90a, the row quantizer divides with ``div.rn.f32`` only (no approximate division) and
+    rounds to e4m3 with ``cvt.rn.satfinite.e4m3x2.f32``."""
+    from a4prefill.ops.backends.triton import kernel_modules
+    from helpers.gluon_on_cpu import compile_sm90
+
+    kernel = kernel_modules.prefill_a8().quantize_fp8_rows_kernel
+    signature = {"x_ptr": "*bf16", "codes_ptr": "*fp8e4nv", "scales_ptr": "*fp32", "ROWS": "i32", "K": "i32"}
+    ptx = compile_sm90(kernel, signature, {"BR": 16}, 4, {"x_ptr", "codes_ptr", "scales_ptr", "K"}).asm["ptx"]
+    divisions = set(re.findall(r"\bdiv\.[\w.]+", ptx))
+    assert divisions == {"div.rn.f32"}, divisions
+    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx

@@ -70,15 +70,24 @@ def package_kernels() -> dict[str, Any]:
 
     from a4prefill.ops.backends.triton import (
         decode_kernels,
+        prefill_a8_kernels,
         prefill_kernels,
         prefill_ws_kernels,
         shared_kernels,
         tiled_kernels,
     )
 
+    modules = (
+        shared_kernels,
+        tiled_kernels,
+        decode_kernels,
+        prefill_kernels,
+        prefill_ws_kernels,
+        prefill_a8_kernels,
+    )
     return {
         f"{module.__name__}.{name}": value
-        for module in (shared_kernels, tiled_kernels, decode_kernels, prefill_kernels, prefill_ws_kernels)
+        for module in modules
         for name, value in vars(module).items()
         if name.endswith("_kernel") and isinstance(value, JITFunction)
     }

@@ -23,8 +23,9 @@ Contract:
   derives no A4 scales; it decides whether the layer may run A8 (not switched off, H and I
   multiples of 128: status :data:`~a4prefill.ops.fp8.A8_READY`, else W4A16 only with the reason)
   and refuses, with an error naming the setting, a backend without an A8 kernel for the layer's
-  device (b12x; triton off sm_90) before any forward. ``apply`` passes ``prefill_precision="a8"`` for such a layer, else
-  ``"a4"`` (with the layer's A4 scales or none).
+  device (b12x; triton off sm_90) before any forward. ``apply`` passes
+  ``prefill_precision="a8"`` for such a layer, else ``"a4"`` (with the layer's A4 scales or
+  none).
 - ``apply`` calls ``torch.ops.a4prefill.moe_w4a16`` with the layer's prefix as ``layer_name``, its
   A4 scales (or none) and its prefill precision. The split pass rewrites that node into
   ``moe_split`` in graphs that may run uncaptured; inside vLLM's opaque ``moe_forward`` (CUDA)

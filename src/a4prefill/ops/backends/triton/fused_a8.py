@@ -6,8 +6,8 @@ Hopper's FP8 tensor cores, with the numerics of docs/numerics.md section 8 (orac
 Per call (``T`` tokens, top-k ``k``, ``R = T * k`` routes, the one NVFP4 weight layout):
 
 1. routing sorted by expert in 128-route tiles (:func:`routing.sort_routes`, no host sync);
-2. the hidden rows quantized once per token (``fp8.quantize_rows``: codes and a scale per row
-   and 128 columns; torch ops);
+2. the hidden rows quantized once per token (:func:`quantize_rows`: ``fp8.quantize_rows`` bit
+   for bit, one kernel);
 3. FC1: :func:`prefill.launch_prefill_gemm` with ``x_block_scales`` (the warp-specialized
    kernel's A8 mainloop, :data:`schedules.A8_PREFILL`), SwiGLU epilogue into ``h [R, I]`` bf16 in
    sorted order, rounded where W4A16 rounds;
@@ -28,11 +28,12 @@ from __future__ import annotations
 import torch
 
 from a4prefill.ops import fp8
+from a4prefill.ops.backends.triton import kernel_modules
 from a4prefill.ops.backends.triton.fused import _aligned, _combine
 from a4prefill.ops.backends.triton.plan import prefill_kernels_run
 from a4prefill.ops.backends.triton.prefill import launch_prefill_gemm
 from a4prefill.ops.backends.triton.routing import routing_launch, sort_routes
-from a4prefill.ops.backends.triton.schedules import A8_PREFILL
+from a4prefill.ops.backends.triton.schedules import A8_PREFILL, cdiv
 from a4prefill.ops.modelopt import NvFp4Experts
 from a4prefill.ops.precision import MODE_W4A16
 
@@ -57,6 +58,24 @@ def a8_refusal(device: torch.device, dtype: torch.dtype, hidden: int, intermedia
     if dtype != torch.bfloat16:
         return f"the triton backend's A8 kernel takes bf16 activations, got {dtype}"
     return fp8.a8_shape_reason(hidden, intermediate)
+
+
+QUANTIZE_ROWS_PER_PROGRAM = 16  # rows of one program of the A8 row quantizer (2 per warp, 4 warps x 2)
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``fp8.quantize_rows`` of a contiguous bf16 ``x [R, K]`` (K a multiple of 128) on its device,
+    by ``prefill_a8_kernels.quantize_fp8_rows_kernel``: ``(codes float8_e4m3fn [R, K], scales
+    fp32 [R, K / 128])``. No host sync."""
+    rows, k = x.shape
+    codes = torch.empty(rows, k, dtype=torch.float8_e4m3fn, device=x.device)
+    scales = torch.empty(rows, k // fp8.A8_BLOCK, dtype=torch.float32, device=x.device)
+    if rows:
+        grid = (cdiv(rows, QUANTIZE_ROWS_PER_PROGRAM), k // fp8.A8_BLOCK)
+        kernel_modules.prefill_a8().quantize_fp8_rows_kernel[grid](
+            x, codes, scales, rows, k, BR=QUANTIZE_ROWS_PER_PROGRAM, num_warps=4
+        )
+    return codes, scales
 
 
 def fused_moe_a8(
@@ -84,7 +103,7 @@ def fused_moe_a8(
     topk_ids = _aligned(topk_ids.to(torch.int32))
     launch = routing_launch(routes, A8_PREFILL.routes)
     routing = sort_routes(topk_ids.reshape(-1), fc1.experts, launch)
-    x8, x_scales = fp8.quantize_rows(hidden_states)
+    x8, x_scales = quantize_rows(_aligned(hidden_states.contiguous()))
     h = torch.empty(routes, intermediate, dtype=torch.bfloat16, device=hidden_states.device)
     launch_prefill_gemm(
         x8,
@@ -99,7 +118,7 @@ def fused_moe_a8(
         swiglu_limit=swiglu_limit,
         x_block_scales=x_scales,
     )
-    h8, h_scales = fp8.quantize_rows(h)
+    h8, h_scales = quantize_rows(h)
     y = torch.empty(routes, hidden, dtype=torch.bfloat16, device=hidden_states.device)
     launch_prefill_gemm(
         h8,

@@ -12,7 +12,9 @@ a kernel by setting the module's attribute).
 - :func:`prefill`: :mod:`prefill_kernels` (the Hopper prefill GEMM; Gluon, Triton 3.6+, sm_90a);
   :func:`prefill_imports` says, once per process, whether that module imports;
 - :func:`prefill_ws`: :mod:`prefill_ws_kernels` (its warp-specialized variant; part of what
-  :func:`prefill_imports` checks).
+  :func:`prefill_imports` checks);
+- :func:`prefill_a8`: :mod:`prefill_a8_kernels` (that variant's A8 mainloop and the A8 row
+  quantizer; imported with it).
 """
 
 from __future__ import annotations
@@ -52,6 +54,12 @@ def prefill_ws() -> Any:
     from a4prefill.ops.backends.triton import prefill_ws_kernels
 
     return prefill_ws_kernels
+
+
+def prefill_a8() -> Any:
+    from a4prefill.ops.backends.triton import prefill_a8_kernels
+
+    return prefill_a8_kernels
 
 
 def _imports(load: Callable[[], Any]) -> bool:

@@ -130,3 +130,35 @@ def mainloop_a8(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr):
         row_shift = gl.convert_layout(shift, gl.SliceLayout(1, ACC))
         acc = acc + partial * gl.expand_dims(row_shift, 1) * gl.expand_dims(x_scales, 0)
     return acc
+
+
+@gluon.constexpr_function
+def quantize_layout(warps: int) -> gl.BlockedLayout:
+    """``[rows, 128]`` activations of the row quantizer: 8 consecutive columns (16 bytes) per
+    thread, a warp over 2 rows."""
+    return gl.BlockedLayout([1, 8], [2, 16], [warps, 1], [1, 0])
+
+
+# ROWS unspecialized: one compile for every row count
+@gluon.jit(do_not_specialize=["ROWS"])
+def quantize_fp8_rows_kernel(x_ptr, codes_ptr, scales_ptr, ROWS, K, BR: gl.constexpr):
+    """The A8 activations (``fp8.quantize_rows`` bit for bit, docs/numerics.md section 8): ``x
+    [ROWS, K]`` bf16 -> ``codes [ROWS, K]`` e4m3 and ``scales [ROWS, K / 128]`` fp32, per row and
+    128-column block ``a = max(amax, 2**-100)``, codes ``e4m3(clamp(x * div_rn(448, a), -448,
+    448))`` (nearest even), scale ``div_rn(a, 448)`` (0 for a block of zeros). Grid
+    ``(cdiv(ROWS, BR), K / 128)``; ``BR`` a multiple of 2 * num_warps."""
+    L: gl.constexpr = quantize_layout(gl.num_warps())
+    rows = gl.program_id(0) * BR + gl.arange(0, BR, layout=gl.SliceLayout(1, L))
+    block = gl.program_id(1)
+    cols = block * A8_STEP + gl.arange(0, A8_STEP, layout=gl.SliceLayout(0, L))
+    live = rows < ROWS
+    offsets = rows.to(gl.int64)[:, None] * K + cols[None, :]
+    x = gl.load(x_ptr + offsets, mask=live[:, None], other=0.0).to(gl.float32)
+    amax = gl.max(gl.abs(x), axis=1)
+    floored = gl.maximum(amax, 7.888609052210118e-31)  # 2**-100
+    e4m3_max = gl.full_like(floored, 448.0)
+    product = x * gl.expand_dims(gl.div_rn(e4m3_max, floored), 1)
+    codes = gl.minimum(gl.maximum(product, -448.0), 448.0).to(gl.float8e4nv, fp_downcast_rounding="rtne")
+    gl.store(codes_ptr + offsets, codes, mask=live[:, None])
+    scales = gl.where(amax > 0, gl.div_rn(floored, e4m3_max), 0.0)
+    gl.store(scales_ptr + rows.to(gl.int64) * (K // A8_STEP) + block, scales, mask=live)
