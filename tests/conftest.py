@@ -24,29 +24,31 @@ settings.register_profile("ci", deadline=None, max_examples=40, derandomize=True
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
-# Test files that start a real vLLM engine (in process or as a server): under pytest-xdist
-# (scripts/test.sh runs two workers, ``--dist loadgroup``) they share one worker and so run one
-# engine at a time (an engine's memory and threads; fixed paths such as test_vllm_server's README
-# row log). The other worker takes the rest.
-ENGINE_TEST_FILES = frozenset(
-    {
-        "test_vllm_e2e.py",
-        "test_vllm_server.py",
-        "test_numerics.py",
-        "test_inspect_graphs.py",
-        "test_warm_compile_cache.py",
-        "test_readme_example.py",
-        "test_tools_environment.py",
-        "test_split_prefill_pass.py",
-        "test_split_prefill_pass_vllm.py",
-    }
-)
+# Test files that start a real vLLM engine (in process or as a server), in two groups of about
+# equal time on 2 cores: under pytest-xdist (scripts/test.sh runs two workers, ``--dist
+# loadgroup``) each group runs on one worker, one engine after the other (an engine's memory and
+# threads; fixed paths such as test_vllm_server's README row log stay within one group), at most
+# two engines at a time. Collected first, so that each worker starts with one group and the
+# other tests fill in around them.
+ENGINE_TEST_GROUPS = {
+    "test_vllm_e2e.py": "vllm-engine-a",
+    "test_warm_compile_cache.py": "vllm-engine-a",
+    "test_readme_example.py": "vllm-engine-a",
+    "test_numerics.py": "vllm-engine-b",
+    "test_inspect_graphs.py": "vllm-engine-b",
+    "test_vllm_server.py": "vllm-engine-b",
+    "test_tools_environment.py": "vllm-engine-b",
+    "test_split_prefill_pass.py": "vllm-engine-b",
+    "test_split_prefill_pass_vllm.py": "vllm-engine-b",
+}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if item.path.name in ENGINE_TEST_FILES:
-            item.add_marker(pytest.mark.xdist_group("vllm-engine"))
+        group = ENGINE_TEST_GROUPS.get(item.path.name)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: item.path.name not in ENGINE_TEST_GROUPS)  # stable: engine files first
 
 
 @pytest.fixture(scope="session")

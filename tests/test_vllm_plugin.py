@@ -512,24 +512,33 @@ class RecordingBackend(ReferenceBackend):
     name = "recording"
     warm_ups: ClassVar[list[tuple]] = []
 
-    def warm_up(self, experts, a4_scales, swiglu_limit, max_tokens, dtype, top_k):
-        self.warm_ups.append((experts.w13_weight.data_ptr(), a4_scales is not None, max_tokens, dtype, top_k))
+    def warm_up(self, experts, a4_scales, swiglu_limit, max_tokens, dtype, top_k, a8=False):
+        self.warm_ups.append(
+            (experts.w13_weight.data_ptr(), a4_scales is not None, max_tokens, dtype, top_k, a8)
+        )
         return WarmUp(1, 1, 0.0)
 
 
-def test_weight_processing_warms_the_backend_up_once_for_the_engines_sizes(build_layer, monkeypatch):
+def test_weight_processing_warms_the_backend_up_once_for_the_engines_sizes(
+    build_layer, a8_layer, monkeypatch
+):
     """The layer's backend is asked to compile for 1..max_call_tokens tokens of the layer's dtype
-    and top-k, with the layer's scales; a reload (same shapes) asks nothing more."""
+    and top-k, with the layer's scales, and for A8 where the layer's prefill rows run A8; a reload
+    (same shapes) asks nothing more."""
     register_backend("recording", RecordingBackend, priority=-1)
     monkeypatch.setenv("A4PREFILL_BACKEND", "recording")
     RecordingBackend.warm_ups.clear()
     method, module = build_layer(max_tokens=3000)
-    assert RecordingBackend.warm_ups == [(module.w13_weight.data_ptr(), True, 3000, torch.bfloat16, TOP_K)]
+    assert RecordingBackend.warm_ups == [
+        (module.w13_weight.data_ptr(), True, 3000, torch.bfloat16, TOP_K, False)
+    ]
     assert module.a4prefill_warmup == WarmUp(1, 1, 0.0)
     method.process_weights_after_loading(module)
     assert len(RecordingBackend.warm_ups) == 1
     build_layer(settings=ResolvedSettings(False, 0, ()), max_tokens=16)
     assert RecordingBackend.warm_ups[-1][1:3] == (False, 16)  # W4A16 only
+    build_layer(settings=A8_SETTINGS, weights=a8_layer.quantized, max_tokens=16)
+    assert RecordingBackend.warm_ups[-1][1:3] == (False, 16) and RecordingBackend.warm_ups[-1][5]  # A8
 
 
 def test_the_warm_up_bound_is_the_largest_call_of_a_step_times_data_parallel_ranks():
