@@ -28,9 +28,11 @@ pytestmark = [
 def test_the_a8_gemm_matches_the_block_product_eagerly_and_in_a_cuda_graph(gather):
     """8 experts (one without routes), 512 weight rows, K = 8 blocks, rows gathered by token or
     sorted, activations of very different magnitudes per block: ``bf16(acc * 128)`` within one
-    bf16 step of the exact block product plus ``2**-12`` of its absolute product (the tensor
+    bf16 step of the exact block product plus ``2**-10`` of its absolute product (the tensor
     cores add a block's products with about 14 significant bits, DeepSeek-V3 report section
-    3.3.2; the promotion adds fp32 roundings); the graph replay gives the same bits."""
+    3.3.2: measured on the H200 up to ``2**-12`` of a block's absolute product and ``2**-11.2``
+    over 8 blocks, a few elements in a million; a wrong weight, scale or row is off by far
+    more); the graph replay gives the same bits."""
     from a4prefill.ops.backends.triton.prefill import launch_prefill_gemm
     from test_triton_prefill_a8_on_cpu import oracle
 
@@ -67,7 +69,7 @@ def test_the_a8_gemm_matches_the_block_product_eagerly_and_in_a_cuda_graph(gathe
     result = out.cpu()
     assert not result.isnan().any(), "a sorted position was not written"
     step = exact.abs().clamp(min=2.0**-120).float().bfloat16().double() * 2.0**-7
-    assert ((result.double() - exact).abs() <= step + magnitude * 2.0**-12 + 1e-30).all()
+    assert ((result.double() - exact).abs() <= step + magnitude * 2.0**-10 + 1e-30).all()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         launch()
@@ -79,8 +81,9 @@ def test_the_a8_gemm_matches_the_block_product_eagerly_and_in_a_cuda_graph(gathe
 @pytest.mark.parametrize("tokens", [64, 1500])
 def test_the_a8_moe_and_a_split_a8_plan_match_the_references(tokens):
     """``fused_moe_a8`` (16 experts, H 1024, I 512, top-4; a call of 16 and of 375 routes per
-    expert) within the A8 bounds of ``moe_reference_a8``, the same when replayed from a CUDA
-    graph; the triton backend under a split A8 plan: prefill rows A8, decode rows W4A16."""
+    expert) within the tensor cores' A8 bounds of ``moe_reference_a8`` and at most a fifth of
+    A8's own error against W4A16 away from it, the same when replayed from a CUDA graph; the
+    triton backend under a split A8 plan: prefill rows A8, decode rows W4A16."""
     from a4prefill.ops.backends.triton.backend import TritonBackend
     from a4prefill.ops.backends.triton.fused_a8 import fused_moe_a8
     from a4prefill.ops.precision import A8, MoECall, RowPlan
@@ -99,7 +102,9 @@ def test_the_a8_moe_and_a_split_a8_plan_match_the_references(tokens):
     args = (hidden, topk_weights, topk_ids, layer.experts)
     a8, w4a16 = moe_reference_a8(*args, 4.0), moe_reference(*args, None, 4.0)
     result = fused_moe_a8(*gpu, cuda_experts, 4.0)
-    assert_close_to_reference(result, a8, "a8")
+    assert_close_to_reference(result, a8, "a8_tensor_cores")
+    kernel_error, a8_error = relative_error(result.cpu(), a8), relative_error(a8, w4a16)
+    assert kernel_error < a8_error / 5, (kernel_error, a8_error)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         replayed = fused_moe_a8(*gpu, cuda_experts, 4.0)
@@ -109,8 +114,29 @@ def test_the_a8_moe_and_a_split_a8_plan_match_the_references(tokens):
     row_types = RowTypes(tokens, decode=((0, decode),), prefill=((decode, tokens),), padding=())
     call = MoECall(*gpu, cuda_experts, None, 4.0, "layer", A8)
     split = TritonBackend().run(call, RowPlan.for_rows(row_types, prefill=A8)).cpu()
-    assert_close_to_reference(split[decode:], a8[decode:], "a8")
+    assert_close_to_reference(split[decode:], a8[decode:], "a8_tensor_cores")
     assert_close_to_reference(split[:decode], w4a16[:decode], "w4a16")
+
+
+def relative_error(result: torch.Tensor, expected: torch.Tensor) -> float:
+    """Relative Frobenius error of ``result`` against ``expected`` (in fp32)."""
+    return float((result.float() - expected.float()).norm() / expected.float().norm())
+
+
+def test_every_code_and_scale_byte_converts_to_the_oracles_e4m3_weight_on_the_gpu():
+    """The compiled kernel's weight conversion, bit for bit: the interpreter test's one-hot
+    activation rows pick single weight columns, each of which must equal ``fp8.weights``' e4m3
+    value times ``2**p`` exactly, for every code under every scale byte (rows 0-253) and mixed
+    bytes per block (rows 256-511)."""
+    from test_triton_prefill_a8_on_cpu import one_hot_case
+
+    x8, block_scales, codes, scales, ids, expected = one_hot_case()
+    cuda = [t.cuda() for t in (x8, block_scales, codes, scales, ids)]
+    routing = build_routing(cuda[4], 1, A8_PREFILL.routes)
+    out = torch.full((ids.numel(), codes.shape[1]), float("nan"), dtype=torch.bfloat16, device="cuda")
+    launch_prefill_gemm(cuda[0], cuda[2], cuda[3], routing, out, A8_PREFILL, None, x_block_scales=cuda[1])
+    assert torch.equal(routing.sorted_route.cpu(), torch.arange(ids.numel(), dtype=routing.sorted_route.dtype))
+    assert torch.equal(out.float().cpu(), expected)
 
 
 def test_the_row_quantizer_is_fp8_quantize_rows_bit_for_bit_on_the_gpu():

@@ -74,12 +74,14 @@ def oracle(x8, block_scales, codes, scales, routing, top_k):
     return exact, magnitude
 
 
-def test_every_code_and_scale_byte_converts_to_the_oracles_e4m3_weight(interpreted):
-    """One-hot activation rows (code 1.0, scale 1.0) pick single weight columns, so every output
-    is one weight times ``2**p``: rows 0-253 take one non-NaN scale byte each for all their groups
-    (all 16 codes, 8 times, under every scale byte); rows 256-511 take 8 different bytes per block
-    (the block's largest sets ``p``: the smaller groups' weights lose bits in e4m3's subnormals
-    or become 0). Each equals ``fp8.weights``' value times ``2**p`` exactly."""
+def one_hot_case():
+    """``(x8, block_scales, codes, scales, ids, expected)`` of the one-hot conversion check: 128
+    one-hot activation rows (code 1.0, scale 1.0) against one expert of 512 weight rows, one A8
+    block: rows 0-253 take one non-NaN scale byte each for all their groups (all 16 codes, 8
+    times, under every scale byte); rows 256-511 take 8 different bytes per block (the block's
+    largest sets ``p``: the smaller groups' weights lose bits in e4m3's subnormals or become 0).
+    ``expected [128, 512]`` fp32: sorted position ``c`` (route ``c``) times weight row ``n`` is
+    ``fp8.weights``' value of column ``c`` of row ``n`` times ``2**p``."""
     n, k = 512, fp8.A8_BLOCK
     codes = (torch.arange(n * k // 2) % 256).to(torch.uint8).reshape(1, n, k // 2)
     uniform = EVERY_SCALE_BYTE[torch.arange(256) % len(EVERY_SCALE_BYTE)].repeat_interleave(8)
@@ -88,15 +90,20 @@ def test_every_code_and_scale_byte_converts_to_the_oracles_e4m3_weight(interpret
     columns = torch.arange(k)
     x8 = torch.zeros(k, k, dtype=torch.uint8)
     x8[columns, columns] = E4M3_ONE
-    x8 = x8.view(torch.float8_e4m3fn)
-    block_scales = torch.ones(k, 1)
-    ids = torch.zeros(k, 1, dtype=torch.int32)
-    out, routing = run_a8(interpreted, x8, block_scales, codes, scales, ids, None)
     weights, exponents = fp8.weights(codes[0], scales[0].view(torch.float8_e4m3fn))
-    expected = weights.float() * torch.pow(2.0, exponents.float())  # [N, K]: column c of position c
-    assert routing.sorted_route.tolist() == columns.tolist()
-    assert torch.equal(out.float(), expected.T), "an e4m3 weight differs from fp8.weights"
-    assert (expected[256:] == 0).any() and (expected[:256] != 0).any()  # both cases are exercised
+    expected = weights.float() * torch.pow(2.0, exponents.float())  # [N, K]
+    ids = torch.zeros(k, 1, dtype=torch.int32)
+    return x8.view(torch.float8_e4m3fn), torch.ones(k, 1), codes, scales, ids, expected.T.contiguous()
+
+
+def test_every_code_and_scale_byte_converts_to_the_oracles_e4m3_weight(interpreted):
+    """One-hot activation rows pick single weight columns (:func:`one_hot_case`), so every output
+    is one weight times ``2**p``: each equals ``fp8.weights``' value times ``2**p`` exactly."""
+    x8, block_scales, codes, scales, ids, expected = one_hot_case()
+    out, routing = run_a8(interpreted, x8, block_scales, codes, scales, ids, None)
+    assert routing.sorted_route.tolist() == list(range(ids.numel()))
+    assert torch.equal(out.float(), expected), "an e4m3 weight differs from fp8.weights"
+    assert (expected[:, 256:] == 0).any() and (expected[:, :256] != 0).any()  # both cases are exercised
 
 
 @pytest.mark.parametrize("gather", [True, False], ids=["fc1_gather", "fc2_sorted"])

@@ -18,9 +18,14 @@ HIDDEN, INTERMEDIATE, EXPERTS, TOP_K = 64, 32, 6, 2
 A8_HIDDEN, A8_INTERMEDIATE = 128, 128  # the A8 layer's sizes: A8 needs multiples of 128
 # GPU backends vs the reference, per precision: (relative Frobenius error, fraction of elements
 # off by more than two bf16 ulps). A4 rounding flips can move an FC2 input by one FP4 code.
-# a kernel against its own precision's reference: A8 kernels against ``moe_reference_a8`` as tight
-# as W4A16 kernels against ``moe_reference`` (only the fp32 sums' order differs)
-BOUNDS = {"w4a16": (5e-3, 0.01), "a4": (2e-2, 0.05), "a8": (5e-3, 0.01)}
+# A kernel against its own precision's reference: A8 on the CPU interpreter (exact block sums)
+# against ``moe_reference_a8`` as tight as W4A16 kernels against ``moe_reference`` (only the fp32
+# sums' order differs). "a8_tensor_cores": A8 on the FP8 tensor cores, which add a block's products
+# with about 14 significant bits (H200: up to 2**-11.2 of the absolute product,
+# benchmarks/results/README.md, issue 28); an FC1 output one bf16 ulp off can round to the
+# neighbouring e4m3 code as FC2's input, a 2**-4 step of that input, so more output elements move
+# by a few ulps (H200: 14%) while the relative error stays as small as W4A16's.
+BOUNDS = {"w4a16": (5e-3, 0.01), "a4": (2e-2, 0.05), "a8": (5e-3, 0.01), "a8_tensor_cores": (5e-3, 0.25)}
 
 
 def make_inputs(
