@@ -128,6 +128,7 @@ def test_every_code_and_scale_byte_converts_to_the_oracles_e4m3_weight_on_the_gp
     activation rows pick single weight columns, each of which must equal ``fp8.weights``' e4m3
     value times ``2**p`` exactly, for every code under every scale byte (rows 0-253) and mixed
     bytes per block (rows 256-511)."""
+    from a4prefill.ops.backends.triton.prefill import launch_prefill_gemm
     from test_triton_prefill_a8_on_cpu import one_hot_case
 
     x8, block_scales, codes, scales, ids, expected = one_hot_case()
