@@ -136,7 +136,8 @@ def test_every_code_and_scale_byte_converts_to_the_oracles_e4m3_weight_on_the_gp
     routing = build_routing(cuda[4], 1, A8_PREFILL.routes)
     out = torch.full((ids.numel(), codes.shape[1]), float("nan"), dtype=torch.bfloat16, device="cuda")
     launch_prefill_gemm(cuda[0], cuda[2], cuda[3], routing, out, A8_PREFILL, None, x_block_scales=cuda[1])
-    assert torch.equal(routing.sorted_route.cpu(), torch.arange(ids.numel(), dtype=routing.sorted_route.dtype))
+    positions = torch.arange(ids.numel(), dtype=routing.sorted_route.dtype)
+    assert torch.equal(routing.sorted_route.cpu(), positions)
     assert torch.equal(out.float().cpu(), expected)
 
 
