@@ -10,8 +10,10 @@ by token, random routing and bytes)::
         python benchmarks/profile_prefill.py [--case 512:rs_w128_t32_d4 \
             --case 8192:rs_w128_t256_d4_ws] > ncu.csv
 
-Each ``--case`` is ``TOKENS:SCHEDULE`` with a label of ``schedules.PREFILL_SCHEDULES``; every case
-runs once before the profiled region (compilation and warm caches stay outside it).
+Each ``--case`` is ``TOKENS:SCHEDULE`` with a label of ``schedules.PREFILL_SCHEDULES``, or
+``TOKENS:a8`` for the A8 GEMM (``schedules.A8_PREFILL`` on e4m3 rows and their block scales,
+``fused_a8.quantize_rows``; sm_90); every case runs once before the profiled region (compilation
+and warm caches stay outside it).
 ``--ncu-summary ncu.csv --out DIR`` (no GPU) turns that CSV into ``DIR/profile_prefill_ncu.json``:
 one entry per case, in the order given, with ``profile_decode.NCU_METRICS``. Nsight
 Compute locks the clocks to base, so its durations are longer than the timed ones
@@ -41,6 +43,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 EXPERTS, HIDDEN, INTERMEDIATE, TOP_K = 288, 4096, 1024, 8
 DEFAULT_CASES = ["512:rs_w128_t32_d4", "8192:rs_w128_t256_d4_ws"]
+A8_LABEL = "a8"  # a case's label for the A8 GEMM (``schedules.A8_PREFILL``, e4m3 rows and scales)
 TOP_INSTRUCTIONS = 30
 
 
@@ -94,9 +97,10 @@ def source_summary(csv_path: str) -> list[dict[str, Any]]:
 
 
 def main() -> None:
+    from a4prefill.ops.backends.triton.fused_a8 import quantize_rows
     from a4prefill.ops.backends.triton.prefill import launch_prefill_gemm
     from a4prefill.ops.backends.triton.routing import build_routing
-    from a4prefill.ops.backends.triton.schedules import PREFILL_SCHEDULES
+    from a4prefill.ops.backends.triton.schedules import A8_PREFILL, PREFILL_SCHEDULES
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--case", action="append", help="TOKENS:SCHEDULE (repeatable)")
@@ -127,20 +131,25 @@ def main() -> None:
     launches = []
     for case in cases:
         tokens_text, label = case.split(":")
-        if label not in PREFILL_SCHEDULES:
-            raise SystemExit(f"--case {case}: schedule must be one of {sorted(PREFILL_SCHEDULES)}")
-        tokens, schedule = int(tokens_text), PREFILL_SCHEDULES[label]
+        if label not in PREFILL_SCHEDULES and label != A8_LABEL:
+            choices = [A8_LABEL, *sorted(PREFILL_SCHEDULES)]
+            raise SystemExit(f"--case {case}: schedule must be one of {choices}")
+        tokens = int(tokens_text)
+        schedule = A8_PREFILL if label == A8_LABEL else PREFILL_SCHEDULES[label]
         ids = torch.rand(tokens, EXPERTS, device="cuda").topk(TOP_K, dim=1).indices.int()
         x = torch.randn(tokens, k, dtype=torch.bfloat16, device="cuda")
+        a8: dict[str, Any] = {}
+        if label == A8_LABEL:
+            x, a8["x_block_scales"] = quantize_rows(x)
         out = torch.empty(tokens * TOP_K, n, dtype=torch.bfloat16, device="cuda")
         routing = build_routing(ids, EXPERTS, schedule.routes)
         arguments = (x, codes, scales, routing, out, schedule, TOP_K)
-        launch_prefill_gemm(*arguments)
-        launches.append(arguments)
+        launch_prefill_gemm(*arguments, **a8)
+        launches.append((arguments, a8))
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStart()
-    for arguments in launches:
-        launch_prefill_gemm(*arguments)
+    for arguments, a8 in launches:
+        launch_prefill_gemm(*arguments, **a8)
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One H200 round of the Hopper prefill GEMM (issues 23 and 28): its GPU tests (W4A16/A4/split and A8), the benchmark of every
-# schedule, Nsight Compute sections of the cases given as arguments (TOKENS:SCHEDULE), and the
+# schedule, Nsight Compute sections of the cases given as arguments (TOKENS:SCHEDULE, or TOKENS:a8 for
+# the A8 GEMM), and the
 # SASS instruction mix of the compiled prefill kernels. Everything goes under $OUT (device tool).
 # Optional: TEST_FILTER (a pytest -k expression within the prefill GPU tests) and SCHEDULES (labels
 # for the benchmark, space-separated) narrow a round.
