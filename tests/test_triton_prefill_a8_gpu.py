@@ -12,15 +12,12 @@ from a4prefill.ops import fp8
 from a4prefill.ops.backends.triton.routing import build_routing
 from a4prefill.ops.backends.triton.schedules import A8_PREFILL
 from helpers.layers import EVERY_SCALE_BYTE
-from helpers.markers import needs_gluon
+from helpers.markers import needs_gluon, needs_hopper
 
 pytestmark = [
     pytest.mark.gpu,
     needs_gluon,
-    pytest.mark.skipif(
-        not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-        reason="needs a Hopper GPU (sm_90: FP8 wgmma)",
-    ),
+    needs_hopper,
 ]
 
 

