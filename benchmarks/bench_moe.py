@@ -339,17 +339,31 @@ def sweep_gemm(name: str) -> Any:
     return PrefillGemm(128, routes, depth=depth, register_weights=True, warp_specialized=True)
 
 
-def prefill_configs(routes: int, experts: int, hidden: int, inter: int) -> dict[str, Any]:
-    """``prefill_<tiles>`` -> the call's default config with the :data:`PREFILL_SWEEP` tiles
-    instead of its decode schedule or tiles (those the shapes fit)."""
+def parse_prefill_tiles(names: str | None) -> list[tuple[str, str]] | None:
+    """``--prefill-tiles``' ``FC1[:FC2],...`` as ``(FC1, FC2)`` name pairs (None: not given)."""
+    if not names:
+        return None
+    pairs = []
+    for entry in names.split(","):
+        fc1, _, fc2 = entry.partition(":")
+        pairs.append((fc1, fc2 or fc1))
+    return pairs
+
+
+def prefill_configs(
+    routes: int, experts: int, hidden: int, inter: int, tiles: list[tuple[str, str]] | None = None
+) -> dict[str, Any]:
+    """``prefill_<tiles>`` -> the call's default config with each ``(FC1, FC2)`` name pair of
+    ``tiles`` (default :data:`PREFILL_SWEEP`) instead of its decode schedule or tiles (those the
+    shapes fit)."""
     from a4prefill.ops.backends.triton.schedules import PrefillTiles, choose_config
 
     default = choose_config(routes, experts, hidden, inter)
     configs = {}
-    for fc1, fc2 in PREFILL_SWEEP:
-        tiles = PrefillTiles(sweep_gemm(fc1), sweep_gemm(fc2))
-        if tiles.fits(hidden, inter):
-            configs[f"prefill_{tiles}"] = dataclasses.replace(default, decode=None, prefill=tiles)
+    for fc1, fc2 in PREFILL_SWEEP if tiles is None else tiles:
+        pair = PrefillTiles(sweep_gemm(fc1), sweep_gemm(fc2))
+        if pair.fits(hidden, inter):
+            configs[f"prefill_{pair}"] = dataclasses.replace(default, decode=None, prefill=pair)
     return configs
 
 
@@ -363,15 +377,16 @@ def sweep_configs(
     sweep: str,
     references: dict[str, torch.Tensor],
     mode_fns: dict[str, Callable[..., Any]] | None = None,
+    prefill_tiles: list[tuple[str, str]] | None = None,
 ) -> tuple[dict[str, Any], dict[str, dict[str, float]], dict[str, dict[str, Any]]]:
     """Median microseconds of ``fn(config=...)`` (W4A16) for each tile config in :data:`SWEEP`
     (``sweep`` ``"all"``), up to :data:`DECODE_SWEEP_MAX_ROUTES` routes each decode schedule of
     :func:`decode_schedules` (``focus`` with ``sweep == "focus"``; labels ``decode_<schedule>``;
     none with ``sweep == "prefill"``) and with ``sweep == "prefill"`` each
-    :func:`prefill_configs` config (labels ``prefill_<tiles>``); per reference of ``references``
-    (suffix -> expected fp32 output), each config's relative error; with ``sweep`` ``"focus"``
-    (decode schedules) or ``"prefill"`` (prefill tiles), the time of each ``mode_fns`` function
-    (mode -> ``fn(config=...)``: A4, split) by mode and label."""
+    :func:`prefill_configs` config of ``prefill_tiles`` (labels ``prefill_<tiles>``); per
+    reference of ``references`` (suffix -> expected fp32 output), each config's relative error;
+    with ``sweep`` ``"focus"`` (decode schedules) or ``"prefill"`` (prefill tiles), the time of
+    each ``mode_fns`` function (mode -> ``fn(config=...)``: A4, split) by mode and label."""
     from a4prefill.ops.backends.triton.schedules import GemmConfig, choose_config
 
     configs = {
@@ -386,7 +401,7 @@ def sweep_configs(
                 configs[f"decode_{tiles}"] = dataclasses.replace(default, decode=tiles)
     timed_modes = {"focus": "decode_", "prefill": "prefill_"}.get(sweep)
     if sweep == "prefill":
-        configs.update(prefill_configs(routes, experts, hidden, inter))
+        configs.update(prefill_configs(routes, experts, hidden, inter, prefill_tiles))
     times: dict[str, Any] = {}
     mode_times: dict[str, dict[str, Any]] = {mode: {} for mode in mode_fns or {}}
     errors: dict[str, dict[str, float]] = {suffix: {} for suffix in references}
@@ -418,6 +433,8 @@ def bench_shape(
     log: Any,
     dense_tflops: float | None = None,
     baselines: tuple[str, ...] = ("marlin", "humming"),
+    prefill_tiles: list[tuple[str, str]] | None = None,
+    sweep_modes: tuple[str, ...] = ("a4", "split"),
 ) -> dict[str, Any]:
     from a4prefill.ops.backends.triton.fused import fused_moe
     from a4prefill.ops.backends.triton.fused_a8 import a8_refusal, fused_moe_a8
@@ -507,8 +524,8 @@ def bench_shape(
                 result[f"{variant}_error"] = repr(error)[:300]
         if sweep:
             result["default_config"] = dataclasses.asdict(default_config)
-            mode_fns = {"a4": variants["a4"]}
-            if "split" in variants and sweep == "prefill":
+            mode_fns = {"a4": variants["a4"]} if "a4" in sweep_modes else {}
+            if "split" in variants and sweep == "prefill" and "split" in sweep_modes:
                 mode_fns["split"] = variants["split"]
             result["sweep_w4a16_us"], errors, mode_times = sweep_configs(
                 variants["w4a16"],
@@ -520,6 +537,7 @@ def bench_shape(
                 sweep,
                 references,
                 mode_fns,
+                prefill_tiles,
             )
             for mode, by_label in mode_times.items():
                 result[f"sweep_{mode}_us"] = by_label
@@ -792,6 +810,16 @@ def main() -> None:
         default="marlin,humming",
         help="comma-separated vLLM baselines to time where importable: marlin, humming (default both)",
     )
+    parser.add_argument(
+        "--prefill-tiles",
+        help="with --sweep prefill: comma-separated FC1[:FC2] names to time instead of PREFILL_SWEEP "
+        "(a PREFILL_SCHEDULES label or ws_t<routes>_d<depth>; FC2 defaults to FC1)",
+    )
+    parser.add_argument(
+        "--sweep-modes",
+        default="a4,split",
+        help="comma-separated modes the sweep also times beside W4A16: a4, split (default both; '' none)",
+    )
     parser.add_argument("--plot", help="only plot this JSON result next to it")
     parser.add_argument("--table", help="only print this JSON result as markdown tables")
     args = parser.parse_args()
@@ -830,6 +858,8 @@ def main() -> None:
             sys.stdout,
             results["dense_bf16_TFLOPs"],
             tuple(filter(None, args.baselines.split(","))),
+            parse_prefill_tiles(args.prefill_tiles),
+            tuple(filter(None, args.sweep_modes.split(","))),
         )
     results["seconds"] = time.time() - started
     path = os.path.join(args.out, "bench_moe.json")

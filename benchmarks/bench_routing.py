@@ -2,8 +2,9 @@
 
 Usage: ``PYTHONPATH=src python benchmarks/bench_routing.py --out DIR``. For each route count
 (top-8 routing over 288 experts, the GLM-5.3-Flash shape) it times the one-program Triton sort
-with 4, 8 and 16 warps and the torch path, each captured in a CUDA graph (``bench_moe.time_graph``,
-L2 flushed), and saves ``bench_routing.json`` and ``bench_routing.png``.
+with 4, 8 and 16 warps (up to 4096 routes), the chunked kernels with 4 and 8
+warps per program (from 1024 routes) and the torch path, each captured in a CUDA graph
+(``bench_moe.time_graph``, L2 flushed), and saves ``bench_routing.json`` and ``bench_routing.png``.
 """
 
 from __future__ import annotations
@@ -18,12 +19,19 @@ import torch
 from bench_moe import time_graph
 
 EXPERTS, TOP_K = 288, 8
-TOKENS = [1, 4, 16, 64, 128, 256, 512]
+TOKENS = [1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 WARPS = [4, 8, 16]
+CHUNK_WARPS = [4, 8]
+ONE_PROGRAM_UP_TO, CHUNKED_FROM = 4096, 1024  # routes timed on each routing kernel
 
 
 def main() -> None:
-    from a4prefill.ops.backends.triton.routing import build_routing
+    from a4prefill.ops.backends.triton.routing import (
+        CHUNK_ROUTES,
+        RoutingLaunch,
+        build_routing,
+        sort_routes,
+    )
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True)
@@ -34,9 +42,13 @@ def main() -> None:
     for tokens in TOKENS:
         ids = torch.stack([torch.randperm(EXPERTS, device="cuda")[:TOP_K] for _ in range(tokens)]).int()
         row: dict[str, float | int] = {"tokens": tokens, "routes": tokens * TOP_K}
-        for warps in WARPS:
+        for warps in WARPS if tokens * TOP_K <= ONE_PROGRAM_UP_TO else []:
             call = functools.partial(build_routing, ids, EXPERTS, 8, warps=warps)
             row[f"triton_{warps}w_us"] = time_graph(call, 50, flush)
+        for warps in CHUNK_WARPS if tokens * TOP_K >= CHUNKED_FROM else []:
+            launch = RoutingLaunch(8, 0, warps, CHUNK_ROUTES)
+            call = functools.partial(sort_routes, ids.reshape(-1), EXPERTS, launch)
+            row[f"chunked_{warps}w_us"] = time_graph(call, 50, flush)
         call = functools.partial(build_routing, ids, EXPERTS, 8, force_torch=True)
         row["torch_us"] = time_graph(call, 50, flush)
         print(row, flush=True)
@@ -50,9 +62,14 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(6, 4))
-    routes = [row["routes"] for row in rows]
-    for key in [f"triton_{w}w_us" for w in WARPS] + ["torch_us"]:
-        axis.plot(routes, [row[key] for row in rows], marker="o", label=key.removesuffix("_us"))
+    for key in [f"triton_{w}w_us" for w in WARPS] + [f"chunked_{w}w_us" for w in CHUNK_WARPS] + ["torch_us"]:
+        present = [row for row in rows if key in row]
+        axis.plot(
+            [r["routes"] for r in present],
+            [r[key] for r in present],
+            marker="o",
+            label=key.removesuffix("_us"),
+        )
     axis.set(xscale="log", xlabel="routes", ylabel="us per call", title=result["device"])
     axis.legend()
     figure.tight_layout()

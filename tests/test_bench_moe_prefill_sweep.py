@@ -71,3 +71,16 @@ def test_sweep_names_are_labels_or_warp_specialized_tiles_and_nothing_else(bench
     assert bench.sweep_gemm("rs_w128_t32_d4") is PREFILL_SCHEDULES["rs_w128_t32_d4"]
     with pytest.raises(ValueError, match="ws_t<routes>_d<depth>"):
         bench.sweep_gemm("ws_t128")
+
+
+def test_prefill_tiles_given_on_the_command_line_replace_the_sweep_list(bench):
+    """``--prefill-tiles ws_t32_d8,rs_w128_t64_d4:ws_t64_d6``: FC2 defaults to FC1's name; the
+    configs are those pairs only, in that order; no option leaves :data:`PREFILL_SWEEP`."""
+    pairs = bench.parse_prefill_tiles("ws_t32_d8,rs_w128_t64_d4:ws_t64_d6")
+    assert pairs == [("ws_t32_d8", "ws_t32_d8"), ("rs_w128_t64_d4", "ws_t64_d6")]
+    assert bench.parse_prefill_tiles(None) is None and bench.parse_prefill_tiles("") is None
+    configs = bench.prefill_configs(1024 * 8, 288, 4096, 1024, pairs)
+    assert [(c.prefill.fc1, c.prefill.fc2) for c in configs.values()] == [
+        (bench.sweep_gemm(fc1), bench.sweep_gemm(fc2)) for fc1, fc2 in pairs
+    ]
+    assert configs["prefill_fc1_rs_w128_t32_k64_d8_ws_fc2_rs_w128_t32_k64_d8_ws"].prefill.fc1.routes == 32

@@ -89,7 +89,7 @@ def test_activation_quantization_is_bit_exact_with_the_reference(dtype, tokens):
         assert torch.equal(values.cpu(), expected)
 
 
-@pytest.mark.parametrize("routes", [8, 300, 4096, 5000])
+@pytest.mark.parametrize("routes", [8, 300, 4096, 5000, 40000, 131072])
 def test_routing_kernel_equals_torch_routing(routes):
     from a4prefill.ops.backends.triton.routing import build_routing
 

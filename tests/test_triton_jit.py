@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from a4prefill.ops.backends.base import WarmUp
 from a4prefill.ops.backends.triton import fused_a8, plan
 from a4prefill.ops.backends.triton.fused import fused_moe
+from a4prefill.ops.backends.triton.routing import SMALL_ROUTING_MAX
 from a4prefill.ops.backends.triton.schedules import (
     DECODE_SCHEDULES,
     PREFILL_SCHEDULES,
@@ -146,13 +147,15 @@ def test_every_tiled_kernel_reaches_a_post_compile_hook_serialized(device, confi
     ("tokens", "tiles", "kernel"),
     [
         (384, None, "grouped_w4_gemm_rs_kernel"),  # 48 routes per expert
-        (512, None, "grouped_w4_gemm_ws_kernel"),  # 64, routed by the one-program kernel
-        (1280, None, "grouped_w4_gemm_ws_kernel"),  # 160: 256-route tiles
+        (512, None, "grouped_w4_gemm_ws_kernel"),  # 64 (4096 routes: the chunked routing)
+        (256, "rs_w128_t64_d4_r80", "grouped_w4_gemm_rs_kernel"),  # 2048 routes: the one-program routing
+        (1280, None, "grouped_w4_gemm_ws_kernel"),  # 160: 256-route tiles, the chunked routing
         (512, "w128_t256_d4", "grouped_w4_gemm_kernel"),  # weights in shared memory: explicit only
     ],
 )
 def test_every_prefill_kernel_reaches_a_post_compile_hook_serialized(device, tokens, tiles, kernel):
-    """A W4A16 call of prefill size (on sm_90) runs the routing, the two prefill GEMMs (the size's
+    """A W4A16 call of prefill size (on sm_90) runs the routing (one program up to
+    ``SMALL_ROUTING_MAX`` routes, the chunked kernels above), the two prefill GEMMs (the size's
     default tiles, or ``tiles`` for both GEMMs by an explicit config) and the combine; each
     compiles and Triton serializes its specialization for the hook."""
     if device == "cuda" and torch.cuda.get_device_capability() != (9, 0):
@@ -165,6 +168,11 @@ def test_every_prefill_kernel_reaches_a_post_compile_hook_serialized(device, tok
         call(device, tokens, MODE_W4A16, config)
     compiled = {event.kernel for event in compiles}
     assert {kernel, "combine_kernel"} <= compiled
+    chunked = {"route_count_kernel", "route_offsets_kernel", "route_place_kernel"}
+    if tokens * TOP_K > SMALL_ROUTING_MAX:
+        assert chunked <= compiled and "route_prep_kernel" not in compiled
+    else:
+        assert "route_prep_kernel" in compiled and not chunked & compiled
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -186,6 +194,9 @@ def test_the_hook_tests_cover_every_kernel_the_package_launches():
     """A new ``*_kernel`` must be added to the cases above (the two tests' kernel sets)."""
     covered = {
         "route_prep_kernel",
+        "route_count_kernel",
+        "route_offsets_kernel",
+        "route_place_kernel",
         "quantize_rows_kernel",
         "permute_k_kernel",
         "fc1_decode_kernel",

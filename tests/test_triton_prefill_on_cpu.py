@@ -432,7 +432,6 @@ def test_schedules_refuse_what_the_kernel_cannot_run():
     for not_warp_specializable in (
         {"routes": 128},  # weights in shared memory
         {"weight_rows": 64, "routes": 128, "register_weights": True},
-        {"routes": 32, "register_weights": True},
         {"routes": 128, "register_weights": True, "register_cap": 128},
         {"routes": 128, "register_weights": True, "wgmmas_per_step": 2},
     ):

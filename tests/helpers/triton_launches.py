@@ -94,13 +94,14 @@ def package_kernels() -> dict[str, Any]:
 
 
 def _routing_written_by_torch(sort_routes: Callable[..., Any]) -> Callable[..., Any]:
-    """``sort_routes`` whose one-program routing kernel (launched warm-up only: it writes nothing)
-    has its outputs written by the torch routing of the same routes."""
+    """``sort_routes`` whose routing kernels (the one-program or the chunked ones, launched
+    warm-up only: they write nothing) have their outputs written by the torch routing of the same
+    routes."""
 
     def sort(ids: Any, experts: int, launch: Any) -> Any:
         routing = sort_routes(ids, experts, launch)
-        if launch.program_routes:
-            written = sort_routes(ids, experts, dataclasses.replace(launch, program_routes=0))
+        if launch.program_routes or launch.chunk_routes:
+            written = sort_routes(ids, experts, dataclasses.replace(launch, program_routes=0, chunk_routes=0))
             for output, value in zip(routing.kernel_args(), written.kernel_args(), strict=True):
                 output.copy_(value)
         return routing

@@ -6,7 +6,11 @@ seg_count[e])``; GEMM tile ``i < num_tiles[0]`` covers ``BLOCK_M`` sorted positi
 ``tile_row[i]`` of expert ``tile_expert[i]``. Routes with an expert id outside ``[0, E)`` sit in
 no tile and are ignored. The tile table is sized by an upper bound (``cdiv(R, BLOCK_M) + min(E,
 R)`` tiles); one Triton program (``shared_kernels.route_prep_kernel``) sorts up to
-:data:`SMALL_ROUTING_MAX` routes, torch ops (``sort``, ``scatter_add_``, ``cumsum``) more.
+:data:`SMALL_ROUTING_MAX` routes, three chunked kernels (``route_count_kernel``,
+``route_offsets_kernel``, ``route_place_kernel``: :data:`CHUNK_ROUTES` routes per program) more.
+The torch path (``sort``, ``scatter_add_``, ``cumsum``) is the kernels' oracle in the tests and
+sorts on devices without Triton kernels' launches (``force_torch``). All three are stable: routes
+of one expert keep their route order.
 
 Who may call: :mod:`fused` (every call, as its :class:`~a4prefill.ops.backends.triton.plan.CallPlan`
 says), :mod:`plan` (:func:`routing_launch`), tests and benchmarks (:func:`build_routing`).
@@ -21,11 +25,18 @@ import torch
 from a4prefill.ops.backends.triton import kernel_modules
 from a4prefill.ops.backends.triton.schedules import cdiv, next_pow2
 
-SMALL_ROUTING_MAX = 4096  # routes sorted by the one-program Triton kernel
+# Routes sorted by the one-program Triton kernel; the chunked kernels sort more. H200
+# (benchmarks/results/bench_routing.json, 2026-12-04, CUDA graph, L2 flushed): the one-program
+# kernel 11.4 / 18.6 / 51.5 us at 1024 / 2048 / 4096 routes (16 warps), the chunked kernels 17.8 /
+# 18.0 / 18.3 us, and 18.4 / 21.9 / 34.4 at 8192 / 32768 / 131072 routes against 165 / 160 / 188
+# for the torch path they replace.
+SMALL_ROUTING_MAX = 2048
 # Its warps: 4 up to ROUTE_PREP_WIDE_ROUTES routes, 16 above (benchmarks/results/bench_routing.json,
 # H200: 4 warps are fastest up to 512 routes, 16 take 11.6 / 18.3 / 50.1 us at 1024 / 2048 / 4096
 # routes against 4 warps' 14.4 / 35.7 / 108.9 us).
 ROUTE_PREP_WARPS, ROUTE_PREP_WIDE_WARPS, ROUTE_PREP_WIDE_ROUTES = 4, 16, 512
+CHUNK_ROUTES = 1024  # routes per program of the chunked kernels
+CHUNK_WARPS = 4  # warps of the chunked kernels' programs (the offsets kernel: one program, 8)
 
 
 @dataclass(frozen=True)
@@ -86,12 +97,22 @@ def _routing_torch(ids: torch.Tensor, experts: int, block_m: int, max_tiles: int
 @dataclass(frozen=True)
 class RoutingLaunch:
     """How :func:`build_routing` sorts a call's routes: ``block_m`` routes per tile; the
-    one-program kernel with ``program_routes`` (its ``R_BLOCK``, a power of two) and ``warps``,
-    or torch ops when ``program_routes`` is 0."""
+    one-program kernel with ``program_routes`` (its ``R_BLOCK``, a power of two) and ``warps``;
+    or the chunked kernels with ``chunk_routes`` routes per program (a power of two; the chunk
+    count is a runtime argument, so one compile serves every route count); or torch ops when
+    both are 0."""
 
     block_m: int
     program_routes: int
     warps: int
+    chunk_routes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.program_routes and self.chunk_routes:
+            raise ValueError(
+                f"RoutingLaunch: program_routes={self.program_routes} and chunk_routes="
+                f"{self.chunk_routes} both set; a call sorts with one kernel or the other"
+            )
 
 
 def routing_launch(
@@ -100,9 +121,13 @@ def routing_launch(
     """The :class:`RoutingLaunch` of ``routes`` routes in ``block_m``-route tiles: the one-program
     kernel up to :data:`SMALL_ROUTING_MAX` routes (``warps`` default: :data:`ROUTE_PREP_WARPS`, or
     :data:`ROUTE_PREP_WIDE_WARPS` above :data:`ROUTE_PREP_WIDE_ROUTES` routes;
-    ``benchmarks/bench_routing.py`` times 4, 8 and 16), torch ops above or with ``force_torch``."""
-    if force_torch or routes > SMALL_ROUTING_MAX:
+    ``benchmarks/bench_routing.py`` times 4, 8 and 16), the chunked kernels above
+    (:data:`CHUNK_ROUTES` routes, :data:`CHUNK_WARPS` warps per program), torch ops with
+    ``force_torch``."""
+    if force_torch:
         return RoutingLaunch(block_m, 0, 0)
+    if routes > SMALL_ROUTING_MAX:
+        return RoutingLaunch(block_m, 0, CHUNK_WARPS, CHUNK_ROUTES)
     default = ROUTE_PREP_WIDE_WARPS if routes > ROUTE_PREP_WIDE_ROUTES else ROUTE_PREP_WARPS
     return RoutingLaunch(block_m, max(16, next_pow2(routes)), warps or default)
 
@@ -120,7 +145,7 @@ def sort_routes(ids: torch.Tensor, experts: int, launch: RoutingLaunch) -> Routi
     """:func:`build_routing` of the flat route ids ``ids [R]`` by ``launch``."""
     routes = ids.numel()
     max_tiles = cdiv(routes, launch.block_m) + min(experts, routes)
-    if not launch.program_routes:
+    if not (launch.program_routes or launch.chunk_routes):
         return _routing_torch(ids, experts, launch.block_m, max_tiles)
     device = ids.device
     i32 = torch.int32
@@ -133,6 +158,9 @@ def sort_routes(ids: torch.Tensor, experts: int, launch: RoutingLaunch) -> Routi
         torch.empty(1, dtype=i32, device=device),
         max_tiles,
     )
+    if launch.chunk_routes:
+        _sort_in_chunks(ids, experts, launch, routing)
+        return routing
     kernel_modules.shared().route_prep_kernel[(1,)](
         ids,
         routing.sorted_route,
@@ -149,3 +177,38 @@ def sort_routes(ids: torch.Tensor, experts: int, launch: RoutingLaunch) -> Routi
         num_warps=launch.warps,
     )
     return routing
+
+
+def _sort_in_chunks(ids: torch.Tensor, experts: int, launch: RoutingLaunch, routing: Routing) -> None:
+    """Fill ``routing`` (allocated by :func:`sort_routes`) with the chunked kernels: per chunk of
+    ``launch.chunk_routes`` routes its counts by expert, the prefix sums over chunks and experts
+    in one program, then per chunk its stable sort placed at its offsets (``shared_kernels``)."""
+    routes, kernels = ids.numel(), kernel_modules.shared()
+    chunks, keys = cdiv(routes, launch.chunk_routes), next_pow2(experts + 1)
+    scratch = torch.empty((chunks + 2, keys), dtype=torch.int32, device=ids.device)
+    sizes = {"CH": launch.chunk_routes, "E_BLOCK": keys, "num_warps": launch.warps}
+    kernels.route_count_kernel[(chunks,)](ids, scratch, routes, experts, **sizes)
+    kernels.route_offsets_kernel[(1,)](
+        scratch,
+        routing.seg_start,
+        routing.seg_count,
+        routing.num_tiles,
+        chunks,
+        experts,
+        BLOCK_M=launch.block_m,
+        E_BLOCK=keys,
+        C_TILE=8,
+        num_warps=2 * launch.warps,
+    )
+    kernels.route_place_kernel[(chunks,)](
+        ids,
+        scratch,
+        routing.sorted_route,
+        routing.tile_expert,
+        routing.tile_row,
+        routes,
+        experts,
+        chunks,
+        BLOCK_M=launch.block_m,
+        **sizes,
+    )

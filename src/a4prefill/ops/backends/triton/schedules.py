@@ -284,7 +284,7 @@ class PrefillGemm:
     the earlier ones run. ``register_cap`` (0, 80, 96 or 128): the register cap per thread
     (``maxnreg``) of the kernel in every precision mode, 0 for :meth:`max_registers`' default.
     ``warp_specialized`` (register weights, 128 weight rows, one wgmma per step, no cap, routes
-    64 to 256, one A register set): ``prefill_ws_kernels.grouped_w4_gemm_ws_kernel``,
+    16 to 256, one A register set): ``prefill_ws_kernels.grouped_w4_gemm_ws_kernel``,
     persistent (one program per SM), a producer warpgroup copying ``depth`` steps ahead and the
     two consumer warpgroups decoupled through mbarriers (no CTA barrier per step); launched with 4
     warps plus its workers.
@@ -342,14 +342,13 @@ class PrefillGemm:
         if self.warp_specialized and not (
             self.register_weights
             and self.weight_rows == 128
-            and self.routes >= 64
             and self.a_register_sets == 1
             and self.wgmmas_per_step == 1
             and not self.register_cap
             and not self.weight_ahead
         ):
             raise ValueError(
-                "PrefillGemm.warp_specialized needs register_weights, 128 weight rows, 64 to 256 routes, "
+                "PrefillGemm.warp_specialized needs register_weights, 128 weight rows, "
                 f"one A register set, one wgmma per step, no register cap and no weight_ahead, got {self}"
             )
         if self.shared_bytes > 227 * 1024:

@@ -3,6 +3,9 @@ needs triton):
 
 - :func:`route_prep_kernel`: one program sorts up to ``R_BLOCK`` routes by expert and builds the
   tile table (the routing layout of :mod:`routing`, which launches it);
+- :func:`route_count_kernel`, :func:`route_offsets_kernel`, :func:`route_place_kernel`: the same
+  for any number of routes, in chunks of ``CH`` routes (a histogram per chunk, one program for
+  the prefix sums, a stable sort per chunk placed at its offsets; launched by :mod:`routing`);
 - :func:`quantize_rows_kernel`: the FC1 input of A4 rows, ``e2m1 * block_scale`` (launched by
   :mod:`quantize`);
 - :func:`combine_kernel`: the weighted top-k sum of FC2's rows into ``[T, H]`` (launched by
@@ -110,6 +113,96 @@ def route_prep_kernel(
     starts = valid & (local % BLOCK_M == 0)
     tl.store(tile_expert_ptr + tile, expert, mask=starts)
     tl.store(tile_row_ptr + tile, r, mask=starts)
+
+
+@triton.jit(do_not_specialize=["R"])
+def route_count_kernel(ids_ptr, scratch_ptr, R, E, CH: tl.constexpr, E_BLOCK: tl.constexpr):
+    """Chunk ``c = program_id(0)`` (routes ``[c * CH, (c + 1) * CH)``): ``scratch[c, key]`` = its
+    routes of each sort key (the expert id, ``E`` for ids outside ``[0, E)``), ``E_BLOCK > E``
+    keys (power of two). Routes past ``R`` count as key ``E`` in the last chunk, where they sort
+    after every route of it and are never placed (:func:`route_place_kernel`)."""
+    c = tl.program_id(0)
+    r = c * CH + tl.arange(0, CH)
+    ids = tl.load(ids_ptr + r, mask=r < R, other=E).to(tl.int32)
+    key = tl.where((ids >= 0) & (ids < E), ids, E)
+    tl.store(scratch_ptr + c * E_BLOCK + tl.arange(0, E_BLOCK), tl.histogram(key, E_BLOCK))
+
+
+@triton.jit(do_not_specialize=["C"])
+def route_offsets_kernel(
+    scratch_ptr,
+    seg_start_ptr,
+    seg_count_ptr,
+    num_tiles_ptr,
+    C,
+    E,
+    BLOCK_M: tl.constexpr,
+    E_BLOCK: tl.constexpr,
+    C_TILE: tl.constexpr,
+):
+    """One program over :func:`route_count_kernel`'s counts ``scratch [C, E_BLOCK]`` (int32,
+    ``scratch`` has ``C + 2`` rows): row ``c`` becomes the routes of each key in chunks ``< c``,
+    row ``C`` each key's first sorted position (the sentinel key ``E`` after every expert), row
+    ``C + 1`` each expert's first tile (0 from ``E`` on); ``seg_start``, ``seg_count`` [E] and
+    ``num_tiles`` [1] as :mod:`routing` lays them out. ``C_TILE`` chunks' counts per step."""
+    e = tl.arange(0, E_BLOCK)
+    total = tl.zeros([E_BLOCK], dtype=tl.int32)
+    for c0 in range(0, C, C_TILE):
+        rows = c0 + tl.arange(0, C_TILE)
+        where = scratch_ptr + rows[:, None] * E_BLOCK + e[None, :]
+        mask = (rows < C)[:, None]
+        counts = tl.load(where, mask=mask, other=0)
+        tl.store(where, tl.cumsum(counts, 0) - counts + total[None, :], mask=mask)
+        total += tl.sum(counts, 0)
+    key_start = tl.cumsum(total, 0) - total
+    tiles = tl.where(e < E, (total + BLOCK_M - 1) // BLOCK_M, 0)
+    tl.store(scratch_ptr + C * E_BLOCK + e, key_start)
+    tl.store(scratch_ptr + (C + 1) * E_BLOCK + e, tl.cumsum(tiles, 0) - tiles)
+    tl.store(seg_start_ptr + e, key_start, mask=e < E)
+    tl.store(seg_count_ptr + e, total, mask=e < E)
+    tl.store(num_tiles_ptr, tl.sum(tiles, 0))
+
+
+@triton.jit(do_not_specialize=["R", "C"])
+def route_place_kernel(
+    ids_ptr,
+    scratch_ptr,
+    sorted_route_ptr,
+    tile_expert_ptr,
+    tile_row_ptr,
+    R,
+    E,
+    C,
+    BLOCK_M: tl.constexpr,
+    CH: tl.constexpr,
+    E_BLOCK: tl.constexpr,
+):
+    """Chunk ``c = program_id(0)``: its routes sorted by key, stable by route index
+    (``tl.sort`` of ``key * CH + i``), written to ``sorted_route`` from each key's offset for the
+    chunk (:func:`route_offsets_kernel`'s rows ``c`` and ``C``); the route at a multiple of
+    ``BLOCK_M`` within its expert's segment writes its tile's ``tile_expert`` and ``tile_row``
+    (row ``C + 1``: the expert's first tile). Routes past ``R`` are not written."""
+    c = tl.program_id(0)
+    i = tl.arange(0, CH)
+    ids = tl.load(ids_ptr + c * CH + i, mask=c * CH + i < R, other=E).to(tl.int32)
+    key = tl.where((ids >= 0) & (ids < E), ids, E)
+    in_chunk = tl.histogram(key, E_BLOCK)
+    run_start = tl.cumsum(in_chunk, 0) - in_chunk  # each key's first index among the sorted chunk
+    e = tl.arange(0, E_BLOCK)
+    earlier = tl.load(scratch_ptr + c * E_BLOCK + e)
+    key_start = tl.load(scratch_ptr + C * E_BLOCK + e)
+    tile_start = tl.load(scratch_ptr + (C + 1) * E_BLOCK + e)
+    ordered = tl.sort(key * CH + i)
+    sorted_key = ordered // CH
+    route = c * CH + ordered % CH
+    local = i - tl.gather(run_start, sorted_key, 0) + tl.gather(earlier, sorted_key, 0)
+    position = tl.gather(key_start, sorted_key, 0) + local
+    live = route < R
+    tl.store(sorted_route_ptr + position, route, mask=live)
+    starts = live & (sorted_key < E) & (local % BLOCK_M == 0)
+    tile = tl.gather(tile_start, sorted_key, 0) + local // BLOCK_M
+    tl.store(tile_expert_ptr + tile, sorted_key, mask=starts)
+    tl.store(tile_row_ptr + tile, position, mask=starts)
 
 
 @triton.jit
