@@ -132,8 +132,9 @@ def _timed(llm: Any, prompts: list[Any], params: Any) -> float:
 # Substrings of the GPU kernels that serve the routed experts: the package's Triton and Gluon
 # kernels (the Hopper prefill GEMMs are grouped_w4_gemm_kernel and grouped_w4_gemm_rs_kernel), vLLM's
 # Marlin MoE and its unquantized fused MoE (routing, permutation and combine included; the router's
-# gate GEMM and top-k are not). torch's own kernels that the package's routing launches (the sort
-# of the routes, the gather of the rows) have generic names and are not counted.
+# gate GEMM and top-k are not). torch's own kernels that the package launches (the gather of FC1's
+# rows before the warp-specialized GEMM; before 2026-12-04 also the routing of more than 4096
+# routes: a sort, scatter_add_, cumsums) have generic names and are not counted.
 MOE_KERNELS = (
     "grouped_w4_gemm",
     "fc1_kernel",
@@ -142,6 +143,9 @@ MOE_KERNELS = (
     "fc1_decode_kernel",
     "fc2_decode_kernel",
     "route_prep_kernel",
+    "route_count_kernel",
+    "route_offsets_kernel",
+    "route_place_kernel",
     "quantize_rows_kernel",
     "permute_k_kernel",
     "combine_kernel",

@@ -22,6 +22,10 @@ def bench():
         ("grouped_w4_gemm_kernel", True),
         ("fc2_kernel", True),
         ("route_prep_kernel", True),
+        # the chunked routing (above 2048 routes since 2026-12-04): not counted before
+        ("route_count_kernel", True),
+        ("route_offsets_kernel", True),
+        ("route_place_kernel", True),
         ("void marlin_moe_wna16::Marlin<...>(...)", True),
         ("fused_moe_kernel", True),
         ("void vllm::moe::moe_align_block_size_kernel<int>(...)", True),
