@@ -265,10 +265,8 @@ PREFILL_SWEEP = [
     ("rs_w128_t256_d4_ws", "rs_w128_t256_d4_ws"),
     ("ws_t64_d10", "ws_t64_d10"),
     ("ws_t128_d8", "ws_t128_d8"),
-    ("ws_t128_d10", "ws_t128_d10"),
-    ("ws_t128_d10", "ws_t128_d6"),
+    ("ws_t128_d8", "ws_t128_d6"),
     ("ws_t256_d5", "ws_t256_d5"),
-    ("ws_t256_d6", "ws_t256_d6"),
 ]
 SWEEP = {  # block_m, fc1_n, fc1_k, fc2_n, fc2_k, warps, stages, ptx_dequant, split_k
     "bm16_n32_k128_w4_triton": (16, 32, 128, 64, 128, 4, 4, False, 1),

@@ -65,8 +65,8 @@ def test_sweep_names_are_labels_or_warp_specialized_tiles_and_nothing_else(bench
     tiles; a label stays its schedule; any other name is a ``ValueError`` naming the forms."""
     from a4prefill.ops.backends.triton.schedules import PREFILL_SCHEDULES, PrefillGemm
 
-    assert bench.sweep_gemm("ws_t128_d10") == PrefillGemm(
-        128, 128, depth=10, register_weights=True, warp_specialized=True
+    assert bench.sweep_gemm("ws_t128_d8") == PrefillGemm(
+        128, 128, depth=8, register_weights=True, warp_specialized=True
     )
     assert bench.sweep_gemm("rs_w128_t32_d4") is PREFILL_SCHEDULES["rs_w128_t32_d4"]
     with pytest.raises(ValueError, match="ws_t<routes>_d<depth>"):

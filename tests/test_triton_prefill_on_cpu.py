@@ -323,7 +323,8 @@ def test_the_register_weights_gemms_of_a_moe_call_keep_their_ctas_per_sm(label, 
 @pytest.mark.parametrize("label", ["rs_w128_t64_d6_ws", "rs_w128_t128_d6_ws"])
 def test_the_warp_specialized_gemms_spill_nothing(label, mode):
     """FC1 (SwiGLU, ``h`` in MMA column order) and FC2 (alpha) of the warp-specialized kernel at
-    64- and 128-route tiles compile with no local memory at all (SASS), with the launcher's
+    64- and 128-route tiles compile with no local memory at all (SASS) and within the schedule's
+    ``shared_bytes`` (the split FC2 at 64-route tiles takes the most beside its rings), with the launcher's
     partitions (``prefill.ws_partitions``). Its first cut, a one-warp producer with 40 registers,
     spilled the copy addresses of 128 rows: 506 local loads and stores in the 128-route FC1 with
     the H200's Triton 3.6. A guard, not proof for the H200's compiler. Not the 256-route tiles:
@@ -336,6 +337,8 @@ def test_the_warp_specialized_gemms_spill_nothing(label, mode):
     fc2 = compile_prefill_kernel(schedule, GATHER=False, EPILOGUE=alpha, MODE=mode)
     for kernel in (fc1, fc2):
         assert re.findall(r"\b(?:STL|LDL)\b", cuobjdump(kernel, "-sass")) == []
+        # the schedule's shared-memory estimate (its 227 KiB check) bounds what Triton allocates
+        assert kernel.metadata.shared <= schedule.shared_bytes
 
 
 @pytest.mark.parametrize("label", list(PREFILL_SCHEDULES))
@@ -405,6 +408,11 @@ def test_schedules_refuse_what_the_kernel_cannot_run():
         PrefillGemm(128, 64, depth=13, register_weights=True, warp_specialized=True)
     with pytest.raises(ValueError, match="over 227 KiB"):  # 7 slots of 36.5 KiB
         PrefillGemm(128, 256, depth=7, register_weights=True, warp_specialized=True)
+    # the rings alone fit (205 KiB), the epilogues' 32 KiB beside them do not: the H200 refused
+    # both at launch ("OutOfResources", 242 856 and 257 128 bytes) when the check left that out
+    for routes, depth in ((128, 10), (256, 6)):
+        with pytest.raises(ValueError, match="over 227 KiB"):
+            PrefillGemm(128, routes, depth=depth, register_weights=True, warp_specialized=True)
     with pytest.raises(ValueError, match="over 227 KiB"):
         PrefillGemm(128, 256, 128, depth=3)
     with pytest.raises(ValueError, match="routes must be 64, 128 or 256"):

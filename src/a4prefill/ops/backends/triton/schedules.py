@@ -33,6 +33,15 @@ PREFILL_MIN_ROWS_PER_EXPERT = 32  # bf16 calls on sm_90 with at least this many 
 PREFILL_EPILOGUES = MappingProxyType({"none": 0, "swiglu": 1, "alpha": 2})
 
 
+# Shared memory the warp-specialized kernel's epilogues take beside its rings: the scratch of
+# their layout conversions, which Triton allocates after the rings (not reused from them). At most
+# 32 KiB + 8 bytes in every mode, epilogue and route tile (FC1's SwiGLU 256 bytes per route up to
+# 128 routes, the split FC2 512; Triton 3.6 on the H200 and 3.9 offline). Left out of the estimate
+# before 2026-12-04, 128-route tiles with 10 ring slots passed the 227 KiB check and failed to
+# launch (242 856 bytes asked for).
+WS_EPILOGUE_SCRATCH_BYTES = 32 * 1024 + 16
+
+
 def cdiv(a: int, b: int) -> int:
     """``ceil(a / b)`` of positive ints (grid sizes)."""
     return -(-a // b)
@@ -366,11 +375,14 @@ class PrefillGemm:
     def shared_bytes(self) -> int:
         """Bytes of the kernel's shared buffers: per ring slot a step's code bytes, scale bytes
         and bf16 activation rows, and (unless :attr:`register_weights`) 3 buffers of dequantized
-        bf16 weights."""
+        bf16 weights; with :attr:`warp_specialized` also the ring's mbarriers and
+        :data:`WS_EPILOGUE_SCRATCH_BYTES`. At least what Triton allocates for the schedule's
+        kernels in every mode and epilogue (checked offline, ``tests/test_triton_prefill_on_cpu.py``)."""
         rows, k = self.weight_rows, self.block_k
         weight_slot, row_slot = rows * k // 2 + rows * k // 16, self.routes * k * 2
         if self.warp_specialized:
-            return self.depth * (weight_slot + row_slot) + 2 * self.depth * 8  # and the mbarriers
+            rings = self.depth * (weight_slot + row_slot) + 2 * self.depth * 8
+            return rings + WS_EPILOGUE_SCRATCH_BYTES
         if self.register_weights:
             return (self.weights_ahead + 1) * weight_slot + self.depth * row_slot
         return self.depth * (weight_slot + row_slot) + 3 * rows * k * 2
