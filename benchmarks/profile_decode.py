@@ -5,7 +5,8 @@ Usage: ``PYTHONPATH=src python benchmarks/profile_decode.py --out DIR [--shape g
 [--tokens 1,16,64,256]`` writes ``profile_decode.json``: per implementation and token count, every
 GPU kernel of one call (name, launches, microseconds, from ``torch.profiler`` over 20 calls, L2
 not flushed) and the call's total. Under Nsight Compute, ``--ncu`` runs each call once between
-``cudaProfilerStart``/``Stop`` so that ``ncu --profile-from-start off`` sees only those kernels:
+``cudaProfilerStart``/``Stop`` so that ``ncu --profile-from-start off`` sees only those kernels
+(per token count: W4A16, then with ``--a4`` A4, then Marlin):
 
     ncu --profile-from-start off --section SpeedOfLight --section Occupancy \
         --section LaunchStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
@@ -83,15 +84,23 @@ def ncu_summary(csv_path: str, kernels: tuple[str, ...] = GEMM_KERNELS) -> list[
     return list(launches.values())
 
 
-def implementations(shape: dict[str, int]) -> dict[str, Callable[..., torch.Tensor]]:
-    """``name -> fn(hidden, topk_weights, topk_ids)`` on the same random weights."""
+def implementations(shape: dict[str, int], a4: bool = False) -> dict[str, Callable[..., torch.Tensor]]:
+    """``name -> fn(hidden, topk_weights, topk_ids)`` on the same random weights: the package's
+    W4A16, with ``a4`` its A4 (every row, the checkpoint's derived A4 scales), and vLLM's Marlin
+    where it imports."""
     from a4prefill.ops.backends.triton.fused import fused_moe
+    from a4prefill.ops.scales import derive_a4_scales
 
     torch.manual_seed(0)
     weights = random_weights(shape["experts"], shape["hidden"], shape["intermediate"], "cuda")
     found: dict[str, Callable[..., torch.Tensor]] = {
         "w4a16": functools.partial(fused_moe, experts=weights.experts(), a4_scales=None, swiglu_limit=None)
     }
+    if a4:
+        scales = derive_a4_scales(weights.w13_input_scale, weights.w2_input_scale)
+        found["a4"] = functools.partial(
+            fused_moe, experts=weights.experts(), a4_scales=scales, swiglu_limit=None
+        )
     marlin = marlin_moe(weights)
     if marlin is not None:
         found["marlin"] = marlin
@@ -127,6 +136,7 @@ def main() -> None:
     parser.add_argument("--shape", default="glm53flash_tp2", choices=sorted(SHAPES))
     parser.add_argument("--tokens", default="1,16,64,256")
     parser.add_argument("--ncu", action="store_true", help="one call each between profiler start/stop")
+    parser.add_argument("--a4", action="store_true", help="also the package's A4 (every row A4)")
     parser.add_argument("--ncu-summary", help="summarize this ncu CSV into profile_decode_ncu.json")
     args = parser.parse_args()
     if args.ncu_summary:
@@ -134,7 +144,7 @@ def main() -> None:
             json.dump(ncu_summary(args.ncu_summary), handle, indent=1)
         return
     shape = SHAPES[args.shape]
-    fns = implementations(shape)
+    fns = implementations(shape, args.a4)
     tokens_list = [int(t) for t in args.tokens.split(",")]
     if args.ncu:
         for tokens in tokens_list:
