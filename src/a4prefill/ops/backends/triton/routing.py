@@ -8,9 +8,8 @@ no tile and are ignored. The tile table is sized by an upper bound (``cdiv(R, BL
 R)`` tiles); one Triton program (``shared_kernels.route_prep_kernel``) sorts up to
 :data:`SMALL_ROUTING_MAX` routes, three chunked kernels (``route_count_kernel``,
 ``route_offsets_kernel``, ``route_place_kernel``: :data:`CHUNK_ROUTES` routes per program) more.
-The torch path (``sort``, ``scatter_add_``, ``cumsum``) is the kernels' oracle in the tests and
-sorts on devices without Triton kernels' launches (``force_torch``). All three are stable: routes
-of one expert keep their route order.
+The torch path (``sort``, ``scatter_add_``, ``cumsum``; ``force_torch``) is the kernels' oracle
+in the tests. All three are stable: routes of one expert keep their route order.
 
 Who may call: :mod:`fused` (every call, as its :class:`~a4prefill.ops.backends.triton.plan.CallPlan`
 says), :mod:`plan` (:func:`routing_launch`), tests and benchmarks (:func:`build_routing`).
