@@ -63,8 +63,22 @@ def check_one_expert_across_every_chunk() -> None:
     assert got.tile_row[:7].tolist() == list(range(0, 100, 16)) and set(got.tile_expert[:7].tolist()) == {3}
 
 
+def check_the_production_chunk_size() -> None:
+    """The sizes calls launch: ``CHUNK_ROUTES`` routes per chunk and 288 experts (``E_BLOCK``
+    512), 128-route tiles, 3000 top-8-like routes (three chunks, the last partial) with a few
+    out-of-range ids."""
+    from a4prefill.ops.backends.triton.routing import CHUNK_ROUTES
+
+    generator = torch.Generator().manual_seed(3000)
+    ids = torch.randint(0, 288, (3000,), generator=generator, dtype=torch.int32)
+    ids[::97] = -1
+    want = sort_routes(ids, 288, RoutingLaunch(128, 0, 0))
+    assert_same_routing(chunked(ids, 288, 128, CHUNK_ROUTES), want)
+
+
 def main() -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
     check_one_expert_across_every_chunk()
+    check_the_production_chunk_size()
     check_drawn_ids()
     print("routing checks passed")
