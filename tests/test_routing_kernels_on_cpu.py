@@ -3,7 +3,8 @@
 against the torch routing (``force_torch``), their contract: the same sorted routes (stable by
 route index), segments, tile count and live tile table. They run in Triton's CPU interpreter,
 which must be chosen before Triton is imported, hence a subprocess (``helpers.routing_checks``:
-hypothesis draws the ids, expert count, tile size and chunk size there)."""
+hypothesis draws the ids, expert count, tile size and chunk size there; the one-program kernel
+is checked on the same routes)."""
 
 from __future__ import annotations
 

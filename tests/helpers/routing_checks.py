@@ -45,12 +45,14 @@ def assert_same_routing(got: Routing, want: Routing) -> None:
 )
 def check_drawn_ids(data: st.DataObject, experts: int, block_m: int, chunk: int) -> None:
     """Ids drawn from ``[-2, E + 2)``: out-of-range ids sit in no segment and no tile and sort
-    after every expert's routes, as in the torch path."""
+    after every expert's routes, as in the torch path. The one-program kernel
+    (``route_prep_kernel``, which shares the key computation) on the same routes too."""
     ids = data.draw(st.lists(st.integers(-2, experts + 1), min_size=1, max_size=200))
     flat = torch.tensor(ids, dtype=torch.int32)
-    assert_same_routing(
-        chunked(flat, experts, block_m, chunk), sort_routes(flat, experts, RoutingLaunch(block_m, 0, 0))
-    )
+    want = sort_routes(flat, experts, RoutingLaunch(block_m, 0, 0))
+    assert_same_routing(chunked(flat, experts, block_m, chunk), want)
+    one_program = RoutingLaunch(block_m, max(16, 1 << (len(ids) - 1).bit_length()), 4)
+    assert_same_routing(sort_routes(flat, experts, one_program), want)
 
 
 def check_one_expert_across_every_chunk() -> None:

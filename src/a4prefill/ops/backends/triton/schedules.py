@@ -35,7 +35,7 @@ PREFILL_EPILOGUES = MappingProxyType({"none": 0, "swiglu": 1, "alpha": 2})
 
 # Shared memory the warp-specialized kernel's epilogues take beside its rings: the scratch of
 # their layout conversions, which Triton allocates after the rings (not reused from them). At most
-# 32 KiB + 8 bytes in every mode, epilogue and route tile (FC1's SwiGLU 256 bytes per route up to
+# 32 KiB + 16 bytes in every mode, epilogue and route tile (FC1's SwiGLU 256 bytes per route up to
 # 128 routes, the split FC2 512; Triton 3.6 on the H200 and 3.9 offline). Left out of the estimate
 # before 2026-12-04, 128-route tiles with 10 ring slots passed the 227 KiB check and failed to
 # launch (242 856 bytes asked for).

@@ -71,6 +71,14 @@ def quantize_rows_kernel(
         tl.store(scales_ptr + rows[:, None] * (H // 16) + scols[None, :], byte, mask=smask)
 
 
+@triton.jit
+def _sort_keys(ids_ptr, r, R, E):
+    """The sort keys of routes ``r`` (int32): the expert id, ``E`` for an id outside ``[0, E)``
+    and for ``r >= R`` (past the call's routes)."""
+    ids = tl.load(ids_ptr + r, mask=r < R, other=E).to(tl.int32)
+    return tl.where((ids >= 0) & (ids < E), ids, E)
+
+
 @triton.jit(do_not_specialize=["R"])  # one compile per R_BLOCK, whatever R
 def route_prep_kernel(
     ids_ptr,
@@ -91,8 +99,7 @@ def route_prep_kernel(
     Ids outside [0, E) go to the sentinel bucket E (no tile). ``E_BLOCK > E`` (power of two).
     """
     r = tl.arange(0, R_BLOCK)
-    ids = tl.load(ids_ptr + r, mask=r < R, other=E).to(tl.int32)
-    key = tl.where((ids >= 0) & (ids < E), ids, E)
+    key = _sort_keys(ids_ptr, r, R, E)
     hist = tl.histogram(key, E_BLOCK)
     hist = tl.where(tl.arange(0, E_BLOCK) < E, hist, 0)
     seg_start = tl.cumsum(hist, 0) - hist
@@ -122,9 +129,7 @@ def route_count_kernel(ids_ptr, scratch_ptr, R, E, CH: tl.constexpr, E_BLOCK: tl
     keys (power of two). Routes past ``R`` count as key ``E`` in the last chunk, where they sort
     after every route of it and are never placed (:func:`route_place_kernel`)."""
     c = tl.program_id(0)
-    r = c * CH + tl.arange(0, CH)
-    ids = tl.load(ids_ptr + r, mask=r < R, other=E).to(tl.int32)
-    key = tl.where((ids >= 0) & (ids < E), ids, E)
+    key = _sort_keys(ids_ptr, c * CH + tl.arange(0, CH), R, E)
     tl.store(scratch_ptr + c * E_BLOCK + tl.arange(0, E_BLOCK), tl.histogram(key, E_BLOCK))
 
 
@@ -184,8 +189,7 @@ def route_place_kernel(
     (row ``C + 1``: the expert's first tile). Routes past ``R`` are not written."""
     c = tl.program_id(0)
     i = tl.arange(0, CH)
-    ids = tl.load(ids_ptr + c * CH + i, mask=c * CH + i < R, other=E).to(tl.int32)
-    key = tl.where((ids >= 0) & (ids < E), ids, E)
+    key = _sort_keys(ids_ptr, c * CH + i, R, E)
     in_chunk = tl.histogram(key, E_BLOCK)
     run_start = tl.cumsum(in_chunk, 0) - in_chunk  # each key's first index among the sorted chunk
     e = tl.arange(0, E_BLOCK)
