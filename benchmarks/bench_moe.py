@@ -323,18 +323,21 @@ def decode_schedules(routes: int, experts: int, focus: bool = False) -> list[Any
 
 def sweep_gemm(name: str) -> Any:
     """The ``PrefillGemm`` of a :data:`PREFILL_SWEEP` name: a ``schedules.PREFILL_SCHEDULES``
-    label, or ``ws_t<routes>_d<depth>`` (warp-specialized, 128 weight rows)."""
+    label, or ``ws_t<routes>_d<depth>`` (warp-specialized, 128 weight rows), with ``_h2`` its
+    two-wgmmas-per-step variant."""
     from a4prefill.ops.backends.triton.schedules import PREFILL_SCHEDULES, PrefillGemm
 
     if name in PREFILL_SCHEDULES:
         return PREFILL_SCHEDULES[name]
-    match = re.fullmatch(r"ws_t(\d+)_d(\d+)", name)
+    match = re.fullmatch(r"ws_t(\d+)_d(\d+)(_h2)?", name)
     if match is None:
         raise ValueError(
-            f"a PREFILL_SWEEP name is a PREFILL_SCHEDULES label or ws_t<routes>_d<depth>, got {name!r}"
+            f"a PREFILL_SWEEP name is a PREFILL_SCHEDULES label or ws_t<routes>_d<depth>[_h2], got {name!r}"
         )
-    routes, depth = int(match[1]), int(match[2])
-    return PrefillGemm(128, routes, depth=depth, register_weights=True, warp_specialized=True)
+    routes, depth, wgmmas = int(match[1]), int(match[2]), 2 if match[3] else 1
+    return PrefillGemm(
+        128, routes, depth=depth, register_weights=True, warp_specialized=True, wgmmas_per_step=wgmmas
+    )
 
 
 def parse_prefill_tiles(names: str | None) -> list[tuple[str, str]] | None:

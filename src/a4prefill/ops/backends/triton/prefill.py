@@ -91,6 +91,7 @@ def schedule_constexprs(schedule: PrefillGemm) -> dict[str, int | bool]:
     constexprs: dict[str, int | bool] = {"BT": schedule.routes, "DEPTH": schedule.depth}
     if schedule.warp_specialized:
         constexprs.update(ws_partitions(schedule.routes))
+        constexprs["WGMMAS"] = schedule.wgmmas_per_step
     elif schedule.register_weights:
         constexprs["BW"] = schedule.weight_rows
         constexprs["WEIGHT_AHEAD"] = schedule.weights_ahead

@@ -75,15 +75,15 @@ from a4prefill.ops.backends.triton.prefill_kernels import (
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
-CONSUMER_ROWS: gl.constexpr = gl.constexpr(64)  # weight rows per consumer warpgroup
+ITEM_ROWS: gl.constexpr = gl.constexpr(128)  # weight rows per work item
 STEP: gl.constexpr = gl.constexpr(64)  # K columns per step
-WORK_ROWS = 128  # weight rows per work item (two consumers)
 
 
 def code_box_rows(swiglu: bool) -> int:
     """Weight rows per TMA box of code bytes: 8 for FC1 (SwiGLU), whose work item's rows are
-    groups of 8 gate and 8 up rows (``prefill_kernels._weight_row``), else the work item's 128."""
-    return 8 if swiglu else WORK_ROWS
+    groups of 8 gate and 8 up rows (``prefill_kernels._weight_row``), else the work item's
+    ``ITEM_ROWS`` (128)."""
+    return 8 if swiglu else int(ITEM_ROWS)
 
 
 def tma_boxes(
@@ -120,28 +120,12 @@ def tma_descriptors(
 def _works(N, num_tiles_ptr):
     """``(n_blocks, works)``: a work item ``w`` is route tile ``w // n_blocks`` times weight-row
     block ``w % n_blocks`` (128 rows each); ``works`` counts those of the routing's live tiles."""
-    n_blocks = N // (2 * CONSUMER_ROWS)
+    n_blocks = N // ITEM_ROWS
     return n_blocks, n_blocks * gl.load(num_tiles_ptr)
 
 
 @gluon.jit
-def _produce(
-    x_desc,
-    codes_desc,
-    scales_ptr,
-    tile_expert_ptr,
-    tile_row_ptr,
-    seg_start_ptr,
-    seg_count_ptr,
-    num_tiles_ptr,
-    N,
-    K,
-    ROUTES,
-    xs_ptr,
-    rings,
-    EPILOGUE: gl.constexpr,
-    A8: gl.constexpr,
-):
+def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr):
     """The producer partition: for each of the program's work items in turn, every step's copies
     into its ring slot, ``ready`` when all landed. One thread issues the step's TMA boxes (the
     code bytes of the 128 weight rows, the ``BT`` activation rows from the tile's first sorted
@@ -149,7 +133,23 @@ def _produce(
     scale bytes (4, or 8 for an A8 step; a TMA box row takes at least 16) and, with ``A8``, one
     route's activation scale of the step's block (``xs [K / 128, ROUTES]`` fp32, 0 past
     ``ROUTES``), and arrives when they land (``noinc``). The ring runs on across work items:
-    ``done`` counts the steps of the program's earlier items."""
+    ``done`` counts the steps of the program's earlier items. ``tensors``: the kernel's
+    ``x_desc`` to ``ROUTES`` arguments, ``xs_ptr`` and the rings and barriers."""
+    (
+        x_desc,
+        codes_desc,
+        scales_ptr,
+        tile_expert_ptr,
+        tile_row_ptr,
+        seg_start_ptr,
+        seg_count_ptr,
+        num_tiles_ptr,
+        N,
+        K,
+        ROUTES,
+        xs_ptr,
+        rings,
+    ) = tensors
     c_ring = rings[0]
     s_ring = rings[1]
     x_ring = rings[2]
@@ -160,7 +160,7 @@ def _produce(
     X_STEP_BYTES: gl.constexpr = x_ring.shape[2] * x_ring.dtype.primitive_bitwidth // 8
     CODE_BOX: gl.constexpr = codes_desc.block_type.shape[0]
     CODE_STEP: gl.constexpr = codes_desc.block_type.shape[1]  # code bytes of a row per step
-    STEP_BYTES: gl.constexpr = 2 * CONSUMER_ROWS * CODE_STEP + BT * X_STEP_BYTES  # the TMA boxes'
+    STEP_BYTES: gl.constexpr = ITEM_ROWS * CODE_STEP + BT * X_STEP_BYTES  # the TMA boxes'
     n_blocks, works = _works(N, num_tiles_ptr)
     if A8:
         XS: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
@@ -176,10 +176,10 @@ def _produce(
             seg_count_ptr,
             num_tiles_ptr,
             K,
-            2 * CONSUMER_ROWS,
+            ITEM_ROWS,
             2 * CODE_STEP,
         )
-        scale_ptrs = _scale_pointers(scales_ptr, expert, n0, N, K, EPILOGUE, 2 * CONSUMER_ROWS, 2 * CODE_STEP)
+        scale_ptrs = _scale_pointers(scales_ptr, expert, n0, N, K, EPILOGUE, ITEM_ROWS, 2 * CODE_STEP)
         for step in range(steps):
             s = done + step
             slot = s % DEPTH
@@ -187,7 +187,7 @@ def _produce(
             mbarrier.wait(empty.index(slot), ((s // DEPTH) & 1) ^ 1)
             ready_slot = ready.index(slot)
             mbarrier.expect(ready_slot, STEP_BYTES)
-            for box in gl.static_range(2 * CONSUMER_ROWS // CODE_BOX):
+            for box in gl.static_range(ITEM_ROWS // CODE_BOX):
                 _tma_load(
                     codes_desc,
                     [expert * N + _weight_row(n0, box * CODE_BOX, N, EPILOGUE), step * CODE_STEP],
@@ -218,22 +218,82 @@ def _mainloop(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr):
     DEPTH: gl.constexpr = x_ring.shape[0]
     ACC: gl.constexpr = acc_layout(BT, gl.num_warps())
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
-    FL: gl.constexpr = fragment_codes_layout(CONSUMER_ROWS, gl.num_warps(), 8)
-    FL_ROWS: gl.constexpr = fragment_code_rows_layout(CONSUMER_ROWS, gl.num_warps())
-    acc = gl.zeros([CONSUMER_ROWS, BT], gl.float32, layout=ACC)
+    ROWS: gl.constexpr = 16 * gl.num_warps()  # the partition's weight rows
+    FL: gl.constexpr = fragment_codes_layout(ROWS, gl.num_warps(), 8)
+    FL_ROWS: gl.constexpr = fragment_code_rows_layout(ROWS, gl.num_warps())
+    acc = gl.zeros([ROWS, BT], gl.float32, layout=ACC)
     for step in range(steps):
         s = done + step
         slot = s % DEPTH
         mbarrier.wait(ready.index(slot), (s // DEPTH) & 1)
         fence_async_shared()  # the rows the copies wrote, before the wgmma reads them (async proxy)
-        code_rows = c_ring.index(slot).slice(HALF * CONSUMER_ROWS, CONSUMER_ROWS, dim=0).load(FL_ROWS)
-        codes = gl.convert_layout(gl.reshape(code_rows, [CONSUMER_ROWS, 4, 8]), FL)  # registers unchanged
-        scale_slot = s_ring.index(slot).slice(HALF * CONSUMER_ROWS, CONSUMER_ROWS, dim=0)
+        code_rows = c_ring.index(slot).slice(HALF * ROWS, ROWS, dim=0).load(FL_ROWS)
+        codes = gl.convert_layout(gl.reshape(code_rows, [ROWS, 4, 8]), FL)  # registers unchanged
+        scale_slot = s_ring.index(slot).slice(HALF * ROWS, ROWS, dim=0)
         scales = scale_slot.load(gl.SliceLayout(2, FL))
-        a = _dequant_fragment(codes, scales, A_LAYOUT, CONSUMER_ROWS)
+        a = _dequant_fragment(codes, scales, A_LAYOUT, ROWS)
         acc = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), acc, is_async=True)
         acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
         mbarrier.arrive(empty.index(slot))
+    return acc
+
+
+@gluon.jit
+def _byte_halves(codes, HALF_LAYOUT: gl.constexpr):
+    """codes ``[BW, 4, 8]`` in :func:`~prefill_kernels.fragment_codes_layout` -> ``(first,
+    second)``, each ``[BW, 4, 4]`` in ``HALF_LAYOUT`` (that layout with 4 bytes per group): bytes
+    0-3 and 4-7 of each group, the A operands of a step's first and second 32 MMA columns. A
+    thread holds all 8 bytes of its groups, so this only renames registers."""
+    BW: gl.constexpr = codes.shape[0]
+    halves = gl.permute(gl.reshape(codes, [BW, 4, 2, 4]), (0, 1, 3, 2))
+    first, second = gl.split(halves)
+    return gl.convert_layout(first, HALF_LAYOUT), gl.convert_layout(second, HALF_LAYOUT)
+
+
+@gluon.jit
+def _mainloop_halves(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr):
+    """:func:`_mainloop` with each step's 64 columns as two wgmmas of 32, one of them always in
+    flight while the consumer dequantizes the other: per step, dequantize the first half, issue
+    its wgmma, retire the previous step's second half (and release that step's slot), dequantize
+    the second half, issue its wgmma, retire the first half. The two halves' A operands are
+    registers of their own (``first`` is free again once its wgmma retired; ``second`` stays live,
+    a loop-carried value, until the next step's wait retires its wgmma). Returns the fp32
+    accumulator ``[64, BT]`` with every wgmma retired and every slot of the item released."""
+    c_ring, s_ring, x_ring, ready, empty = rings
+    DEPTH: gl.constexpr = x_ring.shape[0]
+    HALF_STEP: gl.constexpr = STEP // 2
+    ACC: gl.constexpr = acc_layout(BT, gl.num_warps())
+    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
+    ROWS: gl.constexpr = 16 * gl.num_warps()  # the partition's weight rows
+    FL: gl.constexpr = fragment_codes_layout(ROWS, gl.num_warps(), 8)
+    FL_HALF: gl.constexpr = fragment_codes_layout(ROWS, gl.num_warps(), 4)
+    FL_ROWS: gl.constexpr = fragment_code_rows_layout(ROWS, gl.num_warps())
+    acc = gl.zeros([ROWS, BT], gl.float32, layout=ACC)
+    second = gl.zeros([ROWS, HALF_STEP], gl.bfloat16, layout=A_LAYOUT)  # none in flight yet
+    for step in range(steps):
+        s = done + step
+        slot = s % DEPTH
+        mbarrier.wait(ready.index(slot), (s // DEPTH) & 1)
+        fence_async_shared()  # the rows the copies wrote, before the wgmma reads them (async proxy)
+        code_rows = c_ring.index(slot).slice(HALF * ROWS, ROWS, dim=0).load(FL_ROWS)
+        codes = gl.convert_layout(gl.reshape(code_rows, [ROWS, 4, 8]), FL)  # registers unchanged
+        first_codes, second_codes = _byte_halves(codes, FL_HALF)
+        scale_slot = s_ring.index(slot).slice(HALF * ROWS, ROWS, dim=0)
+        scales = scale_slot.load(gl.SliceLayout(2, FL_HALF))
+        x_slot = x_ring.index(slot)
+        first = _dequant_fragment(first_codes, scales, A_LAYOUT, ROWS)
+        acc = warpgroup_mma(first, x_slot.slice(0, HALF_STEP, dim=1).permute((1, 0)), acc, is_async=True)
+        acc, second = warpgroup_mma_wait(num_outstanding=1, deps=(acc, second))
+        if step > 0:  # the previous step's second half retired: its slot is free
+            mbarrier.arrive(empty.index((s - 1) % DEPTH))
+        second = _dequant_fragment(second_codes, scales, A_LAYOUT, ROWS)
+        acc = warpgroup_mma(
+            second, x_slot.slice(HALF_STEP, HALF_STEP, dim=1).permute((1, 0)), acc, is_async=True
+        )
+        acc, first = warpgroup_mma_wait(num_outstanding=1, deps=(acc, first))
+    acc, second = warpgroup_mma_wait(num_outstanding=0, deps=(acc, second))
+    if steps > 0:
+        mbarrier.arrive(empty.index((done + steps - 1) % DEPTH))
     return acc
 
 
@@ -247,6 +307,7 @@ def _consume(
     BT: gl.constexpr,
     OUT_MMA_ORDER: gl.constexpr,
     A8: gl.constexpr,
+    WGMMAS: gl.constexpr,
 ):
     """A consumer partition (one warpgroup, weight rows ``64 * HALF`` to ``64 * HALF + 63`` of
     each work item): for each of the program's work items in turn, every step's dequantization and
@@ -272,6 +333,7 @@ def _consume(
         limit,
         rings,
     ) = tensors
+    ROWS: gl.constexpr = 16 * gl.num_warps()  # the partition's weight rows
     n_blocks, works = _works(N, num_tiles_ptr)
     done = 0
     for work in range(gl.program_id(0), works, gl.num_programs(0)):
@@ -284,10 +346,15 @@ def _consume(
             seg_count_ptr,
             num_tiles_ptr,
             K,
-            2 * CONSUMER_ROWS,
+            ITEM_ROWS,
             A8_STEP if A8 else STEP,
         )
-        acc = mainloop_a8(done, steps, HALF, rings, BT) if A8 else _mainloop(done, steps, HALF, rings, BT)
+        if A8:
+            acc = mainloop_a8(done, steps, HALF, rings, BT)
+        elif WGMMAS == 2:
+            acc = _mainloop_halves(done, steps, HALF, rings, BT)
+        else:
+            acc = _mainloop(done, steps, HALF, rings, BT)
         _epilogue(
             acc,
             out_ptr,
@@ -296,7 +363,7 @@ def _consume(
             expert,
             row0,
             seg_end,
-            n0 + HALF * CONSUMER_ROWS,
+            n0 + HALF * ROWS,
             live_tile,
             N,
             ROUTES,
@@ -308,7 +375,7 @@ def _consume(
             EPILOGUE,
             MODE,
             HAS_LIMIT,
-            CONSUMER_ROWS,
+            ROWS,
             BT,
             OUT_MMA_ORDER,
         )
@@ -349,6 +416,7 @@ def grouped_w4_gemm_ws_kernel(
     OUT_MMA_ORDER: gl.constexpr,
     xs_ptr=None,
     A8: gl.constexpr = False,
+    WGMMAS: gl.constexpr = 1,
 ):
     """``grouped_w4_gemm_rs_kernel``'s product and epilogues for work items of 128 weight rows
     and ``BT`` routes, warp-specialized and persistent (module docstring): launched with 4 warps
@@ -365,22 +433,24 @@ def grouped_w4_gemm_ws_kernel(
     ``[K / 128, ROUTES]`` in sorted order), each consumer with a ``[64, 128]`` e4m3 buffer of its
     converted weights."""
     PLAIN2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    CONSUMERS: gl.constexpr = 3 - WGMMAS  # consumer partitions: two warpgroups, or one of 8 warps
     BARRIER: gl.constexpr = mbarrier.MBarrierLayout()
     CODE_STEP: gl.constexpr = codes_desc.block_type.shape[1]
-    c_ring = gl.allocate_shared_memory(gl.uint8, [DEPTH, 2 * CONSUMER_ROWS, CODE_STEP], codes_desc.layout)
-    s_ring = gl.allocate_shared_memory(gl.uint8, [DEPTH, 2 * CONSUMER_ROWS, CODE_STEP // 8], PLAIN2)
+    c_ring = gl.allocate_shared_memory(gl.uint8, [DEPTH, ITEM_ROWS, CODE_STEP], codes_desc.layout)
+    s_ring = gl.allocate_shared_memory(gl.uint8, [DEPTH, ITEM_ROWS, CODE_STEP // 8], PLAIN2)
     x_ring = gl.allocate_shared_memory(x_desc.dtype, [DEPTH, BT, 2 * CODE_STEP], x_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], BARRIER)
     empty = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], BARRIER)
     for slot in gl.static_range(DEPTH):
         # every producer thread (its scale copies) and the TMA boxes' expect
         mbarrier.init(ready.index(slot), count=PRODUCER_WARPS * 32 + 1)
-        mbarrier.init(empty.index(slot), count=2)  # each consumer partition once
+        mbarrier.init(empty.index(slot), count=CONSUMERS)  # each consumer partition once
     if A8:
-        A_LAYOUT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([CONSUMER_ROWS, A8_STEP], gl.float8e4nv)
+        A8_ROWS: gl.constexpr = ITEM_ROWS // 2  # each of the two consumer warpgroups' rows
+        A_LAYOUT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([A8_ROWS, A8_STEP], gl.float8e4nv)
         PLAIN1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
         xs_ring = gl.allocate_shared_memory(gl.float32, [DEPTH, BT], PLAIN1)
-        a_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, CONSUMER_ROWS, A8_STEP], A_LAYOUT)
+        a_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, A8_ROWS, A8_STEP], A_LAYOUT)
         rings = (c_ring, s_ring, x_ring, ready, empty, xs_ring, a_smem)
     else:
         rings = (c_ring, s_ring, x_ring, ready, empty)  # type: ignore[assignment]  # A8's has 2 more
@@ -403,31 +473,37 @@ def grouped_w4_gemm_ws_kernel(
         limit,
         rings,
     )
-    gl.warp_specialize(
-        [
-            (_consume, (0, consumer, EPILOGUE, MODE, HAS_LIMIT, BT, OUT_MMA_ORDER, A8)),
-            (_consume, (1, consumer, EPILOGUE, MODE, HAS_LIMIT, BT, OUT_MMA_ORDER, A8)),
-            (
-                _produce,
-                (
-                    x_desc,
-                    codes_desc,
-                    scales_ptr,
-                    tile_expert_ptr,
-                    tile_row_ptr,
-                    seg_start_ptr,
-                    seg_count_ptr,
-                    num_tiles_ptr,
-                    N,
-                    K,
-                    ROUTES,
-                    xs_ptr,
-                    rings,
-                    EPILOGUE,
-                    A8,
-                ),
-            ),
-        ],
-        [4, PRODUCER_WARPS],
-        [CONSUMER_REGISTERS, PRODUCER_REGISTERS],
+    producer = (
+        x_desc,
+        codes_desc,
+        scales_ptr,
+        tile_expert_ptr,
+        tile_row_ptr,
+        seg_start_ptr,
+        seg_count_ptr,
+        num_tiles_ptr,
+        N,
+        K,
+        ROUTES,
+        xs_ptr,
+        rings,
     )
+    if WGMMAS == 2:  # both warpgroups in the default partition (8 warps), the producer a worker
+        gl.warp_specialize(
+            [
+                (_consume, (0, consumer, EPILOGUE, MODE, HAS_LIMIT, BT, OUT_MMA_ORDER, A8, WGMMAS)),
+                (_produce, (producer, EPILOGUE, A8)),
+            ],
+            [PRODUCER_WARPS],
+            [PRODUCER_REGISTERS],
+        )
+    else:
+        gl.warp_specialize(
+            [
+                (_consume, (0, consumer, EPILOGUE, MODE, HAS_LIMIT, BT, OUT_MMA_ORDER, A8, WGMMAS)),
+                (_consume, (1, consumer, EPILOGUE, MODE, HAS_LIMIT, BT, OUT_MMA_ORDER, A8, WGMMAS)),
+                (_produce, (producer, EPILOGUE, A8)),
+            ],
+            [4, PRODUCER_WARPS],
+            [CONSUMER_REGISTERS, PRODUCER_REGISTERS],
+        )

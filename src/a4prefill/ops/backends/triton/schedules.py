@@ -352,13 +352,12 @@ class PrefillGemm:
             self.register_weights
             and self.weight_rows == 128
             and self.a_register_sets == 1
-            and self.wgmmas_per_step == 1
             and not self.register_cap
             and not self.weight_ahead
         ):
             raise ValueError(
                 "PrefillGemm.warp_specialized needs register_weights, 128 weight rows, "
-                f"one A register set, one wgmma per step, no register cap and no weight_ahead, got {self}"
+                f"one A register set, no register cap and no weight_ahead, got {self}"
             )
         if self.shared_bytes > 227 * 1024:
             raise ValueError(
@@ -369,7 +368,9 @@ class PrefillGemm:
     def warps(self) -> int:
         """Warps the CTA is launched with: one warpgroup (4 warps) per 64 weight rows; with
         :attr:`warp_specialized` the default partition's warpgroup (its workers add their own)."""
-        return 4 if self.warp_specialized else self.weight_rows // 16
+        if self.warp_specialized:
+            return 4 * self.wgmmas_per_step
+        return self.weight_rows // 16
 
     @property
     def shared_bytes(self) -> int:
@@ -426,10 +427,11 @@ class PrefillGemm:
         return f"{kernel}{tile}{ahead}{sets}{halves}{cap}"
 
 
-def _warp_specialized(routes: int, depth: int) -> PrefillGemm:
-    """The warp-specialized register-weights schedule of ``routes``-route tiles and ``depth``
-    ring slots (128 weight rows)."""
-    return PrefillGemm(128, routes, depth=depth, register_weights=True, warp_specialized=True)
+def _warp_specialized(routes: int, depth: int, wgmmas_per_step: int = 1) -> PrefillGemm:
+    """The warp-specialized register-weights schedule of ``routes``-route tiles, ``depth`` ring
+    slots (128 weight rows) and ``wgmmas_per_step`` wgmmas per step."""
+    options = {"register_weights": True, "warp_specialized": True, "wgmmas_per_step": wgmmas_per_step}
+    return PrefillGemm(128, routes, depth=depth, **options)
 
 
 # The prefill GEMM schedules the benchmark compares (benchmarks/bench_prefill_gemm.py). In the H200
@@ -462,6 +464,8 @@ PREFILL_SCHEDULES = MappingProxyType(
         "rs_w128_t128_d6_ws": _warp_specialized(128, 6),
         "rs_w128_t64_d6_ws": _warp_specialized(64, 6),
         "rs_w128_t256_d4_ws": _warp_specialized(256, 4),
+        "rs_w128_t128_d6_ws_h2": _warp_specialized(128, 6, 2),
+        "rs_w128_t256_d4_ws_h2": _warp_specialized(256, 4, 2),
     }
 )
 
