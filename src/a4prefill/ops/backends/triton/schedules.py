@@ -430,8 +430,14 @@ class PrefillGemm:
 def _warp_specialized(routes: int, depth: int, wgmmas_per_step: int = 1) -> PrefillGemm:
     """The warp-specialized register-weights schedule of ``routes``-route tiles, ``depth`` ring
     slots (128 weight rows) and ``wgmmas_per_step`` wgmmas per step."""
-    options = {"register_weights": True, "warp_specialized": True, "wgmmas_per_step": wgmmas_per_step}
-    return PrefillGemm(128, routes, depth=depth, **options)
+    return PrefillGemm(
+        128,
+        routes,
+        depth=depth,
+        register_weights=True,
+        warp_specialized=True,
+        wgmmas_per_step=wgmmas_per_step,
+    )
 
 
 # The prefill GEMM schedules the benchmark compares (benchmarks/bench_prefill_gemm.py). In the H200
