@@ -263,6 +263,8 @@ PREFILL_SWEEP = [
     ("rs_w128_t128_d4_ws", "rs_w128_t128_d4_ws"),
     ("rs_w128_t128_d6_ws", "rs_w128_t128_d6_ws"),
     ("rs_w128_t256_d4_ws", "rs_w128_t256_d4_ws"),
+    ("rs_w128_t128_d6_ws_h2", "rs_w128_t128_d6_ws_h2"),
+    ("rs_w128_t256_d4_ws_h2", "rs_w128_t256_d4_ws_h2"),
     ("ws_t64_d10", "ws_t64_d10"),
     ("ws_t128_d8", "ws_t128_d8"),
     ("ws_t128_d8", "ws_t128_d6"),

@@ -13,6 +13,7 @@ same checks on an H200).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from typing import Any
@@ -193,7 +194,7 @@ def compile_prefill_kernel(schedule: PrefillGemm, a8: bool = False, **overrides:
         "MODE": 0,
         "HAS_LIMIT": False,
         "OUT_MMA_ORDER": False,
-        **schedule_constexprs(schedule),
+        **schedule_constexprs(schedule, overrides.get("MODE", 0)),
         **overrides,
     }
     kernel = schedule_kernel(schedule)
@@ -264,8 +265,10 @@ def test_each_schedule_compiles_to_wgmma_for_sm90():
         compiled = compile_prefill_kernel(schedule)
         ptx = compiled.asm["ptx"]
         assert f"wgmma.mma_async.sync.aligned.m64n{schedule.routes}k16.f32.bf16.bf16" in ptx, schedule
-        # one wgmma left in flight per step, except with one A register set (each retired at once)
-        in_flight = 0 if schedule.register_weights and schedule.a_register_sets == 1 else 1
+        # one wgmma left in flight per step, except with one A register set (each retired at
+        # once) but for the warp-specialized kernel's two wgmmas per step (one always in flight)
+        one_set = schedule.register_weights and schedule.a_register_sets == 1
+        in_flight = 0 if one_set and not (schedule.warp_specialized and schedule.wgmmas_per_step == 2) else 1
         if schedule.warp_specialized:  # codes and rows by TMA, scale bytes by cp.async
             assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::\w+\.global", ptx), schedule
             assert "cp.async.cg.shared.global" not in ptx, schedule
@@ -317,6 +320,26 @@ def test_the_register_weights_gemms_of_a_moe_call_keep_their_ctas_per_sm(label, 
     for kernel in (fc1, fc2):
         assert registers_per_thread(kernel) <= registers
         assert local_memory_in_k_loop(kernel) == []
+
+
+@pytest.mark.parametrize("label", ["rs_w128_t128_d6_ws_h2", "rs_w128_t256_d4_ws_h2"])
+def test_ptxas_keeps_a_wgmma_in_flight_in_the_two_wgmma_warp_specialized_kernel(label):
+    """The two-wgmmas-per-step consumers leave one wgmma in flight while they dequantize the other
+    half, and ptxas keeps it so: the SASS waits for all but one wgmma group (``WARPGROUP.DEPBAR.LE
+    gsb0, 0x1``). ptxas serializes every wgmma of a kernel (a ``0x0`` wait after each, "C7512
+    ... insufficient register resources") whose pipelined wgmmas sit in a worker partition of
+    ``gl.warp_specialize`` (Triton 3.6 and 3.9: the workers run inside a dispatch loop); this
+    kernel's first cut, one consumer warpgroup per partition as with one wgmma per step, was
+    serialized so at 128-route tiles (checked offline with Triton 3.6 and 3.9: this test fails
+    there). Both consumer warpgroups are therefore the 8-warp default partition. FC1
+    (SwiGLU) and FC2 (alpha), W4A16, with the launcher's partitions."""
+    schedule = PREFILL_SCHEDULES[label]
+    swiglu, alpha = PREFILL_EPILOGUES["swiglu"], PREFILL_EPILOGUES["alpha"]
+    fc1 = compile_prefill_kernel(schedule, EPILOGUE=swiglu, OUT_MMA_ORDER=True)
+    fc2 = compile_prefill_kernel(schedule, GATHER=False, EPILOGUE=alpha)
+    for kernel in (fc1, fc2):
+        waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[01])", cuobjdump(kernel, "-sass"))
+        assert "0x1" in waits, waits
 
 
 @pytest.mark.parametrize("mode", [pytest.param(MODE_W4A16, id="w4a16"), pytest.param(MODE_SPLIT, id="split")])
@@ -441,12 +464,14 @@ def test_schedules_refuse_what_the_kernel_cannot_run():
         {"routes": 128},  # weights in shared memory
         {"weight_rows": 64, "routes": 128, "register_weights": True},
         {"routes": 128, "register_weights": True, "register_cap": 128},
-        {"routes": 128, "register_weights": True, "wgmmas_per_step": 2},
+        {"routes": 128, "register_weights": True, "weight_ahead": 6},
     ):
         with pytest.raises(ValueError, match="warp_specialized needs register_weights, 128 weight rows"):
             PrefillGemm(**not_warp_specializable, warp_specialized=True)
     warp_specialized = PrefillGemm(128, 128, register_weights=True, warp_specialized=True)
     assert warp_specialized.warps == 4  # the default partition; the workers add theirs
+    # two wgmmas per step: both consumer warpgroups form the default partition
+    assert dataclasses.replace(warp_specialized, wgmmas_per_step=2).warps == 8
     assert warp_specialized.max_registers(MODE_SPLIT) == 0  # no maxnreg under setmaxnreg
     with pytest.raises(ValueError, match="multiple of 64"):
         mma_column_order(96, torch.device("cpu"))
@@ -695,7 +720,7 @@ def prefill_moe_on_cpu(interpreted):
         (96, None, "rs_w128_t64_d4_r80", "rs_w128_t64_d4_r80"),  # 48 routes per expert
         (160, None, "rs_w128_t128_d6_ws", "rs_w128_t128_d6_ws"),  # 80 routes per expert
         (160, 2.5, "rs_w128_t128_d6_ws", "rs_w128_t128_d6_ws"),
-        (400, None, "rs_w128_t256_d4_ws", "rs_w128_t256_d4_ws"),  # 200 routes per expert
+        (400, None, "rs_w128_t256_d4_ws_h2", "rs_w128_t256_d4_ws_h2"),  # 200 routes per expert
     ],
 )
 def test_a_w4a16_prefill_call_runs_the_prefill_gemms_and_matches_the_reference(
@@ -794,7 +819,6 @@ def test_an_explicit_config_runs_its_prefill_tiles_at_any_size_and_matches_the_r
     size's choice off the decode kernels is the tiled kernels), launches their kernels (32-route
     tiles, weights in registers: one FC1 and one FC2 launch) and stays within the W4A16 bounds of
     the reference."""
-    import dataclasses
 
     from a4prefill.ops.backends.triton.fused import fused_moe
     from a4prefill.ops.backends.triton.plan import plan_call
@@ -825,7 +849,6 @@ def test_an_explicit_config_runs_its_prefill_tiles_at_any_size_and_matches_the_r
 def test_an_explicit_config_with_prefill_tiles_the_shapes_cannot_take_or_with_decode_is_refused():
     """``GemmConfig(prefill=...)`` with ``decode`` also set, or prefill tiles that do not divide
     the layer (``2 * intermediate`` rows by 128-row CTAs), is a ``ValueError`` naming the field."""
-    import dataclasses
 
     from a4prefill.ops.backends.triton.plan import plan_call
     from a4prefill.ops.backends.triton.schedules import choose_config

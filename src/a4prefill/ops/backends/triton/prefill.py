@@ -39,12 +39,14 @@ def mma_column_order(k: int, device: torch.device) -> torch.Tensor:
 register_state(__name__, mma_column_order.cache_clear, mma_column_order)
 
 
-def ws_partitions(routes: int) -> Mapping[str, int]:
+def ws_partitions(routes: int, wgmmas_per_step: int = 1, mode: int = MODE_W4A16) -> Mapping[str, int]:
     """The warp-specialized kernel's workers for ``routes``-route tiles (its ``PRODUCER_WARPS``,
-    ``PRODUCER_REGISTERS`` and ``CONSUMER_REGISTERS`` constexprs): a producer warpgroup and the
-    second consumer warpgroup, registers per thread set by ``setmaxnreg`` (the default partition,
-    the first consumer, gets what they leave it; 384 threads, one CTA per SM, 512 registers per
-    thread summed over the three warpgroups at most).
+    ``PRODUCER_REGISTERS`` and ``CONSUMER_REGISTERS`` constexprs), registers per thread set by
+    ``setmaxnreg``; 384 threads, one CTA per SM, 512 registers per thread summed over the three
+    warpgroups at most.
+
+    One wgmma per step (``wgmmas_per_step`` 1): a producer warpgroup and the second consumer
+    warpgroup as workers (the default partition, the first consumer, gets what they leave it).
 
     - Up to 128 routes: producer 80, consumers 216. With the cp.async producer (tenth round) 64
       spilled copy addresses, 80 nothing; with TMA copies (eleventh round) 56 spilled 16-32
@@ -53,8 +55,19 @@ def ws_partitions(routes: int) -> Mapping[str, int]:
       216 the 256-route kernel spilled in its K loop (tenth round), at 224 the W4A16 kernels spill
       nothing and the split FC1 16 local accesses outside the K loop (Triton 3.6).
 
+    Two wgmmas per step: the producer warpgroup is the only worker (``CONSUMER_REGISTERS`` 0, not
+    read); the default partition of 8 warps gets the rest. At 256 routes the producer takes 72
+    registers (the default partition 216) in W4A16 and A4 calls and 56 (224) in split calls:
+    with 56 the W4A16 and A4 FC1 spill 19 local accesses, with 72 none, while the split FC1
+    spills 35 with 72 and 4 with 56 (Triton 3.6, none in the K loop; mode ``precision.MODE_*``).
+    Up to 128 routes 80, as with one wgmma.
+
     Checked offline by ``tests/test_triton_prefill_on_cpu.py``. A producer of 8 warps (64
     registers, consumers 192) was 5% slower at 4096 tokens on the H200 (tenth round)."""
+    if wgmmas_per_step == 2:
+        producer = 80 if routes <= 128 else 56 if mode == MODE_SPLIT else 72
+        partitions = {"PRODUCER_WARPS": 4, "PRODUCER_REGISTERS": producer, "CONSUMER_REGISTERS": 0}
+        return MappingProxyType(partitions)
     if routes > 128:
         return MappingProxyType({"PRODUCER_WARPS": 4, "PRODUCER_REGISTERS": 56, "CONSUMER_REGISTERS": 224})
     return MappingProxyType({"PRODUCER_WARPS": 4, "PRODUCER_REGISTERS": 80, "CONSUMER_REGISTERS": 216})
@@ -83,14 +96,15 @@ def schedule_kernel(schedule: PrefillGemm) -> Any:
     return kernels.grouped_w4_gemm_rs_kernel if schedule.register_weights else kernels.grouped_w4_gemm_kernel
 
 
-def schedule_constexprs(schedule: PrefillGemm) -> dict[str, int | bool]:
-    """The constexprs that ``schedule`` sets on :func:`schedule_kernel`: the tile (``BT``,
-    ``DEPTH`` and, but for the warp-specialized kernel, ``BW``), then per kernel ``WEIGHT_AHEAD``,
-    ``A_SETS``, ``WGMMAS`` (register weights), :func:`ws_partitions` (warp-specialized) or ``BK``.
-    What :func:`launch_prefill_gemm` compiles; the tests compile the same offline."""
+def schedule_constexprs(schedule: PrefillGemm, mode: int = MODE_W4A16) -> dict[str, int | bool]:
+    """The constexprs that ``schedule`` sets on :func:`schedule_kernel` in precision mode ``mode``:
+    the tile (``BT``, ``DEPTH`` and, but for the warp-specialized kernel, ``BW``), then per kernel
+    ``WEIGHT_AHEAD``, ``A_SETS``, ``WGMMAS`` (register weights), :func:`ws_partitions` and
+    ``WGMMAS`` (warp-specialized) or ``BK``. What :func:`launch_prefill_gemm` compiles; the tests
+    compile the same offline."""
     constexprs: dict[str, int | bool] = {"BT": schedule.routes, "DEPTH": schedule.depth}
     if schedule.warp_specialized:
-        constexprs.update(ws_partitions(schedule.routes))
+        constexprs.update(ws_partitions(schedule.routes, schedule.wgmmas_per_step, mode))
         constexprs["WGMMAS"] = schedule.wgmmas_per_step
     elif schedule.register_weights:
         constexprs["BW"] = schedule.weight_rows
@@ -175,6 +189,7 @@ def launch_prefill_gemm(
     if x_block_scales is not None and (
         not schedule.warp_specialized
         or schedule.routes != 128
+        or schedule.wgmmas_per_step != 1
         or mode != MODE_W4A16
         or k % 128
         or x_mma_order
@@ -183,7 +198,8 @@ def launch_prefill_gemm(
         or tuple(x_block_scales.shape) != (x.shape[0], k // 128)
     ):
         raise ValueError(
-            "x_block_scales (A8) needs fp32 [x rows, K / 128], a warp-specialized schedule of 128 routes, "
+            "x_block_scales (A8) needs fp32 [x rows, K / 128], a warp-specialized schedule of 128 routes "
+            "and one wgmma per step, "
             f"mode W4A16, K a multiple of 128 and no column order; got {schedule}, mode {mode}, K={k}, "
             f"scales {x_block_scales.dtype} {tuple(x_block_scales.shape)}"
         )
@@ -222,7 +238,7 @@ def launch_prefill_gemm(
     if out_mma_order and out_n % 64:
         raise ValueError(f"out_mma_order needs out's row length ({out_n}) to be a multiple of 64")
     constexprs = {
-        **schedule_constexprs(schedule),
+        **schedule_constexprs(schedule, mode),
         "EPILOGUE": PREFILL_EPILOGUES[epilogue],
         "MODE": mode,
         "HAS_LIMIT": swiglu_limit is not None,

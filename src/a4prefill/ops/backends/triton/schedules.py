@@ -531,7 +531,11 @@ def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: i
     - then the warp-specialized kernel on 256-route tiles, 4 ring slots (8192 tokens: 4073 us
       against 4839 for the register-weights FC1 with the shared-memory-weights FC2 on 256-route
       tiles and 5820 for 128-route warp-specialized tiles; 16384: 7843 against 8787; eleventh
-      round)."""
+      round), with two wgmmas per step (fourteenth round, 2026-12-04: W4A16 within run-to-run
+      noise of one wgmma per step, 3865 against 3940-4104 us at 8192 tokens and 8148 against
+      7855-8384 at 16384, while A4 took 4295 against 5140-5212 and split 3873 against
+      5174-5185 at 8192, 8501 and 8466 against 10100-10173 at 16384). On 128-route tiles two
+      wgmmas per step were slower (4096 tokens: 3107 against 3021 us, A4 3249 against 2861)."""
     rows_per_expert = routes / max(1, experts)
     if rows_per_expert < PREFILL_MIN_ROWS_PER_EXPERT:
         return None
@@ -540,5 +544,6 @@ def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: i
     elif rows_per_expert < 160:
         tiles = PrefillTiles(PREFILL_SCHEDULES["rs_w128_t128_d6_ws"], PREFILL_SCHEDULES["rs_w128_t128_d6_ws"])
     else:
-        tiles = PrefillTiles(PREFILL_SCHEDULES["rs_w128_t256_d4_ws"], PREFILL_SCHEDULES["rs_w128_t256_d4_ws"])
+        large = PREFILL_SCHEDULES["rs_w128_t256_d4_ws_h2"]
+        tiles = PrefillTiles(large, large)
     return tiles if tiles.fits(hidden, intermediate) else None
