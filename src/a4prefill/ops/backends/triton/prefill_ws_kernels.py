@@ -20,19 +20,30 @@ mbarriers, never at a CTA barrier:
   TMA bytes landed. The activation rows are in sorted order: FC2's are, FC1's are gathered by
   token before the launch (``prefill.launch_prefill_gemm``: one ``[routes, K]`` copy), since
   Hopper's TMA has no gather;
-- two **consumers**, the default partition (weight rows 0-63) and a worker (rows 64-127), one
-  warpgroup each: per step each waits for ``ready``, reads its 64 rows' code and scale bytes in
-  :func:`~prefill_kernels.fragment_codes_layout` (the code rows as the TMA wrote them, in
-  :func:`~prefill_kernels.fragment_code_rows_layout`, then reshaped), dequantizes them into its
-  wgmma A registers, issues the wgmma on the slot's rows, retires it and releases the slot (one
-  arrival each, so ``empty`` counts two); after an item's last step each runs the epilogue of its 64 rows
-  (:func:`~prefill_kernels._epilogue` with 64 rows from ``n0 + 64 * w``: the SwiGLU row pairing
-  of :func:`~prefill_kernels._weight_row` holds per 16 rows, so the halves are independent).
+- two **consumers** (with ``WGMMAS = 1``), the default partition (weight rows 0-63) and a
+  worker (rows 64-127), one warpgroup each: per step each waits for ``ready``, reads its 64
+  rows' code and scale bytes in :func:`~prefill_kernels.fragment_codes_layout` (the code rows as
+  the TMA wrote them, in :func:`~prefill_kernels.fragment_code_rows_layout`, then reshaped),
+  dequantizes them into its wgmma A registers, issues the wgmma on the slot's rows, retires it
+  and releases the slot (one arrival each, so ``empty`` counts two); after an item's last step
+  each runs the epilogue of its 64 rows (:func:`~prefill_kernels._epilogue` with 64 rows from
+  ``n0 + 64 * w``: the SwiGLU row pairing of :func:`~prefill_kernels._weight_row` holds per 16
+  rows, so the halves are independent).
 
 The ring step ``s`` counts on across a program's items, so the producer copies the next item's
 first steps while the consumers run the epilogue of the last one. A consumer dequantizes while
 the other's wgmma runs. Same arguments, numerics and epilogues as the register-weights kernel
 (``x``'s columns in ``prefill.mma_column_order``; the ModelOpt code layout as loaded).
+
+With ``WGMMAS = 2`` (``PrefillGemm.wgmmas_per_step``; the default of 256-route tiles) both
+consumer warpgroups form the default partition (8 warps, one code path for the 128 rows; one
+arrival per slot, so ``empty`` counts one) and the producer is the only worker. Each step runs
+as two wgmmas of 32 columns with one always in flight (:func:`_mainloop_halves`): a warpgroup
+dequantizes each half while its previous half's wgmma runs, instead of waiting for its own
+wgmma and relying on the other warpgroup to fill the tensor core. Why one partition: ptxas
+serializes every wgmma of the kernel ("C7512 ... insufficient register resources", a wait after
+each) when the pipelined wgmmas sit in a worker partition (Triton 3.6 and 3.9;
+``tests/test_triton_prefill_on_cpu.py`` checks the SASS).
 
 Ordering (checked on the CPU by the TTGIR interpreter, which runs the partitions one at a time and
 switches at every mbarrier wait and after every arrival): slot ``s % DEPTH`` is refilled for
@@ -206,14 +217,14 @@ def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr):
 @gluon.jit
 def _mainloop(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr):
     """A consumer's ``steps`` steps of one work item, ring steps ``done`` on: its rows' fp32
-    accumulator ``[64, BT]``. Per step: wait for the slot's copies, dequantize its rows' weights
-    into the A registers, issue the wgmma, retire it (the next step's dequantization writes the
-    same registers) and release the slot.
+    accumulator ``[16 * num_warps, BT]``. Per step: wait for the slot's copies, dequantize its
+    rows' weights into the A registers, issue the wgmma, retire it (the next step's
+    dequantization writes the same registers) and release the slot.
 
     (Two sets of A registers with one wgmma left in flight, as ``grouped_w4_gemm_rs_kernel``'s
-    ``A_SETS = 2``, were tried in the tenth round: the ptxas of Triton 3.6 (CUDA 12.8)
-    serializes every wgmma of that loop, "insufficient register resources", with this kernel's
-    partitions; it was slower on the H200.)"""
+    ``A_SETS = 2``, were tried in the tenth round with one consumer per partition: ptxas
+    serialized every wgmma of the kernel, "insufficient register resources", the same that
+    :func:`_mainloop_halves` meets in a worker partition; it was slower on the H200.)"""
     c_ring, s_ring, x_ring, ready, empty = rings
     DEPTH: gl.constexpr = x_ring.shape[0]
     ACC: gl.constexpr = acc_layout(BT, gl.num_warps())
@@ -258,7 +269,9 @@ def _mainloop_halves(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr):
     the second half, issue its wgmma, retire the first half. The two halves' A operands are
     registers of their own (``first`` is free again once its wgmma retired; ``second`` stays live,
     a loop-carried value, until the next step's wait retires its wgmma). Returns the fp32
-    accumulator ``[64, BT]`` with every wgmma retired and every slot of the item released."""
+    accumulator ``[16 * num_warps, BT]`` with every wgmma retired and every slot of the item
+    released. Runs in the default partition only (module docstring: ptxas keeps the wgmma in
+    flight there, not in a worker), with both consumer warpgroups (``HALF`` 0, 8 warps)."""
     c_ring, s_ring, x_ring, ready, empty = rings
     DEPTH: gl.constexpr = x_ring.shape[0]
     HALF_STEP: gl.constexpr = STEP // 2
@@ -309,11 +322,13 @@ def _consume(
     A8: gl.constexpr,
     WGMMAS: gl.constexpr,
 ):
-    """A consumer partition (one warpgroup, weight rows ``64 * HALF`` to ``64 * HALF + 63`` of
-    each work item): for each of the program's work items in turn, every step's dequantization and
-    wgmma (:func:`_mainloop`, or with ``A8`` :func:`prefill_a8_kernels.mainloop_a8`), then the
-    epilogue of its rows, while the producer already copies the next item's first steps.
-    ``tensors``: the kernel's ``out_ptr`` to ``limit`` arguments, then the rings and barriers."""
+    """A consumer partition of ``R = 16 * num_warps`` weight rows of each work item, rows ``R *
+    HALF`` on (one warpgroup of 64 rows, ``HALF`` 0 or 1; with ``WGMMAS = 2`` both warpgroups, all
+    128 rows): for each of the program's work items in turn, every step's dequantization and
+    wgmma (:func:`_mainloop`, :func:`_mainloop_halves` with ``WGMMAS = 2``, or with ``A8``
+    :func:`prefill_a8_kernels.mainloop_a8`), then the epilogue of its rows, while the producer
+    already copies the next item's first steps. ``tensors``: the kernel's ``out_ptr`` to
+    ``limit`` arguments, then the rings and barriers."""
     (
         out_ptr,
         scale2_ptr,
@@ -422,7 +437,9 @@ def grouped_w4_gemm_ws_kernel(
     and ``BT`` routes, warp-specialized and persistent (module docstring): launched with 4 warps
     (the default partition, consumer 0), plus a consumer warpgroup and ``PRODUCER_WARPS``
     producer warps as workers (``PRODUCER_REGISTERS`` and ``CONSUMER_REGISTERS`` per thread,
-    ``setmaxnreg``). ``x_desc`` and ``codes_desc`` are :func:`tma_descriptors`' (the activation
+    ``setmaxnreg``); with ``WGMMAS = 2`` (two wgmmas per step, not with ``A8``) launched with 8
+    warps, both consumer warpgroups, and the producer as the only worker (``CONSUMER_REGISTERS``
+    not read). ``x_desc`` and ``codes_desc`` are :func:`tma_descriptors`' (the activation
     rows in sorted order: FC1's gathered by token before the launch). ``DEPTH`` ring slots, each a
     step's code bytes (128 x 32), scale bytes (128 x 4) and activation rows (``BT`` x 64 bf16).
     Grid ``(P,)``, any ``P >= 1`` (``prefill.persistent_programs``: one per SM).
