@@ -265,6 +265,8 @@ PREFILL_SWEEP = [
     ("rs_w128_t256_d4_ws", "rs_w128_t256_d4_ws"),
     ("rs_w128_t128_d6_ws_h2", "rs_w128_t128_d6_ws_h2"),
     ("rs_w128_t256_d4_ws_h2", "rs_w128_t256_d4_ws_h2"),
+    ("rs_w128_t128_d6_ws_x2_h2", "rs_w128_t128_d6_ws_x2_h2"),
+    ("rs_w128_t256_d4_ws_x2_h2", "rs_w128_t256_d4_ws_x2_h2"),
     ("ws_t64_d10", "ws_t64_d10"),
     ("ws_t128_d8", "ws_t128_d8"),
     ("ws_t128_d8", "ws_t128_d6"),
@@ -326,19 +328,27 @@ def decode_schedules(routes: int, experts: int, focus: bool = False) -> list[Any
 def sweep_gemm(name: str) -> Any:
     """The ``PrefillGemm`` of a :data:`PREFILL_SWEEP` name: a ``schedules.PREFILL_SCHEDULES``
     label, or ``ws_t<routes>_d<depth>`` (warp-specialized, 128 weight rows), with ``_h2`` its
-    two-wgmmas-per-step variant."""
+    two-wgmmas-per-step variant and ``_x2_h2`` that with two A register sets (one wgmma in
+    flight across steps)."""
     from a4prefill.ops.backends.triton.schedules import PREFILL_SCHEDULES, PrefillGemm
 
     if name in PREFILL_SCHEDULES:
         return PREFILL_SCHEDULES[name]
-    match = re.fullmatch(r"ws_t(\d+)_d(\d+)(_h2)?", name)
-    if match is None:
+    match = re.fullmatch(r"ws_t(\d+)_d(\d+)(_x2)?(_h2)?", name)
+    if match is None or (match[3] and not match[4]):
         raise ValueError(
-            f"a PREFILL_SWEEP name is a PREFILL_SCHEDULES label or ws_t<routes>_d<depth>[_h2], got {name!r}"
+            "a PREFILL_SWEEP name is a PREFILL_SCHEDULES label or ws_t<routes>_d<depth>[_h2|_x2_h2], "
+            f"got {name!r}"
         )
-    routes, depth, wgmmas = int(match[1]), int(match[2]), 2 if match[3] else 1
+    routes, depth = int(match[1]), int(match[2])
     return PrefillGemm(
-        128, routes, depth=depth, register_weights=True, warp_specialized=True, wgmmas_per_step=wgmmas
+        128,
+        routes,
+        depth=depth,
+        register_weights=True,
+        a_register_sets=2 if match[3] else 1,
+        wgmmas_per_step=2 if match[4] else 1,
+        warp_specialized=True,
     )
 
 

@@ -8,7 +8,7 @@ by token, random routing and bytes)::
         --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \
         --section MemoryWorkloadAnalysis --section SchedulerStats --page details --csv \
         python benchmarks/profile_prefill.py [--case 512:rs_w128_t32_d4 \
-            --case 8192:rs_w128_t256_d4_ws_h2] > ncu.csv
+            --case 8192:rs_w128_t256_d4_ws_x2_h2] > ncu.csv
 
 Each ``--case`` is ``TOKENS:SCHEDULE`` with a label of ``schedules.PREFILL_SCHEDULES``, or
 ``TOKENS:a8`` for the A8 GEMM (``schedules.A8_PREFILL`` on e4m3 rows and their block scales,
@@ -42,7 +42,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 EXPERTS, HIDDEN, INTERMEDIATE, TOP_K = 288, 4096, 1024, 8
-DEFAULT_CASES = ["512:rs_w128_t32_d4", "8192:rs_w128_t256_d4_ws_h2"]
+DEFAULT_CASES = ["512:rs_w128_t32_d4", "8192:rs_w128_t256_d4_ws_x2_h2"]
 A8_LABEL = "a8"  # a case's label for the A8 GEMM (``schedules.A8_PREFILL``, e4m3 rows and scales)
 TOP_INSTRUCTIONS = 30
 

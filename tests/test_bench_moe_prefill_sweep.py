@@ -61,16 +61,23 @@ def test_the_prefill_table_shows_each_pairs_w4a16_time_and_its_a4_and_split_rati
 
 
 def test_sweep_names_are_labels_or_warp_specialized_tiles_and_nothing_else(bench):
-    """``ws_t<routes>_d<depth>``: the warp-specialized schedule of 128 weight rows with those
-    tiles; a label stays its schedule; any other name is a ``ValueError`` naming the forms."""
+    """``ws_t<routes>_d<depth>[_h2|_x2_h2]``: the warp-specialized schedule of 128 weight rows with
+    those tiles (and two wgmmas per step, with one or two A register sets); a label stays its
+    schedule; any other name is a ``ValueError`` naming the forms."""
     from a4prefill.ops.backends.triton.schedules import PREFILL_SCHEDULES, PrefillGemm
 
     assert bench.sweep_gemm("ws_t128_d8") == PrefillGemm(
         128, 128, depth=8, register_weights=True, warp_specialized=True
     )
+    # _h2: two wgmmas per step; _x2_h2: and two A register sets (one wgmma in flight across steps)
+    assert bench.sweep_gemm("ws_t256_d5_h2") == PrefillGemm(
+        128, 256, depth=5, register_weights=True, wgmmas_per_step=2, warp_specialized=True
+    )
+    assert bench.sweep_gemm("ws_t128_d6_x2_h2") == PREFILL_SCHEDULES["rs_w128_t128_d6_ws_x2_h2"]
     assert bench.sweep_gemm("rs_w128_t32_d4") is PREFILL_SCHEDULES["rs_w128_t32_d4"]
-    with pytest.raises(ValueError, match="ws_t<routes>_d<depth>"):
-        bench.sweep_gemm("ws_t128")
+    for name in ("ws_t128", "ws_t128_d6_x2"):
+        with pytest.raises(ValueError, match="ws_t<routes>_d<depth>"):
+            bench.sweep_gemm(name)
 
 
 def test_prefill_tiles_given_on_the_command_line_replace_the_sweep_list(bench):

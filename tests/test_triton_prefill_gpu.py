@@ -55,8 +55,8 @@ def test_matches_the_fp32_product_eagerly_and_in_a_cuda_graph(label, gather):
     [
         (192, "rs_w128_t64_d4_r80"),
         (512, "rs_w128_t128_d6_ws"),
-        (1024, "rs_w128_t256_d4_ws_h2"),
-        (2048, "rs_w128_t256_d4_ws_h2"),
+        (1024, "rs_w128_t256_d4_ws_x2_h2"),
+        (2048, "rs_w128_t256_d4_ws_x2_h2"),
     ],
 )
 def test_the_w4a16_prefill_moe_matches_the_reference_eagerly_and_in_a_cuda_graph(tokens, fc1):
@@ -89,7 +89,7 @@ def test_the_w4a16_prefill_moe_matches_the_reference_eagerly_and_in_a_cuda_graph
 
 @pytest.mark.parametrize(
     ("tokens", "fc1"),
-    [(192, "rs_w128_t64_d4_r80"), (512, "rs_w128_t128_d6_ws"), (2048, "rs_w128_t256_d4_ws_h2")],
+    [(192, "rs_w128_t64_d4_r80"), (512, "rs_w128_t128_d6_ws"), (2048, "rs_w128_t256_d4_ws_x2_h2")],
 )
 def test_a4_and_split_prefill_moe_match_the_reference_eagerly_and_in_a_cuda_graph(tokens, fc1):
     """A4 and split calls of 48, 128 and 512 routes per expert through the prefill GEMMs (the

@@ -265,10 +265,8 @@ def test_each_schedule_compiles_to_wgmma_for_sm90():
         compiled = compile_prefill_kernel(schedule)
         ptx = compiled.asm["ptx"]
         assert f"wgmma.mma_async.sync.aligned.m64n{schedule.routes}k16.f32.bf16.bf16" in ptx, schedule
-        # one wgmma left in flight per step, except with one A register set (each retired at
-        # once) but for the warp-specialized kernel's two wgmmas per step (one always in flight)
-        one_set = schedule.register_weights and schedule.a_register_sets == 1
-        in_flight = 0 if one_set and not (schedule.warp_specialized and schedule.wgmmas_per_step == 2) else 1
+        # one wgmma left in flight per step, except with one A register set (each retired at once)
+        in_flight = 0 if schedule.register_weights and schedule.a_register_sets == 1 else 1
         if schedule.warp_specialized:  # codes and rows by TMA, scale bytes by cp.async
             assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::\w+\.global", ptx), schedule
             assert "cp.async.cg.shared.global" not in ptx, schedule
@@ -322,24 +320,50 @@ def test_the_register_weights_gemms_of_a_moe_call_keep_their_ctas_per_sm(label, 
         assert local_memory_in_k_loop(kernel) == []
 
 
-@pytest.mark.parametrize("label", ["rs_w128_t128_d6_ws_h2", "rs_w128_t256_d4_ws_h2"])
-def test_ptxas_keeps_a_wgmma_in_flight_in_the_two_wgmma_warp_specialized_kernel(label):
-    """The two-wgmmas-per-step consumers leave one wgmma in flight while they dequantize the other
-    half, and ptxas keeps it so: the SASS waits for all but one wgmma group (``WARPGROUP.DEPBAR.LE
-    gsb0, 0x1``). ptxas serializes every wgmma of a kernel (a ``0x0`` wait after each, "C7512
-    ... insufficient register resources") whose pipelined wgmmas sit in a worker partition of
-    ``gl.warp_specialize`` (Triton 3.6 and 3.9: the workers run inside a dispatch loop); this
-    kernel's first cut, one consumer warpgroup per partition as with one wgmma per step, was
-    serialized so at 128-route tiles (checked offline with Triton 3.6 and 3.9: this test fails
-    there). Both consumer warpgroups are therefore the 8-warp default partition. FC1
-    (SwiGLU) and FC2 (alpha), W4A16, with the launcher's partitions."""
+def wgmma_waits(compiled: Any) -> list[str]:
+    """The SASS of a kernel compiled offline as the sequence of its wgmma group ends (``"issue"``:
+    an ``HGMMA`` that closes a group, ``gsb0``) and its waits (``"wait 0x0"``: none left in
+    flight, ``"wait 0x1"``: one), in program order."""
+    events = re.findall(
+        r"HGMMA\.\S+ [^;]*gsb0 ;|WARPGROUP\.DEPBAR\.LE gsb0, (0x[01])", cuobjdump(compiled, "-sass")
+    )
+    return [f"wait {wait}" if wait else "issue" for wait in events]
+
+
+@pytest.mark.parametrize(
+    ("label", "across_steps"),
+    [
+        ("rs_w128_t128_d6_ws_h2", False),
+        ("rs_w128_t256_d4_ws_h2", False),
+        ("rs_w128_t128_d6_ws_x2_h2", True),
+        ("rs_w128_t256_d4_ws_x2_h2", True),
+    ],
+)
+def test_ptxas_keeps_the_two_wgmma_pipelines_of_the_warp_specialized_kernel(label, across_steps):
+    """Two wgmmas per step: a consumer dequantizes and issues a step's second half while its first
+    half's wgmma is in flight, and ptxas keeps that: with one A register set the SASS issues the
+    two wgmma groups with no wait between them and retires both at the step's end; with two sets
+    one wgmma stays in flight across steps too, each wait retiring all but the last group
+    (``WARPGROUP.DEPBAR.LE gsb0, 0x1``). ptxas serializes every wgmma of a kernel (a
+    ``0x0`` wait after each, "C7512 ... insufficient register resources") whose wgmmas stay in
+    flight across the K loop's steps in a worker partition of ``gl.warp_specialize``: the
+    two-set kernel's first cut, one consumer warpgroup per partition, was serialized so (Triton
+    3.6 at 128 and 256 routes, Triton 3.9 at 128: this test fails there), hence both consumer
+    warpgroups form the 8-warp default partition with two sets. Within a step the worker
+    partitions keep the pipeline. FC1 (SwiGLU) and FC2 (alpha), W4A16, with the launcher's
+    partitions."""
     schedule = PREFILL_SCHEDULES[label]
     swiglu, alpha = PREFILL_EPILOGUES["swiglu"], PREFILL_EPILOGUES["alpha"]
     fc1 = compile_prefill_kernel(schedule, EPILOGUE=swiglu, OUT_MMA_ORDER=True)
     fc2 = compile_prefill_kernel(schedule, GATHER=False, EPILOGUE=alpha)
     for kernel in (fc1, fc2):
-        waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[01])", cuobjdump(kernel, "-sass"))
-        assert "0x1" in waits, waits
+        events = wgmma_waits(kernel)
+        if across_steps:  # each wait leaves the last group in flight
+            assert "wait 0x1" in events, events
+        else:  # the halves' groups issued back to back, both retired at the step's end
+            assert any(events[i : i + 3] == ["issue", "issue", "wait 0x0"] for i in range(len(events))), (
+                events
+            )
 
 
 @pytest.mark.parametrize("mode", [pytest.param(MODE_W4A16, id="w4a16"), pytest.param(MODE_SPLIT, id="split")])
@@ -470,8 +494,11 @@ def test_schedules_refuse_what_the_kernel_cannot_run():
             PrefillGemm(**not_warp_specializable, warp_specialized=True)
     warp_specialized = PrefillGemm(128, 128, register_weights=True, warp_specialized=True)
     assert warp_specialized.warps == 4  # the default partition; the workers add theirs
-    # two wgmmas per step: both consumer warpgroups form the default partition
-    assert dataclasses.replace(warp_specialized, wgmmas_per_step=2).warps == 8
+    # two A register sets (two wgmmas per step): both consumer warpgroups form the default partition
+    assert dataclasses.replace(warp_specialized, wgmmas_per_step=2).warps == 4
+    assert dataclasses.replace(warp_specialized, wgmmas_per_step=2, a_register_sets=2).warps == 8
+    with pytest.raises(ValueError, match="warp_specialized needs register_weights, 128 weight rows"):
+        dataclasses.replace(warp_specialized, a_register_sets=2)  # two sets need two wgmmas per step
     assert warp_specialized.max_registers(MODE_SPLIT) == 0  # no maxnreg under setmaxnreg
     with pytest.raises(ValueError, match="multiple of 64"):
         mma_column_order(96, torch.device("cpu"))
@@ -720,7 +747,7 @@ def prefill_moe_on_cpu(interpreted):
         (96, None, "rs_w128_t64_d4_r80", "rs_w128_t64_d4_r80"),  # 48 routes per expert
         (160, None, "rs_w128_t128_d6_ws", "rs_w128_t128_d6_ws"),  # 80 routes per expert
         (160, 2.5, "rs_w128_t128_d6_ws", "rs_w128_t128_d6_ws"),
-        (400, None, "rs_w128_t256_d4_ws_h2", "rs_w128_t256_d4_ws_h2"),  # 200 routes per expert
+        (400, None, "rs_w128_t256_d4_ws_x2_h2", "rs_w128_t256_d4_ws_x2_h2"),  # 200 routes per expert
     ],
 )
 def test_a_w4a16_prefill_call_runs_the_prefill_gemms_and_matches_the_reference(

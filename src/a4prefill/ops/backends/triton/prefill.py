@@ -39,14 +39,15 @@ def mma_column_order(k: int, device: torch.device) -> torch.Tensor:
 register_state(__name__, mma_column_order.cache_clear, mma_column_order)
 
 
-def ws_partitions(routes: int, wgmmas_per_step: int = 1, mode: int = MODE_W4A16) -> Mapping[str, int]:
+def ws_partitions(routes: int, a_register_sets: int = 1, mode: int = MODE_W4A16) -> Mapping[str, int]:
     """The warp-specialized kernel's workers for ``routes``-route tiles (its ``PRODUCER_WARPS``,
     ``PRODUCER_REGISTERS`` and ``CONSUMER_REGISTERS`` constexprs), registers per thread set by
     ``setmaxnreg``; 384 threads, one CTA per SM, 512 registers per thread summed over the three
     warpgroups at most.
 
-    One wgmma per step (``wgmmas_per_step`` 1): a producer warpgroup and the second consumer
-    warpgroup as workers (the default partition, the first consumer, gets what they leave it).
+    One A register set (``a_register_sets`` 1, one or two wgmmas per step): a producer warpgroup
+    and the second consumer warpgroup as workers (the default partition, the first consumer,
+    gets what they leave it).
 
     - Up to 128 routes: producer 80, consumers 216. With the cp.async producer (tenth round) 64
       spilled copy addresses, 80 nothing; with TMA copies (eleventh round) 56 spilled 16-32
@@ -55,16 +56,17 @@ def ws_partitions(routes: int, wgmmas_per_step: int = 1, mode: int = MODE_W4A16)
       216 the 256-route kernel spilled in its K loop (tenth round), at 224 the W4A16 kernels spill
       nothing and the split FC1 16 local accesses outside the K loop (Triton 3.6).
 
-    Two wgmmas per step: the producer warpgroup is the only worker (``CONSUMER_REGISTERS`` 0, not
-    read); the default partition of 8 warps gets the rest. At 256 routes the producer takes 72
+    Two A register sets (two wgmmas per step, one always in flight): the producer warpgroup is
+    the only worker (``CONSUMER_REGISTERS`` 0, not read); the default partition of 8 warps gets
+    the rest. At 256 routes the producer takes 72
     registers (the default partition 216) in W4A16 and A4 calls and 56 (224) in split calls:
     with 56 the W4A16 and A4 FC1 spill 19 local accesses, with 72 none, while the split FC1
     spills 35 with 72 and 4 with 56 (Triton 3.6, none in the K loop; mode ``precision.MODE_*``).
-    Up to 128 routes 80, as with one wgmma.
+    Up to 128 routes 80, as with one set.
 
     Checked offline by ``tests/test_triton_prefill_on_cpu.py``. A producer of 8 warps (64
     registers, consumers 192) was 5% slower at 4096 tokens on the H200 (tenth round)."""
-    if wgmmas_per_step == 2:
+    if a_register_sets == 2:
         producer = 80 if routes <= 128 else 56 if mode == MODE_SPLIT else 72
         partitions = {"PRODUCER_WARPS": 4, "PRODUCER_REGISTERS": producer, "CONSUMER_REGISTERS": 0}
         return MappingProxyType(partitions)
@@ -99,13 +101,14 @@ def schedule_kernel(schedule: PrefillGemm) -> Any:
 def schedule_constexprs(schedule: PrefillGemm, mode: int = MODE_W4A16) -> dict[str, int | bool]:
     """The constexprs that ``schedule`` sets on :func:`schedule_kernel` in precision mode ``mode``:
     the tile (``BT``, ``DEPTH`` and, but for the warp-specialized kernel, ``BW``), then per kernel
-    ``WEIGHT_AHEAD``, ``A_SETS``, ``WGMMAS`` (register weights), :func:`ws_partitions` and
-    ``WGMMAS`` (warp-specialized) or ``BK``. What :func:`launch_prefill_gemm` compiles; the tests
-    compile the same offline."""
+    ``WEIGHT_AHEAD``, ``A_SETS``, ``WGMMAS`` (register weights), :func:`ws_partitions`,
+    ``WGMMAS`` and ``A_SETS`` (warp-specialized) or ``BK``. What :func:`launch_prefill_gemm`
+    compiles; the tests compile the same offline."""
     constexprs: dict[str, int | bool] = {"BT": schedule.routes, "DEPTH": schedule.depth}
     if schedule.warp_specialized:
-        constexprs.update(ws_partitions(schedule.routes, schedule.wgmmas_per_step, mode))
+        constexprs.update(ws_partitions(schedule.routes, schedule.a_register_sets, mode))
         constexprs["WGMMAS"] = schedule.wgmmas_per_step
+        constexprs["A_SETS"] = schedule.a_register_sets
     elif schedule.register_weights:
         constexprs["BW"] = schedule.weight_rows
         constexprs["WEIGHT_AHEAD"] = schedule.weights_ahead

@@ -262,22 +262,28 @@ def _byte_halves(codes, HALF_LAYOUT: gl.constexpr):
 
 
 @gluon.jit
-def _mainloop_halves(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr):
-    """:func:`_mainloop` with each step's 64 columns as two wgmmas of 32, one of them always in
-    flight while the consumer dequantizes the other: per step, dequantize the first half, issue
-    its wgmma, retire the previous step's second half (and release that step's slot), dequantize
-    the second half, issue its wgmma, retire the first half. The two halves' A operands are
-    registers of their own (``first`` is free again once its wgmma retired; ``second`` stays live,
-    a loop-carried value, until the next step's wait retires its wgmma). Returns the fp32
-    accumulator ``[16 * num_warps, BT]`` with every wgmma retired and every slot of the item
-    released. Runs in the default partition only (module docstring: ptxas keeps the wgmma in
-    flight there, not in a worker), with both consumer warpgroups (``HALF`` 0, 8 warps)."""
+def _mainloop_halves(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr, A_SETS: gl.constexpr):
+    """:func:`_mainloop` with each step's 64 columns as two wgmmas of 32, each half's A operand in
+    registers of its own, the second half dequantized while the first half's wgmma runs.
+
+    - ``A_SETS = 1``: each step's wait retires both halves before the slot is released and the
+      next step begins (nothing in flight across steps): the two consumer partitions still
+      alternate at the tensor core;
+    - ``A_SETS = 2``: one wgmma always in flight, across steps too: per step, dequantize the first
+      half, issue its wgmma, retire the previous step's second half (and release that step's
+      slot), dequantize the second half, issue its wgmma, retire the first half. ``second`` stays
+      live, a loop-carried value, until the next step's wait retires its wgmma. Only in the
+      default partition with both consumer warpgroups (``HALF`` 0, 8 warps; module docstring:
+      ptxas keeps this pipeline there, not in a worker).
+
+    Returns the fp32 accumulator ``[16 * num_warps, BT]`` with every wgmma retired and every slot
+    of the item released."""
     c_ring, s_ring, x_ring, ready, empty = rings
     DEPTH: gl.constexpr = x_ring.shape[0]
     HALF_STEP: gl.constexpr = STEP // 2
+    ROWS: gl.constexpr = 16 * gl.num_warps()  # the partition's weight rows
     ACC: gl.constexpr = acc_layout(BT, gl.num_warps())
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
-    ROWS: gl.constexpr = 16 * gl.num_warps()  # the partition's weight rows
     FL: gl.constexpr = fragment_codes_layout(ROWS, gl.num_warps(), 8)
     FL_HALF: gl.constexpr = fragment_codes_layout(ROWS, gl.num_warps(), 4)
     FL_ROWS: gl.constexpr = fragment_code_rows_layout(ROWS, gl.num_warps())
@@ -296,17 +302,23 @@ def _mainloop_halves(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr):
         x_slot = x_ring.index(slot)
         first = _dequant_fragment(first_codes, scales, A_LAYOUT, ROWS)
         acc = warpgroup_mma(first, x_slot.slice(0, HALF_STEP, dim=1).permute((1, 0)), acc, is_async=True)
-        acc, second = warpgroup_mma_wait(num_outstanding=1, deps=(acc, second))
-        if step > 0:  # the previous step's second half retired: its slot is free
-            mbarrier.arrive(empty.index((s - 1) % DEPTH))
+        if A_SETS == 2:
+            acc, second = warpgroup_mma_wait(num_outstanding=1, deps=(acc, second))
+            if step > 0:  # the previous step's second half retired: its slot is free
+                mbarrier.arrive(empty.index((s - 1) % DEPTH))
         second = _dequant_fragment(second_codes, scales, A_LAYOUT, ROWS)
         acc = warpgroup_mma(
             second, x_slot.slice(HALF_STEP, HALF_STEP, dim=1).permute((1, 0)), acc, is_async=True
         )
-        acc, first = warpgroup_mma_wait(num_outstanding=1, deps=(acc, first))
-    acc, second = warpgroup_mma_wait(num_outstanding=0, deps=(acc, second))
-    if steps > 0:
-        mbarrier.arrive(empty.index((done + steps - 1) % DEPTH))
+        if A_SETS == 2:
+            acc, first = warpgroup_mma_wait(num_outstanding=1, deps=(acc, first))
+        else:
+            acc, first, second = warpgroup_mma_wait(num_outstanding=0, deps=(acc, first, second))
+            mbarrier.arrive(empty.index(slot))
+    if A_SETS == 2:
+        acc, second = warpgroup_mma_wait(num_outstanding=0, deps=(acc, second))
+        if steps > 0:
+            mbarrier.arrive(empty.index((done + steps - 1) % DEPTH))
     return acc
 
 
@@ -321,9 +333,10 @@ def _consume(
     OUT_MMA_ORDER: gl.constexpr,
     A8: gl.constexpr,
     WGMMAS: gl.constexpr,
+    A_SETS: gl.constexpr,
 ):
     """A consumer partition of ``R = 16 * num_warps`` weight rows of each work item, rows ``R *
-    HALF`` on (one warpgroup of 64 rows, ``HALF`` 0 or 1; with ``WGMMAS = 2`` both warpgroups, all
+    HALF`` on (one warpgroup of 64 rows, ``HALF`` 0 or 1; with ``A_SETS = 2`` both warpgroups, all
     128 rows): for each of the program's work items in turn, every step's dequantization and
     wgmma (:func:`_mainloop`, :func:`_mainloop_halves` with ``WGMMAS = 2``, or with ``A8``
     :func:`prefill_a8_kernels.mainloop_a8`), then the epilogue of its rows, while the producer
@@ -367,7 +380,7 @@ def _consume(
         if A8:
             acc = mainloop_a8(done, steps, HALF, rings, BT)
         elif WGMMAS == 2:
-            acc = _mainloop_halves(done, steps, HALF, rings, BT)
+            acc = _mainloop_halves(done, steps, HALF, rings, BT, A_SETS)
         else:
             acc = _mainloop(done, steps, HALF, rings, BT)
         _epilogue(
@@ -432,6 +445,7 @@ def grouped_w4_gemm_ws_kernel(
     xs_ptr=None,
     A8: gl.constexpr = False,
     WGMMAS: gl.constexpr = 1,
+    A_SETS: gl.constexpr = 1,
 ):
     """``grouped_w4_gemm_rs_kernel``'s product and epilogues for work items of 128 weight rows
     and ``BT`` routes, warp-specialized and persistent (module docstring): launched with 4 warps
@@ -450,7 +464,7 @@ def grouped_w4_gemm_ws_kernel(
     ``[K / 128, ROUTES]`` in sorted order), each consumer with a ``[64, 128]`` e4m3 buffer of its
     converted weights."""
     PLAIN2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    CONSUMERS: gl.constexpr = 3 - WGMMAS  # consumer partitions: two warpgroups, or one of 8 warps
+    CONSUMERS: gl.constexpr = 3 - A_SETS  # consumer partitions: two warpgroups, or one of 8 warps
     BARRIER: gl.constexpr = mbarrier.MBarrierLayout()
     CODE_STEP: gl.constexpr = codes_desc.block_type.shape[1]
     c_ring = gl.allocate_shared_memory(gl.uint8, [DEPTH, ITEM_ROWS, CODE_STEP], codes_desc.layout)
@@ -505,10 +519,10 @@ def grouped_w4_gemm_ws_kernel(
         xs_ptr,
         rings,
     )
-    if WGMMAS == 2:  # both warpgroups in the default partition (8 warps), the producer a worker
+    if A_SETS == 2:  # both warpgroups in the default partition (8 warps), the producer a worker
         gl.warp_specialize(
             [
-                (_consume, (0, consumer, EPILOGUE, MODE, HAS_LIMIT, BT, OUT_MMA_ORDER, A8, WGMMAS)),
+                (_consume, (0, consumer, EPILOGUE, MODE, HAS_LIMIT, BT, OUT_MMA_ORDER, A8, WGMMAS, A_SETS)),
                 (_produce, (producer, EPILOGUE, A8)),
             ],
             [PRODUCER_WARPS],
@@ -517,8 +531,8 @@ def grouped_w4_gemm_ws_kernel(
     else:
         gl.warp_specialize(
             [
-                (_consume, (0, consumer, EPILOGUE, MODE, HAS_LIMIT, BT, OUT_MMA_ORDER, A8, WGMMAS)),
-                (_consume, (1, consumer, EPILOGUE, MODE, HAS_LIMIT, BT, OUT_MMA_ORDER, A8, WGMMAS)),
+                (_consume, (0, consumer, EPILOGUE, MODE, HAS_LIMIT, BT, OUT_MMA_ORDER, A8, WGMMAS, A_SETS)),
+                (_consume, (1, consumer, EPILOGUE, MODE, HAS_LIMIT, BT, OUT_MMA_ORDER, A8, WGMMAS, A_SETS)),
                 (_produce, (producer, EPILOGUE, A8)),
             ],
             [4, PRODUCER_WARPS],

@@ -292,11 +292,14 @@ class PrefillGemm:
     set): a step's 64 columns as that many wgmmas, each later one's A operand dequantized while
     the earlier ones run. ``register_cap`` (0, 80, 96 or 128): the register cap per thread
     (``maxnreg``) of the kernel in every precision mode, 0 for :meth:`max_registers`' default.
-    ``warp_specialized`` (register weights, 128 weight rows, one wgmma per step, no cap, routes
-    16 to 256, one A register set): ``prefill_ws_kernels.grouped_w4_gemm_ws_kernel``,
+    ``warp_specialized`` (register weights, 128 weight rows, no cap, routes 16 to 256; two A
+    register sets only with two wgmmas per step): ``prefill_ws_kernels.grouped_w4_gemm_ws_kernel``,
     persistent (one program per SM), a producer warpgroup copying ``depth`` steps ahead and the
     two consumer warpgroups decoupled through mbarriers (no CTA barrier per step); launched with 4
-    warps plus its workers.
+    warps plus its workers. There ``wgmmas_per_step = 2`` dequantizes each step's second half
+    while the first half's wgmma runs, both retired at the step's end, and ``a_register_sets = 2``
+    (with it) keeps one wgmma in flight across steps too, both consumer warpgroups then forming
+    one 8-warp partition (``prefill_ws_kernels._mainloop_halves``).
     A CTA's buffers (:attr:`shared_bytes`) must fit an H100/H200 CTA's 227 KiB of shared memory."""
 
     weight_rows: int = 128
@@ -332,12 +335,13 @@ class PrefillGemm:
                 "PrefillGemm.a_register_sets must be 1, or 2 with register_weights, "
                 f"got {self.a_register_sets}"
             )
+        two_sets_ok = self.a_register_sets == 1 or self.warp_specialized
         if self.wgmmas_per_step not in (1, 2) or (
-            self.wgmmas_per_step == 2 and (not self.register_weights or self.a_register_sets != 1)
+            self.wgmmas_per_step == 2 and (not self.register_weights or not two_sets_ok)
         ):
             raise ValueError(
                 "PrefillGemm.wgmmas_per_step must be 1, or 2 with register_weights and one A register "
-                f"set, got {self.wgmmas_per_step}"
+                f"set (or warp_specialized), got {self.wgmmas_per_step}"
             )
         max_depth = 12 if self.warp_specialized else 8
         if not 3 <= self.depth <= max_depth:
@@ -351,13 +355,14 @@ class PrefillGemm:
         if self.warp_specialized and not (
             self.register_weights
             and self.weight_rows == 128
-            and self.a_register_sets == 1
+            and (self.a_register_sets == 1 or self.wgmmas_per_step == 2)
             and not self.register_cap
             and not self.weight_ahead
         ):
             raise ValueError(
                 "PrefillGemm.warp_specialized needs register_weights, 128 weight rows, "
-                f"one A register set, no register cap and no weight_ahead, got {self}"
+                f"one A register set (two only with two wgmmas per step), no register cap and no "
+                f"weight_ahead, got {self}"
             )
         if self.shared_bytes > 227 * 1024:
             raise ValueError(
@@ -369,7 +374,7 @@ class PrefillGemm:
         """Warps the CTA is launched with: one warpgroup (4 warps) per 64 weight rows; with
         :attr:`warp_specialized` the default partition's warpgroup (its workers add their own)."""
         if self.warp_specialized:
-            return 4 * self.wgmmas_per_step
+            return 4 * self.a_register_sets
         return self.weight_rows // 16
 
     @property
@@ -427,16 +432,19 @@ class PrefillGemm:
         return f"{kernel}{tile}{ahead}{sets}{halves}{cap}"
 
 
-def _warp_specialized(routes: int, depth: int, wgmmas_per_step: int = 1) -> PrefillGemm:
+def _warp_specialized(
+    routes: int, depth: int, wgmmas_per_step: int = 1, a_register_sets: int = 1
+) -> PrefillGemm:
     """The warp-specialized register-weights schedule of ``routes``-route tiles, ``depth`` ring
-    slots (128 weight rows) and ``wgmmas_per_step`` wgmmas per step."""
+    slots (128 weight rows), ``wgmmas_per_step`` wgmmas per step and ``a_register_sets``."""
     return PrefillGemm(
         128,
         routes,
         depth=depth,
         register_weights=True,
-        warp_specialized=True,
+        a_register_sets=a_register_sets,
         wgmmas_per_step=wgmmas_per_step,
+        warp_specialized=True,
     )
 
 
@@ -472,6 +480,8 @@ PREFILL_SCHEDULES = MappingProxyType(
         "rs_w128_t256_d4_ws": _warp_specialized(256, 4),
         "rs_w128_t128_d6_ws_h2": _warp_specialized(128, 6, 2),
         "rs_w128_t256_d4_ws_h2": _warp_specialized(256, 4, 2),
+        "rs_w128_t128_d6_ws_x2_h2": _warp_specialized(128, 6, 2, 2),
+        "rs_w128_t256_d4_ws_x2_h2": _warp_specialized(256, 4, 2, 2),
     }
 )
 
@@ -544,6 +554,6 @@ def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: i
     elif rows_per_expert < 160:
         tiles = PrefillTiles(PREFILL_SCHEDULES["rs_w128_t128_d6_ws"], PREFILL_SCHEDULES["rs_w128_t128_d6_ws"])
     else:
-        large = PREFILL_SCHEDULES["rs_w128_t256_d4_ws_h2"]
+        large = PREFILL_SCHEDULES["rs_w128_t256_d4_ws_x2_h2"]
         tiles = PrefillTiles(large, large)
     return tiles if tiles.fits(hidden, intermediate) else None
