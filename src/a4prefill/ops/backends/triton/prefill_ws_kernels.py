@@ -20,7 +20,7 @@ mbarriers, never at a CTA barrier:
   TMA bytes landed. The activation rows are in sorted order: FC2's are, FC1's are gathered by
   token before the launch (``prefill.launch_prefill_gemm``: one ``[routes, K]`` copy), since
   Hopper's TMA has no gather;
-- two **consumers** (with ``WGMMAS = 1``), the default partition (weight rows 0-63) and a
+- two **consumers** (but with ``A_SETS = 2``), the default partition (weight rows 0-63) and a
   worker (rows 64-127), one warpgroup each: per step each waits for ``ready``, reads its 64
   rows' code and scale bytes in :func:`~prefill_kernels.fragment_codes_layout` (the code rows as
   the TMA wrote them, in :func:`~prefill_kernels.fragment_code_rows_layout`, then reshaped),
@@ -35,14 +35,14 @@ first steps while the consumers run the epilogue of the last one. A consumer deq
 the other's wgmma runs. Same arguments, numerics and epilogues as the register-weights kernel
 (``x``'s columns in ``prefill.mma_column_order``; the ModelOpt code layout as loaded).
 
-With ``WGMMAS = 2`` (``PrefillGemm.wgmmas_per_step``; the default of 256-route tiles) both
-consumer warpgroups form the default partition (8 warps, one code path for the 128 rows; one
-arrival per slot, so ``empty`` counts one) and the producer is the only worker. Each step runs
-as two wgmmas of 32 columns with one always in flight (:func:`_mainloop_halves`): a warpgroup
-dequantizes each half while its previous half's wgmma runs, instead of waiting for its own
-wgmma and relying on the other warpgroup to fill the tensor core. Why one partition: ptxas
-serializes every wgmma of the kernel ("C7512 ... insufficient register resources", a wait after
-each) when the pipelined wgmmas sit in a worker partition (Triton 3.6 and 3.9;
+With ``WGMMAS = 2`` (``PrefillGemm.wgmmas_per_step``) each step runs as two wgmmas of 32
+columns, the second half dequantized while the first half's wgmma runs
+(:func:`_mainloop_halves`); with ``A_SETS = 2`` as well (the default of 256-route tiles) one
+wgmma stays in flight across steps too, and both consumer warpgroups form the default partition
+(8 warps, one code path for the 128 rows; one arrival per slot, so ``empty`` counts one) with the
+producer as the only worker. Why one partition: ptxas serializes every wgmma of the kernel
+("C7512 ... insufficient register resources", a wait after each) when wgmmas stay in flight
+across the K loop's steps in a worker partition (Triton 3.6 and 3.9;
 ``tests/test_triton_prefill_on_cpu.py`` checks the SASS).
 
 Ordering (checked on the CPU by the TTGIR interpreter, which runs the partitions one at a time and
@@ -215,6 +215,26 @@ def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr):
 
 
 @gluon.jit
+def _wait_for_weights(rings, s, HALF: gl.constexpr, ROWS: gl.constexpr):
+    """Ring step ``s`` for a consumer of ``ROWS`` weight rows (rows ``ROWS * HALF`` on of the
+    slot): waits until the slot's copies landed, then loads its rows' code bytes ``[ROWS, 4, 8]``
+    in :func:`~prefill_kernels.fragment_codes_layout` (the code rows as the TMA wrote them, in
+    :func:`~prefill_kernels.fragment_code_rows_layout`, then reshaped: registers unchanged) and
+    scale bytes ``[ROWS, 4]``. Returns ``(codes, scales)``."""
+    c_ring, s_ring, x_ring, ready = rings[0], rings[1], rings[2], rings[3]
+    DEPTH: gl.constexpr = x_ring.shape[0]
+    FL: gl.constexpr = fragment_codes_layout(ROWS, gl.num_warps(), 8)
+    FL_ROWS: gl.constexpr = fragment_code_rows_layout(ROWS, gl.num_warps())
+    slot = s % DEPTH
+    mbarrier.wait(ready.index(slot), (s // DEPTH) & 1)
+    fence_async_shared()  # the rows the copies wrote, before the wgmma reads them (async proxy)
+    code_rows = c_ring.index(slot).slice(HALF * ROWS, ROWS, dim=0).load(FL_ROWS)
+    codes = gl.convert_layout(gl.reshape(code_rows, [ROWS, 4, 8]), FL)
+    scales = s_ring.index(slot).slice(HALF * ROWS, ROWS, dim=0).load(gl.SliceLayout(2, FL))
+    return codes, scales
+
+
+@gluon.jit
 def _mainloop(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr):
     """A consumer's ``steps`` steps of one work item, ring steps ``done`` on: its rows' fp32
     accumulator ``[16 * num_warps, BT]``. Per step: wait for the slot's copies, dequantize its
@@ -225,23 +245,16 @@ def _mainloop(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr):
     ``A_SETS = 2``, were tried in the tenth round with one consumer per partition: ptxas
     serialized every wgmma of the kernel, "insufficient register resources", the same that
     :func:`_mainloop_halves` meets in a worker partition; it was slower on the H200.)"""
-    c_ring, s_ring, x_ring, ready, empty = rings
+    x_ring, empty = rings[2], rings[4]
     DEPTH: gl.constexpr = x_ring.shape[0]
     ACC: gl.constexpr = acc_layout(BT, gl.num_warps())
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
     ROWS: gl.constexpr = 16 * gl.num_warps()  # the partition's weight rows
-    FL: gl.constexpr = fragment_codes_layout(ROWS, gl.num_warps(), 8)
-    FL_ROWS: gl.constexpr = fragment_code_rows_layout(ROWS, gl.num_warps())
     acc = gl.zeros([ROWS, BT], gl.float32, layout=ACC)
     for step in range(steps):
         s = done + step
         slot = s % DEPTH
-        mbarrier.wait(ready.index(slot), (s // DEPTH) & 1)
-        fence_async_shared()  # the rows the copies wrote, before the wgmma reads them (async proxy)
-        code_rows = c_ring.index(slot).slice(HALF * ROWS, ROWS, dim=0).load(FL_ROWS)
-        codes = gl.convert_layout(gl.reshape(code_rows, [ROWS, 4, 8]), FL)  # registers unchanged
-        scale_slot = s_ring.index(slot).slice(HALF * ROWS, ROWS, dim=0)
-        scales = scale_slot.load(gl.SliceLayout(2, FL))
+        codes, scales = _wait_for_weights(rings, s, HALF, ROWS)
         a = _dequant_fragment(codes, scales, A_LAYOUT, ROWS)
         acc = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), acc, is_async=True)
         acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
@@ -278,27 +291,21 @@ def _mainloop_halves(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr, A
 
     Returns the fp32 accumulator ``[16 * num_warps, BT]`` with every wgmma retired and every slot
     of the item released."""
-    c_ring, s_ring, x_ring, ready, empty = rings
+    x_ring, empty = rings[2], rings[4]
     DEPTH: gl.constexpr = x_ring.shape[0]
     HALF_STEP: gl.constexpr = STEP // 2
     ROWS: gl.constexpr = 16 * gl.num_warps()  # the partition's weight rows
     ACC: gl.constexpr = acc_layout(BT, gl.num_warps())
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
-    FL: gl.constexpr = fragment_codes_layout(ROWS, gl.num_warps(), 8)
     FL_HALF: gl.constexpr = fragment_codes_layout(ROWS, gl.num_warps(), 4)
-    FL_ROWS: gl.constexpr = fragment_code_rows_layout(ROWS, gl.num_warps())
     acc = gl.zeros([ROWS, BT], gl.float32, layout=ACC)
     second = gl.zeros([ROWS, HALF_STEP], gl.bfloat16, layout=A_LAYOUT)  # none in flight yet
     for step in range(steps):
         s = done + step
         slot = s % DEPTH
-        mbarrier.wait(ready.index(slot), (s // DEPTH) & 1)
-        fence_async_shared()  # the rows the copies wrote, before the wgmma reads them (async proxy)
-        code_rows = c_ring.index(slot).slice(HALF * ROWS, ROWS, dim=0).load(FL_ROWS)
-        codes = gl.convert_layout(gl.reshape(code_rows, [ROWS, 4, 8]), FL)  # registers unchanged
+        codes, scales = _wait_for_weights(rings, s, HALF, ROWS)
         first_codes, second_codes = _byte_halves(codes, FL_HALF)
-        scale_slot = s_ring.index(slot).slice(HALF * ROWS, ROWS, dim=0)
-        scales = scale_slot.load(gl.SliceLayout(2, FL_HALF))
+        scales = gl.convert_layout(scales, gl.SliceLayout(2, FL_HALF))  # the same registers
         x_slot = x_ring.index(slot)
         first = _dequant_fragment(first_codes, scales, A_LAYOUT, ROWS)
         acc = warpgroup_mma(first, x_slot.slice(0, HALF_STEP, dim=1).permute((1, 0)), acc, is_async=True)
@@ -451,10 +458,11 @@ def grouped_w4_gemm_ws_kernel(
     and ``BT`` routes, warp-specialized and persistent (module docstring): launched with 4 warps
     (the default partition, consumer 0), plus a consumer warpgroup and ``PRODUCER_WARPS``
     producer warps as workers (``PRODUCER_REGISTERS`` and ``CONSUMER_REGISTERS`` per thread,
-    ``setmaxnreg``); with ``WGMMAS = 2`` (two wgmmas per step, not with ``A8``) launched with 8
-    warps, both consumer warpgroups, and the producer as the only worker (``CONSUMER_REGISTERS``
-    not read). ``x_desc`` and ``codes_desc`` are :func:`tma_descriptors`' (the activation
-    rows in sorted order: FC1's gathered by token before the launch). ``DEPTH`` ring slots, each a
+    ``setmaxnreg``). ``WGMMAS = 2``: two wgmmas per step (not with ``A8``); with ``A_SETS = 2``
+    too, launched with 8 warps, both consumer warpgroups, and the producer as the only worker
+    (``CONSUMER_REGISTERS`` not read). ``x_desc`` and ``codes_desc`` are
+    :func:`tma_descriptors`' (the activation rows in sorted order: FC1's gathered by token before
+    the launch). ``DEPTH`` ring slots, each a
     step's code bytes (128 x 32), scale bytes (128 x 4) and activation rows (``BT`` x 64 bf16).
     Grid ``(P,)``, any ``P >= 1`` (``prefill.persistent_programs``: one per SM).
 
