@@ -327,27 +327,28 @@ def decode_schedules(routes: int, experts: int, focus: bool = False) -> list[Any
 
 def sweep_gemm(name: str) -> Any:
     """The ``PrefillGemm`` of a :data:`PREFILL_SWEEP` name: a ``schedules.PREFILL_SCHEDULES``
-    label, or ``ws_t<routes>_d<depth>`` (warp-specialized, 128 weight rows), with ``_h2`` its
-    two-wgmmas-per-step variant and ``_x2_h2`` that with two A register sets (one wgmma in
-    flight across steps)."""
+    label, or ``ws[_w256]_t<routes>_d<depth>`` (warp-specialized, 128 weight rows per work item,
+    256 with ``_w256``), with ``_h2`` its two-wgmmas-per-step variant, ``_x2`` two A register
+    sets (the next step dequantized while the step's wgmma runs) and ``_x2_h2`` both (one wgmma
+    in flight across steps)."""
     from a4prefill.ops.backends.triton.schedules import PREFILL_SCHEDULES, PrefillGemm
 
     if name in PREFILL_SCHEDULES:
         return PREFILL_SCHEDULES[name]
-    match = re.fullmatch(r"ws_t(\d+)_d(\d+)(_x2)?(_h2)?", name)
-    if match is None or (match[3] and not match[4]):
+    match = re.fullmatch(r"ws(_w256)?_t(\d+)_d(\d+)(_x2)?(_h2)?", name)
+    if match is None:
         raise ValueError(
-            "a PREFILL_SWEEP name is a PREFILL_SCHEDULES label or ws_t<routes>_d<depth>[_h2|_x2_h2], "
-            f"got {name!r}"
+            "a PREFILL_SWEEP name is a PREFILL_SCHEDULES label or "
+            f"ws[_w256]_t<routes>_d<depth>[_h2|_x2|_x2_h2], got {name!r}"
         )
-    routes, depth = int(match[1]), int(match[2])
+    routes, depth = int(match[2]), int(match[3])
     return PrefillGemm(
-        128,
+        256 if match[1] else 128,
         routes,
         depth=depth,
         register_weights=True,
-        a_register_sets=2 if match[3] else 1,
-        wgmmas_per_step=2 if match[4] else 1,
+        a_register_sets=2 if match[4] else 1,
+        wgmmas_per_step=2 if match[5] else 1,
         warp_specialized=True,
     )
 

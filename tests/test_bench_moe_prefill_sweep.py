@@ -61,9 +61,9 @@ def test_the_prefill_table_shows_each_pairs_w4a16_time_and_its_a4_and_split_rati
 
 
 def test_sweep_names_are_labels_or_warp_specialized_tiles_and_nothing_else(bench):
-    """``ws_t<routes>_d<depth>[_h2|_x2_h2]``: the warp-specialized schedule of 128 weight rows with
-    those tiles (and two wgmmas per step, with one or two A register sets); a label stays its
-    schedule; any other name is a ``ValueError`` naming the forms."""
+    """``ws[_w256]_t<routes>_d<depth>[_h2|_x2|_x2_h2]``: the warp-specialized schedule of 128 (or
+    256) weight rows per work item with those tiles (two wgmmas per step, two A register sets, or
+    both); a label stays its schedule; any other name is a ``ValueError`` naming the forms."""
     from a4prefill.ops.backends.triton.schedules import PREFILL_SCHEDULES, PrefillGemm
 
     assert bench.sweep_gemm("ws_t128_d8") == PrefillGemm(
@@ -74,9 +74,12 @@ def test_sweep_names_are_labels_or_warp_specialized_tiles_and_nothing_else(bench
         128, 256, depth=5, register_weights=True, wgmmas_per_step=2, warp_specialized=True
     )
     assert bench.sweep_gemm("ws_t128_d6_x2_h2") == PREFILL_SCHEDULES["rs_w128_t128_d6_ws_x2_h2"]
+    # _x2: the next step's weights dequantized while the step's wgmma runs; _w256: 256-row items
+    assert bench.sweep_gemm("ws_t128_d6_x2") == PREFILL_SCHEDULES["rs_w128_t128_d6_ws_x2"]
+    assert bench.sweep_gemm("ws_w256_t128_d6") == PREFILL_SCHEDULES["rs_w256_t128_d6_ws"]
     assert bench.sweep_gemm("rs_w128_t32_d4") is PREFILL_SCHEDULES["rs_w128_t32_d4"]
-    for name in ("ws_t128", "ws_t128_d6_x2"):
-        with pytest.raises(ValueError, match="ws_t<routes>_d<depth>"):
+    for name in ("ws_t128", "ws_w128_t128_d6", "ws_t128_d6_h2_x2"):
+        with pytest.raises(ValueError, match=r"ws\[_w256\]_t<routes>_d<depth>"):
             bench.sweep_gemm(name)
 
 

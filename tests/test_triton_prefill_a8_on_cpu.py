@@ -12,6 +12,7 @@ sums exactly), speed, the ordering between warpgroups.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 
@@ -131,8 +132,10 @@ def test_a8_product_matches_the_block_product(interpreted, gather):
 
 
 def test_a8_launches_refuse_what_the_kernel_cannot_run():
-    """``x_block_scales`` needs the warp-specialized schedule of 128 routes, W4A16 multipliers, K
-    a multiple of 128, e4m3 rows and fp32 scales of their shape: each a ``ValueError``."""
+    """``x_block_scales`` needs the warp-specialized schedule of 128 routes and 128 weight rows
+    with one wgmma per step and one A register set (the A8 mainloop has no other form), W4A16
+    multipliers, K a multiple of 128, e4m3 rows and fp32 scales of their shape: each a
+    ``ValueError``."""
     codes = torch.zeros(1, 128, 64, dtype=torch.uint8)
     scales = torch.zeros(1, 128, 8, dtype=torch.uint8)
     ids = torch.zeros(4, 1, dtype=torch.int32)
@@ -143,6 +146,8 @@ def test_a8_launches_refuse_what_the_kernel_cannot_run():
     cases = [
         (x8, block_scales, PrefillGemm(128, 128, register_weights=True)),
         (x8, block_scales, PrefillGemm(128, 64, depth=3, register_weights=True, warp_specialized=True)),
+        (x8, block_scales, dataclasses.replace(SCHEDULE, a_register_sets=2)),
+        (x8, block_scales, dataclasses.replace(SCHEDULE, weight_rows=256, depth=4)),
         (x8, torch.ones(4, 2), SCHEDULE),
         (x8, block_scales.double(), SCHEDULE),
         (x8.view(torch.uint8), block_scales, SCHEDULE),

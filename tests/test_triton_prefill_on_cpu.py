@@ -203,7 +203,7 @@ def compile_prefill_kernel(schedule: PrefillGemm, a8: bool = False, **overrides:
         from a4prefill.ops.backends.triton import kernel_modules
 
         boxes = kernel_modules.prefill_ws().tma_boxes(
-            schedule.routes, constexprs["EPILOGUE"] == PREFILL_EPILOGUES["swiglu"], a8
+            schedule.routes, constexprs["EPILOGUE"] == PREFILL_EPILOGUES["swiglu"], a8, schedule.weight_rows
         )
         x_element = "fp8e4nv" if a8 else "bf16"
         for name, element, (box, layout) in zip(
@@ -266,7 +266,11 @@ def test_each_schedule_compiles_to_wgmma_for_sm90():
         ptx = compiled.asm["ptx"]
         assert f"wgmma.mma_async.sync.aligned.m64n{schedule.routes}k16.f32.bf16.bf16" in ptx, schedule
         # one wgmma left in flight per step, except with one A register set (each retired at once)
-        in_flight = 0 if schedule.register_weights and schedule.a_register_sets == 1 else 1
+        # and in the warp-specialized kernel's one-wgmma steps (the next step's weights dequantized
+        # while the wgmma runs, which is retired before the next one is issued)
+        ahead = schedule.warp_specialized and schedule.wgmmas_per_step == 1
+        retired = schedule.a_register_sets == 1 or ahead
+        in_flight = 0 if schedule.register_weights and retired else 1
         if schedule.warp_specialized:  # codes and rows by TMA, scale bytes by cp.async
             assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::\w+\.global", ptx), schedule
             assert "cp.async.cg.shared.global" not in ptx, schedule
@@ -366,8 +370,61 @@ def test_ptxas_keeps_the_two_wgmma_pipelines_of_the_warp_specialized_kernel(labe
             )
 
 
+def dequantized_while_in_flight(compiled: Any) -> list[int]:
+    """Per K loop of a kernel compiled offline (a backward branch over a region with ``HGMMA``s):
+    how many ``HMUL2`` (the dequantization's last instruction, one per two weights) run from the
+    loop's top to its first wgmma wait (``WARPGROUP.DEPBAR``) while a wgmma group issued at the
+    end of the previous iteration is still in flight (0 where the loop retires its last group
+    before the back edge)."""
+    sass = [
+        (int(match[1], 16), match[2])
+        for match in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", cuobjdump(compiled, "-sass"))
+    ]
+    counts = []
+    for address, text in sass:
+        branch = re.search(r"BRA (0x[0-9a-f]+)", text)
+        if branch is None or int(branch[1], 16) >= address:
+            continue
+        body = [line for at, line in sass if int(branch[1], 16) <= at <= address]
+        issues = [i for i, line in enumerate(body) if "HGMMA" in line and "gsb0" in line]
+        waits = [i for i, line in enumerate(body) if "WARPGROUP.DEPBAR" in line]
+        if not issues or not waits:
+            continue
+        in_flight_at_top = issues[-1] > waits[-1]
+        counts.append(sum("HMUL2" in line for line in body[: waits[0]]) if in_flight_at_top else 0)
+    return counts
+
+
+def test_the_dequantize_ahead_consumers_dequantize_while_their_wgmma_runs():
+    """Two A register sets with one wgmma per step (``rs_w128_t128_d6_ws_x2``): each consumer
+    issues a step's wgmma, then waits for the next step's copies and dequantizes them into its
+    other A registers before it retires the wgmma. ptxas sinks that dequantization below the
+    wgmma wait when nothing after the wait needs it (the first cut: 0 ``HMUL2`` before the wait,
+    the wgmma and the dequantization in sequence again; this test fails there); a second wait on
+    the step's ``ready`` barrier (already complete) between the two makes a block boundary that
+    keeps it above. Both consumer loops of FC1 and FC2, W4A16: all 16 ``HMUL2`` of a step (32
+    weights a thread) before the wait, and no serialization (one ``0x0`` wait per group)."""
+    schedule = PREFILL_SCHEDULES["rs_w128_t128_d6_ws_x2"]
+    swiglu, alpha = PREFILL_EPILOGUES["swiglu"], PREFILL_EPILOGUES["alpha"]
+    fc1 = compile_prefill_kernel(schedule, EPILOGUE=swiglu, OUT_MMA_ORDER=True)
+    fc2 = compile_prefill_kernel(schedule, GATHER=False, EPILOGUE=alpha)
+    for kernel in (fc1, fc2):
+        overlapped = [count for count in dequantized_while_in_flight(kernel) if count]
+        assert overlapped == [16, 16], dequantized_while_in_flight(kernel)
+        events = wgmma_waits(kernel)
+        assert events.count("issue") == events.count("wait 0x0") and "wait 0x1" not in events, events
+
+
 @pytest.mark.parametrize("mode", [pytest.param(MODE_W4A16, id="w4a16"), pytest.param(MODE_SPLIT, id="split")])
-@pytest.mark.parametrize("label", ["rs_w128_t64_d6_ws", "rs_w128_t128_d6_ws", "rs_w128_t128_d6_ws_h2"])
+@pytest.mark.parametrize(
+    "label",
+    [
+        "rs_w128_t64_d6_ws",
+        "rs_w128_t128_d6_ws",
+        "rs_w128_t128_d6_ws_h2",
+        "rs_w128_t128_d6_ws_x2",
+    ],
+)
 def test_the_warp_specialized_gemms_spill_nothing(label, mode):
     """FC1 (SwiGLU, ``h`` in MMA column order) and FC2 (alpha) of the warp-specialized kernel at
     64- and 128-route tiles (and two wgmmas per step at 128) compile with no local memory at all
@@ -389,6 +446,31 @@ def test_the_warp_specialized_gemms_spill_nothing(label, mode):
     for kernel in (fc1, fc2):
         assert re.findall(r"\b(?:STL|LDL)\b", cuobjdump(kernel, "-sass")) == []
         # the schedule's shared-memory estimate (its 227 KiB check) bounds what Triton allocates
+        assert kernel.metadata.shared <= schedule.shared_bytes
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        pytest.param(MODE_W4A16, id="w4a16"),
+        pytest.param(MODE_A4, id="a4"),
+        pytest.param(MODE_SPLIT, id="split"),
+    ],
+)
+def test_the_256_row_work_items_spill_nothing_in_the_k_loop(mode):
+    """FC1 and FC2 of the 256-row work items (``rs_w256_t128_d6_ws``: W4A16 calls of 128-route
+    tiles; a consumer's accumulator is 128 fp32 registers, as on 256-route tiles) with the
+    launcher's partitions (producer 56 registers, consumers 224) compile with no local memory
+    in the K loop and within the schedule's ``shared_bytes``. With the H200's Triton 3.6 they
+    spill nothing at all in any mode (offline, fifteenth round); this suite's Triton 3.9 spills
+    outside the K loop (2 local accesses in the W4A16 FC1, 32 in A4, 126 in split). A guard, not
+    proof for the H200's compiler."""
+    schedule = PREFILL_SCHEDULES["rs_w256_t128_d6_ws"]
+    swiglu, alpha = PREFILL_EPILOGUES["swiglu"], PREFILL_EPILOGUES["alpha"]
+    fc1 = compile_prefill_kernel(schedule, EPILOGUE=swiglu, MODE=mode, OUT_MMA_ORDER=True)
+    fc2 = compile_prefill_kernel(schedule, GATHER=False, EPILOGUE=alpha, MODE=mode)
+    for kernel in (fc1, fc2):
+        assert local_memory_in_k_loop(kernel) == []
         assert kernel.metadata.shared <= schedule.shared_bytes
 
 
@@ -450,6 +532,28 @@ def test_any_segment_lengths_and_scale_byte(interpreted, register_weights, count
     assert_rounded_product(out, expected(x, codes, scales, routing, 1))
 
 
+def test_w4a16_calls_of_128_route_tiles_run_256_row_items_and_a4_and_split_calls_128_rows():
+    """Below 160 routes per expert (4096 tokens of the GLM TP2 shape) W4A16 calls run work items
+    of 256 weight rows (H200, fifteenth round: 2674 us against 3027 for 128 rows), A4 and split
+    calls 128 rows (on 256 rows they took 3452 and 3490 us against 2858 and 2913); all on the
+    routing's 128-route tiles. Where a GEMM's rows do not split into 256s (a hidden size of 384),
+    every mode runs 128 rows; above 160 routes per expert no W4A16 pair either."""
+    small, wide = PREFILL_SCHEDULES["rs_w128_t128_d6_ws"], PREFILL_SCHEDULES["rs_w256_t128_d6_ws"]
+    tiles = choose_prefill_tiles(4096 * 8, 288, 4096, 1024)
+    assert tiles == PrefillTiles(small, small, wide, wide)
+    assert tiles.for_mode(MODE_W4A16) == (wide, wide)
+    assert tiles.for_mode(MODE_A4) == tiles.for_mode(MODE_SPLIT) == (small, small)
+    assert choose_prefill_tiles(4096 * 8, 288, 384, 1024) == PrefillTiles(small, small)
+    large = choose_prefill_tiles(8192 * 8, 288, 4096, 1024)
+    assert large is not None and large.w4a16_fc1 is None
+    assert large.for_mode(MODE_W4A16) == large.for_mode(MODE_A4) == (large.fc1, large.fc2)
+    with pytest.raises(ValueError, match="shares the routing's tiles"):
+        wide_tiles = PREFILL_SCHEDULES["rs_w128_t256_d4_ws"]
+        PrefillTiles(small, small, wide_tiles, wide_tiles)
+    with pytest.raises(ValueError, match="given together or not at all"):
+        PrefillTiles(small, small, wide)
+
+
 def test_schedules_refuse_what_the_kernel_cannot_run():
     with pytest.raises(ValueError, match="depth must be 3 to 8"):
         PrefillGemm(depth=2)
@@ -491,6 +595,7 @@ def test_schedules_refuse_what_the_kernel_cannot_run():
     for not_warp_specializable in (
         {"routes": 128},  # weights in shared memory
         {"weight_rows": 64, "routes": 128, "register_weights": True},
+        {"weight_rows": 256, "routes": 256, "register_weights": True},  # 256 accumulator registers
         {"routes": 128, "register_weights": True, "register_cap": 128},
         {"routes": 128, "register_weights": True, "weight_ahead": 6},
     ):
@@ -498,11 +603,12 @@ def test_schedules_refuse_what_the_kernel_cannot_run():
             PrefillGemm(**not_warp_specializable, warp_specialized=True)
     warp_specialized = PrefillGemm(128, 128, register_weights=True, warp_specialized=True)
     assert warp_specialized.warps == 4  # the default partition; the workers add theirs
-    # two A register sets (two wgmmas per step): both consumer warpgroups form the default partition
+    # two A register sets and two wgmmas per step: both consumer warpgroups form the default
+    # partition; either alone keeps one consumer warpgroup per partition
     assert dataclasses.replace(warp_specialized, wgmmas_per_step=2).warps == 4
+    assert dataclasses.replace(warp_specialized, a_register_sets=2).warps == 4
     assert dataclasses.replace(warp_specialized, wgmmas_per_step=2, a_register_sets=2).warps == 8
-    with pytest.raises(ValueError, match="warp_specialized needs register_weights, 128 weight rows"):
-        dataclasses.replace(warp_specialized, a_register_sets=2)  # two sets need two wgmmas per step
+    assert dataclasses.replace(warp_specialized, weight_rows=256).warps == 4  # 128 rows a warpgroup
     assert warp_specialized.max_registers(MODE_SPLIT) == 0  # no maxnreg under setmaxnreg
     with pytest.raises(ValueError, match="multiple of 64"):
         mma_column_order(96, torch.device("cpu"))
@@ -730,11 +836,20 @@ def test_the_launcher_refuses_a_missing_or_misshapen_multiplier():
 def prefill_moe_on_cpu(interpreted):
     """``fused_moe`` on CPU tensors planned as on an H200 (``plan.prefill_kernels_run``), the
     prefill GEMMs interpreted; the combine, the A4 activation quantization and the one-program
-    routing stand in by their contracts, as in ``test_triton_decode_on_cpu``."""
+    routing stand in by their contracts, as in ``test_triton_decode_on_cpu``. Yields the list of
+    the ``PrefillGemm`` each prefill launch ran, in launch order (appended to while it lasts)."""
     from a4prefill.ops.backends.triton import fused, plan, prefill_kernels, prefill_ws_kernels
     from test_triton_decode_on_cpu import _combine_contract, _quantize_rows_contract
 
+    launched: list[PrefillGemm] = []
+    launch = fused.launch_prefill_gemm
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        launched.append(args[5])  # launch_prefill_gemm(x, codes, scales, routing, out, schedule, ...)
+        return launch(*args, **kwargs)
+
     with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fused, "launch_prefill_gemm", recorded)
         patch.setattr(prefill_kernels, "grouped_w4_gemm_rs_kernel", interpreted["registers"])
         patch.setattr(prefill_kernels, "grouped_w4_gemm_kernel", interpreted["shared"])
         patch.setattr(prefill_ws_kernels, "grouped_w4_gemm_ws_kernel", interpreted["warp_specialized"])
@@ -742,7 +857,7 @@ def prefill_moe_on_cpu(interpreted):
         patch.setattr(plan, "prefill_kernels_run", lambda device: True)
         patch.setattr(fused, "_combine", _combine_contract)
         patch.setattr(fused, "quantize_rows", _quantize_rows_contract)
-        yield
+        yield launched
 
 
 @pytest.mark.parametrize(
@@ -781,6 +896,10 @@ def test_a_w4a16_prefill_call_runs_the_prefill_gemms_and_matches_the_reference(
     for schedule in (PREFILL_SCHEDULES[fc1], PREFILL_SCHEDULES[fc2]):
         wanted[kernel_of(schedule)] += 1
     assert launched == wanted
+    # W4A16 calls of 128-route tiles run 256-row work items where the rows split into 256s
+    assert prefill_moe_on_cpu[-2:] == list(plan.prefill.for_mode(MODE_W4A16))
+    if plan.prefill.fc1.routes == 128:
+        assert prefill_moe_on_cpu[-2:] == [PREFILL_SCHEDULES["rs_w256_t128_d6_ws"]] * 2
     expected = moe_reference(hidden, topk_weights, topk_ids, layer.experts, None, limit)
     assert_close_to_reference(result, expected, "w4a16")
 
@@ -821,6 +940,9 @@ def test_a4_and_split_prefill_calls_run_the_prefill_gemms_and_match_the_referenc
     flags = (torch.arange(tokens) % 3 == 1).to(torch.uint8)
     split = fused_moe(*args, layer.a4_scales, limit, flags)
     assert {kind: len(kernel.launches) - before[kind] for kind, kernel in interpreted.items()} == wanted
+    # A4 and split calls run the plan's fc1 and fc2 (128 weight rows), not the W4A16 pair
+    assert prefill_moe_on_cpu[-4:] == [planned.prefill.fc1, planned.prefill.fc2] * 2
+    assert all(schedule.weight_rows == 128 for schedule in prefill_moe_on_cpu[-4:])
     is_a4 = flags.bool()
     assert_close_to_reference(split[is_a4], a4[is_a4], "a4")
     assert_close_to_reference(split[~is_a4], w4a16[~is_a4], "w4a16")

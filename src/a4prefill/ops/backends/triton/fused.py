@@ -256,16 +256,17 @@ def _fused_moe_prefill(
     modes: dict[str, Any] = {"mode": mode, "row_flags": row_flags, "routes_per_token": top_k}
     if mode != MODE_W4A16:
         modes["encode_scales"] = encode_scales
+    fc1_gemm, fc2_gemm = plan.prefill.for_mode(mode)
     h = torch.empty(routes, fc1.rows // 2, dtype=torch.bfloat16, device=device)
     # FC1 writes h in the register-weights FC2's column order: no gather of h between the two
-    h_mma_order = plan.prefill.fc2.register_weights
+    h_mma_order = fc2_gemm.register_weights
     launch_prefill_gemm(
         fc1_input,
         fc1.codes,
         fc1.scale_bytes(),
         routing,
         h,
-        plan.prefill.fc1,
+        fc1_gemm,
         top_k,
         epilogue="swiglu",
         scale2=fc1.scale_2,
@@ -280,7 +281,7 @@ def _fused_moe_prefill(
         fc2.scale_bytes(),
         routing,
         y,
-        plan.prefill.fc2,
+        fc2_gemm,
         None,
         epilogue="alpha",
         scale2=fc2.scale_2,

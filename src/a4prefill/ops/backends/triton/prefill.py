@@ -39,15 +39,18 @@ def mma_column_order(k: int, device: torch.device) -> torch.Tensor:
 register_state(__name__, mma_column_order.cache_clear, mma_column_order)
 
 
-def ws_partitions(routes: int, a_register_sets: int = 1, mode: int = MODE_W4A16) -> Mapping[str, int]:
-    """The warp-specialized kernel's workers for ``routes``-route tiles (its ``PRODUCER_WARPS``,
-    ``PRODUCER_REGISTERS`` and ``CONSUMER_REGISTERS`` constexprs), registers per thread set by
-    ``setmaxnreg``; 384 threads, one CTA per SM, 512 registers per thread summed over the three
-    warpgroups at most.
+def ws_partitions(
+    routes: int, one_consumer_partition: bool = False, mode: int = MODE_W4A16
+) -> Mapping[str, int]:
+    """The warp-specialized kernel's workers for ``routes``-route tiles of 128 weight rows (its
+    ``PRODUCER_WARPS``, ``PRODUCER_REGISTERS`` and ``CONSUMER_REGISTERS`` constexprs; a tile of
+    256 rows takes the partitions of twice its routes: the same accumulator per thread),
+    registers per thread set by ``setmaxnreg``; 384 threads, one CTA per SM, 512 registers per
+    thread summed over the three warpgroups at most.
 
-    One A register set (``a_register_sets`` 1, one or two wgmmas per step): a producer warpgroup
-    and the second consumer warpgroup as workers (the default partition, the first consumer,
-    gets what they leave it).
+    Two consumer partitions (``one_consumer_partition`` False; ``PrefillGemm.one_consumer_partition``):
+    a producer warpgroup and the second consumer warpgroup as workers (the default partition, the
+    first consumer, gets what they leave it).
 
     - Up to 128 routes: producer 80, consumers 216. With the cp.async producer (tenth round) 64
       spilled copy addresses, 80 nothing; with TMA copies (eleventh round) 56 spilled 16-32
@@ -56,17 +59,17 @@ def ws_partitions(routes: int, a_register_sets: int = 1, mode: int = MODE_W4A16)
       216 the 256-route kernel spilled in its K loop (tenth round), at 224 the W4A16 kernels spill
       nothing and the split FC1 16 local accesses outside the K loop (Triton 3.6).
 
-    Two A register sets (two wgmmas per step, one always in flight): the producer warpgroup is
-    the only worker (``CONSUMER_REGISTERS`` 0, not read); the default partition of 8 warps gets
-    the rest. At 256 routes the producer takes 72
+    One consumer partition (two A register sets and two wgmmas per step, one always in flight):
+    the producer warpgroup is the only worker (``CONSUMER_REGISTERS`` 0, not read); the default
+    partition of 8 warps gets the rest. At 256 routes the producer takes 72
     registers (the default partition 216) in W4A16 and A4 calls and 56 (224) in split calls:
     with 56 the W4A16 and A4 FC1 spill 19 local accesses, with 72 none, while the split FC1
     spills 35 with 72 and 4 with 56 (Triton 3.6, none in the K loop; mode ``precision.MODE_*``).
-    Up to 128 routes 80, as with one set.
+    Up to 128 routes 80, as with two partitions.
 
     Checked offline by ``tests/test_triton_prefill_on_cpu.py``. A producer of 8 warps (64
     registers, consumers 192) was 5% slower at 4096 tokens on the H200 (tenth round)."""
-    if a_register_sets == 2:
+    if one_consumer_partition:
         producer = 80 if routes <= 128 else 56 if mode == MODE_SPLIT else 72
         partitions = {"PRODUCER_WARPS": 4, "PRODUCER_REGISTERS": producer, "CONSUMER_REGISTERS": 0}
         return MappingProxyType(partitions)
@@ -102,11 +105,13 @@ def schedule_constexprs(schedule: PrefillGemm, mode: int = MODE_W4A16) -> dict[s
     """The constexprs that ``schedule`` sets on :func:`schedule_kernel` in precision mode ``mode``:
     the tile (``BT``, ``DEPTH`` and, but for the warp-specialized kernel, ``BW``), then per kernel
     ``WEIGHT_AHEAD``, ``A_SETS``, ``WGMMAS`` (register weights), :func:`ws_partitions`,
-    ``WGMMAS`` and ``A_SETS`` (warp-specialized) or ``BK``. What :func:`launch_prefill_gemm`
+    ``WGMMAS``, ``A_SETS`` and ``ITEM_ROWS`` (warp-specialized) or ``BK``. What :func:`launch_prefill_gemm`
     compiles; the tests compile the same offline."""
     constexprs: dict[str, int | bool] = {"BT": schedule.routes, "DEPTH": schedule.depth}
     if schedule.warp_specialized:
-        constexprs.update(ws_partitions(schedule.routes, schedule.a_register_sets, mode))
+        routes = schedule.routes * schedule.weight_rows // 128  # a 128-row tile of the same accumulator
+        constexprs.update(ws_partitions(routes, schedule.one_consumer_partition, mode))
+        constexprs["ITEM_ROWS"] = schedule.weight_rows
         constexprs["WGMMAS"] = schedule.wgmmas_per_step
         constexprs["A_SETS"] = schedule.a_register_sets
     elif schedule.register_weights:
@@ -192,7 +197,9 @@ def launch_prefill_gemm(
     if x_block_scales is not None and (
         not schedule.warp_specialized
         or schedule.routes != 128
+        or schedule.weight_rows != 128
         or schedule.wgmmas_per_step != 1
+        or schedule.a_register_sets != 1
         or mode != MODE_W4A16
         or k % 128
         or x_mma_order
@@ -201,8 +208,8 @@ def launch_prefill_gemm(
         or tuple(x_block_scales.shape) != (x.shape[0], k // 128)
     ):
         raise ValueError(
-            "x_block_scales (A8) needs fp32 [x rows, K / 128], a warp-specialized schedule of 128 routes "
-            "and one wgmma per step, "
+            "x_block_scales (A8) needs fp32 [x rows, K / 128], a warp-specialized schedule of 128 routes, "
+            "128 weight rows, one wgmma per step and one A register set, "
             f"mode W4A16, K a multiple of 128 and no column order; got {schedule}, mode {mode}, K={k}, "
             f"scales {x_block_scales.dtype} {tuple(x_block_scales.shape)}"
         )
@@ -261,7 +268,7 @@ def launch_prefill_gemm(
         token = None if top_k is None else routing.sorted_route // top_k
         rows = x if token is None else x.view(torch.uint8).index_select(0, token).view(x.dtype)
         operands = kernel_modules.prefill_ws().tma_descriptors(
-            rows, codes, schedule.routes, epilogue == "swiglu", a8
+            rows, codes, schedule.routes, epilogue == "swiglu", a8, schedule.weight_rows
         )
         gather = {}
         if x_block_scales is not None:

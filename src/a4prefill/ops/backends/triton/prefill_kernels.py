@@ -612,8 +612,10 @@ def fragment_codes_layout(bw: int, warps: int, step_bytes: int = 8) -> gl.Distri
     triton.prefill.mma_column_order` these are exactly the A fragment's rows and columns."""
     byte_bases = [[0, 0, 1 << i] for i in range(step_bytes.bit_length() - 1)]
     warp_bases = [[16 << i, 0, 0] for i in range(warps.bit_length() - 1)]
+    # rows past 16 * warps (a warpgroup's 128 rows: two wgmmas of 64) repeat in registers
+    repeat_bases = [[16 * warps << i, 0, 0] for i in range((bw // (16 * warps)).bit_length() - 1)]
     return gl.DistributedLinearLayout(
-        reg_bases=[*byte_bases, [8, 0, 0]],
+        reg_bases=[*byte_bases, [8, 0, 0], *repeat_bases],
         lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
         warp_bases=warp_bases,
         block_bases=[],

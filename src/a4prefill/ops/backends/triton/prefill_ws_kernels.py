@@ -3,8 +3,10 @@ what MoE calls of 64 or more routes per expert run, ``schedules.choose_prefill_t
 ``grouped_w4_gemm_ws_kernel``, the register-weights GEMM of :mod:`prefill_kernels`
 (``grouped_w4_gemm_rs_kernel``) with its copies and its two warpgroups decoupled, and persistent.
 
-A work item is 128 weight rows of one expert times ``BT`` sorted routes of it (one route tile
-of the routing times one 128-row block: :func:`_works`). The kernel is persistent: program ``p``
+A work item is ``ITEM_ROWS`` (128 or 256) weight rows of one expert times ``BT`` sorted routes
+of it (one route tile of the routing times one row block: :func:`_works`). An activation row is
+read from L2 once per work item of its tile, so 256-row items halve that traffic (W4A16 calls of
+128-route tiles run them: ``schedules.choose_prefill_tiles``). The kernel is persistent: program ``p``
 of ``P`` (one per SM) takes items ``p, p + P, ...`` of the routing's live tiles, read on the
 device (no host sync), as three partitions (``gl.warp_specialize``) that meet only at
 mbarriers, never at a CTA barrier:
@@ -12,22 +14,23 @@ mbarriers, never at a CTA barrier:
 - a **producer** (``PRODUCER_WARPS`` warps, few registers; ``prefill.ws_partitions``): per K
   step of 64 columns it waits until ring slot ``s % DEPTH`` is free (``empty``), then one thread
   announces the step's TMA bytes on the slot's ``ready`` barrier (``mbarrier.expect``) and issues
-  the TMA boxes (``cp.async.bulk.tensor``: the code bytes of the 128 weight rows, in boxes of 8
-  rows for FC1's gate/up row groups, one box of 128 rows for FC2; the ``BT`` activation rows from
+  the TMA boxes (``cp.async.bulk.tensor``: the code bytes of the item's weight rows, in boxes of
+  8 rows for FC1's gate/up row groups, one box for FC2; the ``BT`` activation rows from
   the tile's first sorted position, one box), and every thread ``cp.async``-copies one row's 4
   scale bytes (under TMA's 16-byte minimum box row) and arrives when they land
   (``cp.async.mbarrier.arrive.noinc``); ``ready`` completes when all threads arrived and all the
   TMA bytes landed. The activation rows are in sorted order: FC2's are, FC1's are gathered by
   token before the launch (``prefill.launch_prefill_gemm``: one ``[routes, K]`` copy), since
   Hopper's TMA has no gather;
-- two **consumers** (but with ``A_SETS = 2``), the default partition (weight rows 0-63) and a
-  worker (rows 64-127), one warpgroup each: per step each waits for ``ready``, reads its 64
-  rows' code and scale bytes in :func:`~prefill_kernels.fragment_codes_layout` (the code rows as
+- two **consumers** (but with ``A_SETS = WGMMAS = 2``), the default partition (the item's first
+  half of the rows) and a worker (the second half), one warpgroup each (64 rows, one wgmma of
+  M 64 per step, or 128 rows, two): per step each waits for ``ready``, reads its rows' code and
+  scale bytes in :func:`~prefill_kernels.fragment_codes_layout` (the code rows as
   the TMA wrote them, in :func:`~prefill_kernels.fragment_code_rows_layout`, then reshaped),
   dequantizes them into its wgmma A registers, issues the wgmma on the slot's rows, retires it
   and releases the slot (one arrival each, so ``empty`` counts two); after an item's last step
-  each runs the epilogue of its 64 rows (:func:`~prefill_kernels._epilogue` with 64 rows from
-  ``n0 + 64 * w``: the SwiGLU row pairing of :func:`~prefill_kernels._weight_row` holds per 16
+  each runs the epilogue of its rows (:func:`~prefill_kernels._epilogue` from ``n0 + R * w``,
+  ``R`` its rows: the SwiGLU row pairing of :func:`~prefill_kernels._weight_row` holds per 16
   rows, so the halves are independent).
 
 The ring step ``s`` counts on across a program's items, so the producer copies the next item's
@@ -41,9 +44,11 @@ columns, the second half dequantized while the first half's wgmma runs
 wgmma stays in flight across steps too, and both consumer warpgroups form the default partition
 (8 warps, one code path for the 128 rows; one arrival per slot, so ``empty`` counts one) with the
 producer as the only worker. Why one partition: ptxas serializes every wgmma of the kernel
-("C7512 ... insufficient register resources", a wait after each) when wgmmas stay in flight
-across the K loop's steps in a worker partition (Triton 3.6 and 3.9;
-``tests/test_triton_prefill_on_cpu.py`` checks the SASS).
+("C7512 ... insufficient register resources", a wait after each) when two wgmma groups stay in
+flight across the K loop's steps in a worker partition (Triton 3.6 and 3.9;
+``tests/test_triton_prefill_on_cpu.py`` checks the SASS). ``A_SETS = 2`` with one wgmma per step
+keeps the two consumer partitions: each dequantizes the next step while its step's wgmma runs,
+one group in flight (:func:`_mainloop_ahead`).
 
 Ordering (checked on the CPU by the TTGIR interpreter, which runs the partitions one at a time and
 switches at every mbarrier wait and after every arrival): slot ``s % DEPTH`` is refilled for
@@ -86,26 +91,25 @@ from a4prefill.ops.backends.triton.prefill_kernels import (
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
-ITEM_ROWS: gl.constexpr = gl.constexpr(128)  # weight rows per work item
 STEP: gl.constexpr = gl.constexpr(64)  # K columns per step
 
 
-def code_box_rows(swiglu: bool) -> int:
+def code_box_rows(swiglu: bool, item_rows: int = 128) -> int:
     """Weight rows per TMA box of code bytes: 8 for FC1 (SwiGLU), whose work item's rows are
     groups of 8 gate and 8 up rows (``prefill_kernels._weight_row``), else the work item's
-    ``ITEM_ROWS`` (128)."""
-    return 8 if swiglu else int(ITEM_ROWS)
+    ``item_rows`` (128 or 256)."""
+    return 8 if swiglu else item_rows
 
 
 def tma_boxes(
-    routes: int, swiglu: bool, a8: bool = False
+    routes: int, swiglu: bool, a8: bool = False, item_rows: int = 128
 ) -> tuple[tuple[list[int], Any], tuple[list[int], Any]]:
     """``((x_box, x_layout), (code_box, code_layout))``: the block shapes and shared layouts of the
     kernel's TMA copies, per step. Activation rows: ``routes`` rows by one step of 128 bytes (64
     bf16 columns, or with ``a8`` one A8 block of 128 e4m3 columns), 128-byte swizzle (the wgmma's
     B layout); code bytes: :func:`code_box_rows` rows by the step's 32 (64 with ``a8``) bytes."""
     step = int(A8_STEP) if a8 else int(STEP)
-    x_box, code_box = [routes, step], [code_box_rows(swiglu), step // 2]
+    x_box, code_box = [routes, step], [code_box_rows(swiglu, item_rows), step // 2]
     return (
         (x_box, gl.NVMMASharedLayout.get_default_for(x_box, gl.float8e4nv if a8 else gl.bfloat16)),
         (code_box, gl.NVMMASharedLayout.get_default_for(code_box, gl.uint8)),
@@ -113,14 +117,14 @@ def tma_boxes(
 
 
 def tma_descriptors(
-    x: torch.Tensor, codes: torch.Tensor, routes: int, swiglu: bool, a8: bool = False
+    x: torch.Tensor, codes: torch.Tensor, routes: int, swiglu: bool, a8: bool = False, item_rows: int = 128
 ) -> tuple[Any, Any]:
     """Host tensor descriptors of the kernel's TMA copies (:func:`tma_boxes`): ``x`` ``[R, K]``,
     the activation rows in sorted order (bf16, or float8_e4m3fn with ``a8``), and ``codes`` uint8
     ``[E, N, K / 2]`` viewed as ``[E * N, K / 2]``. Both contiguous with 16-byte aligned rows
     (``K`` a multiple of 64, of 128 with ``a8``); boxes reaching past row ``R`` read zeros there."""
     experts, n, half_k = codes.shape
-    (x_box, x_layout), (code_box, code_layout) = tma_boxes(routes, swiglu, a8)
+    (x_box, x_layout), (code_box, code_layout) = tma_boxes(routes, swiglu, a8, item_rows)
     return (
         TensorDescriptor.from_tensor(x, x_box, x_layout),
         TensorDescriptor.from_tensor(codes.view(experts * n, half_k), code_box, code_layout),
@@ -128,11 +132,20 @@ def tma_descriptors(
 
 
 @gluon.jit
-def _works(N, num_tiles_ptr):
+def _works(N, num_tiles_ptr, ITEM_ROWS: gl.constexpr):
     """``(n_blocks, works)``: a work item ``w`` is route tile ``w // n_blocks`` times weight-row
-    block ``w % n_blocks`` (128 rows each); ``works`` counts those of the routing's live tiles."""
+    block ``w % n_blocks`` (``ITEM_ROWS`` rows each); ``works`` counts those of the routing's live
+    tiles."""
     n_blocks = N // ITEM_ROWS
     return n_blocks, n_blocks * gl.load(num_tiles_ptr)
+
+
+@gluon.constexpr_function
+def consumer_rows(item_rows: int, warps: int) -> int:
+    """A consumer partition's weight rows of each work item: half of ``item_rows`` for a
+    partition of one warpgroup (4 warps, one of two), all of them for the 8-warp partition of both
+    warpgroups."""
+    return item_rows * warps // 8
 
 
 @gluon.jit
@@ -168,11 +181,12 @@ def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr):
     empty = rings[4]
     DEPTH: gl.constexpr = x_ring.shape[0]
     BT: gl.constexpr = x_ring.shape[1]
+    ITEM_ROWS: gl.constexpr = c_ring.shape[1]
     X_STEP_BYTES: gl.constexpr = x_ring.shape[2] * x_ring.dtype.primitive_bitwidth // 8
     CODE_BOX: gl.constexpr = codes_desc.block_type.shape[0]
     CODE_STEP: gl.constexpr = codes_desc.block_type.shape[1]  # code bytes of a row per step
     STEP_BYTES: gl.constexpr = ITEM_ROWS * CODE_STEP + BT * X_STEP_BYTES  # the TMA boxes'
-    n_blocks, works = _works(N, num_tiles_ptr)
+    n_blocks, works = _works(N, num_tiles_ptr, ITEM_ROWS)
     if A8:
         XS: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
         xs_routes = gl.arange(0, BT, layout=XS)
@@ -237,19 +251,20 @@ def _wait_for_weights(rings, s, HALF: gl.constexpr, ROWS: gl.constexpr):
 @gluon.jit
 def _mainloop(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr):
     """A consumer's ``steps`` steps of one work item, ring steps ``done`` on: its rows' fp32
-    accumulator ``[16 * num_warps, BT]``. Per step: wait for the slot's copies, dequantize its
+    accumulator ``[ROWS, BT]`` (:func:`consumer_rows`). Per step: wait for the slot's copies, dequantize its
     rows' weights into the A registers, issue the wgmma, retire it (the next step's
     dequantization writes the same registers) and release the slot.
 
-    (Two sets of A registers with one wgmma left in flight, as ``grouped_w4_gemm_rs_kernel``'s
-    ``A_SETS = 2``, were tried in the tenth round with one consumer per partition: ptxas
-    serialized every wgmma of the kernel, "insufficient register resources", the same that
-    :func:`_mainloop_halves` meets in a worker partition; it was slower on the H200.)"""
+    (Two sets of A registers with one wgmma left in flight while the next one is issued, as
+    ``grouped_w4_gemm_rs_kernel``'s ``A_SETS = 2``, were tried in the tenth round with one
+    consumer per partition: ptxas serialized every wgmma of the kernel, "insufficient register
+    resources", the same that :func:`_mainloop_halves` meets in a worker partition; it was slower
+    on the H200. :func:`_mainloop_ahead` keeps at most one in flight.)"""
     x_ring, empty = rings[2], rings[4]
     DEPTH: gl.constexpr = x_ring.shape[0]
     ACC: gl.constexpr = acc_layout(BT, gl.num_warps())
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
-    ROWS: gl.constexpr = 16 * gl.num_warps()  # the partition's weight rows
+    ROWS: gl.constexpr = consumer_rows(rings[0].shape[1], gl.num_warps())
     acc = gl.zeros([ROWS, BT], gl.float32, layout=ACC)
     for step in range(steps):
         s = done + step
@@ -260,6 +275,48 @@ def _mainloop(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr):
         acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
         mbarrier.arrive(empty.index(slot))
     return acc
+
+
+@gluon.jit
+def _mainloop_ahead(done, steps, last, HALF: gl.constexpr, rings, BT: gl.constexpr, a):
+    """:func:`_mainloop` with two A register sets: each step's successor is dequantized while the
+    step's wgmma runs. ``a`` holds step ``done``'s A operand (dequantized before the call); per
+    step ``s``: wait for ring step ``s + 1``'s copies and dequantize them into the other set, wait
+    on ``ready`` of step ``s + 1`` once more, retire step ``s``'s wgmma, release its slot, then
+    issue step ``s + 1``'s wgmma. One wgmma is in flight across the loop's back edge and retired
+    before the next is issued (ptxas keeps that in a worker partition, unlike two in flight).
+    The second ``ready`` wait (already complete) is a block boundary: without it ptxas sinks the
+    dequantization below the wgmma wait, which nothing after it needs
+    (``tests/test_triton_prefill_on_cpu.py`` checks the SASS).
+
+    The ring steps run on across work items, so the next item's first step is dequantized during
+    this item's last wgmma; ``last``, the program's last ring step, stops that at the program's
+    end (its final step dequantizes itself again: no slot the producer never fills is waited
+    for). Returns ``(acc, a)``: the fp32 accumulator ``[ROWS, BT]`` with every wgmma retired
+    and every slot of the item released, and the A operand of ring step ``done + steps``."""
+    x_ring, empty = rings[2], rings[4]
+    DEPTH: gl.constexpr = x_ring.shape[0]
+    ACC: gl.constexpr = acc_layout(BT, gl.num_warps())
+    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
+    ROWS: gl.constexpr = consumer_rows(rings[0].shape[1], gl.num_warps())
+    acc = gl.zeros([ROWS, BT], gl.float32, layout=ACC)
+    acc = warpgroup_mma(a, x_ring.index(done % DEPTH).permute((1, 0)), acc, is_async=True)
+    for step in range(1, steps):
+        s = done + step
+        codes, scales = _wait_for_weights(rings, s, HALF, ROWS)
+        a_next = _dequant_fragment(codes, scales, A_LAYOUT, ROWS)
+        mbarrier.wait(rings[3].index(s % DEPTH), (s // DEPTH) & 1)
+        acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
+        mbarrier.arrive(empty.index((s - 1) % DEPTH))
+        a = a_next
+        acc = warpgroup_mma(a, x_ring.index(s % DEPTH).permute((1, 0)), acc, is_async=True)
+    s = gl.minimum(done + steps, last)
+    codes, scales = _wait_for_weights(rings, s, HALF, ROWS)
+    a_next = _dequant_fragment(codes, scales, A_LAYOUT, ROWS)
+    mbarrier.wait(rings[3].index(s % DEPTH), (s // DEPTH) & 1)
+    acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
+    mbarrier.arrive(empty.index((done + steps - 1) % DEPTH))
+    return acc, a_next
 
 
 @gluon.jit
@@ -289,12 +346,12 @@ def _mainloop_halves(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr, A
       default partition with both consumer warpgroups (``HALF`` 0, 8 warps; module docstring:
       ptxas keeps this pipeline there, not in a worker).
 
-    Returns the fp32 accumulator ``[16 * num_warps, BT]`` with every wgmma retired and every slot
+    Returns the fp32 accumulator ``[ROWS, BT]`` with every wgmma retired and every slot
     of the item released."""
     x_ring, empty = rings[2], rings[4]
     DEPTH: gl.constexpr = x_ring.shape[0]
     HALF_STEP: gl.constexpr = STEP // 2
-    ROWS: gl.constexpr = 16 * gl.num_warps()  # the partition's weight rows
+    ROWS: gl.constexpr = consumer_rows(rings[0].shape[1], gl.num_warps())
     ACC: gl.constexpr = acc_layout(BT, gl.num_warps())
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
     FL_HALF: gl.constexpr = fragment_codes_layout(ROWS, gl.num_warps(), 4)
@@ -342,13 +399,14 @@ def _consume(
     WGMMAS: gl.constexpr,
     A_SETS: gl.constexpr,
 ):
-    """A consumer partition of ``R = 16 * num_warps`` weight rows of each work item, rows ``R *
-    HALF`` on (one warpgroup of 64 rows, ``HALF`` 0 or 1; with ``A_SETS = 2`` both warpgroups, all
-    128 rows): for each of the program's work items in turn, every step's dequantization and
-    wgmma (:func:`_mainloop`, :func:`_mainloop_halves` with ``WGMMAS = 2``, or with ``A8``
-    :func:`prefill_a8_kernels.mainloop_a8`), then the epilogue of its rows, while the producer
-    already copies the next item's first steps. ``tensors``: the kernel's ``out_ptr`` to
-    ``limit`` arguments, then the rings and barriers."""
+    """A consumer partition of ``R`` weight rows of each work item (:func:`consumer_rows`), rows
+    ``R * HALF`` on (one warpgroup, half the item's rows, ``HALF`` 0 or 1; the 8-warp partition of
+    both warpgroups with ``A_SETS = WGMMAS = 2``, all of them): for each of the program's work
+    items in turn, every step's dequantization and wgmma (:func:`_mainloop`,
+    :func:`_mainloop_halves` with ``WGMMAS = 2``, :func:`_mainloop_ahead` with ``A_SETS = 2`` and
+    one wgmma per step, or with ``A8`` :func:`prefill_a8_kernels.mainloop_a8`), then the epilogue
+    of its rows, while the producer already copies the next item's first steps. ``tensors``: the
+    kernel's ``out_ptr`` to ``limit`` arguments, then the rings and barriers."""
     (
         out_ptr,
         scale2_ptr,
@@ -368,8 +426,19 @@ def _consume(
         limit,
         rings,
     ) = tensors
-    ROWS: gl.constexpr = 16 * gl.num_warps()  # the partition's weight rows
-    n_blocks, works = _works(N, num_tiles_ptr)
+    ROWS: gl.constexpr = consumer_rows(rings[0].shape[1], gl.num_warps())
+    ITEM_ROWS: gl.constexpr = rings[0].shape[1]
+    n_blocks, works = _works(N, num_tiles_ptr, ITEM_ROWS)
+    AHEAD: gl.constexpr = A_SETS == 2 and WGMMAS == 1  # _mainloop_ahead
+    if AHEAD:  # the A operand of the program's first ring step, and its last ring step
+        ACC: gl.constexpr = acc_layout(BT, gl.num_warps())
+        A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
+        items = (works - gl.program_id(0) + gl.num_programs(0) - 1) // gl.num_programs(0)
+        last = items * (K // STEP) - 1
+        a = gl.zeros([ROWS, STEP], gl.bfloat16, layout=A_LAYOUT)
+        if last >= 0:
+            first_codes, first_scales = _wait_for_weights(rings, 0, HALF, ROWS)
+            a = _dequant_fragment(first_codes, first_scales, A_LAYOUT, ROWS)
     done = 0
     for work in range(gl.program_id(0), works, gl.num_programs(0)):
         steps, expert, row0, seg_end, n0, live_tile = _tile(
@@ -386,6 +455,8 @@ def _consume(
         )
         if A8:
             acc = mainloop_a8(done, steps, HALF, rings, BT)
+        elif AHEAD:
+            acc, a = _mainloop_ahead(done, steps, last, HALF, rings, BT, a)
         elif WGMMAS == 2:
             acc = _mainloop_halves(done, steps, HALF, rings, BT, A_SETS)
         else:
@@ -449,21 +520,25 @@ def grouped_w4_gemm_ws_kernel(
     PRODUCER_REGISTERS: gl.constexpr,
     CONSUMER_REGISTERS: gl.constexpr,
     OUT_MMA_ORDER: gl.constexpr,
+    ITEM_ROWS: gl.constexpr = 128,
     xs_ptr=None,
     A8: gl.constexpr = False,
     WGMMAS: gl.constexpr = 1,
     A_SETS: gl.constexpr = 1,
 ):
-    """``grouped_w4_gemm_rs_kernel``'s product and epilogues for work items of 128 weight rows
-    and ``BT`` routes, warp-specialized and persistent (module docstring): launched with 4 warps
+    """``grouped_w4_gemm_rs_kernel``'s product and epilogues for work items of ``ITEM_ROWS`` (128,
+    or 256 with ``BT`` at most 128) weight rows and ``BT`` routes, warp-specialized and persistent
+    (module docstring): launched with 4 warps
     (the default partition, consumer 0), plus a consumer warpgroup and ``PRODUCER_WARPS``
     producer warps as workers (``PRODUCER_REGISTERS`` and ``CONSUMER_REGISTERS`` per thread,
     ``setmaxnreg``). ``WGMMAS = 2``: two wgmmas per step (not with ``A8``); with ``A_SETS = 2``
     too, launched with 8 warps, both consumer warpgroups, and the producer as the only worker
-    (``CONSUMER_REGISTERS`` not read). ``x_desc`` and ``codes_desc`` are
+    (``CONSUMER_REGISTERS`` not read). ``A_SETS = 2`` alone: the next step dequantized while the
+    step's wgmma runs (not with ``A8``). ``x_desc`` and ``codes_desc`` are
     :func:`tma_descriptors`' (the activation rows in sorted order: FC1's gathered by token before
-    the launch). ``DEPTH`` ring slots, each a
-    step's code bytes (128 x 32), scale bytes (128 x 4) and activation rows (``BT`` x 64 bf16).
+    the launch; :func:`tma_descriptors` with the same ``item_rows``). ``DEPTH`` ring slots, each a
+    step's code bytes (``ITEM_ROWS`` x 32), scale bytes (``ITEM_ROWS`` x 4) and activation rows
+    (``BT`` x 64 bf16).
     Grid ``(P,)``, any ``P >= 1`` (``prefill.persistent_programs``: one per SM).
 
     ``A8`` (``MODE`` W4A16, ``BT`` 128; ``tma_descriptors(..., a8=True)``): every route A8, the
@@ -472,7 +547,8 @@ def grouped_w4_gemm_ws_kernel(
     ``[K / 128, ROUTES]`` in sorted order), each consumer with a ``[64, 128]`` e4m3 buffer of its
     converted weights."""
     PLAIN2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    CONSUMERS: gl.constexpr = 3 - A_SETS  # consumer partitions: two warpgroups, or one of 8 warps
+    ONE_PARTITION: gl.constexpr = A_SETS == 2 and WGMMAS == 2  # both consumer warpgroups, 8 warps
+    CONSUMERS: gl.constexpr = 1 if ONE_PARTITION else 2  # consumer partitions
     BARRIER: gl.constexpr = mbarrier.MBarrierLayout()
     CODE_STEP: gl.constexpr = codes_desc.block_type.shape[1]
     c_ring = gl.allocate_shared_memory(gl.uint8, [DEPTH, ITEM_ROWS, CODE_STEP], codes_desc.layout)
@@ -527,7 +603,7 @@ def grouped_w4_gemm_ws_kernel(
         xs_ptr,
         rings,
     )
-    if A_SETS == 2:  # both warpgroups in the default partition (8 warps), the producer a worker
+    if ONE_PARTITION:  # both warpgroups in the default partition (8 warps), the producer a worker
         gl.warp_specialize(
             [
                 (_consume, (0, consumer, EPILOGUE, MODE, HAS_LIMIT, BT, OUT_MMA_ORDER, A8, WGMMAS, A_SETS)),

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from a4prefill.ops.precision import MODE_SPLIT
+from a4prefill.ops.precision import MODE_SPLIT, MODE_W4A16
 
 DECODE_MAX_ROWS_PER_EXPERT = 32  # W4A16 calls with at most this many routes per active expert (mean)
 PREFILL_MIN_ROWS_PER_EXPERT = 32  # bf16 calls on sm_90 with at least this many (mean): prefill GEMMs
@@ -292,14 +292,16 @@ class PrefillGemm:
     set): a step's 64 columns as that many wgmmas, each later one's A operand dequantized while
     the earlier ones run. ``register_cap`` (0, 80, 96 or 128): the register cap per thread
     (``maxnreg``) of the kernel in every precision mode, 0 for :meth:`max_registers`' default.
-    ``warp_specialized`` (register weights, 128 weight rows, no cap, routes 16 to 256; two A
-    register sets only with two wgmmas per step): ``prefill_ws_kernels.grouped_w4_gemm_ws_kernel``,
+    ``warp_specialized`` (register weights, 128 weight rows per work item, or 256 with at most 128
+    routes, no cap, routes 16 to 256): ``prefill_ws_kernels.grouped_w4_gemm_ws_kernel``,
     persistent (one program per SM), a producer warpgroup copying ``depth`` steps ahead and the
-    two consumer warpgroups decoupled through mbarriers (no CTA barrier per step); launched with 4
-    warps plus its workers. There ``wgmmas_per_step = 2`` dequantizes each step's second half
-    while the first half's wgmma runs, both retired at the step's end, and ``a_register_sets = 2``
-    (with it) keeps one wgmma in flight across steps too, both consumer warpgroups then forming
-    one 8-warp partition (``prefill_ws_kernels._mainloop_halves``).
+    two consumer warpgroups decoupled through mbarriers (no CTA barrier per step), each taking
+    half of a work item's rows; launched with 4 warps plus its workers. There
+    ``wgmmas_per_step = 2`` dequantizes each step's second half while the first half's wgmma
+    runs, both retired at the step's end; ``a_register_sets = 2`` alone dequantizes the next step
+    while the step's wgmma runs (``prefill_ws_kernels._mainloop_ahead``); both together keep one
+    wgmma in flight across steps, both consumer warpgroups then forming one 8-warp partition
+    (``prefill_ws_kernels._mainloop_halves``).
     A CTA's buffers (:attr:`shared_bytes`) must fit an H100/H200 CTA's 227 KiB of shared memory."""
 
     weight_rows: int = 128
@@ -354,15 +356,13 @@ class PrefillGemm:
             )
         if self.warp_specialized and not (
             self.register_weights
-            and self.weight_rows == 128
-            and (self.a_register_sets == 1 or self.wgmmas_per_step == 2)
+            and (self.weight_rows == 128 or (self.weight_rows == 256 and self.routes <= 128))
             and not self.register_cap
             and not self.weight_ahead
         ):
             raise ValueError(
-                "PrefillGemm.warp_specialized needs register_weights, 128 weight rows, "
-                f"one A register set (two only with two wgmmas per step), no register cap and no "
-                f"weight_ahead, got {self}"
+                "PrefillGemm.warp_specialized needs register_weights, 128 weight rows (or 256 with at "
+                f"most 128 routes), no register cap and no weight_ahead, got {self}"
             )
         if self.shared_bytes > 227 * 1024:
             raise ValueError(
@@ -374,8 +374,15 @@ class PrefillGemm:
         """Warps the CTA is launched with: one warpgroup (4 warps) per 64 weight rows; with
         :attr:`warp_specialized` the default partition's warpgroup (its workers add their own)."""
         if self.warp_specialized:
-            return 4 * self.a_register_sets
+            return 8 if self.one_consumer_partition else 4
         return self.weight_rows // 16
+
+    @property
+    def one_consumer_partition(self) -> bool:
+        """Whether the :attr:`warp_specialized` kernel runs both consumer warpgroups as one 8-warp
+        partition (two A register sets and two wgmmas per step: ptxas keeps that pipeline only
+        in the default partition), else as two 4-warp partitions."""
+        return self.warp_specialized and self.a_register_sets == 2 and self.wgmmas_per_step == 2
 
     @property
     def shared_bytes(self) -> int:
@@ -433,12 +440,13 @@ class PrefillGemm:
 
 
 def _warp_specialized(
-    routes: int, depth: int, wgmmas_per_step: int = 1, a_register_sets: int = 1
+    routes: int, depth: int, wgmmas_per_step: int = 1, a_register_sets: int = 1, weight_rows: int = 128
 ) -> PrefillGemm:
     """The warp-specialized register-weights schedule of ``routes``-route tiles, ``depth`` ring
-    slots (128 weight rows), ``wgmmas_per_step`` wgmmas per step and ``a_register_sets``."""
+    slots, ``wgmmas_per_step`` wgmmas per step, ``a_register_sets`` and ``weight_rows`` per work
+    item."""
     return PrefillGemm(
-        128,
+        weight_rows,
         routes,
         depth=depth,
         register_weights=True,
@@ -482,23 +490,40 @@ PREFILL_SCHEDULES = MappingProxyType(
         "rs_w128_t256_d4_ws_h2": _warp_specialized(256, 4, 2),
         "rs_w128_t128_d6_ws_x2_h2": _warp_specialized(128, 6, 2, 2),
         "rs_w128_t256_d4_ws_x2_h2": _warp_specialized(256, 4, 2, 2),
+        "rs_w128_t128_d6_ws_x2": _warp_specialized(128, 6, 1, 2),
+        "rs_w256_t128_d6_ws": _warp_specialized(128, 6, weight_rows=256),
     }
 )
 
 
 @dataclass(frozen=True)
 class PrefillTiles:
-    """The two Hopper prefill GEMMs of one call: FC1 (SwiGLU epilogue) and FC2 (alpha epilogue)."""
+    """The two Hopper prefill GEMMs of one call: FC1 (SwiGLU epilogue) and FC2 (alpha epilogue),
+    and optionally (``w4a16_fc1``, ``w4a16_fc2``) another pair that W4A16 calls run instead
+    (:meth:`for_mode`; A4 and split calls run ``fc1``, ``fc2``). Every GEMM of the call shares the
+    routing's route tiles. A schedule is a speed choice only: every pair computes the same
+    precision of every row."""
 
     fc1: PrefillGemm
     fc2: PrefillGemm
+    w4a16_fc1: PrefillGemm | None = None
+    w4a16_fc2: PrefillGemm | None = None
 
     def __post_init__(self) -> None:
-        if self.fc1.routes != self.fc2.routes:
+        gemms = [self.fc1, self.fc2, *(g for g in (self.w4a16_fc1, self.w4a16_fc2) if g is not None)]
+        if len({gemm.routes for gemm in gemms}) != 1:
             raise ValueError(
-                "PrefillTiles: FC1 and FC2 share the routing's tiles, "
-                f"got {self.fc1.routes} and {self.fc2.routes} routes"
+                "PrefillTiles: every GEMM of a call shares the routing's tiles, "
+                f"got {[gemm.routes for gemm in gemms]} routes"
             )
+        if (self.w4a16_fc1 is None) != (self.w4a16_fc2 is None):
+            raise ValueError("PrefillTiles: w4a16_fc1 and w4a16_fc2 are given together or not at all")
+
+    def for_mode(self, mode: int) -> tuple[PrefillGemm, PrefillGemm]:
+        """``(fc1, fc2)`` of a call in precision mode ``mode`` (``precision.MODE_*``)."""
+        if mode == MODE_W4A16 and self.w4a16_fc1 is not None and self.w4a16_fc2 is not None:
+            return self.w4a16_fc1, self.w4a16_fc2
+        return self.fc1, self.fc2
 
     @property
     def routes(self) -> int:
@@ -506,12 +531,18 @@ class PrefillTiles:
         return self.fc1.routes
 
     def __str__(self) -> str:
-        return f"fc1_{self.fc1}_fc2_{self.fc2}"
+        w4a16 = "" if self.w4a16_fc1 is None else f"_w4a16_fc1_{self.w4a16_fc1}_fc2_{self.w4a16_fc2}"
+        return f"fc1_{self.fc1}_fc2_{self.fc2}{w4a16}"
 
     def fits(self, hidden: int, intermediate: int) -> bool:
         """Whether FC1 (``K = hidden``, ``2 * intermediate`` rows) and FC2 (``K = intermediate``,
-        ``hidden`` rows) split into the schedules' steps and CTAs."""
-        return self.fc1.fits(hidden, 2 * intermediate) and self.fc2.fits(intermediate, hidden)
+        ``hidden`` rows) of every pair split into the schedules' steps and CTAs."""
+        pairs = [(self.fc1, self.fc2)]
+        if self.w4a16_fc1 is not None and self.w4a16_fc2 is not None:
+            pairs.append((self.w4a16_fc1, self.w4a16_fc2))
+        return all(
+            fc1.fits(hidden, 2 * intermediate) and fc2.fits(intermediate, hidden) for fc1, fc2 in pairs
+        )
 
 
 # The A8 rows' GEMMs (``fused_a8``, issue 28): the warp-specialized kernel's A8 mainloop on
@@ -545,14 +576,22 @@ def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: i
       noise of one wgmma per step, 3865 against 3940-4104 us at 8192 tokens and 8148 against
       7855-8384 at 16384, while A4 took 4295 against 5140-5212 and split 3873 against
       5174-5185 at 8192, 8501 and 8466 against 10100-10173 at 16384). On 128-route tiles two
-      wgmmas per step were slower (4096 tokens: 3107 against 3021 us, A4 3249 against 2861)."""
+      wgmmas per step were slower (4096 tokens: 3107 against 3021 us, A4 3249 against 2861).
+
+    W4A16 calls below 160 routes per expert run work items of 256 weight rows instead (fifteenth
+    round, 2026-12-04: 2674 us against 3027 at 4096 tokens, each activation row read from L2 by
+    half as many work items), where both GEMMs' rows split into 256s; their A4 and split calls
+    stay on 128 rows (3452 and 3490 us on 256 rows against 2858 and 2913), within 10% of W4A16."""
     rows_per_expert = routes / max(1, experts)
     if rows_per_expert < PREFILL_MIN_ROWS_PER_EXPERT:
         return None
     if rows_per_expert < 64:
         tiles = PrefillTiles(PREFILL_SCHEDULES["rs_w128_t64_d4_r80"], PREFILL_SCHEDULES["rs_w128_t64_d4_r80"])
     elif rows_per_expert < 160:
-        tiles = PrefillTiles(PREFILL_SCHEDULES["rs_w128_t128_d6_ws"], PREFILL_SCHEDULES["rs_w128_t128_d6_ws"])
+        small, wide = PREFILL_SCHEDULES["rs_w128_t128_d6_ws"], PREFILL_SCHEDULES["rs_w256_t128_d6_ws"]
+        tiles = PrefillTiles(small, small, wide, wide)
+        if not tiles.fits(hidden, intermediate):
+            tiles = PrefillTiles(small, small)
     else:
         large = PREFILL_SCHEDULES["rs_w128_t256_d4_ws_x2_h2"]
         tiles = PrefillTiles(large, large)
