@@ -1,11 +1,16 @@
-"""A tiny interpreter for the PTX subset of the decode kernels' inline assembly (tests only).
+"""A tiny interpreter for the PTX subset of the kernels' inline assembly (tests only).
 
-Runs ``decode_asm.FACTOR_ASM``, ``CODES_ASM`` and ``WORD_CODES_ASM`` bit for bit on the CPU:
-32-bit integer ops (``mov``, ``and``, ``or``, ``shl``, ``shr``, ``mul.hi``/``mul.lo``/``mad.lo``
-``.u32``), ``prmt.b32`` (default mode: each selector nibble 0..7 picks a byte of ``{b, a}``), the
-unpacking ``mov.b32 {lo, hi}, x`` and packing ``mov.b32 x, {lo, hi}`` (two 16-bit halves) and
+Runs ``decode_asm.FACTOR_ASM``, ``CODES_ASM``, ``WORD_CODES_ASM``, ``numerics.BYTE_DEQUANT_ASM``
+and ``prefill_a8_kernels.A8_WEIGHT_ASM`` bit for bit on the CPU: 32-bit integer ops (``mov``,
+``and``, ``or``, ``shl``, ``shr``, ``mul.hi``/``mul.lo``/``mad.lo`` ``.u32``), ``prmt.b32``
+(default mode: selector nibble ``i`` picks byte ``nibble & 7`` of ``{b, a}`` for output byte
+``i``, or with the nibble's bit 3 set that byte's sign bit replicated over all 8 bits), the
+unpacking ``mov.b32 {lo, hi}, x`` and packing ``mov.b32 x, {lo, hi}`` (two 16-bit halves),
 ``fma.rn.bf16x2`` (each half: the exact product plus addend, rounded to nearest even bf16,
-subnormals kept). Operands
+subnormals kept), ``mov.f32`` and ``mul.rn.f32`` (refused where the fp32 product is not exact:
+the subset meets only exact ones) and ``cvt.rn.satfinite.e4m3x2.f32 d, a, b`` (``a`` to the high
+byte of the 16-bit ``d``, ``b`` to the low one; nearest even, saturating to +-448). Float
+immediates are PTX's ``0fXXXXXXXX`` (fp32 bits). Operands
 ``$N`` are the asm's inputs and outputs as uint32 (16-bit outputs of the unpacking: uint16), either
 Python ints or int64 torch tensors of one shape (every element one execution of the asm).
 """
@@ -69,16 +74,45 @@ def _mul_hi(a: Any, b: Any) -> Any:
 
 
 def _prmt(a: Any, b: Any, selector: Any) -> Any:
-    """``prmt.b32`` default mode: output byte ``i`` is byte ``selector nibble i`` of the 8 bytes
-    ``a`` (0..3), ``b`` (4..7); a nibble with bit 3 set (sign replication) is refused."""
-    if not isinstance(selector, int) or selector & 0x8888:
-        raise NotImplementedError("prmt.b32 with a register or sign-replicating selector")
+    """``prmt.b32`` default mode: output byte ``i`` is byte ``n & 7`` of the 8 bytes ``a`` (0..3),
+    ``b`` (4..7), ``n`` the selector's nibble ``i`` (its low 16 bits); where ``n & 8``, that byte's
+    bit 7 replicated over the 8 bits instead (0x00 or 0xFF). Ints or int64 tensors."""
+    both = (a & MASK) | ((b & MASK) << 32)
     result = 0
     for i in range(4):
-        source = (selector >> (4 * i)) & 7
-        byte = ((a if source < 4 else b) >> (8 * (source % 4))) & 0xFF
-        result = result | (byte << (8 * i))
+        nibble = (selector >> (4 * i)) & 0xF
+        byte = (both >> (8 * (nibble & 7))) & 0xFF
+        replicated = ((byte >> 7) & 1) * 0xFF
+        chosen = byte + ((nibble >> 3) & 1) * (replicated - byte)  # select without a branch
+        result = result | (chosen << (8 * i))
     return result
+
+
+def _f32(bits: Any) -> Any:
+    """fp32 value(s) of 32-bit pattern(s): a float, or a float64 tensor."""
+    if isinstance(bits, torch.Tensor):
+        return (bits & MASK).to(torch.int64).to(torch.int32).view(torch.float32).double()
+    return struct.unpack("<f", struct.pack("<I", bits & MASK))[0]
+
+
+def _f32_bits(values: Any) -> Any:
+    """fp32 bits of exact fp32 value(s); raises where the value would round."""
+    if isinstance(values, torch.Tensor):
+        single = values.float()
+        if not torch.equal(single.double(), values):
+            raise ValueError("mul.rn.f32: a product is not exact in fp32 (the subset meets exact ones only)")
+        return single.view(torch.int32).long() & MASK
+    bits = struct.unpack("<I", struct.pack("<f", values))[0]
+    if _f32(bits) != values:
+        raise ValueError(f"mul.rn.f32: {values!r} is not exact in fp32")
+    return bits
+
+
+def _e4m3_bits(values: Any) -> Any:
+    """e4m3 byte(s) of fp32 value(s): nearest even, saturating to +-448 (``satfinite``)."""
+    tensor = torch.as_tensor(values, dtype=torch.float64).float().clamp(-448.0, 448.0)
+    bits = tensor.to(torch.float8_e4m3fn).view(torch.uint8).long()
+    return bits if isinstance(values, torch.Tensor) else int(bits)
 
 
 def run(asm: str, operands: dict[int, Any]) -> dict[int, Any]:
@@ -91,6 +125,8 @@ def run(asm: str, operands: dict[int, Any]) -> dict[int, Any]:
             return registers[token]
         if re.fullmatch(r"0x[0-9a-fA-F]+|\d+", token):
             return int(token, 0) & MASK
+        if re.fullmatch(r"0f[0-9a-fA-F]{8}", token):
+            return int(token[2:], 16)
         raise KeyError(f"unknown operand {token!r}")
 
     body = asm.strip().removeprefix("{").removesuffix("}")
@@ -130,6 +166,12 @@ def run(asm: str, operands: dict[int, Any]) -> dict[int, Any]:
             result = _prmt(*sources)
         elif opcode == "fma.rn.bf16x2":
             result = _fma_bf16x2(*sources)
+        elif opcode == "mov.f32":
+            result = sources[0]
+        elif opcode == "mul.rn.f32":
+            result = _f32_bits(_f32(sources[0]) * _f32(sources[1]))
+        elif opcode == "cvt.rn.satfinite.e4m3x2.f32":
+            result = (_e4m3_bits(_f32(sources[0])) << 8) | _e4m3_bits(_f32(sources[1]))
         else:
             raise NotImplementedError(f"opcode {opcode!r} is not in the interpreted subset")
         registers[dest] = result

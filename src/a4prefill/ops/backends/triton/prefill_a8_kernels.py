@@ -8,11 +8,11 @@ A step is one A8 block of 128 K columns. Per step a consumer (64 weight rows):
 
 1. reads its rows' 64 code bytes and 8 scale bytes per row from the ring slot and converts them
    to FP8 weights (:func:`fp8_weights`): per row the block's exponent ``p`` (the smallest
-   integer with ``6 * max|scale| <= 448 * 2**p``, from the scale bytes' bits), the nibbles times
-   ``bf16(scale * 2**(104 - p))`` by ``numerics.BYTE_DEQUANT_ASM`` (``e2m1 * scale * 2**(-p -
-   22)``, exact in bf16), times ``2**22`` in fp32 (exact), rounded to e4m3 (nearest even): the
-   values of ``fp8.weights`` bit for bit, in the K order of the activations (no column
-   permutation);
+   integer with ``6 * max|scale| <= 448 * 2**p``, from the scale bytes' bits); per 16-column
+   group a table of the 8 e4m3 bytes ``e4m3(m * |scale| * 2**-p)`` of the e2m1 magnitudes ``m``
+   (the fp32 products are exact, then nearest even), from which each weight's byte is picked by
+   its nibble (:data:`A8_WEIGHT_ASM`, about 2 instructions a weight): the values of
+   ``fp8.weights`` bit for bit, in the K order of the activations (no column permutation);
 2. stores them into its own shared buffer (NVMMA-swizzled, K-major, what the FP8 wgmma reads),
    fences, and issues one wgmma of both operands from shared memory into a fresh fp32 partial
    (``use_acc=False``), then retires it and releases the slot;
@@ -41,9 +41,67 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from a4prefill.ops.backends.triton.numerics import e4m3_bytes_f32
-from a4prefill.ops.backends.triton.prefill_kernels import _cta_barrier, codes_layout, nibbles_times
+from a4prefill.ops.backends.triton.prefill_kernels import _cta_barrier, codes_layout
 
 A8_STEP: gl.constexpr = gl.constexpr(128)  # K columns per step: one A8 block (fp8.A8_BLOCK)
+
+# One 16-column group: its 8 code bytes (``$4``: bytes 0-3, ``$5``: bytes 4-7), ``f = |scale| *
+# 2**-p`` as fp32 (``$6``; ``$7``-``$13`` are copies) and its sign table (``$14``; ``$15``-``$21``
+# copies: 0x80808080 for a positive scale byte, 0x01010101 for a negative one) -> its 16 e4m3
+# weights in K order, column ``j`` in byte ``j % 4`` of ``$(j / 4)``. The table ``{lo, hi}`` holds
+# the e4m3 bytes of ``m * f`` for the e2m1 magnitudes ``m`` = 0, 0.5, 1, 1.5, 2, 3, 4, 6 (byte
+# ``i`` for magnitude code ``i``: exact fp32 products, ``cvt.rn.satfinite`` pairs, nearest even).
+# Per 4 weights (4 nibbles of a code half-word, K order) one ``prmt`` picks their magnitude bytes
+# (selector: the nibbles without their sign bits), a second ``prmt`` over the sign table with the
+# nibbles themselves gives per byte 0x80 or 0xFF (the sign bit replicated) for a positive scale,
+# 0x01 or 0x00 for a negative one, whose bit 0 is the weight's sign: shifted to bit 7 and or-ed
+# in. A zero magnitude keeps its sign (-0 as 0x80), as the product's IEEE sign would.
+A8_WEIGHT_ASM = gl.constexpr("""
+{
+.reg .f32 z, m1, m3, m4, m5, m6, m7;
+.reg .b16 t01, t23, t45, t67;
+.reg .b32 lo, hi, mags, sel, word, sgn;
+mov.f32 z, 0f00000000;
+mul.rn.f32 m1, $6, 0f3F000000;
+mul.rn.f32 m3, $6, 0f3FC00000;
+mul.rn.f32 m4, $6, 0f40000000;
+mul.rn.f32 m5, $6, 0f40400000;
+mul.rn.f32 m6, $6, 0f40800000;
+mul.rn.f32 m7, $6, 0f40C00000;
+cvt.rn.satfinite.e4m3x2.f32 t01, m1, z;
+cvt.rn.satfinite.e4m3x2.f32 t23, m3, $6;
+cvt.rn.satfinite.e4m3x2.f32 t45, m5, m4;
+cvt.rn.satfinite.e4m3x2.f32 t67, m7, m6;
+mov.b32 lo, {t01, t23};
+mov.b32 hi, {t45, t67};
+and.b32 mags, $4, 0x77777777;
+prmt.b32 word, lo, hi, mags;
+prmt.b32 sgn, $14, $14, $4;
+shl.b32 sgn, sgn, 7;
+and.b32 sgn, sgn, 0x80808080;
+or.b32 $0, word, sgn;
+shr.b32 mags, mags, 16;
+shr.b32 sel, $4, 16;
+prmt.b32 word, lo, hi, mags;
+prmt.b32 sgn, $14, $14, sel;
+shl.b32 sgn, sgn, 7;
+and.b32 sgn, sgn, 0x80808080;
+or.b32 $1, word, sgn;
+and.b32 mags, $5, 0x77777777;
+prmt.b32 word, lo, hi, mags;
+prmt.b32 sgn, $14, $14, $5;
+shl.b32 sgn, sgn, 7;
+and.b32 sgn, sgn, 0x80808080;
+or.b32 $2, word, sgn;
+shr.b32 mags, mags, 16;
+shr.b32 sel, $5, 16;
+prmt.b32 word, lo, hi, mags;
+prmt.b32 sgn, $14, $14, sel;
+shl.b32 sgn, sgn, 7;
+and.b32 sgn, sgn, 0x80808080;
+or.b32 $3, word, sgn;
+}
+""")
 
 
 @gluon.constexpr_function
@@ -85,11 +143,22 @@ def fp8_weights(codes, scale_bytes):
     [BW]`` fp32 ``2**(p - 7)``, the row's promotion factor (module docstring)."""
     BW: gl.constexpr = codes.shape[0]
     p = weight_exponents(scale_bytes)
-    factor = (e4m3_bytes_f32(scale_bytes) * gl.expand_dims(_pow2(104 - p), 1)).to(gl.bfloat16)
-    even, odd = nibbles_times(codes, factor)  # e2m1 * scale * 2**(-p - 22), exact
-    w = gl.reshape(gl.join(even, odd), [BW, 128])  # column 16 g + 2 b + h: nibble h of byte b
-    w8 = (w.to(gl.float32) * 4194304.0).to(gl.float8e4nv, fp_downcast_rounding="rtne")
-    return w8, _pow2(p - 7)
+    magnitude = gl.abs(e4m3_bytes_f32(scale_bytes)) * gl.expand_dims(_pow2(-p), 1)  # exact
+    sign_table = gl.where((scale_bytes & 0x80) != 0, 0x01010101, -0x7F7F7F80)  # 0x80808080 as int32
+    first, second = gl.inline_asm_elementwise(
+        A8_WEIGHT_ASM,
+        "=r,=r,=r,=r" + ",r" * 18,
+        [
+            codes,
+            gl.broadcast(gl.expand_dims(magnitude, 2), codes)[0],
+            gl.broadcast(gl.expand_dims(sign_table, 2), codes)[0],
+        ],
+        dtype=(gl.uint8, gl.uint8),
+        is_pure=True,
+        pack=8,
+    )  # per group: columns 0-7 in first, 8-15 in second
+    w = gl.reshape(gl.permute(gl.join(first, second), (0, 1, 3, 2)), [BW, 128])  # column 16 g + 8 h + j
+    return w.to(gl.float8e4nv, bitcast=True), _pow2(p - 7)
 
 
 @gluon.jit
