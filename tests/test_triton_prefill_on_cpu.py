@@ -493,6 +493,26 @@ def test_matches_the_fp32_product(interpreted, label, gather):
     assert_rounded_product(out, expected(x, codes, scales, routing, top_k if gather else None))
 
 
+def test_a_program_without_work_items_waits_for_nothing(interpreted):
+    """The warp-specialized kernel with two A register sets dequantizes a program's first ring
+    step before its first work item: a program with no item must not wait for a step no producer
+    fills. One route tile of one 128-row block (a work item for program 0 of the 2 the CPU
+    launches): the launch ends and matches the fp32 product (with the guard dropped the
+    interpreter reports program 1's consumers deadlocked on the ring's first ``ready`` barrier)."""
+    schedule = PREFILL_SCHEDULES["rs_w128_t128_d6_ws_x2"]
+    generator = torch.Generator().manual_seed(11)
+    experts, n, k, tokens = 1, schedule.weight_rows, 2 * schedule.block_k, 5
+    codes = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=generator)
+    scales = EVERY_SCALE_BYTE[
+        torch.randint(0, len(EVERY_SCALE_BYTE), (experts, n, k // 16), generator=generator)
+    ]
+    ids = torch.zeros(tokens, 1, dtype=torch.int32)
+    x = torch.randn(tokens, k, generator=generator).bfloat16()
+    out, routing = run(interpreted, x, codes, scales, ids, schedule, None)
+    assert int(routing.num_tiles) * (n // schedule.weight_rows) == 1  # one work item, two programs
+    assert_rounded_product(out, expected(x, codes, scales, routing, None))
+
+
 @pytest.mark.parametrize("register_weights", [False, True], ids=["shared_weights", "register_weights"])
 def test_every_code_and_scale_byte_dequantizes_exactly(interpreted, register_weights):
     """One-hot activation rows pick single weight columns: every output element is one weight,
