@@ -45,6 +45,7 @@ from a4prefill.ops.backends.triton.prefill_kernels import _cta_barrier, codes_la
 
 A8_STEP: gl.constexpr = gl.constexpr(128)  # K columns per step: one A8 block (fp8.A8_BLOCK)
 
+
 # One 16-column group: its 8 code bytes (``$4``: bytes 0-3, ``$5``: bytes 4-7), ``f = |scale| *
 # 2**-p`` as fp32 (``$6``; ``$7``-``$13`` are copies) and its sign table (``$14``; ``$15``-``$21``
 # copies: 0x80808080 for a positive scale byte, 0x01010101 for a negative one) -> its 16 e4m3
@@ -56,7 +57,27 @@ A8_STEP: gl.constexpr = gl.constexpr(128)  # K columns per step: one A8 block (f
 # nibbles themselves gives per byte 0x80 or 0xFF (the sign bit replicated) for a positive scale,
 # 0x01 or 0x00 for a negative one, whose bit 0 is the weight's sign: shifted to bit 7 and or-ed
 # in. A zero magnitude keeps its sign (-0 as 0x80), as the product's IEEE sign would.
-A8_WEIGHT_ASM = gl.constexpr("""
+def _a8_weight_words() -> str:
+    """The PTX of :data:`A8_WEIGHT_ASM`'s four output words: the magnitude ``prmt``, the sign
+    ``prmt`` shifted to bit 7, or-ed together, for the low and high half-word of each code word."""
+    lines = []
+    for out, code in ((0, 4), (2, 5)):
+        lines += [f"and.b32 mags, ${code}, 0x77777777;", f"mov.b32 sel, ${code};"]
+        for half in (0, 1):
+            if half:
+                lines += ["shr.b32 mags, mags, 16;", "shr.b32 sel, sel, 16;"]
+            lines += [
+                "prmt.b32 word, lo, hi, mags;",
+                "prmt.b32 sgn, $14, $14, sel;",
+                "shl.b32 sgn, sgn, 7;",
+                "and.b32 sgn, sgn, 0x80808080;",
+                f"or.b32 ${out + half}, word, sgn;",
+            ]
+    return "\n".join(lines)
+
+
+A8_WEIGHT_ASM = gl.constexpr(
+    """
 {
 .reg .f32 z, m1, m3, m4, m5, m6, m7;
 .reg .b16 t01, t23, t45, t67;
@@ -74,34 +95,12 @@ cvt.rn.satfinite.e4m3x2.f32 t45, m5, m4;
 cvt.rn.satfinite.e4m3x2.f32 t67, m7, m6;
 mov.b32 lo, {t01, t23};
 mov.b32 hi, {t45, t67};
-and.b32 mags, $4, 0x77777777;
-prmt.b32 word, lo, hi, mags;
-prmt.b32 sgn, $14, $14, $4;
-shl.b32 sgn, sgn, 7;
-and.b32 sgn, sgn, 0x80808080;
-or.b32 $0, word, sgn;
-shr.b32 mags, mags, 16;
-shr.b32 sel, $4, 16;
-prmt.b32 word, lo, hi, mags;
-prmt.b32 sgn, $14, $14, sel;
-shl.b32 sgn, sgn, 7;
-and.b32 sgn, sgn, 0x80808080;
-or.b32 $1, word, sgn;
-and.b32 mags, $5, 0x77777777;
-prmt.b32 word, lo, hi, mags;
-prmt.b32 sgn, $14, $14, $5;
-shl.b32 sgn, sgn, 7;
-and.b32 sgn, sgn, 0x80808080;
-or.b32 $2, word, sgn;
-shr.b32 mags, mags, 16;
-shr.b32 sel, $5, 16;
-prmt.b32 word, lo, hi, mags;
-prmt.b32 sgn, $14, $14, sel;
-shl.b32 sgn, sgn, 7;
-and.b32 sgn, sgn, 0x80808080;
-or.b32 $3, word, sgn;
+"""
+    + _a8_weight_words()
+    + """
 }
-""")
+"""
+)
 
 
 @gluon.constexpr_function
