@@ -10,10 +10,13 @@ by token, random routing and bytes)::
         python benchmarks/profile_prefill.py [--case 512:rs_w128_t32_d4 \
             --case 8192:rs_w128_t256_d4_ws_x2_h2] > ncu.csv
 
-Each ``--case`` is ``TOKENS:SCHEDULE`` with a label of ``schedules.PREFILL_SCHEDULES``, or
-``TOKENS:a8`` for the A8 GEMM (``schedules.A8_PREFILL`` on e4m3 rows and their block scales,
-``fused_a8.quantize_rows``; sm_90); every case runs once before the profiled region (compilation
-and warm caches stay outside it).
+Each ``--case`` is ``TOKENS:SCHEDULE[:MODE]`` with a label of ``schedules.PREFILL_SCHEDULES``
+(without ``MODE``: W4A16 without an epilogue; with ``MODE`` ``w4a16``, ``a4`` or ``split``: the
+MoE's FC1 in that precision mode, SwiGLU epilogue and A4 re-quantization included, the split
+with the second half of the tokens A4), or
+``TOKENS:a8`` or ``TOKENS:a8_x2`` for the A8 GEMM (``schedules.A8_SCHEDULES``: ``A8_PREFILL`` or
+``A8_PREFILL_AHEAD``, on e4m3 rows and their block scales, ``fused_a8.quantize_rows``; sm_90);
+every case runs once before the profiled region (compilation and warm caches stay outside it).
 ``--ncu-summary ncu.csv --out DIR`` (no GPU) turns that CSV into ``DIR/profile_prefill_ncu.json``:
 one entry per case, in the order given, with ``profile_decode.NCU_METRICS``. Nsight
 Compute locks the clocks to base, so its durations are longer than the timed ones
@@ -43,8 +46,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 EXPERTS, HIDDEN, INTERMEDIATE, TOP_K = 288, 4096, 1024, 8
 DEFAULT_CASES = ["512:rs_w128_t32_d4", "8192:rs_w128_t256_d4_ws_x2_h2"]
-A8_LABEL = "a8"  # a case's label for the A8 GEMM (``schedules.A8_PREFILL``, e4m3 rows and scales)
 TOP_INSTRUCTIONS = 30
+MODE_NAMES = ("w4a16", "a4", "split")  # a case's optional third field: the MoE FC1 in that mode
 
 
 def source_summary(csv_path: str) -> list[dict[str, Any]]:
@@ -96,19 +99,41 @@ def source_summary(csv_path: str) -> list[dict[str, Any]]:
     return launches
 
 
+def parse_case(case: str) -> tuple[int, str, str | None]:
+    """A ``--case`` ``TOKENS:SCHEDULE[:MODE]`` (module docstring) -> ``(tokens, label, mode)``,
+    ``mode`` one of :data:`MODE_NAMES` or None; ``SystemExit`` naming the case and what was
+    expected otherwise."""
+    from a4prefill.ops.backends.triton.schedules import A8_SCHEDULES, PREFILL_SCHEDULES
+
+    fields = case.split(":")
+    if len(fields) not in (2, 3):
+        raise SystemExit(f"--case {case}: expected TOKENS:SCHEDULE[:MODE]")
+    tokens_text, label, *mode_field = fields
+    if label not in PREFILL_SCHEDULES and label not in A8_SCHEDULES:
+        choices = [*A8_SCHEDULES, *sorted(PREFILL_SCHEDULES)]
+        raise SystemExit(f"--case {case}: SCHEDULE must be one of {choices}")
+    if mode_field and (mode_field[0] not in MODE_NAMES or label in A8_SCHEDULES):
+        raise SystemExit(f"--case {case}: MODE must be one of {MODE_NAMES}, after a W4A16 schedule")
+    if not tokens_text.isdigit() or int(tokens_text) == 0:
+        raise SystemExit(f"--case {case}: TOKENS must be a positive integer")
+    return int(tokens_text), label, mode_field[0] if mode_field else None
+
+
 def main() -> None:
     from a4prefill.ops.backends.triton.fused_a8 import quantize_rows
     from a4prefill.ops.backends.triton.prefill import launch_prefill_gemm
     from a4prefill.ops.backends.triton.routing import build_routing
-    from a4prefill.ops.backends.triton.schedules import A8_PREFILL, PREFILL_SCHEDULES
+    from a4prefill.ops.backends.triton.schedules import A8_SCHEDULES, PREFILL_SCHEDULES
+    from a4prefill.ops.precision import MODE_A4, MODE_SPLIT, MODE_W4A16
 
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--case", action="append", help="TOKENS:SCHEDULE (repeatable)")
+    parser.add_argument("--case", action="append", help="TOKENS:SCHEDULE[:MODE] (repeatable)")
     parser.add_argument("--ncu-summary", help="summarize this ncu CSV of the same cases (no GPU)")
     parser.add_argument("--ncu-source", help="summarize this ncu source-page CSV of the same cases (no GPU)")
     parser.add_argument("--out", default=".", help="folder of the summaries' JSON")
     args = parser.parse_args()
     cases = args.case or DEFAULT_CASES
+    parsed = [parse_case(case) for case in cases]  # before anything runs
     if args.ncu_source:
         kernels = source_summary(args.ncu_source)
         if len(kernels) != len(cases):
@@ -129,27 +154,33 @@ def main() -> None:
     codes = torch.randint(0, 256, (EXPERTS, n, k // 2), dtype=torch.uint8, device="cuda")
     scales = torch.randint(0x28, 0x48, (EXPERTS, n, k // 16), dtype=torch.uint8, device="cuda")
     launches = []
-    for case in cases:
-        tokens_text, label = case.split(":")
-        if label not in PREFILL_SCHEDULES and label != A8_LABEL:
-            choices = [A8_LABEL, *sorted(PREFILL_SCHEDULES)]
-            raise SystemExit(f"--case {case}: schedule must be one of {choices}")
-        tokens = int(tokens_text)
-        schedule = A8_PREFILL if label == A8_LABEL else PREFILL_SCHEDULES[label]
+    for tokens, label, mode_name in parsed:
+        schedule = A8_SCHEDULES[label] if label in A8_SCHEDULES else PREFILL_SCHEDULES[label]
         ids = torch.rand(tokens, EXPERTS, device="cuda").topk(TOP_K, dim=1).indices.int()
         x = torch.randn(tokens, k, dtype=torch.bfloat16, device="cuda")
-        a8: dict[str, Any] = {}
-        if label == A8_LABEL:
-            x, a8["x_block_scales"] = quantize_rows(x)
-        out = torch.empty(tokens * TOP_K, n, dtype=torch.bfloat16, device="cuda")
+        options: dict[str, Any] = {}  # launch_prefill_gemm's keyword arguments beyond the schedule's
+        if label in A8_SCHEDULES:
+            x, options["x_block_scales"] = quantize_rows(x)
+        if mode_name is not None:  # the MoE's FC1: SwiGLU into h in the next GEMM's column order
+            mode = {"w4a16": MODE_W4A16, "a4": MODE_A4, "split": MODE_SPLIT}[mode_name]
+            out = torch.empty(tokens * TOP_K, n // 2, dtype=torch.bfloat16, device="cuda")
+            options |= {"epilogue": "swiglu", "scale2": torch.ones(EXPERTS, 2, device="cuda"), "mode": mode}
+            options["out_mma_order"] = True
+            if mode != MODE_W4A16:
+                options["encode_scales"] = (torch.ones(1, device="cuda"), torch.ones(EXPERTS, device="cuda"))
+            if mode == MODE_SPLIT:
+                options["row_flags"] = (torch.arange(tokens, device="cuda") >= tokens // 2).to(torch.uint8)
+                options["routes_per_token"] = TOP_K
+        else:
+            out = torch.empty(tokens * TOP_K, n, dtype=torch.bfloat16, device="cuda")
         routing = build_routing(ids, EXPERTS, schedule.routes)
         arguments = (x, codes, scales, routing, out, schedule, TOP_K)
-        launch_prefill_gemm(*arguments, **a8)
-        launches.append((arguments, a8))
+        launch_prefill_gemm(*arguments, **options)
+        launches.append((arguments, options))
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStart()
-    for arguments, a8 in launches:
-        launch_prefill_gemm(*arguments, **a8)
+    for arguments, options in launches:
+        launch_prefill_gemm(*arguments, **options)
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
 

@@ -31,6 +31,8 @@ from helpers.markers import needs_gluon
 pytestmark = [pytest.mark.slow, needs_gluon]
 
 SCHEDULE = PrefillGemm(128, 128, depth=3, register_weights=True, warp_specialized=True)
+# its successor converted while a step's wgmma runs (two e4m3 buffers per consumer)
+SCHEDULE_AHEAD = dataclasses.replace(SCHEDULE, a_register_sets=2)
 E4M3_ONE = 0x38  # the e4m3 byte of 1.0
 
 
@@ -43,16 +45,16 @@ def interpreted():
     return InterpretedKernel(kernel_modules.prefill_ws().grouped_w4_gemm_ws_kernel)
 
 
-def run_a8(kernel, x8, block_scales, codes, scales, ids, top_k):
-    """One A8 launch (``epilogue="none"``) with torch-built routing whose entries past
-    ``num_tiles`` hold an out-of-range expert and row: ``(out [R, N] bf16, routing)``."""
-    routing = build_routing(ids, codes.shape[0], SCHEDULE.routes, force_torch=True)
+def run_a8(kernel, x8, block_scales, codes, scales, ids, top_k, schedule=SCHEDULE):
+    """One A8 launch (``epilogue="none"``) of ``schedule`` with torch-built routing whose entries
+    past ``num_tiles`` hold an out-of-range expert and row: ``(out [R, N] bf16, routing)``."""
+    routing = build_routing(ids, codes.shape[0], schedule.routes, force_torch=True)
     live = int(routing.num_tiles)
     routing.tile_expert[live:] = 1 << 24
     routing.tile_row[live:] = 1 << 24
     out = torch.full((ids.numel(), codes.shape[1]), float("nan"), dtype=torch.bfloat16)
     launch_prefill_gemm(
-        x8, codes, scales, routing, out, SCHEDULE, top_k, kernel=kernel, x_block_scales=block_scales
+        x8, codes, scales, routing, out, schedule, top_k, kernel=kernel, x_block_scales=block_scales
     )
     return out, routing
 
@@ -107,13 +109,20 @@ def test_every_code_and_scale_byte_converts_to_the_oracles_e4m3_weight(interpret
     assert (expected[:, 256:] == 0).any() and (expected[:, :256] != 0).any()  # both cases are exercised
 
 
-@pytest.mark.parametrize("gather", [True, False], ids=["fc1_gather", "fc2_sorted"])
-def test_a8_product_matches_the_block_product(interpreted, gather):
+@pytest.mark.parametrize(
+    ("gather", "schedule"),
+    [(True, SCHEDULE), (False, SCHEDULE), (True, SCHEDULE_AHEAD), (False, SCHEDULE_AHEAD)],
+    ids=["fc1_gather", "fc2_sorted", "fc1_gather_ahead", "fc2_sorted_ahead"],
+)
+def test_a8_product_matches_the_block_product(interpreted, gather, schedule):
     """Three experts (one without routes), segments that end inside a tile, more steps (128-column
     blocks) than the ring has slots, rows gathered by token or in sorted order, activations of
     very different magnitudes per block: ``bf16(acc * 128)`` is the exact block product rounded
     once to bf16, give or take one bf16 step, plus ``2**-16`` of the absolute product (the
-    promotion's fp32 roundings)."""
+    promotion's fp32 roundings). With the conversion one step ahead (``SCHEDULE_AHEAD``) each of
+    the two programs runs two work items, so the next item's first step is converted during an
+    item's last wgmma, and the interpreter reads a wgmma's operands when it retires: a buffer
+    rewritten before its wgmma retired, or a step's factors paired with another step, fail."""
     generator = torch.Generator().manual_seed(3)
     experts, n, k, tokens, top_k = 3, 256, (SCHEDULE.depth + 2) * fp8.A8_BLOCK, 45, 2
     codes = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=generator)
@@ -124,7 +133,9 @@ def test_a8_product_matches_the_block_product(interpreted, gather):
     spread = torch.pow(2.0, torch.randint(-20, 20, (rows, k // fp8.A8_BLOCK), generator=generator).float())
     x = torch.randn(rows, k, generator=generator) * spread.repeat_interleave(fp8.A8_BLOCK, dim=1)
     x8, block_scales = fp8.quantize_rows(x.bfloat16())
-    out, routing = run_a8(interpreted, x8, block_scales, codes, scales, ids, top_k if gather else None)
+    out, routing = run_a8(
+        interpreted, x8, block_scales, codes, scales, ids, top_k if gather else None, schedule
+    )
     exact, magnitude = oracle(x8, block_scales, codes, scales, routing, top_k if gather else None)
     assert not out.isnan().any(), "a sorted position was not written"
     step = exact.abs().clamp(min=2.0**-120).float().bfloat16().double() * 2.0**-7
@@ -133,7 +144,7 @@ def test_a8_product_matches_the_block_product(interpreted, gather):
 
 def test_a8_launches_refuse_what_the_kernel_cannot_run():
     """``x_block_scales`` needs the warp-specialized schedule of 128 routes and 128 weight rows
-    with one wgmma per step and one A register set (the A8 mainloop has no other form), W4A16
+    with one wgmma per step (the A8 mainloops have no other form), W4A16
     multipliers, K a multiple of 128, e4m3 rows and fp32 scales of their shape: each a
     ``ValueError``."""
     codes = torch.zeros(1, 128, 64, dtype=torch.uint8)
@@ -146,7 +157,7 @@ def test_a8_launches_refuse_what_the_kernel_cannot_run():
     cases = [
         (x8, block_scales, PrefillGemm(128, 128, register_weights=True)),
         (x8, block_scales, PrefillGemm(128, 64, depth=3, register_weights=True, warp_specialized=True)),
-        (x8, block_scales, dataclasses.replace(SCHEDULE, a_register_sets=2)),
+        (x8, block_scales, dataclasses.replace(SCHEDULE, wgmmas_per_step=2)),
         (x8, block_scales, dataclasses.replace(SCHEDULE, weight_rows=256, depth=4)),
         (x8, torch.ones(4, 2), SCHEDULE),
         (x8, block_scales.double(), SCHEDULE),
@@ -171,6 +182,49 @@ def test_the_a8_kernels_compile_to_fp8_wgmmas_without_spills(epilogue):
     }
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
     assert re.findall(r"\b(?:STL|LDL)\b", cuobjdump(kernel, "-sass")) == []
+
+
+def converted_while_in_flight(kernel) -> list[int]:
+    """Per innermost loop of an A8 kernel compiled offline with FP8 wgmmas (a backward branch over
+    a region with one ``QGMMA`` group and no other backward branch: a consumer's K loop): how many
+    e4m3 conversions (``F2FP.SATFINITE.E4M3``, one per two weights) run between the group's issue
+    (the ``QGMMA`` with ``gsb0``) and the first wait after it (``WARPGROUP.DEPBAR``)."""
+    from test_triton_prefill_on_cpu import cuobjdump
+
+    sass = [
+        (int(match[1], 16), match[2])
+        for match in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", cuobjdump(kernel, "-sass"))
+    ]
+    loops = []  # (top, bottom) of every backward branch
+    for address, text in sass:
+        branch = re.search(r"BRA (0x[0-9a-f]+)", text)
+        if branch is not None and int(branch[1], 16) < address:
+            loops.append((int(branch[1], 16), address))
+    counts = []
+    for top, bottom in loops:
+        if any(top <= inner_top and inner_bottom < bottom for inner_top, inner_bottom in loops):
+            continue  # an outer loop
+        body = [line for at, line in sass if top <= at <= bottom]
+        issues = [i for i, line in enumerate(body) if "QGMMA" in line and "gsb0" in line]
+        if len(issues) != 1:
+            continue
+        wait = next(i for i, line in enumerate(body) if i > issues[0] and "WARPGROUP.DEPBAR" in line)
+        counts.append(sum("F2FP.SATFINITE.E4M3" in line for line in body[issues[0] : wait]))
+    return counts
+
+
+@pytest.mark.parametrize("epilogue", ["swiglu", "alpha"])
+def test_the_ahead_consumers_convert_the_next_step_while_their_wgmma_runs(epilogue):
+    """``SCHEDULE_AHEAD`` compiled for sm_90a as the launcher would: in each consumer's K loop all
+    16 e4m3 pair conversions of a step (32 weights a thread) sit between the step's wgmma issue
+    and its wait, so the next step's conversion overlaps the tensor core; ``SCHEDULE`` converts
+    before it issues (none in between). FC1 and FC2, no spills."""
+    from test_triton_prefill_on_cpu import compile_prefill_kernel, cuobjdump
+
+    for schedule, expected in ((SCHEDULE_AHEAD, [16, 16]), (SCHEDULE, [0, 0])):
+        kernel = compile_prefill_kernel(schedule, a8=True, EPILOGUE=PREFILL_EPILOGUES[epilogue])
+        assert converted_while_in_flight(kernel) == expected, (schedule, converted_while_in_flight(kernel))
+        assert re.findall(r"\b(?:STL|LDL)\b", cuobjdump(kernel, "-sass")) == []
 
 
 @pytest.fixture(scope="module")
@@ -259,19 +313,41 @@ def tiny_a8_layer(tokens: int, seed: int):
     return (layer, hidden, *random_routing(tokens, 4, 2, generator))
 
 
-@pytest.mark.parametrize(("tokens", "limit"), [(40, None), (150, 2.5)])
-def test_an_a8_call_matches_the_a8_reference_moe(a8_moe_on_cpu, tokens, limit):
+@pytest.mark.parametrize(
+    ("tokens", "limit", "label"), [(40, None, "a8"), (150, 2.5, "a8"), (150, 2.5, "a8_x2")]
+)
+def test_an_a8_call_matches_the_a8_reference_moe(a8_moe_on_cpu, tokens, limit, label):
     """The whole A8 MoE (quantized rows, FC1 with SwiGLU, ``h`` quantized per route, FC2, combine)
     within the bounds of ``moe_reference_a8``, clamp included, at a size of one tile per expert
-    and of several."""
+    and of several, with each A8 schedule (``schedules.A8_SCHEDULES``)."""
     from a4prefill.ops.backends.triton.fused_a8 import fused_moe_a8
+    from a4prefill.ops.backends.triton.schedules import A8_SCHEDULES
     from a4prefill.ops.reference import moe_reference_a8
     from helpers.layers import assert_close_to_reference
 
     layer, hidden, topk_weights, topk_ids = tiny_a8_layer(tokens, seed=tokens)
-    result = fused_moe_a8(hidden, topk_weights, topk_ids, layer.experts, limit)
+    result = fused_moe_a8(hidden, topk_weights, topk_ids, layer.experts, limit, schedule=A8_SCHEDULES[label])
     expected = moe_reference_a8(hidden, topk_weights, topk_ids, layer.experts, limit)
     assert_close_to_reference(result, expected, "a8")
+
+
+def test_an_a8_call_refuses_a_schedule_that_is_not_an_a8_schedule():
+    """``fused_moe_a8(schedule=...)`` takes only ``schedules.A8_SCHEDULES``' schedules: another
+    (here the W4A16 256-row one, which the A8 mainloop cannot run) is a ``ValueError`` naming the
+    argument, before anything runs."""
+    from a4prefill.ops.backends.triton.fused_a8 import fused_moe_a8
+    from a4prefill.ops.backends.triton.schedules import PREFILL_SCHEDULES
+
+    layer, hidden, topk_weights, topk_ids = tiny_a8_layer(8, seed=1)
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        fused_moe_a8(
+            hidden,
+            topk_weights,
+            topk_ids,
+            layer.experts,
+            None,
+            schedule=PREFILL_SCHEDULES["rs_w256_t128_d6_ws"],
+        )
 
 
 def test_a_split_a8_plan_runs_prefill_rows_a8_and_the_others_w4a16(a8_moe_on_cpu):

@@ -9,8 +9,8 @@ Per call (``T`` tokens, top-k ``k``, ``R = T * k`` routes, the one NVFP4 weight 
 2. the hidden rows quantized once per token (:func:`quantize_rows`: ``fp8.quantize_rows`` bit
    for bit, one kernel);
 3. FC1: :func:`prefill.launch_prefill_gemm` with ``x_block_scales`` (the warp-specialized
-   kernel's A8 mainloop, :data:`schedules.A8_PREFILL`), SwiGLU epilogue into ``h [R, I]`` bf16 in
-   sorted order, rounded where W4A16 rounds;
+   kernel's A8 mainloop, :data:`schedules.A8_PREFILL` unless told otherwise), SwiGLU epilogue
+   into ``h [R, I]`` bf16 in sorted order, rounded where W4A16 rounds;
 4. ``h`` quantized per route the same way, FC2 likewise with the alpha epilogue into ``y [R, H]``
    by route, then the top-k sum (the W4A16 combine).
 
@@ -33,7 +33,7 @@ from a4prefill.ops.backends.triton.fused import _aligned, _combine
 from a4prefill.ops.backends.triton.plan import prefill_kernels_run
 from a4prefill.ops.backends.triton.prefill import launch_prefill_gemm
 from a4prefill.ops.backends.triton.routing import routing_launch, sort_routes
-from a4prefill.ops.backends.triton.schedules import A8_PREFILL, cdiv
+from a4prefill.ops.backends.triton.schedules import A8_PREFILL, A8_SCHEDULES, PrefillGemm, cdiv
 from a4prefill.ops.modelopt import NvFp4Experts
 from a4prefill.ops.precision import MODE_W4A16
 
@@ -84,10 +84,16 @@ def fused_moe_a8(
     topk_ids: torch.Tensor,
     experts: NvFp4Experts,
     swiglu_limit: float | None,
+    *,
+    schedule: PrefillGemm = A8_PREFILL,
 ) -> torch.Tensor:
     """The MoE on ``hidden_states [T, H]`` (bf16) with every row A8 (module docstring): ``[T, H]``
     bf16. ``topk_weights``/``topk_ids [T, k]`` as :func:`fused.fused_moe` takes them (out-of-range
-    ids ignored). Raises ``ValueError`` with :func:`a8_refusal`'s reason where it cannot run."""
+    ids ignored). ``schedule``: the GEMMs' schedule, one of :data:`schedules.A8_SCHEDULES` (a
+    speed choice only: every schedule computes the same numbers). Raises ``ValueError`` with
+    :func:`a8_refusal`'s reason where it cannot run, or for another schedule."""
+    if schedule not in A8_SCHEDULES.values():
+        raise ValueError(f"schedule must be one of A8_SCHEDULES {dict(A8_SCHEDULES)}, got {schedule}")
     tokens, hidden = hidden_states.shape
     fc1, fc2 = experts.fc1, experts.fc2
     intermediate = fc1.rows // 2
@@ -101,7 +107,7 @@ def fused_moe_a8(
     routes = tokens * top_k
     topk_weights = _aligned(topk_weights.to(torch.float32))
     topk_ids = _aligned(topk_ids.to(torch.int32))
-    launch = routing_launch(routes, A8_PREFILL.routes)
+    launch = routing_launch(routes, schedule.routes)
     routing = sort_routes(topk_ids.reshape(-1), fc1.experts, launch)
     x8, x_scales = quantize_rows(_aligned(hidden_states.contiguous()))
     h = torch.empty(routes, intermediate, dtype=torch.bfloat16, device=hidden_states.device)
@@ -111,7 +117,7 @@ def fused_moe_a8(
         fc1.scale_bytes(),
         routing,
         h,
-        A8_PREFILL,
+        schedule,
         top_k,
         epilogue="swiglu",
         scale2=fc1.scale_2,
@@ -126,7 +132,7 @@ def fused_moe_a8(
         fc2.scale_bytes(),
         routing,
         y,
-        A8_PREFILL,
+        schedule,
         None,
         epilogue="alpha",
         scale2=fc2.scale_2,

@@ -179,9 +179,11 @@ def launch_prefill_gemm(
     A8 (``x_block_scales`` given; issue 28, docs/numerics.md section 8): every route A8, ``x``
     float8_e4m3fn codes and ``x_block_scales`` fp32 ``[rows, K / 128]`` their scales per
     128-column block (``fp8.quantize_rows``), rows indexed as ``x``'s; the weights converted to
-    e4m3 in the kernel (``prefill_a8_kernels``). Needs a warp-specialized schedule of 128 routes,
-    ``mode`` W4A16 (the epilogues' W4A16 multipliers), ``K`` a multiple of 128 and neither column
-    order. The activation scales reach the kernel in sorted order, block-major (``[K / 128, R]``).
+    e4m3 in the kernel (``prefill_a8_kernels``; with ``a_register_sets = 2`` each step's successor
+    converted while the step's wgmma runs). Needs a warp-specialized schedule of 128 routes, 128
+    weight rows and one wgmma per step, ``mode`` W4A16 (the epilogues' W4A16 multipliers), ``K`` a
+    multiple of 128 and neither column order. The activation scales reach the kernel in sorted
+    order, block-major (``[K / 128, R]``).
 
     ``kernel`` replaces the schedule's Gluon kernel (tests: the TTGIR interpreter); by default it is
     imported (Triton 3.6+ with Gluon, an sm_90 GPU). It is compiled with the register cap
@@ -199,7 +201,6 @@ def launch_prefill_gemm(
         or schedule.routes != 128
         or schedule.weight_rows != 128
         or schedule.wgmmas_per_step != 1
-        or schedule.a_register_sets != 1
         or mode != MODE_W4A16
         or k % 128
         or x_mma_order
@@ -209,7 +210,7 @@ def launch_prefill_gemm(
     ):
         raise ValueError(
             "x_block_scales (A8) needs fp32 [x rows, K / 128], a warp-specialized schedule of 128 routes, "
-            "128 weight rows, one wgmma per step and one A register set, "
+            "128 weight rows and one wgmma per step, "
             f"mode W4A16, K a multiple of 128 and no column order; got {schedule}, mode {mode}, K={k}, "
             f"scales {x_block_scales.dtype} {tuple(x_block_scales.shape)}"
         )

@@ -20,6 +20,10 @@ A step is one A8 block of 128 K columns. Per step a consumer (64 weight rows):
    block (the ring slot's ``[BT]`` fp32, copied by the producer). The ``2**-7`` matches the bf16
    mainloop's accumulator, whose epilogues multiply by 128 (exact).
 
+:func:`mainloop_a8` runs these in sequence; :func:`mainloop_a8_ahead` (schedules with two A
+operand sets, ``schedules.A8_PREFILL_AHEAD``) converts the next step into a second buffer while
+the step's wgmma runs.
+
 Numerics against ``fp8.block_product``: the weights and the products inside a block are exact
 (on the CPU interpreter the block sums are exact too; the tensor cores sum a block with fewer
 bits, as the section says); the promotion rounds once or twice per block (the compiler may fuse
@@ -161,43 +165,92 @@ def fp8_weights(codes, scale_bytes):
 
 
 @gluon.jit
+def convert_step(rings, s, HALF: gl.constexpr, a_buffer, BT: gl.constexpr):
+    """Ring step ``s`` of a consumer (weight rows ``64 * HALF`` on of the slot): waits until the
+    slot's copies landed, converts its rows' code and scale bytes to e4m3 weights
+    (:func:`fp8_weights`), stores them into ``a_buffer`` (``[64, 128]`` e4m3, what the FP8 wgmma
+    reads), fences them for the async proxy and waits for its warpgroup. Returns the rows'
+    promotion factors ``2**(p - 7)`` fp32 ``[64]`` in the accumulator's row layout. Leaves the
+    slot to the caller (it releases the slot after the wgmma that reads its rows retired)."""
+    c_ring = rings[0]
+    s_ring = rings[1]
+    ready = rings[3]
+    ROWS: gl.constexpr = 64
+    DEPTH: gl.constexpr = c_ring.shape[0]
+    CL: gl.constexpr = codes_layout(ROWS, 128, gl.num_warps())
+    CODE_ROWS: gl.constexpr = code_rows_layout(ROWS, gl.num_warps())
+    slot = s % DEPTH
+    mbarrier.wait(ready.index(slot), (s // DEPTH) & 1)
+    code_rows = c_ring.index(slot).slice(HALF * ROWS, ROWS, dim=0).load(CODE_ROWS)
+    codes = gl.convert_layout(gl.reshape(code_rows, [ROWS, 8, 8]), CL)  # registers unchanged
+    scale_bytes = s_ring.index(slot).slice(HALF * ROWS, ROWS, dim=0).load(gl.SliceLayout(2, CL))
+    w8, shift = fp8_weights(codes, scale_bytes)
+    a_buffer.store(w8)
+    fence_async_shared()  # the warpgroup's stores, before the wgmma reads them (async proxy)
+    _cta_barrier()  # in a partition: a barrier of its warpgroup
+    return gl.convert_layout(shift, gl.SliceLayout(1, fp8_acc_layout(BT, gl.num_warps())))
+
+
+@gluon.jit
+def _promote(acc, partial, shift, rings, slot):
+    """``acc + partial * shift * s`` (module docstring, step 3) with ``s`` the ring slot's
+    activation scales ``[BT]``, read before the slot is released (one arrival on ``empty``)."""
+    x_scales = rings[5].index(slot).load(gl.SliceLayout(0, fp8_acc_layout(acc.shape[1], gl.num_warps())))
+    mbarrier.arrive(rings[4].index(slot))
+    return acc + partial * gl.expand_dims(shift, 1) * gl.expand_dims(x_scales, 0)
+
+
+@gluon.jit
 def mainloop_a8(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr):
     """A consumer's ``steps`` A8 steps of one work item (weight rows ``64 * HALF`` on of the
     slot), ring steps ``done`` on: its rows' fp32 accumulator ``[64, BT]`` in
     :func:`fp8_acc_layout`, ``2**-7`` times the block product. ``rings``: ``(c_ring [DEPTH, 128,
     64], s_ring [DEPTH, 128, 8], x_ring [DEPTH, BT, 128] fp8, ready, empty, xs_ring [DEPTH, BT]
-    fp32, a_smem [2, 64, 128] fp8)``; per step as the module docstring says."""
-    c_ring = rings[0]
-    s_ring = rings[1]
+    fp32, a_smem [2, 64, 128] fp8)``; per step as the module docstring says, in sequence."""
     x_ring = rings[2]
-    ready = rings[3]
-    empty = rings[4]
-    xs_ring = rings[5]
     a_smem = rings[6].index(HALF)
-    ROWS: gl.constexpr = 64
     DEPTH: gl.constexpr = x_ring.shape[0]
-    ACC: gl.constexpr = fp8_acc_layout(BT, gl.num_warps())
-    CL: gl.constexpr = codes_layout(ROWS, 128, gl.num_warps())
-    CODE_ROWS: gl.constexpr = code_rows_layout(ROWS, gl.num_warps())
-    acc = gl.zeros([ROWS, BT], gl.float32, layout=ACC)
+    acc = gl.zeros([64, BT], gl.float32, layout=fp8_acc_layout(BT, gl.num_warps()))
     for step in range(steps):
         s = done + step
         slot = s % DEPTH
-        mbarrier.wait(ready.index(slot), (s // DEPTH) & 1)
-        code_rows = c_ring.index(slot).slice(HALF * ROWS, ROWS, dim=0).load(CODE_ROWS)
-        codes = gl.convert_layout(gl.reshape(code_rows, [ROWS, 8, 8]), CL)  # registers unchanged
-        scale_bytes = s_ring.index(slot).slice(HALF * ROWS, ROWS, dim=0).load(gl.SliceLayout(2, CL))
-        w8, shift = fp8_weights(codes, scale_bytes)
-        a_smem.store(w8)
-        fence_async_shared()  # the warpgroup's stores, before the wgmma reads them (async proxy)
-        _cta_barrier()  # in a partition: a barrier of its warpgroup
+        shift = convert_step(rings, s, HALF, a_smem, BT)
         partial = warpgroup_mma(a_smem, x_ring.index(slot).permute((1, 0)), acc, use_acc=False, is_async=True)
         partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
-        x_scales = xs_ring.index(slot).load(gl.SliceLayout(0, ACC))
-        mbarrier.arrive(empty.index(slot))
-        row_shift = gl.convert_layout(shift, gl.SliceLayout(1, ACC))
-        acc = acc + partial * gl.expand_dims(row_shift, 1) * gl.expand_dims(x_scales, 0)
+        acc = _promote(acc, partial, shift, rings, slot)
     return acc
+
+
+@gluon.jit
+def mainloop_a8_ahead(done, steps, last, HALF: gl.constexpr, rings, BT: gl.constexpr, shift):
+    """:func:`mainloop_a8` with the conversion one step ahead: each step's successor is
+    converted, into the consumer's other buffer, while the step's wgmma runs (two buffers per
+    consumer: ring step ``s`` in ``a_smem[2 * HALF + s % 2]``, ``a_smem [4, 64, 128]``). Step
+    ``done`` is converted before the call (``shift``: its promotion factors); per step ``s``:
+    issue its wgmma, convert ring step ``s + 1``, retire the wgmma, promote and release the slot.
+    A buffer is rewritten only after the wgmma that read it retired (one step later).
+
+    The ring steps run on across work items, so the next item's first step is converted during
+    this item's last wgmma; ``last``, the program's last ring step, stops that at the program's
+    end (its final step converts itself again, into the buffer no wgmma reads: no slot the
+    producer never fills is waited for). Returns ``(acc, shift)``: the accumulator as
+    :func:`mainloop_a8`'s with every slot of the item released, and the promotion factors of
+    ring step ``done + steps``."""
+    x_ring = rings[2]
+    a_smem = rings[6]
+    DEPTH: gl.constexpr = x_ring.shape[0]
+    acc = gl.zeros([64, BT], gl.float32, layout=fp8_acc_layout(BT, gl.num_warps()))
+    for step in range(steps):
+        s = done + step
+        slot = s % DEPTH
+        rows = x_ring.index(slot).permute((1, 0))
+        partial = warpgroup_mma(a_smem.index(2 * HALF + s % 2), rows, acc, use_acc=False, is_async=True)
+        following = gl.minimum(s + 1, last)
+        shift_next = convert_step(rings, following, HALF, a_smem.index(2 * HALF + (s + 1) % 2), BT)
+        partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
+        acc = _promote(acc, partial, shift, rings, slot)
+        shift = shift_next
+    return acc, shift
 
 
 @gluon.constexpr_function

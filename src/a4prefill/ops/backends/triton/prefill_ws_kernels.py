@@ -74,7 +74,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from a4prefill.ops.backends.triton.prefill_a8_kernels import A8_STEP, mainloop_a8
+from a4prefill.ops.backends.triton.prefill_a8_kernels import (
+    A8_STEP,
+    convert_step,
+    fp8_acc_layout,
+    mainloop_a8,
+    mainloop_a8_ahead,
+)
 from a4prefill.ops.backends.triton.prefill_kernels import (
     _dequant_fragment,
     _epilogue,
@@ -404,7 +410,8 @@ def _consume(
     both warpgroups with ``A_SETS = WGMMAS = 2``, all of them): for each of the program's work
     items in turn, every step's dequantization and wgmma (:func:`_mainloop`,
     :func:`_mainloop_halves` with ``WGMMAS = 2``, :func:`_mainloop_ahead` with ``A_SETS = 2`` and
-    one wgmma per step, or with ``A8`` :func:`prefill_a8_kernels.mainloop_a8`), then the epilogue
+    one wgmma per step, or with ``A8`` :func:`prefill_a8_kernels.mainloop_a8`, or
+    :func:`~prefill_a8_kernels.mainloop_a8_ahead` with ``A_SETS = 2``), then the epilogue
     of its rows, while the producer already copies the next item's first steps. ``tensors``: the
     kernel's ``out_ptr`` to ``limit`` arguments, then the rings and barriers."""
     (
@@ -429,16 +436,21 @@ def _consume(
     ROWS: gl.constexpr = consumer_rows(rings[0].shape[1], gl.num_warps())
     ITEM_ROWS: gl.constexpr = rings[0].shape[1]
     n_blocks, works = _works(N, num_tiles_ptr, ITEM_ROWS)
-    AHEAD: gl.constexpr = A_SETS == 2 and WGMMAS == 1  # _mainloop_ahead
-    if AHEAD:  # the A operand of the program's first ring step, and its last ring step
-        ACC: gl.constexpr = acc_layout(BT, gl.num_warps())
-        A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
+    AHEAD: gl.constexpr = A_SETS == 2 and WGMMAS == 1  # _mainloop_ahead, or mainloop_a8_ahead
+    if AHEAD:  # the program's last ring step, and its first step's A operand (A8: its factors)
         items = (works - gl.program_id(0) + gl.num_programs(0) - 1) // gl.num_programs(0)
-        last = items * (K // STEP) - 1
-        a = gl.zeros([ROWS, STEP], gl.bfloat16, layout=A_LAYOUT)
-        if last >= 0:
-            first_codes, first_scales = _wait_for_weights(rings, 0, HALF, ROWS)
-            a = _dequant_fragment(first_codes, first_scales, A_LAYOUT, ROWS)
+        last = items * (K // (A8_STEP if A8 else STEP)) - 1
+        if A8:
+            shift = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, fp8_acc_layout(BT, gl.num_warps())))
+            if last >= 0:
+                shift = convert_step(rings, 0, HALF, rings[6].index(2 * HALF), BT)
+        else:
+            ACC: gl.constexpr = acc_layout(BT, gl.num_warps())
+            A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
+            a = gl.zeros([ROWS, STEP], gl.bfloat16, layout=A_LAYOUT)
+            if last >= 0:
+                first_codes, first_scales = _wait_for_weights(rings, 0, HALF, ROWS)
+                a = _dequant_fragment(first_codes, first_scales, A_LAYOUT, ROWS)
     done = 0
     for work in range(gl.program_id(0), works, gl.num_programs(0)):
         steps, expert, row0, seg_end, n0, live_tile = _tile(
@@ -453,7 +465,9 @@ def _consume(
             ITEM_ROWS,
             A8_STEP if A8 else STEP,
         )
-        if A8:
+        if A8 and AHEAD:
+            acc, shift = mainloop_a8_ahead(done, steps, last, HALF, rings, BT, shift)
+        elif A8:
             acc = mainloop_a8(done, steps, HALF, rings, BT)
         elif AHEAD:
             acc, a = _mainloop_ahead(done, steps, last, HALF, rings, BT, a)
@@ -533,8 +547,8 @@ def grouped_w4_gemm_ws_kernel(
     producer warps as workers (``PRODUCER_REGISTERS`` and ``CONSUMER_REGISTERS`` per thread,
     ``setmaxnreg``). ``WGMMAS = 2``: two wgmmas per step (not with ``A8``); with ``A_SETS = 2``
     too, launched with 8 warps, both consumer warpgroups, and the producer as the only worker
-    (``CONSUMER_REGISTERS`` not read). ``A_SETS = 2`` alone: the next step dequantized while the
-    step's wgmma runs (not with ``A8``). ``x_desc`` and ``codes_desc`` are
+    (``CONSUMER_REGISTERS`` not read). ``A_SETS = 2`` alone: the next step dequantized (with ``A8``:
+    converted, into a second buffer) while the step's wgmma runs. ``x_desc`` and ``codes_desc`` are
     :func:`tma_descriptors`' (the activation rows in sorted order: FC1's gathered by token before
     the launch; :func:`tma_descriptors` with the same ``item_rows``). ``DEPTH`` ring slots, each a
     step's code bytes (``ITEM_ROWS`` x 32), scale bytes (``ITEM_ROWS`` x 4) and activation rows
@@ -544,8 +558,8 @@ def grouped_w4_gemm_ws_kernel(
     ``A8`` (``MODE`` W4A16, ``BT`` 128; ``tma_descriptors(..., a8=True)``): every route A8, the
     consumers of :mod:`prefill_a8_kernels` on steps of one A8 block (code bytes 128 x 64, scale
     bytes 128 x 8, activation rows ``BT`` x 128 e4m3 and their block's scales, ``xs_ptr`` fp32
-    ``[K / 128, ROUTES]`` in sorted order), each consumer with a ``[64, 128]`` e4m3 buffer of its
-    converted weights."""
+    ``[K / 128, ROUTES]`` in sorted order), each consumer with ``A_SETS`` ``[64, 128]`` e4m3 buffers
+    of its converted weights."""
     PLAIN2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     ONE_PARTITION: gl.constexpr = A_SETS == 2 and WGMMAS == 2  # both consumer warpgroups, 8 warps
     CONSUMERS: gl.constexpr = 1 if ONE_PARTITION else 2  # consumer partitions
@@ -565,7 +579,8 @@ def grouped_w4_gemm_ws_kernel(
         A_LAYOUT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([A8_ROWS, A8_STEP], gl.float8e4nv)
         PLAIN1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
         xs_ring = gl.allocate_shared_memory(gl.float32, [DEPTH, BT], PLAIN1)
-        a_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, A8_ROWS, A8_STEP], A_LAYOUT)
+        # each consumer's converted weights: one buffer, or two (A_SETS = 2: mainloop_a8_ahead)
+        a_smem = gl.allocate_shared_memory(gl.float8e4nv, [2 * A_SETS, A8_ROWS, A8_STEP], A_LAYOUT)
         rings = (c_ring, s_ring, x_ring, ready, empty, xs_ring, a_smem)
     else:
         rings = (c_ring, s_ring, x_ring, ready, empty)  # type: ignore[assignment]  # A8's has 2 more

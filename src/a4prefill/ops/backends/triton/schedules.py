@@ -299,8 +299,10 @@ class PrefillGemm:
     half of a work item's rows; launched with 4 warps plus its workers. There
     ``wgmmas_per_step = 2`` dequantizes each step's second half while the first half's wgmma
     runs, both retired at the step's end; ``a_register_sets = 2`` alone dequantizes the next step
-    while the step's wgmma runs (``prefill_ws_kernels._mainloop_ahead``); both together keep one
-    wgmma in flight across steps, both consumer warpgroups then forming one 8-warp partition
+    while the step's wgmma runs (``prefill_ws_kernels._mainloop_ahead``; in A8 it converts the
+    next step's e4m3 weights into a second shared buffer,
+    ``prefill_a8_kernels.mainloop_a8_ahead``); both together keep one wgmma in flight across
+    steps, both consumer warpgroups then forming one 8-warp partition
     (``prefill_ws_kernels._mainloop_halves``).
     A CTA's buffers (:attr:`shared_bytes`) must fit an H100/H200 CTA's 227 KiB of shared memory."""
 
@@ -548,8 +550,13 @@ class PrefillTiles:
 # The A8 rows' GEMMs (``fused_a8``, issue 28): the warp-specialized kernel's A8 mainloop on
 # 128-route tiles, 6 ring slots. An A8 slot holds one 128-column block (code bytes 8 KiB, scale
 # bytes 1 KiB, e4m3 rows 16 KiB and their scales 0.5 KiB; ``shared_bytes`` counts bf16 slots of 64
-# columns, 20.5 KiB) plus 16 KiB of converted weights: 169 KiB in all. Not yet timed on a GPU.
+# columns, 20.5 KiB) plus 16 KiB of converted weights: 169 KiB in all, 201 KiB with the epilogue's
+# scratch (what Triton 3.6 allocates for FC1). ``A8_PREFILL_AHEAD`` converts each step's successor
+# into a second buffer while the step's wgmma runs (``prefill_a8_kernels.mainloop_a8_ahead``; 16 KiB
+# more); not yet timed on a GPU, so ``fused_a8`` runs ``A8_PREFILL`` unless told otherwise.
 A8_PREFILL = _warp_specialized(128, 6)
+A8_PREFILL_AHEAD = _warp_specialized(128, 6, a_register_sets=2)
+A8_SCHEDULES = MappingProxyType({"a8": A8_PREFILL, "a8_x2": A8_PREFILL_AHEAD})
 
 
 def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: int) -> PrefillTiles | None:
