@@ -184,11 +184,23 @@ def test_the_a8_kernels_compile_to_fp8_wgmmas_without_spills(epilogue):
     assert re.findall(r"\b(?:STL|LDL)\b", cuobjdump(kernel, "-sass")) == []
 
 
-def converted_while_in_flight(kernel) -> list[int]:
-    """Per innermost loop of an A8 kernel compiled offline with FP8 wgmmas (a backward branch over
-    a region with one ``QGMMA`` group and no other backward branch: a consumer's K loop): how many
-    e4m3 conversions (``F2FP.SATFINITE.E4M3``, one per two weights) run between the group's issue
-    (the ``QGMMA`` with ``gsb0``) and the first wait after it (``WARPGROUP.DEPBAR``)."""
+@pytest.mark.parametrize("epilogue", ["swiglu", "alpha"])
+def test_a_steps_only_shared_stores_are_its_converted_weights(epilogue):
+    """Each consumer K loop of both A8 schedules stores to shared memory only the step's e4m3
+    weights (4 ``STS.128``: 64 bytes a thread): the rows' promotion factors are computed from
+    scale bytes loaded in the accumulator's row layout (``a8_codes_layout``), not moved there
+    through shared memory (the first cut: an ``STS.64`` and two more warpgroup barriers a step)."""
+    from test_triton_prefill_on_cpu import compile_prefill_kernel
+
+    for schedule in (SCHEDULE, SCHEDULE_AHEAD):
+        kernel = compile_prefill_kernel(schedule, a8=True, EPILOGUE=PREFILL_EPILOGUES[epilogue])
+        stores = [re.findall(r"\bSTS\S*", " ".join(body)) for body in k_loops(kernel)]
+        assert stores == [["STS.128"] * 4] * 2, (schedule, stores)
+
+
+def k_loops(kernel) -> list[list[str]]:
+    """The SASS of each consumer K loop of an A8 kernel compiled offline: every innermost loop
+    (a backward branch over a region with no other backward branch) with FP8 wgmmas (``QGMMA``)."""
     from test_triton_prefill_on_cpu import cuobjdump
 
     sass = [
@@ -200,16 +212,25 @@ def converted_while_in_flight(kernel) -> list[int]:
         branch = re.search(r"BRA (0x[0-9a-f]+)", text)
         if branch is not None and int(branch[1], 16) < address:
             loops.append((int(branch[1], 16), address))
-    counts = []
+    bodies = []
     for top, bottom in loops:
         if any(top <= inner_top and inner_bottom < bottom for inner_top, inner_bottom in loops):
             continue  # an outer loop
         body = [line for at, line in sass if top <= at <= bottom]
-        issues = [i for i, line in enumerate(body) if "QGMMA" in line and "gsb0" in line]
-        if len(issues) != 1:
-            continue
-        wait = next(i for i, line in enumerate(body) if i > issues[0] and "WARPGROUP.DEPBAR" in line)
-        counts.append(sum("F2FP.SATFINITE.E4M3" in line for line in body[issues[0] : wait]))
+        if any("QGMMA" in line for line in body):
+            bodies.append(body)
+    return bodies
+
+
+def converted_while_in_flight(kernel) -> list[int]:
+    """Per consumer K loop of an A8 kernel compiled offline (:func:`k_loops`): how many e4m3
+    conversions (``F2FP.SATFINITE.E4M3``, one per two weights) run between the loop's wgmma group
+    issue (the ``QGMMA`` with ``gsb0``) and the first wait after it (``WARPGROUP.DEPBAR``)."""
+    counts = []
+    for body in k_loops(kernel):
+        issue = next(i for i, line in enumerate(body) if "QGMMA" in line and "gsb0" in line)
+        wait = next(i for i, line in enumerate(body) if i > issue and "WARPGROUP.DEPBAR" in line)
+        counts.append(sum("F2FP.SATFINITE.E4M3" in line for line in body[issue:wait]))
     return counts
 
 

@@ -45,7 +45,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from a4prefill.ops.backends.triton.numerics import e4m3_bytes_f32
-from a4prefill.ops.backends.triton.prefill_kernels import _cta_barrier, codes_layout
+from a4prefill.ops.backends.triton.prefill_kernels import _cta_barrier
 
 A8_STEP: gl.constexpr = gl.constexpr(128)  # K columns per step: one A8 block (fp8.A8_BLOCK)
 
@@ -114,10 +114,40 @@ def fp8_acc_layout(bt: int, warps: int) -> gl.NVMMADistributedLayout:
 
 
 @gluon.constexpr_function
-def code_rows_layout(rows: int, warps: int) -> gl.BlockedLayout:
-    """``[rows, 64]`` code bytes of one block: 16 consecutive bytes (2 scale groups) per thread;
-    reshaped to ``[rows, 8, 8]`` it is :func:`prefill_kernels.codes_layout` of 128 columns."""
-    return gl.BlockedLayout([1, 16], [8, 4], [warps, 1], [1, 0])
+def a8_codes_layout(warps: int) -> gl.DistributedLinearLayout:
+    """``[64, 8, 8]`` code bytes of one block (row, 16-column group, byte), 16 consecutive bytes
+    (2 groups) per thread and row: lane ``4 g + q`` of warp ``w`` holds groups ``2 q`` and ``2 q +
+    1`` of rows ``16 w + g`` and ``16 w + g + 8``, the rows that thread holds in the FP8 wgmma's
+    accumulator (:func:`fp8_acc_layout`), so the rows' promotion factors computed from the scale
+    bytes (``SliceLayout(2, ...)``, reduced over the groups) are already in the accumulator's row
+    layout: no shared-memory round trip and no barrier to move them."""
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 1, 0], [8, 0, 0]],
+        lane_bases=[[0, 2, 0], [0, 4, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=[[16 << i, 0, 0] for i in range(warps.bit_length() - 1)],
+        block_bases=[],
+        shape=[64, 8, 8],
+    )
+
+
+@gluon.constexpr_function
+def a8_code_rows_layout(warps: int) -> gl.DistributedLinearLayout:
+    """:func:`a8_codes_layout` over the same bytes as ``[64, 64]`` (byte ``8 q + b`` of a row is
+    byte ``b`` of group ``q``): how a consumer loads its rows of a ring slot's code bytes (one
+    16-byte load per row), whose reshape to ``[64, 8, 8]`` is then that layout with the
+    registers unchanged."""
+    grouped = a8_codes_layout(warps)
+
+    def flat(bases: list[list[int]]) -> list[list[int]]:
+        return [[row, 8 * group + byte] for row, group, byte in bases]
+
+    return gl.DistributedLinearLayout(
+        reg_bases=flat(grouped.reg_bases),
+        lane_bases=flat(grouped.lane_bases),
+        warp_bases=flat(grouped.warp_bases),
+        block_bases=[],
+        shape=[64, 64],
+    )
 
 
 @gluon.jit
@@ -141,7 +171,7 @@ def weight_exponents(scale_bytes):
 @gluon.jit
 def fp8_weights(codes, scale_bytes):
     """codes ``[BW, 8, 8]`` uint8 (one 128-column block: 8 groups of 16 columns, 8 bytes each, in
-    :func:`prefill_kernels.codes_layout`), ``scale_bytes [BW, 8]`` -> ``(w, shift)``: ``w [BW,
+    :func:`a8_codes_layout`), ``scale_bytes [BW, 8]`` -> ``(w, shift)``: ``w [BW,
     128]`` float8e4nv ``e4m3(e2m1 * scale * 2**-p)`` in K order (``fp8.weights``) and ``shift
     [BW]`` fp32 ``2**(p - 7)``, the row's promotion factor (module docstring)."""
     BW: gl.constexpr = codes.shape[0]
@@ -177,8 +207,8 @@ def convert_step(rings, s, HALF: gl.constexpr, a_buffer, BT: gl.constexpr):
     ready = rings[3]
     ROWS: gl.constexpr = 64
     DEPTH: gl.constexpr = c_ring.shape[0]
-    CL: gl.constexpr = codes_layout(ROWS, 128, gl.num_warps())
-    CODE_ROWS: gl.constexpr = code_rows_layout(ROWS, gl.num_warps())
+    CL: gl.constexpr = a8_codes_layout(gl.num_warps())
+    CODE_ROWS: gl.constexpr = a8_code_rows_layout(gl.num_warps())
     slot = s % DEPTH
     mbarrier.wait(ready.index(slot), (s // DEPTH) & 1)
     code_rows = c_ring.index(slot).slice(HALF * ROWS, ROWS, dim=0).load(CODE_ROWS)
