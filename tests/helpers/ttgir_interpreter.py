@@ -889,6 +889,13 @@ class _Program:
             view = view.narrow(dim, start, int(length))
         return view
 
+    def _op_ttg_memdesc_reshape(self, op: Op) -> torch.Tensor:
+        """``memdesc_reshape``: the same elements in row-major order under the result's shape, a
+        view (copies into it land in the allocation; on a GPU the swizzle follows the address)."""
+        (memory,) = self._args(op)
+        shape = re.search(r"-> !ttg\.memdesc<((?:\d+x)+)", op.text).group(1).rstrip("x").split("x")  # type: ignore[union-attr]
+        return memory.view([int(d) for d in shape])
+
     def _op_ttg_async_copy_global_to_local(self, op: Op) -> None:
         pointer, memory, *mask = self._args(op)
         element = re.search(r"!tt\.ptr<(\w+)>", op.text).group(1)  # type: ignore[union-attr]

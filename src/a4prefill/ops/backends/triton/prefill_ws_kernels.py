@@ -82,11 +82,11 @@ from a4prefill.ops.backends.triton.prefill_a8_kernels import (
     mainloop_a8_ahead,
 )
 from a4prefill.ops.backends.triton.prefill_kernels import (
+    EPILOGUE_SWIGLU,
     _dequant_fragment,
     _epilogue,
     _scale_pointers,
     _tile,
-    _weight_row,
     acc_layout,
     fragment_code_rows_layout,
     fragment_codes_layout,
@@ -100,11 +100,23 @@ _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 STEP: gl.constexpr = gl.constexpr(64)  # K columns per step
 
 
-def code_box_rows(swiglu: bool, item_rows: int = 128) -> int:
-    """Weight rows per TMA box of code bytes: 8 for FC1 (SwiGLU), whose work item's rows are
-    groups of 8 gate and 8 up rows (``prefill_kernels._weight_row``), else the work item's
-    ``item_rows`` (128 or 256)."""
-    return 8 if swiglu else item_rows
+def code_box(swiglu: bool, item_rows: int, step_bytes: int) -> list[int]:
+    """The TMA box of one step's code bytes of a work item, over :func:`code_view`'s view: FC1
+    (SwiGLU) ``[1, item_rows / 16, 2, 8, step_bytes]`` (expert, group of 8 gate rows, gate or up,
+    row, byte), whose ``item_rows`` rows land in shared memory in the kernel's row order
+    (``prefill_kernels._weight_row``: 8 gate rows, the 8 up rows of the same intermediate
+    columns, and so on), one copy a step; else ``[item_rows, step_bytes]``."""
+    return [1, item_rows // 16, 2, 8, step_bytes] if swiglu else [item_rows, step_bytes]
+
+
+def code_view(codes: torch.Tensor, swiglu: bool) -> torch.Tensor:
+    """``codes`` uint8 ``[E, N, K / 2]`` as the kernel's TMA copies index it (no copy): FC1
+    (SwiGLU, ``N = 2 I``: gate rows, then up rows) ``[E, I / 8, 2, 8, K / 2]`` (row ``8 g + r``
+    of the gate half, or of the up half), else ``[E * N, K / 2]``."""
+    experts, n, half_k = codes.shape
+    if swiglu:
+        return codes.view(experts, 2, n // 16, 8, half_k).permute(0, 2, 1, 3, 4)
+    return codes.view(experts * n, half_k)
 
 
 def tma_boxes(
@@ -113,12 +125,12 @@ def tma_boxes(
     """``((x_box, x_layout), (code_box, code_layout))``: the block shapes and shared layouts of the
     kernel's TMA copies, per step. Activation rows: ``routes`` rows by one step of 128 bytes (64
     bf16 columns, or with ``a8`` one A8 block of 128 e4m3 columns), 128-byte swizzle (the wgmma's
-    B layout); code bytes: :func:`code_box_rows` rows by the step's 32 (64 with ``a8``) bytes."""
+    B layout); code bytes: :func:`code_box` (the step's 32 bytes of each row, 64 with ``a8``)."""
     step = int(A8_STEP) if a8 else int(STEP)
-    x_box, code_box = [routes, step], [code_box_rows(swiglu, item_rows), step // 2]
+    x_box, codes_box = [routes, step], code_box(swiglu, item_rows, step // 2)
     return (
         (x_box, gl.NVMMASharedLayout.get_default_for(x_box, gl.float8e4nv if a8 else gl.bfloat16)),
-        (code_box, gl.NVMMASharedLayout.get_default_for(code_box, gl.uint8)),
+        (codes_box, gl.NVMMASharedLayout.get_default_for(codes_box, gl.uint8)),
     )
 
 
@@ -127,14 +139,21 @@ def tma_descriptors(
 ) -> tuple[Any, Any]:
     """Host tensor descriptors of the kernel's TMA copies (:func:`tma_boxes`): ``x`` ``[R, K]``,
     the activation rows in sorted order (bf16, or float8_e4m3fn with ``a8``), and ``codes`` uint8
-    ``[E, N, K / 2]`` viewed as ``[E * N, K / 2]``. Both contiguous with 16-byte aligned rows
-    (``K`` a multiple of 64, of 128 with ``a8``); boxes reaching past row ``R`` read zeros there."""
-    experts, n, half_k = codes.shape
-    (x_box, x_layout), (code_box, code_layout) = tma_boxes(routes, swiglu, a8, item_rows)
+    ``[E, N, K / 2]`` through :func:`code_view`. Both contiguous with 16-byte aligned rows (``K``
+    a multiple of 64, of 128 with ``a8``); boxes reaching past row ``R`` read zeros there."""
+    (x_box, x_layout), (codes_box, code_layout) = tma_boxes(routes, swiglu, a8, item_rows)
     return (
         TensorDescriptor.from_tensor(x, x_box, x_layout),
-        TensorDescriptor.from_tensor(codes.view(experts * n, half_k), code_box, code_layout),
+        TensorDescriptor.from_tensor(code_view(codes, swiglu), codes_box, code_layout),
     )
+
+
+@gluon.constexpr_function
+def code_ring_layout(box_layout: gl.NVMMASharedLayout) -> gl.NVMMASharedLayout:
+    """The shared layout of the ring's ``[ITEM_ROWS, step bytes]`` code slots: the code box's
+    swizzle in two dimensions. TMA swizzles by shared-memory address, so a box of any rank lands
+    as this layout says when its rows are the slot's rows in order (:func:`code_box`)."""
+    return gl.NVMMASharedLayout(box_layout.swizzle_byte_width, 8)
 
 
 @gluon.jit
@@ -189,8 +208,7 @@ def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr):
     BT: gl.constexpr = x_ring.shape[1]
     ITEM_ROWS: gl.constexpr = c_ring.shape[1]
     X_STEP_BYTES: gl.constexpr = x_ring.shape[2] * x_ring.dtype.primitive_bitwidth // 8
-    CODE_BOX: gl.constexpr = codes_desc.block_type.shape[0]
-    CODE_STEP: gl.constexpr = codes_desc.block_type.shape[1]  # code bytes of a row per step
+    CODE_STEP: gl.constexpr = codes_desc.block_type.shape[-1]  # code bytes of a row per step
     STEP_BYTES: gl.constexpr = ITEM_ROWS * CODE_STEP + BT * X_STEP_BYTES  # the TMA boxes'
     n_blocks, works = _works(N, num_tiles_ptr, ITEM_ROWS)
     if A8:
@@ -218,13 +236,15 @@ def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr):
             mbarrier.wait(empty.index(slot), ((s // DEPTH) & 1) ^ 1)
             ready_slot = ready.index(slot)
             mbarrier.expect(ready_slot, STEP_BYTES)
-            for box in gl.static_range(ITEM_ROWS // CODE_BOX):
+            if EPILOGUE == EPILOGUE_SWIGLU:  # the item's gate and up rows in the kernel's order
                 _tma_load(
                     codes_desc,
-                    [expert * N + _weight_row(n0, box * CODE_BOX, N, EPILOGUE), step * CODE_STEP],
+                    [expert, n0 // 16, 0, 0, step * CODE_STEP],
                     ready_slot,
-                    c_ring.index(slot).slice(box * CODE_BOX, CODE_BOX, dim=0),
+                    c_ring.index(slot).reshape(codes_desc.block_type.shape),
                 )
+            else:
+                _tma_load(codes_desc, [expert * N + n0, step * CODE_STEP], ready_slot, c_ring.index(slot))
             _tma_load(x_desc, [row0, step * 2 * CODE_STEP], ready_slot, x_ring.index(slot))
             _async_load(s_ring.index(slot), scale_ptrs + step * (CODE_STEP // 8))
             if A8:
@@ -564,8 +584,10 @@ def grouped_w4_gemm_ws_kernel(
     ONE_PARTITION: gl.constexpr = A_SETS == 2 and WGMMAS == 2  # both consumer warpgroups, 8 warps
     CONSUMERS: gl.constexpr = 1 if ONE_PARTITION else 2  # consumer partitions
     BARRIER: gl.constexpr = mbarrier.MBarrierLayout()
-    CODE_STEP: gl.constexpr = codes_desc.block_type.shape[1]
-    c_ring = gl.allocate_shared_memory(gl.uint8, [DEPTH, ITEM_ROWS, CODE_STEP], codes_desc.layout)
+    CODE_STEP: gl.constexpr = codes_desc.block_type.shape[-1]  # code bytes of a row per step
+    c_ring = gl.allocate_shared_memory(
+        gl.uint8, [DEPTH, ITEM_ROWS, CODE_STEP], code_ring_layout(codes_desc.layout)
+    )
     s_ring = gl.allocate_shared_memory(gl.uint8, [DEPTH, ITEM_ROWS, CODE_STEP // 8], PLAIN2)
     x_ring = gl.allocate_shared_memory(x_desc.dtype, [DEPTH, BT, 2 * CODE_STEP], x_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], BARRIER)
