@@ -27,6 +27,7 @@ from a4prefill.ops.backends.triton.routing import build_routing
 from a4prefill.ops.backends.triton.schedules import PREFILL_EPILOGUES, PrefillGemm
 from helpers.layers import EVERY_SCALE_BYTE
 from helpers.markers import needs_gluon
+from helpers.sass_loops import innermost_loops
 
 pytestmark = [pytest.mark.slow, needs_gluon]
 
@@ -200,26 +201,12 @@ def test_a_steps_only_shared_stores_are_its_converted_weights(epilogue):
 
 def k_loops(kernel) -> list[list[str]]:
     """The SASS of each consumer K loop of an A8 kernel compiled offline: every innermost loop
-    (a backward branch over a region with no other backward branch) with FP8 wgmmas (``QGMMA``)."""
+    with FP8 wgmmas (``QGMMA``)."""
     from test_triton_prefill_on_cpu import cuobjdump
 
-    sass = [
-        (int(match[1], 16), match[2])
-        for match in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", cuobjdump(kernel, "-sass"))
+    return [
+        body for body in innermost_loops(cuobjdump(kernel, "-sass")) if any("QGMMA" in line for line in body)
     ]
-    loops = []  # (top, bottom) of every backward branch
-    for address, text in sass:
-        branch = re.search(r"BRA (0x[0-9a-f]+)", text)
-        if branch is not None and int(branch[1], 16) < address:
-            loops.append((int(branch[1], 16), address))
-    bodies = []
-    for top, bottom in loops:
-        if any(top <= inner_top and inner_bottom < bottom for inner_top, inner_bottom in loops):
-            continue  # an outer loop
-        body = [line for at, line in sass if top <= at <= bottom]
-        if any("QGMMA" in line for line in body):
-            bodies.append(body)
-    return bodies
 
 
 def converted_while_in_flight(kernel) -> list[int]:

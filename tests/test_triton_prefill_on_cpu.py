@@ -370,6 +370,28 @@ def test_ptxas_keeps_the_two_wgmma_pipelines_of_the_warp_specialized_kernel(labe
             )
 
 
+@pytest.mark.parametrize("label", ["rs_w128_t128_d6_ws", "rs_w256_t128_d6_ws", "rs_w128_t256_d4_ws_x2_h2"])
+def test_the_producer_copies_a_steps_code_rows_as_one_tma_box(label):
+    """FC1 (SwiGLU: a work item's rows are 8 gate rows, the 8 up rows of the same intermediate
+    columns, and so on) and FC2 of the warp-specialized kernel, compiled for sm_90a: the
+    producer's step loop issues two TMA copies, the item's code rows as one box (FC1: a 5-D box
+    over ``prefill_ws_kernels.code_view``'s ``[E, I / 8, 2, 8, K / 2]``) and the activation rows.
+    The first cut copied FC1's code bytes in boxes of 8 rows: 16 or 32 copies a step and about ten
+    times the producer's instructions (613 a step at 256 rows, 60 now)."""
+    from helpers.sass_loops import innermost_loops
+
+    schedule = PREFILL_SCHEDULES[label]
+    swiglu, alpha = PREFILL_EPILOGUES["swiglu"], PREFILL_EPILOGUES["alpha"]
+    fc1 = compile_prefill_kernel(schedule, EPILOGUE=swiglu, OUT_MMA_ORDER=True)
+    fc2 = compile_prefill_kernel(schedule, GATHER=False, EPILOGUE=alpha)
+    for kernel, code_copy in ((fc1, "UTMALDG.5D"), (fc2, "UTMALDG.2D")):
+        producer = [
+            body for body in innermost_loops(cuobjdump(kernel, "-sass")) if "UTMALDG" in " ".join(body)
+        ]
+        copies = [sorted(re.findall(r"UTMALDG\.\dD", " ".join(body))) for body in producer]
+        assert copies == [sorted([code_copy, "UTMALDG.2D"])], (label, copies)
+
+
 def dequantized_while_in_flight(compiled: Any) -> list[int]:
     """Per K loop of a kernel compiled offline (a backward branch over a region with ``HGMMA``s):
     how many ``HMUL2`` (the dequantization's last instruction, one per two weights) run from the

@@ -14,9 +14,9 @@ mbarriers, never at a CTA barrier:
 - a **producer** (``PRODUCER_WARPS`` warps, few registers; ``prefill.ws_partitions``): per K
   step of 64 columns it waits until ring slot ``s % DEPTH`` is free (``empty``), then one thread
   announces the step's TMA bytes on the slot's ``ready`` barrier (``mbarrier.expect``) and issues
-  the TMA boxes (``cp.async.bulk.tensor``: the code bytes of the item's weight rows, in boxes of
-  8 rows for FC1's gate/up row groups, one box for FC2; the ``BT`` activation rows from
-  the tile's first sorted position, one box), and every thread ``cp.async``-copies one row's 4
+  two TMA boxes (``cp.async.bulk.tensor``: the code bytes of the item's weight rows, for FC1 a
+  5-D box whose rows land in the SwiGLU row order, :func:`code_box`; the ``BT`` activation rows
+  from the tile's first sorted position), and every thread ``cp.async``-copies one row's 4
   scale bytes (under TMA's 16-byte minimum box row) and arrives when they land
   (``cp.async.mbarrier.arrive.noinc``); ``ready`` completes when all threads arrived and all the
   TMA bytes landed. The activation rows are in sorted order: FC2's are, FC1's are gathered by
@@ -175,15 +175,15 @@ def consumer_rows(item_rows: int, warps: int) -> int:
 
 @gluon.jit
 def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr):
-    """The producer partition: for each of the program's work items in turn, every step's copies
-    into its ring slot, ``ready`` when all landed. One thread issues the step's TMA boxes (the
-    code bytes of the 128 weight rows, the ``BT`` activation rows from the tile's first sorted
-    position) after one ``expect`` of their bytes; every thread ``cp.async``-copies one row's
-    scale bytes (4, or 8 for an A8 step; a TMA box row takes at least 16) and, with ``A8``, one
-    route's activation scale of the step's block (``xs [K / 128, ROUTES]`` fp32, 0 past
+    """The producer partition: for each of the program's work items in turn, every step's copies into
+    its ring slot, ``ready`` when all landed. One thread issues the step's two TMA boxes (the code
+    bytes of the item's weight rows, :func:`code_box`; the ``BT`` activation rows from the tile's
+    first sorted position) after one ``expect`` of their bytes; every thread ``cp.async``-copies
+    one row's scale bytes (4, or 8 for an A8 step; a TMA box row takes at least 16) and, with
+    ``A8``, one route's activation scale of the step's block (``xs [K / 128, ROUTES]`` fp32, 0 past
     ``ROUTES``), and arrives when they land (``noinc``). The ring runs on across work items:
-    ``done`` counts the steps of the program's earlier items. ``tensors``: the kernel's
-    ``x_desc`` to ``ROUTES`` arguments, ``xs_ptr`` and the rings and barriers."""
+    ``done`` counts the steps of the program's earlier items. ``tensors``: the kernel's ``x_desc``
+    to ``ROUTES`` arguments, ``xs_ptr`` and the rings and barriers."""
     (
         x_desc,
         codes_desc,
