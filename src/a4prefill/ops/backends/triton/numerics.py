@@ -64,6 +64,33 @@ fma.rn.bf16x2 $3, o1, $6, nz;
 """)
 
 
+# Four packed code bytes (``$4``) sharing one bf16 factor ``scale * 2**119`` (``$5``: twice) ->
+# ``$0``-``$3``: per byte ``i`` the pair (low nibble, high nibble) as bf16 ``e2m1 * scale *
+# 2**-7``, exact: the K-adjacent pair the wgmma's A registers hold (``prefill_kernels.
+# _dequant_fragment``), so no register takes halves of two outputs. Per byte one ``prmt`` over
+# ``{$4, $4 << 4}`` puts its low nibble in bits 12-15 and its high nibble in bits 28-31 (the other
+# bits are not read), then the magnitudes move to bf16 bits 6-8 and 22-24 by one shift, the signs
+# stay at 15 and 31, and one ``fma.rn.bf16x2`` multiplies by the factor: about 5 instructions per
+# two weights, where :data:`BYTE_DEQUANT_ASM`'s pairs of two bytes need one more each to be
+# regrouped into these.
+BYTE_PAIR_DEQUANT_ASM = tl.constexpr(
+    """
+{
+.reg .b32 w4, t, m, s, nz;
+mov.b32 nz, 0x80008000;
+shl.b32 w4, $4, 4;
+"""
+    + "".join(
+        f"prmt.b32 t, w4, $4, 0x{4 + i}{4 + i}{i}{i};\n"
+        "shr.b32 m, t, 6; and.b32 m, m, 0x01C001C0; and.b32 s, t, 0x80008000; or.b32 t, m, s;\n"
+        f"fma.rn.bf16x2 ${i}, t, $5, nz;\n"
+        for i in range(4)
+    )
+    + """}
+"""
+)
+
+
 @triton.jit
 def _rne_e4m3(s):
     """Round fp32 ``s`` in [0, 448] to the nearest e4m3 value (ties to even), as fp32."""

@@ -60,7 +60,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from a4prefill.ops.backends.triton.numerics import BYTE_DEQUANT_ASM, _quantize_groups, e4m3_bytes_f32, swiglu
+from a4prefill.ops.backends.triton.numerics import (
+    BYTE_DEQUANT_ASM,
+    BYTE_PAIR_DEQUANT_ASM,
+    _quantize_groups,
+    e4m3_bytes_f32,
+    swiglu,
+)
 from a4prefill.ops.backends.triton.schedules import PREFILL_EPILOGUES
 from a4prefill.ops.precision import MODE_A4, MODE_SPLIT, MODE_W4A16
 
@@ -647,11 +653,26 @@ def fragment_code_rows_layout(bw: int, warps: int) -> gl.DistributedLinearLayout
 def _dequant_fragment(codes, scales, A_LAYOUT: gl.constexpr, BW: gl.constexpr):
     """codes ``[BW, 4, B]`` uint8 in :func:`fragment_codes_layout` (``B`` bytes of each 16-column
     group), scale bytes ``[BW, 4]`` -> the wgmma A operand ``[BW, 8 B]`` bf16 ``w * 2**-7`` in MMA
-    column order: column ``8 b + 2 q + h`` holds nibble ``h`` of byte ``b`` of group ``q``. The
-    reshapes only rename registers: the result is already in ``A_LAYOUT``'s registers."""
+    column order: column ``8 b + 2 q + h`` holds nibble ``h`` of byte ``b`` of group ``q``. Each
+    byte's two nibbles leave :data:`numerics.BYTE_PAIR_DEQUANT_ASM` in one register, the pair of
+    columns an A register holds, so the reshapes only rename registers: the result is already in
+    ``A_LAYOUT``'s registers."""
     B: gl.constexpr = codes.shape[2]
-    even, odd = _dequant_nibbles(codes, scales)
-    pairs = gl.permute(gl.join(even, odd), (0, 2, 1, 3))  # [BW, byte, group, nibble]
+    factor = (e4m3_bytes_f32(scales) * 6.646139978924579e35).to(gl.bfloat16)  # scale * 2**119
+    factor = gl.broadcast(gl.expand_dims(factor, 2), codes)[0]
+    # per 4 bytes of a group: the nibble pairs of bytes 0 and 1 (first), of bytes 2 and 3 (second)
+    first, second = gl.inline_asm_elementwise(
+        BYTE_PAIR_DEQUANT_ASM,
+        "=r,=r,=r,=r,r,r,r",
+        [codes, factor],
+        dtype=(gl.bfloat16, gl.bfloat16),
+        is_pure=True,
+        pack=4,
+    )
+    CHUNKS: gl.constexpr = B // 4
+    # [row, group, 4 bytes, byte of the half, nibble], then the halves joined last
+    pairs = gl.join(gl.reshape(first, [BW, 4, CHUNKS, 2, 2]), gl.reshape(second, [BW, 4, CHUNKS, 2, 2]))
+    pairs = gl.permute(pairs, (0, 2, 5, 3, 1, 4))  # [row, 4 bytes, half, byte of the half, group, nibble]
     return gl.convert_layout(gl.reshape(pairs, [BW, 8 * B]), A_LAYOUT)
 
 
