@@ -156,7 +156,8 @@ def test_every_tiled_kernel_reaches_a_post_compile_hook_serialized(device, confi
 def test_every_prefill_kernel_reaches_a_post_compile_hook_serialized(device, tokens, tiles, kernel):
     """A W4A16 call of prefill size (on sm_90) runs the routing (one program up to
     ``SMALL_ROUTING_MAX`` routes, the chunked kernels above), the two prefill GEMMs (the size's
-    default tiles, or ``tiles`` for both GEMMs by an explicit config) and the combine; each
+    default tiles, or ``tiles`` for both GEMMs by an explicit config; the warp-specialized FC1
+    after its row gather) and the combine; each
     compiles and Triton serializes its specialization for the hook."""
     if device == "cuda" and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the prefill kernels run on sm_90 (Hopper) only")
@@ -168,6 +169,8 @@ def test_every_prefill_kernel_reaches_a_post_compile_hook_serialized(device, tok
         call(device, tokens, MODE_W4A16, config)
     compiled = {event.kernel for event in compiles}
     assert {kernel, "combine_kernel"} <= compiled
+    # the warp-specialized FC1 reads its rows gathered by one kernel (bf16: in MMA column order)
+    assert ("gather_rows_kernel" in compiled) is (kernel == "grouped_w4_gemm_ws_kernel")
     chunked = {"route_count_kernel", "route_offsets_kernel", "route_place_kernel"}
     if tokens * TOP_K > SMALL_ROUTING_MAX:
         assert chunked <= compiled and "route_prep_kernel" not in compiled
@@ -209,6 +212,7 @@ def test_the_hook_tests_cover_every_kernel_the_package_launches():
         "grouped_w4_gemm_kernel",
         "grouped_w4_gemm_ws_kernel",
         "quantize_fp8_rows_kernel",
+        "gather_rows_kernel",
     }
     assert {name.rsplit(".", 1)[-1] for name in package_kernels()} == covered
 

@@ -289,10 +289,11 @@ def a8_moe_on_cpu(interpreted, interpreted_quantizer):
         prefill_kernels,
         prefill_ws_kernels,
     )
-    from helpers.gluon_on_cpu import InterpretedKernel
+    from helpers.gluon_on_cpu import InterpretedKernel, interpreted_row_gather
     from test_triton_decode_on_cpu import _combine_contract
 
     with pytest.MonkeyPatch.context() as patch:
+        interpreted_row_gather(patch)
         patch.setattr(prefill_ws_kernels, "grouped_w4_gemm_ws_kernel", interpreted)
         patch.setattr(kernel_modules.prefill_a8(), "quantize_fp8_rows_kernel", interpreted_quantizer)
         patch.setattr(

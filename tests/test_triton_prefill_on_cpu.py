@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from a4prefill.ops.backends.triton.prefill import (
+    gather_rows,
     launch_prefill_gemm,
     mma_column_order,
     schedule_constexprs,
@@ -48,16 +49,19 @@ pytestmark = [pytest.mark.slow, needs_gluon]
 
 @pytest.fixture(scope="module")
 def interpreted():
-    """The three GEMM kernels under the TTGIR interpreter, by :func:`kernel_of`."""
+    """The three GEMM kernels under the TTGIR interpreter, by :func:`kernel_of`; while the module's
+    tests run, the warp-specialized FC1's row gather runs in Triton's CPU interpreter."""
     from a4prefill.ops.backends.triton import kernel_modules
-    from helpers.gluon_on_cpu import InterpretedKernel
+    from helpers.gluon_on_cpu import InterpretedKernel, interpreted_row_gather
 
     kernels = kernel_modules.prefill()
-    return {
-        "shared": InterpretedKernel(kernels.grouped_w4_gemm_kernel),
-        "registers": InterpretedKernel(kernels.grouped_w4_gemm_rs_kernel),
-        "warp_specialized": InterpretedKernel(kernel_modules.prefill_ws().grouped_w4_gemm_ws_kernel),
-    }
+    with pytest.MonkeyPatch.context() as patch:
+        interpreted_row_gather(patch)
+        yield {
+            "shared": InterpretedKernel(kernels.grouped_w4_gemm_kernel),
+            "registers": InterpretedKernel(kernels.grouped_w4_gemm_rs_kernel),
+            "warp_specialized": InterpretedKernel(kernel_modules.prefill_ws().grouped_w4_gemm_ws_kernel),
+        }
 
 
 def kernel_of(schedule: PrefillGemm) -> str:
@@ -757,6 +761,28 @@ def test_the_moe_epilogues_apply_the_reference_math(interpreted, label, epilogue
     assert not out.isnan().any(), "a position or route was not written"
     step = want.abs().clamp(min=2.0**-100) * 2.0**-7
     assert ((out.double() - want).abs() <= 3 * step + 2.0**-20).all()
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    tokens=st.integers(1, 40),
+    top_k=st.integers(1, 4),
+    blocks=st.integers(1, 3),
+    data=st.data(),
+)
+def test_the_row_gather_takes_each_routes_token_row_in_mma_column_order(
+    interpreted, tokens, top_k, blocks, data
+):
+    """``prefill.gather_rows`` (one Triton kernel, here in Triton's CPU interpreter) is
+    ``x.index_select(1, mma_column_order(K)).index_select(0, sorted_route // top_k)`` bit for bit
+    for any route order, route count (a partial last block of rows) and K of whole 64-column
+    blocks; every element of ``x`` distinct, so a misplaced one shows."""
+    k = 64 * blocks
+    routes = tokens * top_k
+    sorted_route = torch.tensor(data.draw(st.permutations(range(routes))), dtype=torch.int32)
+    x = torch.arange(tokens * k, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).reshape(tokens, k)
+    expected = x.index_select(1, mma_column_order(k, x.device)).index_select(0, sorted_route.long() // top_k)
+    assert torch.equal(gather_rows(x, sorted_route, top_k).view(torch.int16), expected.view(torch.int16))
 
 
 @pytest.mark.parametrize("label", ["rs_w128_t32_d4", "w64_t64_d6", "rs_w128_t64_d6_ws"])

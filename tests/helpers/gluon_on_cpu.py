@@ -141,3 +141,16 @@ class InterpretedKernel:
                 for key in [value.untyped_storage().data_ptr()]
             }
         )
+
+
+def interpreted_row_gather(patch: Any) -> None:
+    """Have ``patch`` (a ``pytest.MonkeyPatch``) replace ``shared_kernels.gather_rows_kernel``, the
+    plain Triton kernel that gathers the warp-specialized FC1's rows, by Triton's own CPU
+    interpreter, for tests that run that kernel's launcher on CPU tensors."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from a4prefill.ops.backends.triton import shared_kernels
+
+    patch.setattr(
+        shared_kernels, "gather_rows_kernel", InterpretedFunction(shared_kernels.gather_rows_kernel.fn)
+    )

@@ -16,7 +16,7 @@ import torch
 
 from a4prefill.ops.backends.triton import kernel_modules
 from a4prefill.ops.backends.triton.routing import Routing
-from a4prefill.ops.backends.triton.schedules import PREFILL_EPILOGUES, PrefillGemm
+from a4prefill.ops.backends.triton.schedules import PREFILL_EPILOGUES, PrefillGemm, cdiv
 from a4prefill.ops.precision import MODE_A4, MODE_SPLIT, MODE_W4A16
 from a4prefill.process_state import register_state
 
@@ -37,6 +37,31 @@ def mma_column_order(k: int, device: torch.device) -> torch.Tensor:
 
 
 register_state(__name__, mma_column_order.cache_clear, mma_column_order)
+
+
+GATHER_ROWS_PER_PROGRAM = 32  # rows of one program of shared_kernels.gather_rows_kernel
+
+
+def gather_rows(x: torch.Tensor, sorted_route: torch.Tensor, top_k: int) -> torch.Tensor:
+    """bf16 ``[R, K]``: row ``p`` is ``x``'s row ``sorted_route[p] // top_k`` (``x [T, K]`` bf16,
+    contiguous, ``K`` a multiple of 64) with its columns in :func:`mma_column_order`, by one
+    kernel (``shared_kernels.gather_rows_kernel``; no host sync). What the warp-specialized FC1's
+    TMA copies read."""
+    routes, k = sorted_route.numel(), x.shape[1]
+    rows = torch.empty(routes, k, dtype=x.dtype, device=x.device)
+    if routes:
+        grid = (cdiv(routes, GATHER_ROWS_PER_PROGRAM), k // 64)
+        kernel_modules.shared().gather_rows_kernel[grid](
+            x.view(torch.int32),
+            sorted_route,
+            rows.view(torch.int32),
+            routes,
+            k // 2,
+            top_k,
+            BR=GATHER_ROWS_PER_PROGRAM,
+            num_warps=4,
+        )
+    return rows
 
 
 def ws_partitions(
@@ -255,7 +280,8 @@ def launch_prefill_gemm(
         "HAS_LIMIT": swiglu_limit is not None,
         "OUT_MMA_ORDER": out_mma_order,
     }
-    if schedule.register_weights and not x_mma_order and not a8:
+    gather_in_order = schedule.warp_specialized and top_k is not None and not a8 and not x_mma_order
+    if schedule.register_weights and not x_mma_order and not a8 and not gather_in_order:
         x = x.index_select(1, mma_column_order(k, x.device))
     if kernel is None:
         kernel = schedule_kernel(schedule)
@@ -264,10 +290,16 @@ def launch_prefill_gemm(
     gather: dict[str, Any] = {"GATHER": top_k is not None}
     if schedule.warp_specialized:  # persistent: at most one program per SM, looping over the work
         grid = (min(persistent_programs(x.device), grid[0] * grid[1]),)
-        # its TMA copies take a tile's rows as one box: FC1's rows gathered in sorted order first
-        # (e4m3 rows as bytes: index_select has no float8 kernels)
-        token = None if top_k is None else routing.sorted_route // top_k
-        rows = x if token is None else x.view(torch.uint8).index_select(0, token).view(x.dtype)
+        # its TMA copies take a tile's rows as one box: FC1's rows gathered in sorted order first,
+        # bf16 rows in MMA column order in the same pass (e4m3 rows as bytes: index_select has no
+        # float8 kernels)
+        token = None if top_k is None or gather_in_order else routing.sorted_route // top_k
+        if gather_in_order and top_k is not None:
+            rows = gather_rows(x, routing.sorted_route, top_k)
+        elif token is not None:
+            rows = x.view(torch.uint8).index_select(0, token).view(x.dtype)
+        else:
+            rows = x
         operands = kernel_modules.prefill_ws().tma_descriptors(
             rows, codes, schedule.routes, epilogue == "swiglu", a8, schedule.weight_rows
         )

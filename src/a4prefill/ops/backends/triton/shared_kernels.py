@@ -9,7 +9,9 @@ needs triton):
 - :func:`quantize_rows_kernel`: the FC1 input of A4 rows, ``e2m1 * block_scale`` (launched by
   :mod:`quantize`);
 - :func:`combine_kernel`: the weighted top-k sum of FC2's rows into ``[T, H]`` (launched by
-  :mod:`fused`; after a K split of the tiled FC2 it also applies alpha2).
+  :mod:`fused`; after a K split of the tiled FC2 it also applies alpha2);
+- :func:`gather_rows_kernel`: the warp-specialized prefill FC1's activation rows in sorted order
+  and MMA column order, in one pass (launched by :mod:`prefill`).
 
 Numerics: :mod:`numerics`.
 """
@@ -254,3 +256,24 @@ def combine_kernel(
             y = (y * alpha).to(dtype)
         acc += weight * y.to(tl.float32)
     tl.store(out_ptr + t * H + cols, acc.to(dtype), mask=cmask)
+
+
+@triton.jit(do_not_specialize=["R"])  # one compile for every route count
+def gather_rows_kernel(x_ptr, sorted_route_ptr, out_ptr, R, K2, TOPK, BR: tl.constexpr):
+    """``out[p] = x[sorted_route[p] // TOPK]`` with each 64 columns in ``prefill.mma_column_order``
+    (position ``8 b + 2 q + h`` takes column ``16 q + 2 b + h``), for ``p < R``. ``x [T, K]`` and
+    ``out [R, K]`` bf16, seen as int32 column pairs (``K2 = K / 2``; a pair moves as one: the order
+    keeps ``h`` within a pair, so pair ``4 b + q`` of a 64-column block takes pair ``8 q + b``).
+    Grid ``(cdiv(R, BR), K / 64)``: ``BR`` rows by one 64-column block a program, loads of 8
+    consecutive pairs, stores of 4. What ``x.index_select(1, mma_column_order(K)).index_select(0,
+    sorted_route // TOPK)`` gives, without the ``[T, K]`` copy between."""
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    live = rows < R
+    token = tl.load(sorted_route_ptr + rows, mask=live, other=0) // TOPK
+    block = tl.program_id(1) * 32  # the block's first pair
+    q = tl.arange(0, 4)
+    b = tl.arange(0, 8)
+    source = token.to(tl.int64)[:, None, None] * K2 + block + (8 * q)[None, :, None] + b[None, None, :]
+    pairs = tl.load(x_ptr + source, mask=live[:, None, None])  # [BR, q, b]
+    target = rows.to(tl.int64)[:, None, None] * K2 + block + (4 * b)[None, :, None] + q[None, None, :]
+    tl.store(out_ptr + target, tl.permute(pairs, (0, 2, 1)), mask=live[:, None, None])
