@@ -39,7 +39,7 @@ def mma_column_order(k: int, device: torch.device) -> torch.Tensor:
 register_state(__name__, mma_column_order.cache_clear, mma_column_order)
 
 
-GATHER_ROWS_PER_PROGRAM = 32  # rows of one program of shared_kernels.gather_rows_kernel
+GATHER_ROWS_PER_PROGRAM = 64  # rows of one program of shared_kernels.gather_rows_kernel (8 KiB)
 
 
 def gather_rows(x: torch.Tensor, sorted_route: torch.Tensor, top_k: int) -> torch.Tensor:
