@@ -200,7 +200,9 @@ def launch_prefill_gemm(
     ``routing`` was built with ``block_m = schedule.routes``. ``N`` must be a multiple of
     ``schedule.weight_rows`` and ``K`` of ``schedule.block_k``. With ``schedule.register_weights``
     ``x`` is first copied with its columns in :func:`mma_column_order` (one gather of ``x``, timed
-    with the GEMM by the benchmark; a fused producer of ``x`` could write that order directly).
+    with the GEMM by the benchmark; a fused producer of ``x`` could write that order directly); a
+    warp-specialized FC1 (bf16) takes its rows in sorted order and that column order from one
+    copy, :func:`gather_rows`.
     A8 (``x_block_scales`` given; issue 28, docs/numerics.md section 8): every route A8, ``x``
     float8_e4m3fn codes and ``x_block_scales`` fp32 ``[rows, K / 128]`` their scales per
     128-column block (``fp8.quantize_rows``), rows indexed as ``x``'s; the weights converted to
