@@ -45,7 +45,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from a4prefill.ops.backends.triton.numerics import e4m3_bytes_f32
-from a4prefill.ops.backends.triton.prefill_kernels import _cta_barrier
+from a4prefill.ops.backends.triton.prefill_kernels import _cta_barrier, code_rows_of
 
 A8_STEP: gl.constexpr = gl.constexpr(128)  # K columns per step: one A8 block (fp8.A8_BLOCK)
 
@@ -136,18 +136,7 @@ def a8_code_rows_layout(warps: int) -> gl.DistributedLinearLayout:
     byte ``b`` of group ``q``): how a consumer loads its rows of a ring slot's code bytes (one
     16-byte load per row), whose reshape to ``[64, 8, 8]`` is then that layout with the
     registers unchanged."""
-    grouped = a8_codes_layout(warps)
-
-    def flat(bases: list[list[int]]) -> list[list[int]]:
-        return [[row, 8 * group + byte] for row, group, byte in bases]
-
-    return gl.DistributedLinearLayout(
-        reg_bases=flat(grouped.reg_bases),
-        lane_bases=flat(grouped.lane_bases),
-        warp_bases=flat(grouped.warp_bases),
-        block_bases=[],
-        shape=[64, 64],
-    )
+    return code_rows_of(a8_codes_layout(warps))
 
 
 @gluon.jit

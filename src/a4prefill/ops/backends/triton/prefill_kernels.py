@@ -123,23 +123,25 @@ def out_layout(bw: int, warps: int) -> gl.BlockedLayout:
 
 
 @gluon.jit
-def _dequant_nibbles(codes, scales):
-    """codes ``[BW, G, B]`` uint8, scale bytes ``[BW, G]`` -> ``(even, odd)``, each ``[BW, G, B]``
-    bf16 ``w * 2**-7``: the low and the high nibble of each byte, in the codes' layout (``B`` a
-    multiple of 4: the assembly takes 4 bytes of a thread at a time)."""
+def _dequant_nibbles(codes, scales, ASM: gl.constexpr = BYTE_DEQUANT_ASM):
+    """codes ``[BW, G, B]`` uint8, scale bytes ``[BW, G]`` -> two ``[BW, G, B]`` bf16 ``w * 2**-7``
+    (:func:`nibbles_times` with ``ASM``: by default the low and the high nibble of each byte, in
+    the codes' layout; ``B`` a multiple of 4: the assembly takes 4 bytes of a thread at a time)."""
     factor = (e4m3_bytes_f32(scales) * 6.646139978924579e35).to(gl.bfloat16)  # scale * 2**119
-    return nibbles_times(codes, factor)
+    return nibbles_times(codes, factor, ASM)
 
 
 @gluon.jit
-def nibbles_times(codes, factor):
-    """codes ``[BW, G, B]`` uint8, ``factor [BW, G]`` bf16 -> ``(even, odd)``, each ``[BW, G, B]``
-    bf16 ``e2m1 * 2**-126 * factor`` (``numerics.BYTE_DEQUANT_ASM``: exact when the product has at
-    most 8 significant bits and is a normal bf16): the low and the high nibble of each byte, in the
-    codes' layout (``B`` a multiple of 4)."""
+def nibbles_times(codes, factor, ASM: gl.constexpr = BYTE_DEQUANT_ASM):
+    """codes ``[BW, G, B]`` uint8, ``factor [BW, G]`` bf16 -> two ``[BW, G, B]`` bf16 tensors of
+    ``e2m1 * 2**-126 * factor`` (exact when the product has at most 8 significant bits and is a
+    normal bf16), in the codes' layout (``B`` a multiple of 4). ``ASM`` places the nibbles of each
+    4 bytes: ``numerics.BYTE_DEQUANT_ASM`` the low nibbles in the first tensor and the high ones
+    in the second, ``numerics.BYTE_PAIR_DEQUANT_ASM`` the (low, high) pairs of bytes 0 and 1 in
+    the first and of bytes 2 and 3 in the second."""
     factor = gl.broadcast(gl.expand_dims(factor, 2), codes)[0]
     return gl.inline_asm_elementwise(
-        BYTE_DEQUANT_ASM,
+        ASM,
         "=r,=r,=r,=r,r,r,r",
         [codes, factor],
         dtype=(gl.bfloat16, gl.bfloat16),
@@ -635,40 +637,49 @@ def fragment_code_rows_layout(bw: int, warps: int) -> gl.DistributedLinearLayout
     (byte ``8 q + b`` of a row is byte ``b`` of group ``q``): how the warp-specialized kernel's
     consumers load a TMA box of code rows, whose reshape to ``[BW, 4, 8]`` is then that layout
     with the registers unchanged."""
-    grouped = fragment_codes_layout(bw, warps, 8)
+    return code_rows_of(fragment_codes_layout(bw, warps, 8))
+
+
+@gluon.constexpr_function
+def code_rows_of(grouped: gl.DistributedLinearLayout) -> gl.DistributedLinearLayout:
+    """A layout of ``[rows, groups, 8]`` code bytes (row, 16-column group, byte) over the same bytes
+    as ``[rows, 8 * groups]`` (byte ``8 q + b`` of a row is byte ``b`` of group ``q``): the same
+    registers, lanes and warps, so a load in it reshapes to ``grouped`` with the registers
+    unchanged."""
+    rows, groups, group_bytes = grouped.shape
 
     def flat(bases: list[list[int]]) -> list[list[int]]:
-        return [[row, 8 * group + byte] for row, group, byte in bases]
+        return [[row, group_bytes * group + byte] for row, group, byte in bases]
 
     return gl.DistributedLinearLayout(
         reg_bases=flat(grouped.reg_bases),
         lane_bases=flat(grouped.lane_bases),
         warp_bases=flat(grouped.warp_bases),
         block_bases=[],
-        shape=[bw, 32],
+        shape=[rows, groups * group_bytes],
     )
 
 
 @gluon.jit
-def _dequant_fragment(codes, scales, A_LAYOUT: gl.constexpr, BW: gl.constexpr):
+def _dequant_fragment(codes, scales, A_LAYOUT: gl.constexpr, BW: gl.constexpr, PAIRS: gl.constexpr = True):
     """codes ``[BW, 4, B]`` uint8 in :func:`fragment_codes_layout` (``B`` bytes of each 16-column
     group), scale bytes ``[BW, 4]`` -> the wgmma A operand ``[BW, 8 B]`` bf16 ``w * 2**-7`` in MMA
     column order: column ``8 b + 2 q + h`` holds nibble ``h`` of byte ``b`` of group ``q``. Each
     byte's two nibbles leave :data:`numerics.BYTE_PAIR_DEQUANT_ASM` in one register, the pair of
     columns an A register holds, so the reshapes only rename registers: the result is already in
-    ``A_LAYOUT``'s registers."""
+    ``A_LAYOUT``'s registers. ``PAIRS = False`` takes :data:`numerics.BYTE_DEQUANT_ASM`'s pairs of
+    two bytes, regrouped by one ``prmt`` a register: what the warp-specialized kernel's
+    dequantize-ahead consumers need, whose next step is dequantized while the A registers of the
+    step's wgmma are read (with the pair PTX, Triton 3.6 writes the next step's A operand into the
+    registers of the wgmma in flight and ptxas serializes the wgmmas;
+    ``tests/test_triton_prefill_on_cpu.py`` checks both on the PTX and the SASS)."""
     B: gl.constexpr = codes.shape[2]
-    factor = (e4m3_bytes_f32(scales) * 6.646139978924579e35).to(gl.bfloat16)  # scale * 2**119
-    factor = gl.broadcast(gl.expand_dims(factor, 2), codes)[0]
+    if not PAIRS:
+        even, odd = _dequant_nibbles(codes, scales)
+        nibbles = gl.permute(gl.join(even, odd), (0, 2, 1, 3))  # [BW, byte, group, nibble]
+        return gl.convert_layout(gl.reshape(nibbles, [BW, 8 * B]), A_LAYOUT)
     # per 4 bytes of a group: the nibble pairs of bytes 0 and 1 (first), of bytes 2 and 3 (second)
-    first, second = gl.inline_asm_elementwise(
-        BYTE_PAIR_DEQUANT_ASM,
-        "=r,=r,=r,=r,r,r,r",
-        [codes, factor],
-        dtype=(gl.bfloat16, gl.bfloat16),
-        is_pure=True,
-        pack=4,
-    )
+    first, second = _dequant_nibbles(codes, scales, BYTE_PAIR_DEQUANT_ASM)
     CHUNKS: gl.constexpr = B // 4
     # [row, group, 4 bytes, byte of the half, nibble], then the halves joined last
     pairs = gl.join(gl.reshape(first, [BW, 4, CHUNKS, 2, 2]), gl.reshape(second, [BW, 4, CHUNKS, 2, 2]))

@@ -330,7 +330,7 @@ def _mainloop_ahead(done, steps, last, HALF: gl.constexpr, rings, BT: gl.constex
     for step in range(1, steps):
         s = done + step
         codes, scales = _wait_for_weights(rings, s, HALF, ROWS)
-        a_next = _dequant_fragment(codes, scales, A_LAYOUT, ROWS)
+        a_next = _dequant_fragment(codes, scales, A_LAYOUT, ROWS, False)
         mbarrier.wait(rings[3].index(s % DEPTH), (s // DEPTH) & 1)
         acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
         mbarrier.arrive(empty.index((s - 1) % DEPTH))
@@ -338,7 +338,7 @@ def _mainloop_ahead(done, steps, last, HALF: gl.constexpr, rings, BT: gl.constex
         acc = warpgroup_mma(a, x_ring.index(s % DEPTH).permute((1, 0)), acc, is_async=True)
     s = gl.minimum(done + steps, last)
     codes, scales = _wait_for_weights(rings, s, HALF, ROWS)
-    a_next = _dequant_fragment(codes, scales, A_LAYOUT, ROWS)
+    a_next = _dequant_fragment(codes, scales, A_LAYOUT, ROWS, False)
     mbarrier.wait(rings[3].index(s % DEPTH), (s // DEPTH) & 1)
     acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
     mbarrier.arrive(empty.index((done + steps - 1) % DEPTH))
@@ -470,7 +470,7 @@ def _consume(
             a = gl.zeros([ROWS, STEP], gl.bfloat16, layout=A_LAYOUT)
             if last >= 0:
                 first_codes, first_scales = _wait_for_weights(rings, 0, HALF, ROWS)
-                a = _dequant_fragment(first_codes, first_scales, A_LAYOUT, ROWS)
+                a = _dequant_fragment(first_codes, first_scales, A_LAYOUT, ROWS, False)
     done = 0
     for work in range(gl.program_id(0), works, gl.num_programs(0)):
         steps, expert, row0, seg_end, n0, live_tile = _tile(
