@@ -272,6 +272,11 @@ PREFILL_SWEEP = [
     ("ws_t128_d8", "ws_t128_d8"),
     ("ws_t128_d8", "ws_t128_d6"),
     ("ws_t256_d5", "ws_t256_d5"),
+    ("rs_w128_t32_d6_ws_c2", "rs_w128_t32_d6_ws_c2"),
+    ("rs_w128_t16_d8_ws_c3", "rs_w128_t16_d8_ws_c3"),
+    ("ws_t32_d6_x2_c2", "ws_t32_d6_x2_c2"),
+    ("ws_t32_d6_c3", "ws_t32_d6_c3"),
+    ("ws_t64_d6_c2", "ws_t64_d6_c2"),
 ]
 SWEEP = {  # block_m, fc1_n, fc1_k, fc2_n, fc2_k, warps, stages, ptx_dequant, split_k
     "bm16_n32_k128_w4_triton": (16, 32, 128, 64, 128, 4, 4, False, 1),
@@ -331,16 +336,16 @@ def sweep_gemm(name: str) -> Any:
     label, or ``ws[_w256]_t<routes>_d<depth>`` (warp-specialized, 128 weight rows per work item,
     256 with ``_w256``), with ``_h2`` its two-wgmmas-per-step variant, ``_x2`` two A register
     sets (the next step dequantized while the step's wgmma runs) and ``_x2_h2`` both (one wgmma
-    in flight across steps)."""
+    in flight across steps), then ``_c2`` or ``_c3``: that many CTAs per SM (``ctas_per_sm``)."""
     from a4prefill.ops.backends.triton.schedules import PREFILL_SCHEDULES, PrefillGemm
 
     if name in PREFILL_SCHEDULES:
         return PREFILL_SCHEDULES[name]
-    match = re.fullmatch(r"ws(_w256)?_t(\d+)_d(\d+)(_x2)?(_h2)?", name)
+    match = re.fullmatch(r"ws(_w256)?_t(\d+)_d(\d+)(_x2)?(_h2)?(?:_c([23]))?", name)
     if match is None:
         raise ValueError(
             "a PREFILL_SWEEP name is a PREFILL_SCHEDULES label or "
-            f"ws[_w256]_t<routes>_d<depth>[_h2|_x2|_x2_h2], got {name!r}"
+            f"ws[_w256]_t<routes>_d<depth>[_h2|_x2|_x2_h2][_c2|_c3], got {name!r}"
         )
     routes, depth = int(match[2]), int(match[3])
     return PrefillGemm(
@@ -351,6 +356,7 @@ def sweep_gemm(name: str) -> Any:
         a_register_sets=2 if match[4] else 1,
         wgmmas_per_step=2 if match[5] else 1,
         warp_specialized=True,
+        ctas_per_sm=int(match[6] or 1),
     )
 
 

@@ -61,9 +61,10 @@ def test_the_prefill_table_shows_each_pairs_w4a16_time_and_its_a4_and_split_rati
 
 
 def test_sweep_names_are_labels_or_warp_specialized_tiles_and_nothing_else(bench):
-    """``ws[_w256]_t<routes>_d<depth>[_h2|_x2|_x2_h2]``: the warp-specialized schedule of 128 (or
-    256) weight rows per work item with those tiles (two wgmmas per step, two A register sets, or
-    both); a label stays its schedule; any other name is a ``ValueError`` naming the forms."""
+    """``ws[_w256]_t<routes>_d<depth>[_h2|_x2|_x2_h2][_c2|_c3]``: the warp-specialized schedule of
+    128 (or 256) weight rows per work item with those tiles (two wgmmas per step, two A register
+    sets, or both; two or three CTAs per SM); a label stays its schedule; any other name is a
+    ``ValueError`` naming the forms."""
     from a4prefill.ops.backends.triton.schedules import PREFILL_SCHEDULES, PrefillGemm
 
     assert bench.sweep_gemm("ws_t128_d8") == PrefillGemm(
@@ -78,7 +79,11 @@ def test_sweep_names_are_labels_or_warp_specialized_tiles_and_nothing_else(bench
     assert bench.sweep_gemm("ws_t128_d6_x2") == PREFILL_SCHEDULES["rs_w128_t128_d6_ws_x2"]
     assert bench.sweep_gemm("ws_w256_t128_d6") == PREFILL_SCHEDULES["rs_w256_t128_d6_ws"]
     assert bench.sweep_gemm("rs_w128_t32_d4") is PREFILL_SCHEDULES["rs_w128_t32_d4"]
-    for name in ("ws_t128", "ws_w128_t128_d6", "ws_t128_d6_h2_x2"):
+    # _c2, _c3: CTAs sharing an SM
+    assert bench.sweep_gemm("ws_t32_d6_c2") == PREFILL_SCHEDULES["rs_w128_t32_d6_ws_c2"]
+    assert bench.sweep_gemm("ws_t32_d6_x2_c2").ctas_per_sm == 2
+    assert bench.sweep_gemm("ws_t32_d6_x2_c2").a_register_sets == 2
+    for name in ("ws_t128", "ws_w128_t128_d6", "ws_t128_d6_h2_x2", "ws_t32_d6_c4", "ws_t32_d6_c2_x2"):
         with pytest.raises(ValueError, match=r"ws\[_w256\]_t<routes>_d<depth>"):
             bench.sweep_gemm(name)
 

@@ -34,6 +34,7 @@ from a4prefill.ops.backends.triton.routing import build_routing
 from a4prefill.ops.backends.triton.schedules import (
     PREFILL_EPILOGUES,
     PREFILL_SCHEDULES,
+    WS_SHARED_SM_REGISTERS,
     PrefillGemm,
     PrefillTiles,
     choose_prefill_tiles,
@@ -474,12 +475,15 @@ def test_the_dequantize_ahead_consumers_dequantize_while_their_wgmma_runs():
         "rs_w128_t128_d6_ws",
         "rs_w128_t128_d6_ws_h2",
         "rs_w128_t128_d6_ws_x2",
+        "rs_w128_t32_d6_ws_c2",
+        "rs_w128_t16_d8_ws_c3",
     ],
 )
 def test_the_warp_specialized_gemms_spill_nothing(label, mode):
     """FC1 (SwiGLU, ``h`` in MMA column order) and FC2 (alpha) of the warp-specialized kernel at
-    64- and 128-route tiles (and two wgmmas per step at 128) compile with no local memory at all
-    (SASS) and within the schedule's
+    64- and 128-route tiles (and two wgmmas per step at 128), and at 32- and 16-route tiles with
+    two and three CTAs per SM (consumers of 96 and 64 registers), compile with no local memory at
+    all (SASS) and within the schedule's
     ``shared_bytes`` (the split FC2 at 64-route tiles takes the most beside its rings), with the launcher's
     partitions (``prefill.ws_partitions``). Its first cut, a one-warp producer with 40 registers,
     spilled the copy addresses of 128 rows: 506 local loads and stores in the 128-route FC1 with
@@ -668,6 +672,25 @@ def test_schedules_refuse_what_the_kernel_cannot_run():
     ):
         with pytest.raises(ValueError, match="warp_specialized needs register_weights, 128 weight rows"):
             PrefillGemm(**not_warp_specializable, warp_specialized=True)
+    ws = {"register_weights": True, "warp_specialized": True}
+    with pytest.raises(ValueError, match="ctas_per_sm must be 1, 2 or 3"):
+        PrefillGemm(128, 16, depth=6, ctas_per_sm=4, **ws)
+    for too_wide in (
+        {"routes": 128, "ctas_per_sm": 2},  # 64 accumulator registers a thread, over the 96
+        {"routes": 64, "ctas_per_sm": 3},
+        {"weight_rows": 256, "routes": 64, "ctas_per_sm": 2},  # a consumer holds 128 rows
+        {"routes": 32, "ctas_per_sm": 2, "a_register_sets": 2, "wgmmas_per_step": 2},  # one partition
+    ):
+        with pytest.raises(ValueError, match="needs warp_specialized with two consumer partitions"):
+            PrefillGemm(**{"depth": 6, **ws, **too_wide})
+    with pytest.raises(ValueError, match="needs warp_specialized with two consumer partitions"):
+        PrefillGemm(128, 32, depth=6, register_weights=True, ctas_per_sm=2)
+    # 7 slots of 64 routes: one CTA's 120 KiB fit its 227 KiB, two of them (with 1 KiB reserved
+    # each) not an SM's 228 KiB
+    with pytest.raises(ValueError, match="2 CTAs need 247040 bytes of an SM's shared memory"):
+        PrefillGemm(128, 64, depth=7, ctas_per_sm=2, **ws)
+    assert PrefillGemm(128, 64, depth=6, ctas_per_sm=2, **ws).max_registers(MODE_SPLIT) == 80
+    assert PrefillGemm(128, 32, depth=6, ctas_per_sm=3, **ws).max_registers(MODE_W4A16) == 56
     warp_specialized = PrefillGemm(128, 128, register_weights=True, warp_specialized=True)
     assert warp_specialized.warps == 4  # the default partition; the workers add theirs
     # two A register sets and two wgmmas per step: both consumer warpgroups form the default
@@ -1230,3 +1253,51 @@ def test_the_launcher_caps_the_registers_of_split_calls_of_128_route_tiles_and_o
     assert len(launches) == 1 and launches[0].get("maxnreg") == cap
     assert schedule.max_registers(mode) == (cap or 0)
     assert PREFILL_SCHEDULES["rs_w128_t256_d4"].max_registers(mode) == 0  # one CTA per SM anyway
+
+
+@pytest.mark.parametrize(
+    ("label", "ctas", "cap"), [("rs_w128_t32_d6_ws_c2", 2, 80), ("rs_w128_t16_d8_ws_c3", 3, 56)]
+)
+def test_schedules_sharing_an_sm_launch_that_many_programs_per_sm_under_their_register_cap(label, ctas, cap):
+    """A warp-specialized schedule of ``ctas_per_sm`` CTAs is launched with that many persistent
+    programs per SM (2 "SMs" on the CPU) and the launch cap ``maxnreg`` that lets that many CTAs
+    of 384 threads share an SM's 65 536 registers; its partitions' ``setmaxnreg`` registers
+    (producer, consumer worker) are ``WS_SHARED_SM_REGISTERS``', and the kernel compiled so
+    (offline, sm_90a) carries that cap and those counts, with ``ctas`` CTAs' shared memory
+    within an SM's 228 KiB (1 KiB reserved per CTA)."""
+    launches: list[tuple[Any, dict[str, Any]]] = []
+
+    class Spy:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.append((grid, kwargs))
+
+    schedule = PREFILL_SCHEDULES[label]
+    experts, n, k = 4, 2 * schedule.weight_rows, schedule.block_k
+    routes = 4 * experts * schedule.routes  # 16 route tiles x 2 row blocks: more items than programs
+    ids = torch.arange(routes, dtype=torch.int32).remainder(experts).view(routes, 1)
+    routing = build_routing(ids, experts, schedule.routes, force_torch=True)
+    launch_prefill_gemm(
+        torch.zeros(routes, k, dtype=torch.bfloat16),
+        torch.zeros(experts, n, k // 2, dtype=torch.uint8),
+        torch.zeros(experts, n, k // 16, dtype=torch.uint8),
+        routing,
+        torch.zeros(routes, n, dtype=torch.bfloat16),
+        schedule,
+        None,
+        kernel=Spy(),
+        epilogue="alpha",
+        scale2=torch.ones(experts),
+    )
+    assert len(launches) == 1
+    grid, kwargs = launches[0]
+    assert grid == (2 * ctas,) and kwargs["maxnreg"] == cap
+    _, producer, consumer = WS_SHARED_SM_REGISTERS[ctas]
+    assert (kwargs["PRODUCER_REGISTERS"], kwargs["CONSUMER_REGISTERS"]) == (producer, consumer)
+    assert ctas * 384 * cap <= 65536
+    compiled = compile_prefill_kernel(schedule, GATHER=False, EPILOGUE=PREFILL_EPILOGUES["alpha"])
+    ptx = compiled.asm["ptx"]
+    assert f".maxnreg {cap}" in ptx
+    counts = {int(c) for c in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)}
+    # the default partition (the other consumer) gets what the two workers leave of 3 x cap
+    assert {producer, consumer, 3 * cap - producer - consumer} <= counts
+    assert ctas * (compiled.metadata.shared + 1024) <= 228 * 1024

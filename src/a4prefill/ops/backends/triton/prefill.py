@@ -16,7 +16,12 @@ import torch
 
 from a4prefill.ops.backends.triton import kernel_modules
 from a4prefill.ops.backends.triton.routing import Routing
-from a4prefill.ops.backends.triton.schedules import PREFILL_EPILOGUES, PrefillGemm, cdiv
+from a4prefill.ops.backends.triton.schedules import (
+    PREFILL_EPILOGUES,
+    WS_SHARED_SM_REGISTERS,
+    PrefillGemm,
+    cdiv,
+)
 from a4prefill.ops.precision import MODE_A4, MODE_SPLIT, MODE_W4A16
 from a4prefill.process_state import register_state
 
@@ -65,7 +70,7 @@ def gather_rows(x: torch.Tensor, sorted_route: torch.Tensor, top_k: int) -> torc
 
 
 def ws_partitions(
-    routes: int, one_consumer_partition: bool = False, mode: int = MODE_W4A16
+    routes: int, one_consumer_partition: bool = False, mode: int = MODE_W4A16, ctas_per_sm: int = 1
 ) -> Mapping[str, int]:
     """The warp-specialized kernel's workers for ``routes``-route tiles of 128 weight rows (its
     ``PRODUCER_WARPS``, ``PRODUCER_REGISTERS`` and ``CONSUMER_REGISTERS`` constexprs; a tile of
@@ -92,8 +97,17 @@ def ws_partitions(
     spills 35 with 72 and 4 with 56 (Triton 3.6, none in the K loop; mode ``precision.MODE_*``).
     Up to 128 routes 80, as with two partitions.
 
+    Two or three CTAs per SM (``ctas_per_sm``; ``PrefillGemm.ctas_per_sm``, accumulators of at
+    most 64 and 32 routes): the producer and consumer registers of
+    ``schedules.WS_SHARED_SM_REGISTERS`` (40 and 96, 32 and 64), under the launch cap there.
+
     Checked offline by ``tests/test_triton_prefill_on_cpu.py``. A producer of 8 warps (64
     registers, consumers 192) was 5% slower at 4096 tokens on the H200 (tenth round)."""
+    if ctas_per_sm > 1:
+        _, producer, consumer = WS_SHARED_SM_REGISTERS[ctas_per_sm]
+        return MappingProxyType(
+            {"PRODUCER_WARPS": 4, "PRODUCER_REGISTERS": producer, "CONSUMER_REGISTERS": consumer}
+        )
     if one_consumer_partition:
         producer = 80 if routes <= 128 else 56 if mode == MODE_SPLIT else 72
         partitions = {"PRODUCER_WARPS": 4, "PRODUCER_REGISTERS": producer, "CONSUMER_REGISTERS": 0}
@@ -105,9 +119,10 @@ def ws_partitions(
 
 @functools.cache
 def persistent_programs(device: torch.device) -> int:
-    """Programs that a persistent kernel (the warp-specialized one: one CTA per SM) is launched
-    with on ``device``: its SM count on a CUDA device, 2 elsewhere (the TTGIR interpreter on the
-    CPU, so that each program runs several work items). Cached per device."""
+    """Programs per CTA of an SM that a persistent kernel (the warp-specialized one) is launched
+    with on ``device`` (the launch multiplies by ``PrefillGemm.ctas_per_sm``): its SM count on a
+    CUDA device, 2 elsewhere (the TTGIR interpreter on the CPU, so that each program runs several
+    work items). Cached per device."""
     if device.type != "cuda":
         return 2
     return torch.cuda.get_device_properties(device).multi_processor_count
@@ -134,8 +149,11 @@ def schedule_constexprs(schedule: PrefillGemm, mode: int = MODE_W4A16) -> dict[s
     compiles; the tests compile the same offline."""
     constexprs: dict[str, int | bool] = {"BT": schedule.routes, "DEPTH": schedule.depth}
     if schedule.warp_specialized:
-        routes = schedule.routes * schedule.weight_rows // 128  # a 128-row tile of the same accumulator
-        constexprs.update(ws_partitions(routes, schedule.one_consumer_partition, mode))
+        constexprs.update(
+            ws_partitions(
+                schedule.accumulator_routes, schedule.one_consumer_partition, mode, schedule.ctas_per_sm
+            )
+        )
         constexprs["ITEM_ROWS"] = schedule.weight_rows
         constexprs["WGMMAS"] = schedule.wgmmas_per_step
         constexprs["A_SETS"] = schedule.a_register_sets
@@ -290,8 +308,8 @@ def launch_prefill_gemm(
     grid: tuple[int, ...] = (n // schedule.weight_rows, routing.max_tiles)
     operands: tuple[Any, ...] = (x, codes)
     gather: dict[str, Any] = {"GATHER": top_k is not None}
-    if schedule.warp_specialized:  # persistent: at most one program per SM, looping over the work
-        grid = (min(persistent_programs(x.device), grid[0] * grid[1]),)
+    if schedule.warp_specialized:  # persistent: ctas_per_sm programs per SM, looping over the work
+        grid = (min(persistent_programs(x.device) * schedule.ctas_per_sm, grid[0] * grid[1]),)
         # its TMA copies take a tile's rows as one box: FC1's rows gathered in sorted order first,
         # bf16 rows in MMA column order in the same pass (e4m3 rows as bytes: index_select has no
         # float8 kernels)

@@ -6,9 +6,10 @@ what MoE calls of 64 or more routes per expert run, ``schedules.choose_prefill_t
 A work item is ``ITEM_ROWS`` (128 or 256) weight rows of one expert times ``BT`` sorted routes
 of it (one route tile of the routing times one row block: :func:`_works`). An activation row is
 read from L2 once per work item of its tile, so 256-row items halve that traffic (W4A16 calls of
-128-route tiles run them: ``schedules.choose_prefill_tiles``). The kernel is persistent: program ``p``
-of ``P`` (one per SM) takes items ``p, p + P, ...`` of the routing's live tiles, read on the
-device (no host sync), as three partitions (``gl.warp_specialize``) that meet only at
+128-route tiles run them: ``schedules.choose_prefill_tiles``). The kernel is persistent:
+program ``p`` of ``P`` (one per SM, or two or three per SM at small route tiles:
+``PrefillGemm.ctas_per_sm``) takes items ``p, p + P, ...`` of the routing's live tiles, read
+on the device (no host sync), as three partitions (``gl.warp_specialize``) that meet only at
 mbarriers, never at a CTA barrier:
 
 - a **producer** (``PRODUCER_WARPS`` warps, few registers; ``prefill.ws_partitions``): per K
@@ -573,7 +574,9 @@ def grouped_w4_gemm_ws_kernel(
     the launch; :func:`tma_descriptors` with the same ``item_rows``). ``DEPTH`` ring slots, each a
     step's code bytes (``ITEM_ROWS`` x 32), scale bytes (``ITEM_ROWS`` x 4) and activation rows
     (``BT`` x 64 bf16).
-    Grid ``(P,)``, any ``P >= 1`` (``prefill.persistent_programs``: one per SM).
+    Grid ``(P,)``, any ``P >= 1`` (``prefill.persistent_programs`` times the schedule's
+    ``ctas_per_sm``: one per SM, or two or three CTAs sharing an SM, with ``maxnreg`` and the
+    partitions' registers of ``schedules.WS_SHARED_SM_REGISTERS``).
 
     ``A8`` (``MODE`` W4A16, ``BT`` 128; ``tma_descriptors(..., a8=True)``): every route A8, the
     consumers of :mod:`prefill_a8_kernels` on steps of one A8 block (code bytes 128 x 64, scale

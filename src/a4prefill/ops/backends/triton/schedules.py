@@ -35,11 +35,21 @@ PREFILL_EPILOGUES = MappingProxyType({"none": 0, "swiglu": 1, "alpha": 2})
 
 # Shared memory the warp-specialized kernel's epilogues take beside its rings: the scratch of
 # their layout conversions, which Triton allocates after the rings (not reused from them). At most
-# 32 KiB + 16 bytes in every mode, epilogue and route tile (FC1's SwiGLU 256 bytes per route up to
-# 128 routes, the split FC2 512; Triton 3.6 on the H200 and 3.9 offline). Left out of the estimate
-# before 2026-12-04, 128-route tiles with 10 ring slots passed the 227 KiB check and failed to
-# launch (242 856 bytes asked for).
+# 512 bytes per route of a 128-row work item's accumulator (the split FC2; FC1's SwiGLU takes 256)
+# and 32 KiB in all, plus 16 bytes, in every mode, epilogue and route tile (Triton 3.6 on the H200
+# and 3.9 offline). Left out of the estimate before 2026-12-04, 128-route tiles with 10 ring slots
+# passed the 227 KiB check and failed to launch (242 856 bytes asked for).
 WS_EPILOGUE_SCRATCH_BYTES = 32 * 1024 + 16
+WS_EPILOGUE_SCRATCH_PER_ROUTE = 512
+# An H100/H200 SM's shared memory, and what the system reserves of it per resident CTA
+SM_SHARED_BYTES = 228 * 1024
+CTA_RESERVED_SHARED_BYTES = 1024
+# The register split of the warp-specialized kernel with ``ctas_per_sm`` CTAs of 384 threads on an
+# SM (65 536 registers): the launch cap per thread (``maxnreg``), the producer's and the consumer
+# worker's registers (``setmaxnreg``; the default partition, the other consumer, gets the rest:
+# 104 and 72). Accumulators of at most 64 and 32 routes (32 and 16 fp32 registers a thread).
+WS_SHARED_SM_REGISTERS = MappingProxyType({2: (80, 40, 96), 3: (56, 32, 64)})
+WS_SHARED_SM_MAX_ROUTES = MappingProxyType({2: 64, 3: 32})
 
 
 def cdiv(a: int, b: int) -> int:
@@ -303,8 +313,13 @@ class PrefillGemm:
     next step's e4m3 weights into a second shared buffer,
     ``prefill_a8_kernels.mainloop_a8_ahead``); both together keep one wgmma in flight across
     steps, both consumer warpgroups then forming one 8-warp partition
-    (``prefill_ws_kernels._mainloop_halves``).
-    A CTA's buffers (:attr:`shared_bytes`) must fit an H100/H200 CTA's 227 KiB of shared memory."""
+    (``prefill_ws_kernels._mainloop_halves``). ``ctas_per_sm`` (1, 2 or 3; more than 1 only
+    warp-specialized, with two consumer partitions and an accumulator of at most 64 or 32 routes:
+    :data:`WS_SHARED_SM_MAX_ROUTES`): the CTAs that share an SM, each with its own producer and
+    ring, the registers split as :data:`WS_SHARED_SM_REGISTERS` says and the persistent grid that
+    many times the SMs, so that more consumer warps hide each step's waits at small route tiles.
+    A CTA's buffers (:attr:`shared_bytes`) must fit an H100/H200 CTA's 227 KiB of shared memory,
+    and ``ctas_per_sm`` of them an SM's 228 KiB with 1 KiB reserved per CTA."""
 
     weight_rows: int = 128
     routes: int = 128
@@ -316,6 +331,7 @@ class PrefillGemm:
     wgmmas_per_step: int = 1
     register_cap: int = 0
     warp_specialized: bool = False
+    ctas_per_sm: int = 1
 
     def __post_init__(self) -> None:
         if self.weight_rows not in (64, 128, 256):
@@ -370,6 +386,25 @@ class PrefillGemm:
             raise ValueError(
                 f"PrefillGemm {self} needs {self.shared_bytes} bytes of shared memory, over 227 KiB"
             )
+        self._check_ctas_per_sm()
+
+    def _check_ctas_per_sm(self) -> None:
+        if self.ctas_per_sm == 1:
+            return
+        if self.ctas_per_sm not in WS_SHARED_SM_REGISTERS:
+            raise ValueError(f"PrefillGemm.ctas_per_sm must be 1, 2 or 3, got {self.ctas_per_sm}")
+        most = WS_SHARED_SM_MAX_ROUTES[self.ctas_per_sm]
+        if not self.warp_specialized or self.one_consumer_partition or self.accumulator_routes > most:
+            raise ValueError(
+                f"PrefillGemm.ctas_per_sm={self.ctas_per_sm} needs warp_specialized with two consumer "
+                f"partitions and at most {most} routes per 128 weight rows, got {self}"
+            )
+        per_sm = self.ctas_per_sm * (self.shared_bytes + CTA_RESERVED_SHARED_BYTES)
+        if per_sm > SM_SHARED_BYTES:
+            raise ValueError(
+                f"PrefillGemm {self}: {self.ctas_per_sm} CTAs need {per_sm} bytes of an SM's shared "
+                f"memory, over {SM_SHARED_BYTES}"
+            )
 
     @property
     def warps(self) -> int:
@@ -387,17 +422,25 @@ class PrefillGemm:
         return self.warp_specialized and self.a_register_sets == 2 and self.wgmmas_per_step == 2
 
     @property
+    def accumulator_routes(self) -> int:
+        """The routes of a 128-row tile with the same accumulator per consumer thread: ``routes``
+        times ``weight_rows / 128`` (a 256-row work item's consumer holds 128 rows)."""
+        return self.routes * self.weight_rows // 128
+
+    @property
     def shared_bytes(self) -> int:
         """Bytes of the kernel's shared buffers: per ring slot a step's code bytes, scale bytes
         and bf16 activation rows, and (unless :attr:`register_weights`) 3 buffers of dequantized
         bf16 weights; with :attr:`warp_specialized` also the ring's mbarriers and
-        :data:`WS_EPILOGUE_SCRATCH_BYTES`. At least what Triton allocates for the schedule's
+        the epilogues' scratch (:data:`WS_EPILOGUE_SCRATCH_PER_ROUTE` per accumulator route, at
+        most :data:`WS_EPILOGUE_SCRATCH_BYTES`). At least what Triton allocates for the schedule's
         kernels in every mode and epilogue (checked offline, ``tests/test_triton_prefill_on_cpu.py``)."""
         rows, k = self.weight_rows, self.block_k
         weight_slot, row_slot = rows * k // 2 + rows * k // 16, self.routes * k * 2
         if self.warp_specialized:
             rings = self.depth * (weight_slot + row_slot) + 2 * self.depth * 8
-            return rings + WS_EPILOGUE_SCRATCH_BYTES
+            scratch = WS_EPILOGUE_SCRATCH_PER_ROUTE * self.accumulator_routes + 16
+            return rings + min(scratch, WS_EPILOGUE_SCRATCH_BYTES)
         if self.register_weights:
             return (self.weights_ahead + 1) * weight_slot + self.depth * row_slot
         return self.depth * (weight_slot + row_slot) + 3 * rows * k * 2
@@ -413,11 +456,12 @@ class PrefillGemm:
         Capped, ptxas spills 8-24 bytes in the epilogue and none in the K loop (checked offline,
         ``tests/test_triton_prefill_on_cpu.py``). A schedule's :attr:`register_cap`, where set,
         is the cap of every mode; a :attr:`warp_specialized` one has none (``setmaxnreg`` sets
-        its partitions' registers)."""
+        its partitions' registers) unless it shares the SM (:attr:`ctas_per_sm`:
+        :data:`WS_SHARED_SM_REGISTERS`)."""
         if self.register_cap:
             return self.register_cap
         if self.warp_specialized:  # its partitions' registers are set by setmaxnreg
-            return 0
+            return WS_SHARED_SM_REGISTERS[self.ctas_per_sm][0] if self.ctas_per_sm > 1 else 0
         two_ctas = self.register_weights and self.weight_rows == 128 and self.routes <= 128
         return 128 if two_ctas and mode == MODE_SPLIT else 0
 
@@ -437,16 +481,22 @@ class PrefillGemm:
         halves = "_h2" if self.wgmmas_per_step == 2 else ""
         cap = f"_r{self.register_cap}" if self.register_cap else ""
         cap += "_ws" if self.warp_specialized else ""
+        cap += f"_c{self.ctas_per_sm}" if self.ctas_per_sm > 1 else ""
         tile = f"w{self.weight_rows}_t{self.routes}_k{self.block_k}_d{self.depth}"
         return f"{kernel}{tile}{ahead}{sets}{halves}{cap}"
 
 
 def _warp_specialized(
-    routes: int, depth: int, wgmmas_per_step: int = 1, a_register_sets: int = 1, weight_rows: int = 128
+    routes: int,
+    depth: int,
+    wgmmas_per_step: int = 1,
+    a_register_sets: int = 1,
+    weight_rows: int = 128,
+    ctas_per_sm: int = 1,
 ) -> PrefillGemm:
     """The warp-specialized register-weights schedule of ``routes``-route tiles, ``depth`` ring
-    slots, ``wgmmas_per_step`` wgmmas per step, ``a_register_sets`` and ``weight_rows`` per work
-    item."""
+    slots, ``wgmmas_per_step`` wgmmas per step, ``a_register_sets``, ``weight_rows`` per work
+    item and ``ctas_per_sm``."""
     return PrefillGemm(
         weight_rows,
         routes,
@@ -455,6 +505,7 @@ def _warp_specialized(
         a_register_sets=a_register_sets,
         wgmmas_per_step=wgmmas_per_step,
         warp_specialized=True,
+        ctas_per_sm=ctas_per_sm,
     )
 
 
@@ -468,7 +519,9 @@ def _warp_specialized(
 # rs_w128_t256_d4 first for FC1 at 16384. The tenth round removed 23 schedules that were slower
 # in those runs and that nothing chooses (deeper rings, 64- and 256-row variants, and more of the
 # weight_ahead and two-wgmma kinds); one of each kind of option stays, so that every kernel path
-# keeps its tests. Their results stay in benchmarks/results/archive/.
+# keeps its tests. Their results stay in benchmarks/results/archive/. The seventeenth round added
+# the warp-specialized kernel on 32- and 16-route tiles with two and three CTAs per SM (not yet
+# timed: made for 512-1024 tokens, where one CTA per SM left each step's waits uncovered).
 PREFILL_SCHEDULES = MappingProxyType(
     {
         "w64_t64_d6": PrefillGemm(64, 64, depth=6),
@@ -494,6 +547,8 @@ PREFILL_SCHEDULES = MappingProxyType(
         "rs_w128_t256_d4_ws_x2_h2": _warp_specialized(256, 4, 2, 2),
         "rs_w128_t128_d6_ws_x2": _warp_specialized(128, 6, 1, 2),
         "rs_w256_t128_d6_ws": _warp_specialized(128, 6, weight_rows=256),
+        "rs_w128_t32_d6_ws_c2": _warp_specialized(32, 6, ctas_per_sm=2),
+        "rs_w128_t16_d8_ws_c3": _warp_specialized(16, 8, ctas_per_sm=3),
     }
 )
 
