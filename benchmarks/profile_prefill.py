@@ -160,7 +160,7 @@ def main() -> None:
         x = torch.randn(tokens, k, dtype=torch.bfloat16, device="cuda")
         options: dict[str, Any] = {}  # launch_prefill_gemm's keyword arguments beyond the schedule's
         if label in A8_SCHEDULES:
-            x, options["x_block_scales"] = quantize_rows(x)
+            x, options["x_row_scales"] = quantize_rows(x)
         if mode_name is not None:  # the MoE's FC1: SwiGLU into h in the next GEMM's column order
             mode = {"w4a16": MODE_W4A16, "a4": MODE_A4, "split": MODE_SPLIT}[mode_name]
             out = torch.empty(tokens * TOP_K, n // 2, dtype=torch.bfloat16, device="cuda")

@@ -99,13 +99,18 @@ def test_the_block_exponent_is_the_smallest_that_keeps_six_times_the_largest_sca
 finite_bf16 = st.integers(0, 0xFFFF).filter(lambda bits: (bits >> 7) & 0xFF != 0xFF)
 
 
-@given(st.lists(finite_bf16, min_size=128, max_size=128))
-def test_activation_blocks_quantize_as_the_contract_says(bits):
-    """Per block: ``a = max(amax, 2**-100)``, ``s = a / 448``, codes ``e4m3(clamp(fp32(x * fp32(448
-    / a))))``, rounded here by the exact oracle (numpy does the fp32 arithmetic). Hypothesis
-    draws every finite bf16 bit pattern, subnormals included."""
-    x = torch.tensor(bits, dtype=torch.int32).to(torch.uint16).view(torch.bfloat16).reshape(1, 128)
+@given(
+    st.integers(1, 2).flatmap(
+        lambda blocks: st.lists(finite_bf16, min_size=128 * blocks, max_size=128 * blocks)
+    )
+)
+def test_activation_rows_quantize_as_the_contract_says(bits):
+    """Per row (one or two 128-column blocks): ``a = max(amax, 2**-100)``, ``s = a / 448``, codes
+    ``e4m3(clamp(fp32(x * fp32(448 / a))))``, rounded here by the exact oracle (numpy does the
+    fp32 arithmetic). Hypothesis draws every finite bf16 bit pattern, subnormals included."""
+    x = torch.tensor(bits, dtype=torch.int32).to(torch.uint16).view(torch.bfloat16).reshape(1, -1)
     codes, scales = fp8.quantize_rows(x)
+    assert scales.shape == (1,)
     values = x.float().numpy()[0]
     amax = np.float32(np.abs(values).max())
     if amax == 0:
@@ -114,33 +119,48 @@ def test_activation_blocks_quantize_as_the_contract_says(bits):
     floored = max(amax, np.float32(2.0**-100))
     assert scales.item() == float(floored / np.float32(448))
     multiplier = np.float32(448) / floored
-    for column in range(128):
+    for column in range(len(values)):
         product = float(np.clip(values[column] * multiplier, -448, 448))
         assert Fraction(codes[0, column].float().item()) == round_to_e4m3(Fraction(product)), column
 
 
+def test_a_rows_scale_is_its_largest_magnitude_over_every_block():
+    """One scale per row, whatever its blocks hold: a row whose second block holds its largest
+    value (448 times a power of two) and whose first block is 2**-10 of it keeps the first
+    block's values at that ratio (codes 0.4375 = 448 * 2**-10 in e4m3, a subnormal step), not
+    scaled up on their own; a row of zeros gets scale 0."""
+    x = torch.zeros(3, 256)
+    x[0, :128] = 448 * 2.0**-10
+    x[0, 128] = 448
+    x[1] = -3.0
+    codes, scales = fp8.quantize_rows(x * 2.0**5)
+    assert scales.tolist() == [2.0**5, float(np.float32(96) / np.float32(448)), 0.0]  # fp32 division
+    assert codes[0, :128].float().unique().tolist() == [0.4375]
+    assert codes[0, 128].item() == 448 and not codes[2].float().any()
+
+
 @pytest.mark.parametrize("k", [128, 384])
-def test_the_block_product_applies_each_blocks_factors(k):
-    """Operands whose A8 forms are exact (activations e4m3 values times a power of two per block,
-    with 448 in each block; weights with power-of-two scales): the A8 product equals the W4A16
-    product of the same values exactly (integer-valued sums, no fp32 rounding), so a factor
-    applied to the wrong block, row or column shows."""
+def test_the_block_product_applies_each_blocks_and_rows_factors(k):
+    """Operands whose A8 forms are exact (activations e4m3 values times a power of two per row,
+    with 448 in each row; weights with power-of-two scales, so each block of a weight row has
+    its own exponent): the A8 product equals the W4A16 product of the same values exactly
+    (integer-valued sums, no fp32 rounding), so a factor applied to the wrong block, row or
+    column shows."""
     generator = torch.Generator().manual_seed(0)
-    rows, n, blocks = 5, 6, k // 128
+    rows, n = 5, 6
     e4m3_small_integers = torch.tensor([0.0, 1, 2, 3, 4, 6, 8, -1, -2, -3, -5, -7])
     picks = torch.randint(0, len(e4m3_small_integers), (rows, k), generator=generator)
     x = e4m3_small_integers[picks]
-    x.view(rows, blocks, 128)[:, :, 0] = 448  # amax 448: the multiplier is exactly 1
-    x = x * (2.0 ** torch.randint(-3, 4, (rows, blocks, 1), generator=generator)).expand(-1, -1, 128).reshape(
-        rows, k
-    )
+    x[:, 0] = 448  # amax 448: the multiplier is exactly 1
+    x = x * 2.0 ** torch.randint(-3, 4, (rows, 1), generator=generator)
     codes = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=generator)
     scale_exponents = torch.randint(-4, 5, (n, k // 16), generator=generator).float()
     scales = (2.0**scale_exponents).to(torch.float8_e4m3fn)
     packed = nvfp4.pack_nibbles(codes)
     activation_codes, activation_scales = fp8.quantize_rows(x)
     fp8_weights, exponents = fp8.weights(packed, scales)
-    assert torch.equal(activation_codes.float() * activation_scales.repeat_interleave(128, dim=1), x)
+    assert torch.equal(activation_codes.float() * activation_scales[:, None], x)
+    assert len(exponents.unique()) > 1  # blocks and rows of different exponents
     got = fp8.block_product(activation_codes, activation_scales, fp8_weights, exponents)
     expected = x.double() @ nvfp4.dequantize_blocks(packed, scales).double().T
     assert torch.equal(got.double(), expected)
@@ -168,6 +188,16 @@ def test_the_block_product_applies_each_blocks_factors(k):
             ValueError,
             "differ in K",
         ),
+        (
+            lambda: fp8.block_product(
+                torch.zeros(2, 128).to(fp8.FP8),
+                torch.zeros(2, 1),
+                torch.zeros(3, 128).to(fp8.FP8),
+                torch.zeros(3, 1),
+            ),
+            ValueError,
+            r"scales must be \[M\] = \[2\]",
+        ),
     ],
 )
 def test_bad_input_gets_a_clear_error(call, error, message):
@@ -181,10 +211,10 @@ def test_no_rows_give_no_rows():
     from a4prefill.tools.tiny_layer import make_tiny_layer
 
     codes, scales = fp8.quantize_rows(torch.zeros(0, 256, dtype=torch.bfloat16))
-    assert codes.shape == (0, 256) and scales.shape == (0, 2)
+    assert codes.shape == (0, 256) and scales.shape == (0,)
     layer = make_tiny_layer(2, 128, 128, 1, calibrated=False)
     weights, exponents = fp8.weights(layer.experts.w13_weight[0], layer.experts.w13_weight_scale[0])
-    assert fp8.block_product(codes[:, :128], scales[:, :1], weights, exponents).shape == (0, 256)
+    assert fp8.block_product(codes[:, :128], scales, weights, exponents).shape == (0, 256)
     empty = torch.zeros(0, 128, dtype=torch.bfloat16)
     routing = (torch.zeros(0, 1), torch.zeros(0, 1, dtype=torch.int32))
     assert moe_reference_a8(empty, *routing, layer.experts).shape == (0, 128)

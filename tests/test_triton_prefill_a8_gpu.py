@@ -24,7 +24,8 @@ pytestmark = [
 @pytest.mark.parametrize("gather", [True, False], ids=["fc1_gather", "fc2_sorted"])
 def test_the_a8_gemm_matches_the_block_product_eagerly_and_in_a_cuda_graph(gather):
     """8 experts (one without routes), 512 weight rows, K = 8 blocks, rows gathered by token or
-    sorted, activations of very different magnitudes per block: ``bf16(acc * 128)`` within one
+    sorted, activation rows of very different magnitudes (blocks of different magnitudes within a
+    row): ``bf16(acc * 128)`` within one
     bf16 step of the exact block product plus ``2**-10`` of its absolute product (the tensor
     cores add a block's products with about 14 significant bits, DeepSeek-V3 report section
     3.3.2: measured on the H200 up to ``2**-12`` of a block's absolute product and ``2**-11.2``
@@ -40,10 +41,14 @@ def test_the_a8_gemm_matches_the_block_product_eagerly_and_in_a_cuda_graph(gathe
     scales = EVERY_SCALE_BYTE[picks]
     ids = torch.stack([torch.randperm(experts - 1, generator=generator)[:top_k] for _ in range(tokens)]).int()
     rows = tokens if gather else tokens * top_k
-    spread = torch.pow(2.0, torch.randint(-20, 20, (rows, k // fp8.A8_BLOCK), generator=generator).float())
+    row_spread = torch.pow(2.0, torch.randint(-20, 20, (rows, 1), generator=generator).float())
+    block_spread = torch.pow(
+        2.0, torch.randint(-3, 4, (rows, k // fp8.A8_BLOCK), generator=generator).float()
+    )
+    spread = row_spread * block_spread
     x = torch.randn(rows, k, generator=generator) * spread.repeat_interleave(fp8.A8_BLOCK, dim=1)
-    x8, block_scales = fp8.quantize_rows(x.bfloat16())
-    cuda = [t.cuda() for t in (x8, block_scales, codes, scales, ids)]
+    x8, row_scales = fp8.quantize_rows(x.bfloat16())
+    cuda = [t.cuda() for t in (x8, row_scales, codes, scales, ids)]
     routing = build_routing(cuda[4], experts, A8_PREFILL.routes)
     out = torch.full((tokens * top_k, n), float("nan"), dtype=torch.bfloat16, device="cuda")
 
@@ -56,13 +61,13 @@ def test_the_a8_gemm_matches_the_block_product_eagerly_and_in_a_cuda_graph(gathe
             out,
             A8_PREFILL,
             top_k if gather else None,
-            x_block_scales=cuda[1],
+            x_row_scales=cuda[1],
         )
 
     launch()
     cpu_routing = build_routing(ids, experts, A8_PREFILL.routes, force_torch=True)
     assert torch.equal(routing.sorted_route.cpu(), cpu_routing.sorted_route)
-    exact, magnitude = oracle(x8, block_scales, codes, scales, cpu_routing, top_k if gather else None)
+    exact, magnitude = oracle(x8, row_scales, codes, scales, cpu_routing, top_k if gather else None)
     result = out.cpu()
     assert not result.isnan().any(), "a sorted position was not written"
     step = exact.abs().clamp(min=2.0**-120).float().bfloat16().double() * 2.0**-7
@@ -128,11 +133,11 @@ def test_every_code_and_scale_byte_converts_to_the_oracles_e4m3_weight_on_the_gp
     from a4prefill.ops.backends.triton.prefill import launch_prefill_gemm
     from test_triton_prefill_a8_on_cpu import one_hot_case
 
-    x8, block_scales, codes, scales, ids, expected = one_hot_case()
-    cuda = [t.cuda() for t in (x8, block_scales, codes, scales, ids)]
+    x8, row_scales, codes, scales, ids, expected = one_hot_case()
+    cuda = [t.cuda() for t in (x8, row_scales, codes, scales, ids)]
     routing = build_routing(cuda[4], 1, A8_PREFILL.routes)
     out = torch.full((ids.numel(), codes.shape[1]), float("nan"), dtype=torch.bfloat16, device="cuda")
-    launch_prefill_gemm(cuda[0], cuda[2], cuda[3], routing, out, A8_PREFILL, None, x_block_scales=cuda[1])
+    launch_prefill_gemm(cuda[0], cuda[2], cuda[3], routing, out, A8_PREFILL, None, x_row_scales=cuda[1])
     positions = torch.arange(ids.numel(), dtype=routing.sorted_route.dtype)
     assert torch.equal(routing.sorted_route.cpu(), positions)
     assert torch.equal(out.float().cpu(), expected)
@@ -140,8 +145,9 @@ def test_every_code_and_scale_byte_converts_to_the_oracles_e4m3_weight_on_the_gp
 
 def test_the_row_quantizer_is_fp8_quantize_rows_bit_for_bit_on_the_gpu():
     """``fused_a8.quantize_rows`` on the GPU against ``fp8.quantize_rows`` on the CPU: the same
-    e4m3 bytes and fp32 scales (IEEE divisions, nearest-even e4m3), rows of blocks of every
-    magnitude from bf16 subnormals to near its largest, and a block of zeros."""
+    e4m3 bytes and fp32 scales (one per row; IEEE divisions, nearest-even e4m3), rows of blocks
+    of every magnitude from bf16 subnormals to near its largest, a block of zeros and a row of
+    zeros."""
     from a4prefill.ops.backends.triton.fused_a8 import quantize_rows
 
     generator = torch.Generator().manual_seed(23)
@@ -150,6 +156,7 @@ def test_the_row_quantizer_is_fp8_quantize_rows_bit_for_bit_on_the_gpu():
     magnitudes = torch.pow(2.0, exponents).repeat_interleave(fp8.A8_BLOCK, dim=1)
     x = (torch.randn(rows, k, generator=generator, dtype=torch.float64) * magnitudes).bfloat16()
     x[3, : fp8.A8_BLOCK] = 0
+    x[4] = 0
     codes, scales = quantize_rows(x.cuda())
     expected_codes, expected_scales = fp8.quantize_rows(x)
     assert torch.equal(codes.cpu().view(torch.uint8), expected_codes.view(torch.uint8))

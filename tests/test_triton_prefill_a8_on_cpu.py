@@ -4,8 +4,8 @@ oracle of docs/numerics.md section 8 (``a4prefill.ops.fp8``).
 
 Checked here: the conversion of every e2m1 code under every non-NaN scale byte to the e4m3
 weights of ``fp8.weights``, bit for bit (one-hot activation rows pick single weights), the
-exponent of blocks whose groups differ, the per-block promotion with the activations' scales, the
-gather by token, tiles that end inside a segment, empty experts and more steps than the ring has
+exponent of blocks whose groups differ, the per-block promotion and the activation rows' scales,
+the gather by token, tiles that end inside a segment, empty experts and more steps than the ring has
 slots. Not checked here: the tensor cores' reduced-precision sums inside a block (the interpreter
 sums exactly), speed, the ordering between warpgroups.
 """
@@ -46,7 +46,7 @@ def interpreted():
     return InterpretedKernel(kernel_modules.prefill_ws().grouped_w4_gemm_ws_kernel)
 
 
-def run_a8(kernel, x8, block_scales, codes, scales, ids, top_k, schedule=SCHEDULE):
+def run_a8(kernel, x8, row_scales, codes, scales, ids, top_k, schedule=SCHEDULE):
     """One A8 launch (``epilogue="none"``) of ``schedule`` with torch-built routing whose entries
     past ``num_tiles`` hold an out-of-range expert and row: ``(out [R, N] bf16, routing)``."""
     routing = build_routing(ids, codes.shape[0], schedule.routes, force_torch=True)
@@ -55,12 +55,12 @@ def run_a8(kernel, x8, block_scales, codes, scales, ids, top_k, schedule=SCHEDUL
     routing.tile_row[live:] = 1 << 24
     out = torch.full((ids.numel(), codes.shape[1]), float("nan"), dtype=torch.bfloat16)
     launch_prefill_gemm(
-        x8, codes, scales, routing, out, schedule, top_k, kernel=kernel, x_block_scales=block_scales
+        x8, codes, scales, routing, out, schedule, top_k, kernel=kernel, x_row_scales=row_scales
     )
     return out, routing
 
 
-def oracle(x8, block_scales, codes, scales, routing, top_k):
+def oracle(x8, row_scales, codes, scales, routing, top_k):
     """``(exact, magnitude)`` fp64 ``[R, N]`` per sorted position: ``fp8.block_product`` of its
     row and its expert's weights computed exactly, and the same of the absolute values."""
     experts = codes.shape[0]
@@ -70,16 +70,15 @@ def oracle(x8, block_scales, codes, scales, routing, top_k):
     blocks = codes.shape[2] * 2 // fp8.A8_BLOCK
     w = weights.double().unflatten(-1, (blocks, fp8.A8_BLOCK))[expert_of]  # [R, N, B, 128]
     x = x8.double().unflatten(-1, (blocks, fp8.A8_BLOCK))[rows]  # [R, B, 128]
-    factor = block_scales.double()[rows][:, None, :] * torch.pow(
-        2.0, exponents[expert_of].double()
-    )  # [R, N, B]
-    exact = (torch.einsum("rbk,rnbk->rnb", x, w) * factor).sum(-1)
-    magnitude = (torch.einsum("rbk,rnbk->rnb", x.abs(), w.abs()) * factor.abs()).sum(-1)
+    shift = torch.pow(2.0, exponents[expert_of].double())  # [R, N, B]
+    row_scale = row_scales.double()[rows][:, None]  # [R, 1]
+    exact = (torch.einsum("rbk,rnbk->rnb", x, w) * shift).sum(-1) * row_scale
+    magnitude = (torch.einsum("rbk,rnbk->rnb", x.abs(), w.abs()) * shift).sum(-1) * row_scale.abs()
     return exact, magnitude
 
 
 def one_hot_case():
-    """``(x8, block_scales, codes, scales, ids, expected)`` of the one-hot conversion check: 128
+    """``(x8, row_scales, codes, scales, ids, expected)`` of the one-hot conversion check: 128
     one-hot activation rows (code 1.0, scale 1.0) against one expert of 512 weight rows, one A8
     block: rows 0-253 take one non-NaN scale byte each for all their groups (all 16 codes, 8
     times, under every scale byte); rows 256-511 take 8 different bytes per block (the block's
@@ -97,14 +96,14 @@ def one_hot_case():
     weights, exponents = fp8.weights(codes[0], scales[0].view(torch.float8_e4m3fn))
     expected = weights.float() * torch.pow(2.0, exponents.float())  # [N, K]
     ids = torch.zeros(k, 1, dtype=torch.int32)
-    return x8.view(torch.float8_e4m3fn), torch.ones(k, 1), codes, scales, ids, expected.T.contiguous()
+    return x8.view(torch.float8_e4m3fn), torch.ones(k), codes, scales, ids, expected.T.contiguous()
 
 
 def test_every_code_and_scale_byte_converts_to_the_oracles_e4m3_weight(interpreted):
     """One-hot activation rows pick single weight columns (:func:`one_hot_case`), so every output
     is one weight times ``2**p``: each equals ``fp8.weights``' value times ``2**p`` exactly."""
-    x8, block_scales, codes, scales, ids, expected = one_hot_case()
-    out, routing = run_a8(interpreted, x8, block_scales, codes, scales, ids, None)
+    x8, row_scales, codes, scales, ids, expected = one_hot_case()
+    out, routing = run_a8(interpreted, x8, row_scales, codes, scales, ids, None)
     assert routing.sorted_route.tolist() == list(range(ids.numel()))
     assert torch.equal(out.float(), expected), "an e4m3 weight differs from fp8.weights"
     assert (expected[:, 256:] == 0).any() and (expected[:, :256] != 0).any()  # both cases are exercised
@@ -117,13 +116,15 @@ def test_every_code_and_scale_byte_converts_to_the_oracles_e4m3_weight(interpret
 )
 def test_a8_product_matches_the_block_product(interpreted, gather, schedule):
     """Three experts (one without routes), segments that end inside a tile, more steps (128-column
-    blocks) than the ring has slots, rows gathered by token or in sorted order, activations of
-    very different magnitudes per block: ``bf16(acc * 128)`` is the exact block product rounded
-    once to bf16, give or take one bf16 step, plus ``2**-16`` of the absolute product (the
-    promotion's fp32 roundings). With the conversion one step ahead (``SCHEDULE_AHEAD``) each of
-    the two programs runs two work items, so the next item's first step is converted during an
-    item's last wgmma, and the interpreter reads a wgmma's operands when it retires: a buffer
-    rewritten before its wgmma retired, or a step's factors paired with another step, fail."""
+    blocks) than the ring has slots, rows gathered by token or in sorted order, activation rows of
+    very different magnitudes (and blocks of different magnitudes within a row):
+    ``bf16(acc * 128)`` is the exact block product rounded once to bf16, give or take one bf16
+    step, plus ``2**-16`` of the absolute product (the promotion's fp32 roundings). With the
+    conversion one step ahead (``SCHEDULE_AHEAD``) each of the two programs runs two work items,
+    so the next item's first step is converted during an item's last wgmma, and the interpreter
+    reads a wgmma's operands when it retires: a buffer rewritten before its wgmma retired, a
+    step's factors paired with another step, or an item's route scales taken from another item's
+    slot, fail."""
     generator = torch.Generator().manual_seed(3)
     experts, n, k, tokens, top_k = 3, 256, (SCHEDULE.depth + 2) * fp8.A8_BLOCK, 45, 2
     codes = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=generator)
@@ -131,20 +132,24 @@ def test_a8_product_matches_the_block_product(interpreted, gather, schedule):
     scales = EVERY_SCALE_BYTE[picks]
     ids = torch.stack([torch.randperm(2, generator=generator) for _ in range(tokens)]).int()  # expert 2: none
     rows = tokens if gather else tokens * top_k
-    spread = torch.pow(2.0, torch.randint(-20, 20, (rows, k // fp8.A8_BLOCK), generator=generator).float())
-    x = torch.randn(rows, k, generator=generator) * spread.repeat_interleave(fp8.A8_BLOCK, dim=1)
-    x8, block_scales = fp8.quantize_rows(x.bfloat16())
-    out, routing = run_a8(
-        interpreted, x8, block_scales, codes, scales, ids, top_k if gather else None, schedule
+    row_spread = torch.pow(2.0, torch.randint(-20, 20, (rows, 1), generator=generator).float())
+    block_spread = torch.pow(
+        2.0, torch.randint(-3, 4, (rows, k // fp8.A8_BLOCK), generator=generator).float()
     )
-    exact, magnitude = oracle(x8, block_scales, codes, scales, routing, top_k if gather else None)
+    spread = row_spread * block_spread
+    x = torch.randn(rows, k, generator=generator) * spread.repeat_interleave(fp8.A8_BLOCK, dim=1)
+    x8, row_scales = fp8.quantize_rows(x.bfloat16())
+    out, routing = run_a8(
+        interpreted, x8, row_scales, codes, scales, ids, top_k if gather else None, schedule
+    )
+    exact, magnitude = oracle(x8, row_scales, codes, scales, routing, top_k if gather else None)
     assert not out.isnan().any(), "a sorted position was not written"
     step = exact.abs().clamp(min=2.0**-120).float().bfloat16().double() * 2.0**-7
     assert ((out.double() - exact).abs() <= step + magnitude * 2.0**-16 + 1e-30).all()
 
 
 def test_a8_launches_refuse_what_the_kernel_cannot_run():
-    """``x_block_scales`` needs the warp-specialized schedule of 128 routes and 128 weight rows
+    """``x_row_scales`` needs the warp-specialized schedule of 128 routes and 128 weight rows
     with one wgmma per step (the A8 mainloops have no other form), W4A16
     multipliers, K a multiple of 128, e4m3 rows and fp32 scales of their shape: each a
     ``ValueError``."""
@@ -154,19 +159,20 @@ def test_a8_launches_refuse_what_the_kernel_cannot_run():
     routing = build_routing(ids, 1, 128, force_torch=True)
     out = torch.zeros(4, 128, dtype=torch.bfloat16)
     x8 = torch.zeros(4, 128, dtype=torch.float8_e4m3fn)
-    block_scales = torch.ones(4, 1)
+    row_scales = torch.ones(4)
     cases = [
-        (x8, block_scales, PrefillGemm(128, 128, register_weights=True)),
-        (x8, block_scales, PrefillGemm(128, 64, depth=3, register_weights=True, warp_specialized=True)),
-        (x8, block_scales, dataclasses.replace(SCHEDULE, wgmmas_per_step=2)),
-        (x8, block_scales, dataclasses.replace(SCHEDULE, weight_rows=256, depth=4)),
-        (x8, torch.ones(4, 2), SCHEDULE),
-        (x8, block_scales.double(), SCHEDULE),
-        (x8.view(torch.uint8), block_scales, SCHEDULE),
+        (x8, row_scales, PrefillGemm(128, 128, register_weights=True)),
+        (x8, row_scales, PrefillGemm(128, 64, depth=3, register_weights=True, warp_specialized=True)),
+        (x8, row_scales, dataclasses.replace(SCHEDULE, wgmmas_per_step=2)),
+        (x8, row_scales, dataclasses.replace(SCHEDULE, weight_rows=256, depth=4)),
+        (x8, torch.ones(4, 1), SCHEDULE),  # one per block: the contract before 2026-12-05
+        (x8, torch.ones(3), SCHEDULE),
+        (x8, row_scales.double(), SCHEDULE),
+        (x8.view(torch.uint8), row_scales, SCHEDULE),
     ]
-    for rows, block, schedule in cases:
-        with pytest.raises(ValueError, match=r"x_block_scales|must be torch\.float8_e4m3fn"):
-            launch_prefill_gemm(rows, codes, scales, routing, out, schedule, None, x_block_scales=block)
+    for rows, row, schedule in cases:
+        with pytest.raises(ValueError, match=r"x_row_scales|must be torch\.float8_e4m3fn"):
+            launch_prefill_gemm(rows, codes, scales, routing, out, schedule, None, x_row_scales=row)
 
 
 @pytest.mark.parametrize("epilogue", ["swiglu", "alpha"])
@@ -255,15 +261,16 @@ def test_the_row_quantizer_is_fp8_quantize_rows_bit_for_bit(
     interpreted_quantizer, rows, blocks, exponents, zero_block
 ):
     """``fused_a8.quantize_rows`` (the Gluon kernel, interpreted) against ``fp8.quantize_rows``:
-    the same e4m3 bytes and fp32 scales, for row counts that end inside a program, several
-    blocks each of its own magnitude, from bf16 subnormals (under the ``2**-100`` floor) to near
-    bf16's largest, and a block of zeros."""
+    the same e4m3 bytes and fp32 scales (one per row, over all its blocks), for row counts that
+    end inside a program, several blocks each of its own magnitude, from bf16 subnormals (under
+    the ``2**-100`` floor) to near bf16's largest, and a block of zeros (a row of zeros when it
+    is the row's only block)."""
     from a4prefill.ops.backends.triton import fused_a8
 
     generator = torch.Generator().manual_seed(rows * 7 + blocks)
     k = blocks * fp8.A8_BLOCK
-    block_scales = torch.pow(2.0, torch.tensor(exponents[:blocks], dtype=torch.float64))  # one per block
-    magnitudes = block_scales.repeat_interleave(fp8.A8_BLOCK)
+    block_magnitudes = torch.pow(2.0, torch.tensor(exponents[:blocks], dtype=torch.float64))  # one per block
+    magnitudes = block_magnitudes.repeat_interleave(fp8.A8_BLOCK)
     x = (torch.randn(rows, k, generator=generator, dtype=torch.float64) * magnitudes).bfloat16()
     if zero_block:
         x[0, : fp8.A8_BLOCK] = 0

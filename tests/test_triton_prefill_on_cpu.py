@@ -504,6 +504,54 @@ def test_the_warp_specialized_gemms_spill_nothing(label, mode):
         assert kernel.metadata.shared <= schedule.shared_bytes
 
 
+@pytest.mark.parametrize(
+    ("label", "ctas", "cap"), [("rs_w128_t32_d6_ws_c2", 2, 80), ("rs_w128_t16_d8_ws_c3", 3, 56)]
+)
+def test_schedules_sharing_an_sm_launch_that_many_programs_per_sm_under_their_register_cap(label, ctas, cap):
+    """A warp-specialized schedule of ``ctas_per_sm`` CTAs is launched with that many persistent
+    programs per SM (2 "SMs" on the CPU) and the launch cap ``maxnreg`` that lets that many CTAs
+    of 384 threads share an SM's 65 536 registers; its partitions' ``setmaxnreg`` registers
+    (producer, consumer worker) are ``WS_SHARED_SM_REGISTERS``', and the kernel compiled so
+    (offline, sm_90a) carries that cap and those counts, with ``ctas`` CTAs' shared memory
+    within an SM's 228 KiB (1 KiB reserved per CTA)."""
+    launches: list[tuple[Any, dict[str, Any]]] = []
+
+    class Spy:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.append((grid, kwargs))
+
+    schedule = PREFILL_SCHEDULES[label]
+    experts, n, k = 4, 2 * schedule.weight_rows, schedule.block_k
+    routes = 4 * experts * schedule.routes  # 16 route tiles x 2 row blocks: more items than programs
+    ids = torch.arange(routes, dtype=torch.int32).remainder(experts).view(routes, 1)
+    routing = build_routing(ids, experts, schedule.routes, force_torch=True)
+    launch_prefill_gemm(
+        torch.zeros(routes, k, dtype=torch.bfloat16),
+        torch.zeros(experts, n, k // 2, dtype=torch.uint8),
+        torch.zeros(experts, n, k // 16, dtype=torch.uint8),
+        routing,
+        torch.zeros(routes, n, dtype=torch.bfloat16),
+        schedule,
+        None,
+        kernel=Spy(),
+        epilogue="alpha",
+        scale2=torch.ones(experts),
+    )
+    assert len(launches) == 1
+    grid, kwargs = launches[0]
+    assert grid == (2 * ctas,) and kwargs["maxnreg"] == cap
+    _, producer, consumer = WS_SHARED_SM_REGISTERS[ctas]
+    assert (kwargs["PRODUCER_REGISTERS"], kwargs["CONSUMER_REGISTERS"]) == (producer, consumer)
+    assert ctas * 384 * cap <= 65536
+    compiled = compile_prefill_kernel(schedule, GATHER=False, EPILOGUE=PREFILL_EPILOGUES["alpha"])
+    ptx = compiled.asm["ptx"]
+    assert f".maxnreg {cap}" in ptx
+    counts = {int(c) for c in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)}
+    # the default partition (the other consumer) gets what the two workers leave of 3 x cap
+    assert {producer, consumer, 3 * cap - producer - consumer} <= counts
+    assert ctas * (compiled.metadata.shared + 1024) <= 228 * 1024
+
+
 def test_the_256_row_work_items_spill_nothing_in_the_k_loop():
     """FC1 and FC2 of the 256-row work items (``rs_w256_t128_d6_ws``: W4A16 calls of 128-route
     tiles; a consumer's accumulator is 128 fp32 registers, as on 256-route tiles) with the
@@ -1253,51 +1301,3 @@ def test_the_launcher_caps_the_registers_of_split_calls_of_128_route_tiles_and_o
     assert len(launches) == 1 and launches[0].get("maxnreg") == cap
     assert schedule.max_registers(mode) == (cap or 0)
     assert PREFILL_SCHEDULES["rs_w128_t256_d4"].max_registers(mode) == 0  # one CTA per SM anyway
-
-
-@pytest.mark.parametrize(
-    ("label", "ctas", "cap"), [("rs_w128_t32_d6_ws_c2", 2, 80), ("rs_w128_t16_d8_ws_c3", 3, 56)]
-)
-def test_schedules_sharing_an_sm_launch_that_many_programs_per_sm_under_their_register_cap(label, ctas, cap):
-    """A warp-specialized schedule of ``ctas_per_sm`` CTAs is launched with that many persistent
-    programs per SM (2 "SMs" on the CPU) and the launch cap ``maxnreg`` that lets that many CTAs
-    of 384 threads share an SM's 65 536 registers; its partitions' ``setmaxnreg`` registers
-    (producer, consumer worker) are ``WS_SHARED_SM_REGISTERS``', and the kernel compiled so
-    (offline, sm_90a) carries that cap and those counts, with ``ctas`` CTAs' shared memory
-    within an SM's 228 KiB (1 KiB reserved per CTA)."""
-    launches: list[tuple[Any, dict[str, Any]]] = []
-
-    class Spy:
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: launches.append((grid, kwargs))
-
-    schedule = PREFILL_SCHEDULES[label]
-    experts, n, k = 4, 2 * schedule.weight_rows, schedule.block_k
-    routes = 4 * experts * schedule.routes  # 16 route tiles x 2 row blocks: more items than programs
-    ids = torch.arange(routes, dtype=torch.int32).remainder(experts).view(routes, 1)
-    routing = build_routing(ids, experts, schedule.routes, force_torch=True)
-    launch_prefill_gemm(
-        torch.zeros(routes, k, dtype=torch.bfloat16),
-        torch.zeros(experts, n, k // 2, dtype=torch.uint8),
-        torch.zeros(experts, n, k // 16, dtype=torch.uint8),
-        routing,
-        torch.zeros(routes, n, dtype=torch.bfloat16),
-        schedule,
-        None,
-        kernel=Spy(),
-        epilogue="alpha",
-        scale2=torch.ones(experts),
-    )
-    assert len(launches) == 1
-    grid, kwargs = launches[0]
-    assert grid == (2 * ctas,) and kwargs["maxnreg"] == cap
-    _, producer, consumer = WS_SHARED_SM_REGISTERS[ctas]
-    assert (kwargs["PRODUCER_REGISTERS"], kwargs["CONSUMER_REGISTERS"]) == (producer, consumer)
-    assert ctas * 384 * cap <= 65536
-    compiled = compile_prefill_kernel(schedule, GATHER=False, EPILOGUE=PREFILL_EPILOGUES["alpha"])
-    ptx = compiled.asm["ptx"]
-    assert f".maxnreg {cap}" in ptx
-    counts = {int(c) for c in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)}
-    # the default partition (the other consumer) gets what the two workers leave of 3 x cap
-    assert {producer, consumer, 3 * cap - producer - consumer} <= counts
-    assert ctas * (compiled.metadata.shared + 1024) <= 228 * 1024

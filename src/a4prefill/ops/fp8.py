@@ -1,15 +1,19 @@
 """FP8 (float8_e4m3fn) operands of the A8 prefill rows: the format half of docs/numerics.md,
 section 8, in plain torch (the oracle the A8 kernels will be tested against; issue 28).
 
-Both operands of an A8 GEMM are cut along K (the reduction dimension) into blocks of
-:data:`A8_BLOCK` columns, and each block of a row carries one fp32 factor:
+The weights of an A8 GEMM are cut along K (the reduction dimension) into blocks of
+:data:`A8_BLOCK` columns, each block of a weight row carrying a power of two; each activation row
+carries one fp32 factor:
 
-- **Activations** (:func:`quantize_rows`): per row and block, ``a = max(amax, 2**-100)`` with
-  ``amax`` the largest magnitude of the block's values (the floor keeps ``448 / a`` finite:
-  bf16 and fp32 reach ``2**-133`` and ``2**-149``); multiplier ``r = 448 / a`` (fp32, round to
-  nearest), codes ``e4m3(clamp(x * r, -448, 448))`` (the fp32 product, then round to nearest
-  even), decode scale ``s = a / 448`` (fp32). A block of zeros gets ``s = 0`` and zero codes.
-  Dynamic: no calibration is read.
+- **Activations** (:func:`quantize_rows`): per row, ``a = max(amax, 2**-100)`` with ``amax``
+  the largest magnitude of the row's values (the floor keeps ``448 / a`` finite: bf16 and fp32
+  reach ``2**-133`` and ``2**-149``); multiplier ``r = 448 / a`` (fp32, round to nearest), codes
+  ``e4m3(clamp(x * r, -448, 448))`` (the fp32 product, then round to nearest even), decode scale
+  ``s = a / 448`` (fp32). A row of zeros gets ``s = 0`` and zero codes. Dynamic: no calibration
+  is read. (Per 128-column block until 2026-12-05: one factor per row lets a kernel promote each
+  block by the weight row's power of two alone, one fused multiply-add an output, and apply
+  ``s`` once; e4m3 keeps its relative precision over 2**15, so only values that far below the
+  row's largest lose bits.)
 - **Weights** (:func:`weights`): per row and block, the exponent ``p``, the smallest integer with
   ``6 * m <= 448 * 2**p`` where ``m`` is the block's largest ``|block_scale|`` (``p = 0`` for an
   all-zero block); FP8 weights ``e4m3(e2m1 * block_scale * 2**-p)`` (round to nearest even;
@@ -18,10 +22,10 @@ Both operands of an A8 GEMM are cut along K (the reduction dimension) into block
   with 5 significant bits (codes 1.5, 3, 6 times a scale mantissa 1.001, 1.011, 1.101, 1.110,
   1.111 in binary) are rounded, and values far below the block's largest (groups whose scale is
   much smaller than the block's largest) lose bits in e4m3's subnormal range or become 0.
-- **Product** (:func:`block_product`): ``acc[m, n] = sum over blocks b, in ascending order, of
-  partial[m, n, b] * (s[m, b] * 2**p[n, b])``, where ``partial`` is the FP8 x FP8 dot product of
-  the block (exact products, fp32 sums here; the Hopper tensor cores sum with less precision
-  inside a block, which is why each block is promoted to fp32 on its own).
+- **Product** (:func:`block_product`): ``acc[m, n] = s[m] * (sum over blocks b, in ascending
+  order, of partial[m, n, b] * 2**p[n, b])``, the sum in fp32, where ``partial`` is the FP8 x
+  FP8 dot product of the block (exact products, fp32 sums here; the Hopper tensor cores sum with
+  less precision inside a block, which is why each block is promoted to fp32 on its own).
 
 Who may call: the reference MoE, tests, the A8 kernels' tests. Any device; no host sync.
 """
@@ -57,22 +61,22 @@ def _check_blocks(k: int, name: str) -> None:
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [M, K]`` (bf16, fp16 or fp32; K a multiple of :data:`A8_BLOCK`) -> ``(codes
-    float8_e4m3fn [M, K], scales fp32 [M, K / 128])``: each block's values are ``codes * scale``
-    up to the e4m3 rounding (module docstring)."""
+    float8_e4m3fn [M, K], scales fp32 [M])``: each row's values are ``codes * scale`` up to the
+    e4m3 rounding (module docstring)."""
     if x.dtype not in nvfp4.FLOAT_DTYPES:
         raise TypeError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
     if x.ndim != 2:
         raise ValueError(f"x must be 2-D [M, K], got shape {tuple(x.shape)}")
     _check_blocks(x.shape[1], "x")
-    blocks = x.to(torch.float32).reshape(x.shape[0], x.shape[1] // A8_BLOCK, A8_BLOCK)
-    amax = blocks.abs().amax(dim=2)
+    values = x.to(torch.float32)
+    amax = values.abs().amax(dim=1) if x.shape[1] else values.new_zeros(x.shape[0])
     floored = amax.clamp(min=AMAX_FLOOR)
     # tensors divided by tensors: IEEE divisions on every device (``448 / tensor`` is a reciprocal
     # and a product; a CUDA tensor divided by a Python number, a product by its reciprocal)
     e4m3_max = torch.full_like(floored, E4M3_MAX)
     multiplier = e4m3_max / floored
-    codes = (blocks * multiplier[..., None]).clamp(-E4M3_MAX, E4M3_MAX).to(FP8)
-    return codes.reshape(x.shape), torch.where(amax > 0, floored / e4m3_max, 0.0)
+    codes = (values * multiplier[:, None]).clamp(-E4M3_MAX, E4M3_MAX).to(FP8)
+    return codes, torch.where(amax > 0, floored / e4m3_max, 0.0)
 
 
 def weight_exponents(block_scales: torch.Tensor) -> torch.Tensor:
@@ -103,20 +107,22 @@ def weights(packed: torch.Tensor, block_scales: torch.Tensor) -> tuple[torch.Ten
 def block_product(
     codes: torch.Tensor, scales: torch.Tensor, fp8_weights: torch.Tensor, exponents: torch.Tensor
 ) -> torch.Tensor:
-    """fp32 ``[M, N]``: ``sum_b partial_b * (scales[:, b] * 2**exponents[:, b])`` over the
-    128-column blocks in ascending order, ``partial_b`` the fp32 dot products of block ``b`` of
-    ``codes [M, K]`` (activations, :func:`quantize_rows`) and ``fp8_weights [N, K]``
-    (:func:`weights`)."""
+    """fp32 ``[M, N]``: ``scales[:, None] * sum_b partial_b * 2**exponents[:, b]``, the sum over
+    the 128-column blocks in ascending order in fp32, ``partial_b`` the fp32 dot products of block
+    ``b`` of ``codes [M, K]`` (activations, :func:`quantize_rows`, with their ``scales [M]``) and
+    ``fp8_weights [N, K]`` (:func:`weights`, with their ``exponents [N, K / 128]``)."""
     m, k = codes.shape
     n = fp8_weights.shape[0]
     if fp8_weights.shape[1] != k:
         raise ValueError(f"codes [M, {k}] and fp8_weights {tuple(fp8_weights.shape)} differ in K")
+    if tuple(scales.shape) != (m,):
+        raise ValueError(f"scales must be [M] = [{m}] (one per activation row), got {tuple(scales.shape)}")
     blocks = k // A8_BLOCK  # explicit: M or N may be 0
     x = codes.to(torch.float32).reshape(m, blocks, A8_BLOCK).transpose(0, 1)  # [B, M, 128]
     w = fp8_weights.to(torch.float32).reshape(n, blocks, A8_BLOCK).transpose(0, 1)  # [B, N, 128]
     partials = torch.bmm(x, w.transpose(1, 2))  # [B, M, N]
-    factors = scales.T[:, :, None] * torch.pow(2.0, exponents.T.to(torch.float32))[:, None, :]
+    shifts = torch.pow(2.0, exponents.T.to(torch.float32))[:, None, :]  # [B, 1, N]
     accumulator = torch.zeros(m, n, dtype=torch.float32, device=codes.device)
-    for partial, factor in zip(partials, factors, strict=True):
-        accumulator = accumulator + partial * factor
-    return accumulator
+    for partial, shift in zip(partials, shifts, strict=True):
+        accumulator = accumulator + partial * shift
+    return accumulator * scales[:, None]

@@ -88,11 +88,11 @@ def moe_reference_a8(
     swiglu_limit: float | None = None,
 ) -> torch.Tensor:
     """The MoE with every row A8 (docs/numerics.md section 8, :mod:`a4prefill.ops.fp8`): FC1 on
-    the hidden rows quantized to e4m3 per 128-column block, FC2 on each route's bf16 ``h``
-    quantized the same way, both against the NVFP4 weights converted to e4m3 per row and block,
-    products promoted per block; ``scale_2`` and the bf16 roundings where W4A16 has them. H and
-    I must be multiples of 128. Same arguments and result as :func:`moe_reference`, without
-    encode scales (A8 scales are dynamic)."""
+    the hidden rows quantized to e4m3 with one scale per row, FC2 on each route's bf16 ``h``
+    quantized the same way, both against the NVFP4 weights converted to e4m3 per row and
+    128-column block, products promoted per block; ``scale_2`` and the bf16 roundings where
+    W4A16 has them. H and I must be multiples of 128. Same arguments and result as
+    :func:`moe_reference`, without encode scales (A8 scales are dynamic)."""
     fc1, fc2 = experts.fc1, experts.fc2
     fc1_scale_2 = fc1.scale_2.repeat_interleave(fc1.rows // 2, dim=1)
     codes, scales = fp8.quantize_rows(hidden_states)

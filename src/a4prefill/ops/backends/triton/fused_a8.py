@@ -1,5 +1,5 @@
 """The ``triton`` backend's A8 MoE call (:func:`fused_moe_a8`; issue 28): every row's activations
-FP8 e4m3 per 128-column block, the NVFP4 weights converted to e4m3 inside the kernel, products on
+FP8 e4m3 with one scale per row, the NVFP4 weights converted to e4m3 inside the kernel, products on
 Hopper's FP8 tensor cores, with the numerics of docs/numerics.md section 8 (oracle:
 ``reference.moe_reference_a8``).
 
@@ -8,7 +8,7 @@ Per call (``T`` tokens, top-k ``k``, ``R = T * k`` routes, the one NVFP4 weight 
 1. routing sorted by expert in 128-route tiles (:func:`routing.sort_routes`, no host sync);
 2. the hidden rows quantized once per token (:func:`quantize_rows`: ``fp8.quantize_rows`` bit
    for bit, one kernel);
-3. FC1: :func:`prefill.launch_prefill_gemm` with ``x_block_scales`` (the warp-specialized
+3. FC1: :func:`prefill.launch_prefill_gemm` with ``x_row_scales`` (the warp-specialized
    kernel's A8 mainloop, :data:`schedules.A8_PREFILL` unless told otherwise), SwiGLU epilogue
    into ``h [R, I]`` bf16 in sorted order, rounded where W4A16 rounds;
 4. ``h`` quantized per route the same way, FC2 likewise with the alpha epilogue into ``y [R, H]``
@@ -66,12 +66,12 @@ QUANTIZE_ROWS_PER_PROGRAM = 16  # rows of one program of the A8 row quantizer (2
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``fp8.quantize_rows`` of a contiguous bf16 ``x [R, K]`` (K a multiple of 128) on its device,
     by ``prefill_a8_kernels.quantize_fp8_rows_kernel``: ``(codes float8_e4m3fn [R, K], scales
-    fp32 [R, K / 128])``. No host sync."""
+    fp32 [R])``. No host sync."""
     rows, k = x.shape
     codes = torch.empty(rows, k, dtype=torch.float8_e4m3fn, device=x.device)
-    scales = torch.empty(rows, k // fp8.A8_BLOCK, dtype=torch.float32, device=x.device)
+    scales = torch.empty(rows, dtype=torch.float32, device=x.device)
     if rows:
-        grid = (cdiv(rows, QUANTIZE_ROWS_PER_PROGRAM), k // fp8.A8_BLOCK)
+        grid = (cdiv(rows, QUANTIZE_ROWS_PER_PROGRAM),)
         kernel_modules.prefill_a8().quantize_fp8_rows_kernel[grid](
             x, codes, scales, rows, k, BR=QUANTIZE_ROWS_PER_PROGRAM, num_warps=4
         )
@@ -122,7 +122,7 @@ def fused_moe_a8(
         epilogue="swiglu",
         scale2=fc1.scale_2,
         swiglu_limit=swiglu_limit,
-        x_block_scales=x_scales,
+        x_row_scales=x_scales,
     )
     h8, h_scales = quantize_rows(h)
     y = torch.empty(routes, hidden, dtype=torch.bfloat16, device=hidden_states.device)
@@ -136,7 +136,7 @@ def fused_moe_a8(
         None,
         epilogue="alpha",
         scale2=fc2.scale_2,
-        x_block_scales=h_scales,
+        x_row_scales=h_scales,
     )
     _combine(
         y, topk_weights, topk_ids, output, experts, fc2.scale_2, routing.seg_count, MODE_W4A16, False, False

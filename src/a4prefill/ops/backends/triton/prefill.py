@@ -186,7 +186,7 @@ def launch_prefill_gemm(
     routes_per_token: int | None = None,
     x_mma_order: bool = False,
     out_mma_order: bool = False,
-    x_block_scales: torch.Tensor | None = None,
+    x_row_scales: torch.Tensor | None = None,
 ) -> None:
     """``out[p] = x[row(p)] @ dequant(W[e(p)])^T`` for every sorted position ``p`` of
     ``routing`` (fp32 accumulation), then the ``epilogue``, without a host sync.
@@ -221,14 +221,14 @@ def launch_prefill_gemm(
     with the GEMM by the benchmark; a fused producer of ``x`` could write that order directly); a
     warp-specialized FC1 (bf16) takes its rows in sorted order and that column order from one
     copy, :func:`gather_rows`.
-    A8 (``x_block_scales`` given; issue 28, docs/numerics.md section 8): every route A8, ``x``
-    float8_e4m3fn codes and ``x_block_scales`` fp32 ``[rows, K / 128]`` their scales per
-    128-column block (``fp8.quantize_rows``), rows indexed as ``x``'s; the weights converted to
+    A8 (``x_row_scales`` given; issue 28, docs/numerics.md section 8): every route A8, ``x``
+    float8_e4m3fn codes and ``x_row_scales`` fp32 ``[rows]`` their scales, one per row
+    (``fp8.quantize_rows``), rows indexed as ``x``'s; the weights converted to
     e4m3 in the kernel (``prefill_a8_kernels``; with ``a_register_sets = 2`` each step's successor
     converted while the step's wgmma runs). Needs a warp-specialized schedule of 128 routes, 128
     weight rows and one wgmma per step, ``mode`` W4A16 (the epilogues' W4A16 multipliers), ``K`` a
     multiple of 128 and neither column order. The activation scales reach the kernel in sorted
-    order, block-major (``[K / 128, R]``).
+    order (``[R]``).
 
     ``kernel`` replaces the schedule's Gluon kernel (tests: the TTGIR interpreter); by default it is
     imported (Triton 3.6+ with Gluon, an sm_90 GPU). It is compiled with the register cap
@@ -237,11 +237,11 @@ def launch_prefill_gemm(
     k = 2 * half_k
     if epilogue not in PREFILL_EPILOGUES:
         raise ValueError(f"epilogue must be one of {sorted(PREFILL_EPILOGUES)}, got {epilogue!r}")
-    a8 = x_block_scales is not None
+    a8 = x_row_scales is not None
     x_dtype = torch.float8_e4m3fn if a8 else torch.bfloat16
     if x.dtype != x_dtype or out.dtype != torch.bfloat16:
         raise ValueError(f"x must be {x_dtype} and out bf16, got {x.dtype} and {out.dtype}")
-    if x_block_scales is not None and (
+    if x_row_scales is not None and (
         not schedule.warp_specialized
         or schedule.routes != 128
         or schedule.weight_rows != 128
@@ -250,14 +250,14 @@ def launch_prefill_gemm(
         or k % 128
         or x_mma_order
         or out_mma_order
-        or x_block_scales.dtype != torch.float32
-        or tuple(x_block_scales.shape) != (x.shape[0], k // 128)
+        or x_row_scales.dtype != torch.float32
+        or tuple(x_row_scales.shape) != (x.shape[0],)
     ):
         raise ValueError(
-            "x_block_scales (A8) needs fp32 [x rows, K / 128], a warp-specialized schedule of 128 routes, "
+            "x_row_scales (A8) needs fp32 [x rows], a warp-specialized schedule of 128 routes, "
             "128 weight rows and one wgmma per step, "
             f"mode W4A16, K a multiple of 128 and no column order; got {schedule}, mode {mode}, K={k}, "
-            f"scales {x_block_scales.dtype} {tuple(x_block_scales.shape)}"
+            f"scales {x_row_scales.dtype} {tuple(x_row_scales.shape)}"
         )
     routes = routing.sorted_route.numel()
     out_n = n // 2 if epilogue == "swiglu" else n
@@ -324,9 +324,9 @@ def launch_prefill_gemm(
             rows, codes, schedule.routes, epilogue == "swiglu", a8, schedule.weight_rows
         )
         gather = {}
-        if x_block_scales is not None:
-            block_scales = x_block_scales if token is None else x_block_scales.index_select(0, token)
-            gather = {"xs_ptr": block_scales.t().contiguous(), "A8": True}
+        if x_row_scales is not None:
+            row_scales = x_row_scales if token is None else x_row_scales.index_select(0, token)
+            gather = {"xs_ptr": row_scales.contiguous(), "A8": True}
     kernel[grid](
         *operands,
         scales,

@@ -16,9 +16,11 @@ A step is one A8 block of 128 K columns. Per step a consumer (64 weight rows):
 2. stores them into its own shared buffer (NVMMA-swizzled, K-major, what the FP8 wgmma reads),
    fences, and issues one wgmma of both operands from shared memory into a fresh fp32 partial
    (``use_acc=False``), then retires it and releases the slot;
-3. promotes: ``acc += partial * 2**(p - 7) * s`` with ``s`` the routes' activation scales of the
-   block (the ring slot's ``[BT]`` fp32, copied by the producer). The ``2**-7`` matches the bf16
-   mainloop's accumulator, whose epilogues multiply by 128 (exact).
+3. promotes: ``acc += partial * 2**(p - 7)``, one fused multiply-add an output (exact product:
+   a power of two), and after the work item's last block ``acc *= s`` with ``s`` the routes'
+   activation scales (one per route, the ring slot's ``[BT]`` fp32, which the producer copies
+   with an item's last step). The ``2**-7`` matches the bf16 mainloop's accumulator, whose
+   epilogues multiply by 128 (exact).
 
 :func:`mainloop_a8` runs these in sequence; :func:`mainloop_a8_ahead` (schedules with two A
 operand sets, ``schedules.A8_PREFILL_AHEAD``) converts the next step into a second buffer while
@@ -26,8 +28,8 @@ the step's wgmma runs.
 
 Numerics against ``fp8.block_product``: the weights and the products inside a block are exact
 (on the CPU interpreter the block sums are exact too; the tensor cores sum a block with fewer
-bits, as the section says); the promotion rounds once or twice per block (the compiler may fuse
-the product and the sum). Scale bytes ``0x7f``/``0xff`` (e4m3 NaN) decode as +-480, as in the
+bits, as the section says); the promotion rounds once per block, as the oracle's fp32 sum does,
+and the routes' scales once. Scale bytes ``0x7f``/``0xff`` (e4m3 NaN) decode as +-480, as in the
 other kernels, where the oracle gives NaN.
 
 Who may call: :mod:`prefill_ws_kernels` (jit helpers), tests.
@@ -211,12 +213,16 @@ def convert_step(rings, s, HALF: gl.constexpr, a_buffer, BT: gl.constexpr):
 
 
 @gluon.jit
-def _promote(acc, partial, shift, rings, slot):
-    """``acc + partial * shift * s`` (module docstring, step 3) with ``s`` the ring slot's
-    activation scales ``[BT]``, read before the slot is released (one arrival on ``empty``)."""
-    x_scales = rings[5].index(slot).load(gl.SliceLayout(0, fp8_acc_layout(acc.shape[1], gl.num_warps())))
+def _promote(acc, partial, shift, rings, slot, last):
+    """``acc + partial * shift`` (module docstring, step 3), then, at a work item's ``last``
+    step, times the routes' activation scales ``[BT]`` of the ring slot, read before the slot is
+    released (one arrival on ``empty``)."""
+    acc = acc + partial * gl.expand_dims(shift, 1)
+    if last:
+        x_scales = rings[5].index(slot).load(gl.SliceLayout(0, fp8_acc_layout(acc.shape[1], gl.num_warps())))
+        acc = acc * gl.expand_dims(x_scales, 0)
     mbarrier.arrive(rings[4].index(slot))
-    return acc + partial * gl.expand_dims(shift, 1) * gl.expand_dims(x_scales, 0)
+    return acc
 
 
 @gluon.jit
@@ -225,7 +231,8 @@ def mainloop_a8(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr):
     slot), ring steps ``done`` on: its rows' fp32 accumulator ``[64, BT]`` in
     :func:`fp8_acc_layout`, ``2**-7`` times the block product. ``rings``: ``(c_ring [DEPTH, 128,
     64], s_ring [DEPTH, 128, 8], x_ring [DEPTH, BT, 128] fp8, ready, empty, xs_ring [DEPTH, BT]
-    fp32, a_smem [2, 64, 128] fp8)``; per step as the module docstring says, in sequence."""
+    fp32 (the routes' scales, in the slot of an item's last step), a_smem [2, 64, 128] fp8)``;
+    per step as the module docstring says, in sequence."""
     x_ring = rings[2]
     a_smem = rings[6].index(HALF)
     DEPTH: gl.constexpr = x_ring.shape[0]
@@ -236,7 +243,7 @@ def mainloop_a8(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr):
         shift = convert_step(rings, s, HALF, a_smem, BT)
         partial = warpgroup_mma(a_smem, x_ring.index(slot).permute((1, 0)), acc, use_acc=False, is_async=True)
         partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
-        acc = _promote(acc, partial, shift, rings, slot)
+        acc = _promote(acc, partial, shift, rings, slot, step == steps - 1)
     return acc
 
 
@@ -267,7 +274,7 @@ def mainloop_a8_ahead(done, steps, last, HALF: gl.constexpr, rings, BT: gl.const
         following = gl.minimum(s + 1, last)
         shift_next = convert_step(rings, following, HALF, a_smem.index(2 * HALF + (s + 1) % 2), BT)
         partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
-        acc = _promote(acc, partial, shift, rings, slot)
+        acc = _promote(acc, partial, shift, rings, slot, step == steps - 1)
         shift = shift_next
     return acc, shift
 
@@ -283,22 +290,30 @@ def quantize_layout(warps: int) -> gl.BlockedLayout:
 @gluon.jit(do_not_specialize=["ROWS"])
 def quantize_fp8_rows_kernel(x_ptr, codes_ptr, scales_ptr, ROWS, K, BR: gl.constexpr):
     """The A8 activations (``fp8.quantize_rows`` bit for bit, docs/numerics.md section 8): ``x
-    [ROWS, K]`` bf16 -> ``codes [ROWS, K]`` e4m3 and ``scales [ROWS, K / 128]`` fp32, per row and
-    128-column block ``a = max(amax, 2**-100)``, codes ``e4m3(clamp(x * div_rn(448, a), -448,
-    448))`` (nearest even), scale ``div_rn(a, 448)`` (0 for a block of zeros). Grid
-    ``(cdiv(ROWS, BR), K / 128)``; ``BR`` a multiple of 2 * num_warps."""
+    [ROWS, K]`` bf16 -> ``codes [ROWS, K]`` e4m3 and ``scales [ROWS]`` fp32, per row ``a =
+    max(amax, 2**-100)``, codes ``e4m3(clamp(x * div_rn(448, a), -448, 448))`` (nearest even),
+    scale ``div_rn(a, 448)`` (0 for a row of zeros). Two passes over the row's 128-column blocks:
+    the largest magnitude, then the codes (the second reads the row again, from L2). Grid
+    ``(cdiv(ROWS, BR),)``; ``BR`` a multiple of 2 * num_warps, ``K`` of 128."""
     L: gl.constexpr = quantize_layout(gl.num_warps())
     rows = gl.program_id(0) * BR + gl.arange(0, BR, layout=gl.SliceLayout(1, L))
-    block = gl.program_id(1)
-    cols = block * A8_STEP + gl.arange(0, A8_STEP, layout=gl.SliceLayout(0, L))
+    cols = gl.arange(0, A8_STEP, layout=gl.SliceLayout(0, L))
     live = rows < ROWS
     offsets = rows.to(gl.int64)[:, None] * K + cols[None, :]
-    x = gl.load(x_ptr + offsets, mask=live[:, None], other=0.0).to(gl.float32)
-    amax = gl.max(gl.abs(x), axis=1)
+    amax = gl.zeros([BR], gl.float32, layout=gl.SliceLayout(1, L))
+    for k0 in range(0, K, A8_STEP):
+        x = gl.load(x_ptr + offsets + k0, mask=live[:, None], other=0.0).to(gl.float32)
+        amax = gl.maximum(amax, gl.max(gl.abs(x), axis=1))
     floored = gl.maximum(amax, 7.888609052210118e-31)  # 2**-100
     e4m3_max = gl.full_like(floored, 448.0)
-    product = x * gl.expand_dims(gl.div_rn(e4m3_max, floored), 1)
-    codes = gl.minimum(gl.maximum(product, -448.0), 448.0).to(gl.float8e4nv, fp_downcast_rounding="rtne")
-    gl.store(codes_ptr + offsets, codes, mask=live[:, None])
+    multiplier = gl.expand_dims(gl.div_rn(e4m3_max, floored), 1)
+    for k0 in range(0, K, A8_STEP):
+        x = gl.load(x_ptr + offsets + k0, mask=live[:, None], other=0.0).to(gl.float32)
+        product = gl.minimum(gl.maximum(x * multiplier, -448.0), 448.0)
+        gl.store(
+            codes_ptr + offsets + k0,
+            product.to(gl.float8e4nv, fp_downcast_rounding="rtne"),
+            mask=live[:, None],
+        )
     scales = gl.where(amax > 0, gl.div_rn(floored, e4m3_max), 0.0)
-    gl.store(scales_ptr + rows.to(gl.int64) * (K // A8_STEP) + block, scales, mask=live)
+    gl.store(scales_ptr + rows, scales, mask=live)

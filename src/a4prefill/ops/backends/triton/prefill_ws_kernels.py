@@ -181,8 +181,8 @@ def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr):
     bytes of the item's weight rows, :func:`code_box`; the ``BT`` activation rows from the tile's
     first sorted position) after one ``expect`` of their bytes; every thread ``cp.async``-copies
     one row's scale bytes (4, or 8 for an A8 step; a TMA box row takes at least 16) and, with
-    ``A8``, one route's activation scale of the step's block (``xs [K / 128, ROUTES]`` fp32, 0 past
-    ``ROUTES``), and arrives when they land (``noinc``). The ring runs on across work items:
+    ``A8`` at an item's last step, one route's activation scale (``xs [ROUTES]`` fp32 in sorted
+    order, 0 past ``ROUTES``), and arrives when they land (``noinc``). The ring runs on across work items:
     ``done`` counts the steps of the program's earlier items. ``tensors``: the kernel's ``x_desc``
     to ``ROUTES`` arguments, ``xs_ptr`` and the rings and barriers."""
     (
@@ -248,9 +248,10 @@ def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr):
                 _tma_load(codes_desc, [expert * N + n0, step * CODE_STEP], ready_slot, c_ring.index(slot))
             _tma_load(x_desc, [row0, step * 2 * CODE_STEP], ready_slot, x_ring.index(slot))
             _async_load(s_ring.index(slot), scale_ptrs + step * (CODE_STEP // 8))
-            if A8:
-                pos = row0 + xs_routes
-                _async_load(rings[5].index(slot), xs_ptr + step * ROUTES + pos, mask=pos < ROUTES)
+            if A8:  # noqa: SIM102 (a constexpr branch: compiled out without A8)
+                if step == steps - 1:  # the routes' scales, applied once after the item's last block
+                    pos = row0 + xs_routes
+                    _async_load(rings[5].index(slot), xs_ptr + pos, mask=pos < ROUTES)
             async_copy.mbarrier_arrive(ready_slot, increment_count=False)
         done += steps
 
@@ -580,9 +581,9 @@ def grouped_w4_gemm_ws_kernel(
 
     ``A8`` (``MODE`` W4A16, ``BT`` 128; ``tma_descriptors(..., a8=True)``): every route A8, the
     consumers of :mod:`prefill_a8_kernels` on steps of one A8 block (code bytes 128 x 64, scale
-    bytes 128 x 8, activation rows ``BT`` x 128 e4m3 and their block's scales, ``xs_ptr`` fp32
-    ``[K / 128, ROUTES]`` in sorted order), each consumer with ``A_SETS`` ``[64, 128]`` e4m3 buffers
-    of its converted weights."""
+    bytes 128 x 8, activation rows ``BT`` x 128 e4m3; with an item's last step the rows' scales,
+    ``xs_ptr`` fp32 ``[ROUTES]`` in sorted order), each consumer with ``A_SETS`` ``[64, 128]`` e4m3
+    buffers of its converted weights."""
     PLAIN2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     ONE_PARTITION: gl.constexpr = A_SETS == 2 and WGMMAS == 2  # both consumer warpgroups, 8 warps
     CONSUMERS: gl.constexpr = 1 if ONE_PARTITION else 2  # consumer partitions
