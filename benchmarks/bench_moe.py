@@ -12,7 +12,8 @@ tiled (at decode sizes, the tiled kernels the default replaced), A4 (emulated: F
 dequantized for a bf16 MMA), A8 (on sm_90: FP8 activations and weights converted to e4m3 on the
 FP8 tensor cores, ``fused_a8``; its error against the fp32 W4A16 reference is A8's quantization
 error; ``a8_x2``: the same with each step's successor converted while the step's wgmma runs,
-``schedules.A8_PREFILL_AHEAD``), split (first half of the rows decode/W4A16, second half prefill/A4)
+``schedules.A8_PREFILL_AHEAD``; ``a8_t256``: 256-route tiles, two wgmmas on each step's converted
+weights, ``schedules.A8_PREFILL_WIDE``), split (first half of the rows decode/W4A16, second half prefill/A4)
 and bf16 (``torch._grouped_mm`` on bf16 copies of the weights, same routing: sort, gather, two
 grouped GEMMs, SwiGLU, weighted sum) and,
 when vLLM is importable, marlin (vLLM's ``fused_marlin_moe`` on Marlin-repacked copies of the same
@@ -47,7 +48,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from a4prefill.ops.backends.triton.schedules import A8_SCHEDULES
 from marlin_baseline import marlin_moe
+
+A8_LABELS = tuple(A8_SCHEDULES)  # the A8 columns: "a8", then one per other A8 schedule
 
 SHAPES = {
     "glm53flash_tp2": {"hidden": 4096, "intermediate": 1024, "experts": 288, "top_k": 8},
@@ -459,7 +463,7 @@ def bench_shape(
 ) -> dict[str, Any]:
     from a4prefill.ops.backends.triton.fused import fused_moe
     from a4prefill.ops.backends.triton.fused_a8 import a8_refusal, fused_moe_a8
-    from a4prefill.ops.backends.triton.schedules import A8_SCHEDULES, choose_config
+    from a4prefill.ops.backends.triton.schedules import choose_config
     from a4prefill.ops.reference import moe_reference
     from a4prefill.ops.scales import derive_a4_scales
 
@@ -505,7 +509,7 @@ def bench_shape(
                 run, x, topk_w, topk_ids, a4_scales=None, config=tiled
             )
         if a8_runs:
-            for label, a8_schedule in A8_SCHEDULES.items():  # "a8", "a8_x2"
+            for label, a8_schedule in A8_SCHEDULES.items():  # "a8", "a8_x2", "a8_t256"
                 variants[label] = functools.partial(
                     fused_moe_a8, x, topk_w, topk_ids, weights.experts(), None, schedule=a8_schedule
                 )
@@ -520,7 +524,7 @@ def bench_shape(
             # fp32 activations: the exact MoE of the NVFP4 weights; bf16 activations: the same
             # with the kernels' own bf16 roundings (input, FC1 output) (docs/numerics.md)
             outputs: dict[str, torch.Tensor] = {}
-            for variant in ("w4a16", "w4a16_tiled", "marlin", "humming", "a8", "a8_x2"):
+            for variant in ("w4a16", "w4a16_tiled", "marlin", "humming", *A8_SCHEDULES):
                 try:
                     if variant in variants:
                         outputs[variant] = variants[variant]().float()
@@ -594,7 +598,7 @@ def bench_shape(
                     result[f"{variant}_speedup_vs_bf16"] = bf / result[f"{variant}_us"]
         if w4 and result.get("a4_us"):
             result["a4_over_w4a16"] = result["a4_us"] / w4
-        for variant in ("a8", "a8_x2"):
+        for variant in A8_SCHEDULES:
             if result.get(f"{variant}_us"):
                 result[f"{variant}_TFLOPs"] = flops / (result[f"{variant}_us"] * 1e-6) / 1e12
                 if w4:
@@ -627,7 +631,7 @@ def plot(results: dict[str, Any], path: str) -> None:
         rows = data["rows"]
         tokens = [r["tokens"] for r in rows]
         ax = axes[0][col]
-        for variant in ("bf16", "marlin", "humming", "w4a16", "w4a16_tiled", "a4", "a8", "a8_x2", "split"):
+        for variant in ("bf16", "marlin", "humming", "w4a16", "w4a16_tiled", "a4", *A8_LABELS, "split"):
             points = [(r["tokens"], r[f"{variant}_us"]) for r in rows if r.get(f"{variant}_us")]
             if points:
                 ax.plot(*zip(*points, strict=True), marker="o", label=variant)
@@ -675,8 +679,10 @@ def markdown_table(results: dict[str, Any]) -> str:
             "| Marlin GB/s (% copy) | W4A16 TFLOP/s (% dense bf16) | bf16/W4A16 | A4/W4A16 | split/(parts) "
             "| rel err W4A16 | rel err Marlin | rel err Humming | rel err W4A16 (bf16 io) "
             "| rel err W4A16 tiled (bf16 io) | rel err Marlin (bf16 io) | rel err Humming (bf16 io) "
-            "| A8 us | W4A16/A8 | A8 TFLOP/s | rel err A8 | A8 x2 us | W4A16/A8 x2 | rel err A8 x2 |",
-            "|" + "---|" * 32,
+            "| A8 us | W4A16/A8 | A8 TFLOP/s | rel err A8 "
+            + "".join(f"| {label} us | W4A16/{label} | rel err {label} " for label in A8_LABELS[1:])
+            + "|",
+            "|" + "---|" * (29 + 3 * len(A8_LABELS[1:])),
         ]
         for row in shape_result["rows"]:
 
@@ -709,8 +715,13 @@ def markdown_table(results: dict[str, Any]) -> str:
                 f"| {error('w4a16_rel_err_bf16_io')} | {error('w4a16_tiled_rel_err_bf16_io')} "
                 f"| {error('marlin_rel_err_bf16_io')} | {error('humming_rel_err_bf16_io')} "
                 f"| {cell(row, 'a8_us')} | {cell(row, 'a8_speedup_vs_w4a16', 2)} | {cell(row, 'a8_TFLOPs')} "
-                f"| {error('a8_rel_err')} | {cell(row, 'a8_x2_us')} "
-                f"| {cell(row, 'a8_x2_speedup_vs_w4a16', 2)} | {error('a8_x2_rel_err')} |"
+                f"| {error('a8_rel_err')} "
+                + "".join(
+                    f"| {cell(row, f'{label}_us')} | {cell(row, f'{label}_speedup_vs_w4a16', 2)} "
+                    f"| {error(f'{label}_rel_err')} "
+                    for label in A8_LABELS[1:]
+                )
+                + "|"
             )
         lines.append("")
     return "\n".join(lines)

@@ -14,8 +14,9 @@ Each ``--case`` is ``TOKENS:SCHEDULE[:MODE]`` with a label of ``schedules.PREFIL
 (without ``MODE``: W4A16 without an epilogue; with ``MODE`` ``w4a16``, ``a4`` or ``split``: the
 MoE's FC1 in that precision mode, SwiGLU epilogue and A4 re-quantization included, the split
 with the second half of the tokens A4), or
-``TOKENS:a8`` or ``TOKENS:a8_x2`` for the A8 GEMM (``schedules.A8_SCHEDULES``: ``A8_PREFILL`` or
-``A8_PREFILL_AHEAD``, on e4m3 rows and their block scales, ``fused_a8.quantize_rows``; sm_90);
+``TOKENS:a8``, ``TOKENS:a8_x2`` or ``TOKENS:a8_t256`` for the A8 GEMM (``schedules.A8_SCHEDULES``:
+``A8_PREFILL``, ``A8_PREFILL_AHEAD`` or ``A8_PREFILL_WIDE``, on e4m3 rows and their scales,
+``fused_a8.quantize_rows``; sm_90);
 every case runs once before the profiled region (compilation and warm caches stay outside it).
 ``--ncu-summary ncu.csv --out DIR`` (no GPU) turns that CSV into ``DIR/profile_prefill_ncu.json``:
 one entry per case, in the order given, with ``profile_decode.NCU_METRICS``. Nsight

@@ -10,7 +10,7 @@ import torch
 
 from a4prefill.ops import fp8
 from a4prefill.ops.backends.triton.routing import build_routing
-from a4prefill.ops.backends.triton.schedules import A8_PREFILL
+from a4prefill.ops.backends.triton.schedules import A8_PREFILL, A8_SCHEDULES
 from helpers.layers import EVERY_SCALE_BYTE
 from helpers.markers import needs_gluon, needs_hopper
 
@@ -21,8 +21,9 @@ pytestmark = [
 ]
 
 
+@pytest.mark.parametrize("label", list(A8_SCHEDULES))
 @pytest.mark.parametrize("gather", [True, False], ids=["fc1_gather", "fc2_sorted"])
-def test_the_a8_gemm_matches_the_block_product_eagerly_and_in_a_cuda_graph(gather):
+def test_the_a8_gemm_matches_the_block_product_eagerly_and_in_a_cuda_graph(gather, label):
     """8 experts (one without routes), 512 weight rows, K = 8 blocks, rows gathered by token or
     sorted, activation rows of very different magnitudes (blocks of different magnitudes within a
     row): ``bf16(acc * 128)`` within one
@@ -30,7 +31,8 @@ def test_the_a8_gemm_matches_the_block_product_eagerly_and_in_a_cuda_graph(gathe
     cores add a block's products with about 14 significant bits, DeepSeek-V3 report section
     3.3.2: measured on the H200 up to ``2**-12`` of a block's absolute product and ``2**-11.2``
     over 8 blocks, a few elements in a million; a wrong weight, scale or row is off by far
-    more); the graph replay gives the same bits."""
+    more); the graph replay gives the same bits. Each A8 schedule (about 400 routes per expert:
+    256-route tiles with both halves filled, and one ending inside a half)."""
     from a4prefill.ops.backends.triton.prefill import launch_prefill_gemm
     from test_triton_prefill_a8_on_cpu import oracle
 
@@ -49,7 +51,8 @@ def test_the_a8_gemm_matches_the_block_product_eagerly_and_in_a_cuda_graph(gathe
     x = torch.randn(rows, k, generator=generator) * spread.repeat_interleave(fp8.A8_BLOCK, dim=1)
     x8, row_scales = fp8.quantize_rows(x.bfloat16())
     cuda = [t.cuda() for t in (x8, row_scales, codes, scales, ids)]
-    routing = build_routing(cuda[4], experts, A8_PREFILL.routes)
+    schedule = A8_SCHEDULES[label]
+    routing = build_routing(cuda[4], experts, schedule.routes)
     out = torch.full((tokens * top_k, n), float("nan"), dtype=torch.bfloat16, device="cuda")
 
     def launch() -> None:
@@ -59,13 +62,13 @@ def test_the_a8_gemm_matches_the_block_product_eagerly_and_in_a_cuda_graph(gathe
             cuda[3],
             routing,
             out,
-            A8_PREFILL,
+            schedule,
             top_k if gather else None,
             x_row_scales=cuda[1],
         )
 
     launch()
-    cpu_routing = build_routing(ids, experts, A8_PREFILL.routes, force_torch=True)
+    cpu_routing = build_routing(ids, experts, schedule.routes, force_torch=True)
     assert torch.equal(routing.sorted_route.cpu(), cpu_routing.sorted_route)
     exact, magnitude = oracle(x8, row_scales, codes, scales, cpu_routing, top_k if gather else None)
     result = out.cpu()

@@ -34,6 +34,8 @@ pytestmark = [pytest.mark.slow, needs_gluon]
 SCHEDULE = PrefillGemm(128, 128, depth=3, register_weights=True, warp_specialized=True)
 # its successor converted while a step's wgmma runs (two e4m3 buffers per consumer)
 SCHEDULE_AHEAD = dataclasses.replace(SCHEDULE, a_register_sets=2)
+# 256-route tiles: two wgmmas of 128 routes on each step's converted weights
+SCHEDULE_WIDE = dataclasses.replace(SCHEDULE, routes=256)
 E4M3_ONE = 0x38  # the e4m3 byte of 1.0
 
 
@@ -111,8 +113,22 @@ def test_every_code_and_scale_byte_converts_to_the_oracles_e4m3_weight(interpret
 
 @pytest.mark.parametrize(
     ("gather", "schedule"),
-    [(True, SCHEDULE), (False, SCHEDULE), (True, SCHEDULE_AHEAD), (False, SCHEDULE_AHEAD)],
-    ids=["fc1_gather", "fc2_sorted", "fc1_gather_ahead", "fc2_sorted_ahead"],
+    [
+        (True, SCHEDULE),
+        (False, SCHEDULE),
+        (True, SCHEDULE_AHEAD),
+        (False, SCHEDULE_AHEAD),
+        (True, SCHEDULE_WIDE),
+        (False, SCHEDULE_WIDE),
+    ],
+    ids=[
+        "fc1_gather",
+        "fc2_sorted",
+        "fc1_gather_ahead",
+        "fc2_sorted_ahead",
+        "fc1_gather_wide",
+        "fc2_sorted_wide",
+    ],
 )
 def test_a8_product_matches_the_block_product(interpreted, gather, schedule):
     """Three experts (one without routes), segments that end inside a tile, more steps (128-column
@@ -124,9 +140,12 @@ def test_a8_product_matches_the_block_product(interpreted, gather, schedule):
     so the next item's first step is converted during an item's last wgmma, and the interpreter
     reads a wgmma's operands when it retires: a buffer rewritten before its wgmma retired, a
     step's factors paired with another step, or an item's route scales taken from another item's
-    slot, fail."""
+    slot, fail. On 256-route tiles (``SCHEDULE_WIDE``) 150 tokens give each expert a full tile
+    and one that ends in its first half: a half's accumulator promoted or scaled with the other
+    half's routes, or a second half written past the segment, fail."""
     generator = torch.Generator().manual_seed(3)
-    experts, n, k, tokens, top_k = 3, 256, (SCHEDULE.depth + 2) * fp8.A8_BLOCK, 45, 2
+    tokens = 150 if schedule.routes == 256 else 45
+    experts, n, k, top_k = 3, 256, (SCHEDULE.depth + 2) * fp8.A8_BLOCK, 2
     codes = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=generator)
     picks = torch.randint(0, len(EVERY_SCALE_BYTE), (experts, n, k // 16), generator=generator)
     scales = EVERY_SCALE_BYTE[picks]
@@ -149,8 +168,9 @@ def test_a8_product_matches_the_block_product(interpreted, gather, schedule):
 
 
 def test_a8_launches_refuse_what_the_kernel_cannot_run():
-    """``x_row_scales`` needs the warp-specialized schedule of 128 routes and 128 weight rows
-    with one wgmma per step (the A8 mainloops have no other form), W4A16
+    """``x_row_scales`` needs the warp-specialized schedule of 128 routes (or 256 with one A
+    register set) and 128 weight rows with one wgmma per step (the A8 mainloops have no other
+    form), W4A16
     multipliers, K a multiple of 128, e4m3 rows and fp32 scales of their shape: each a
     ``ValueError``."""
     codes = torch.zeros(1, 128, 64, dtype=torch.uint8)
@@ -165,6 +185,7 @@ def test_a8_launches_refuse_what_the_kernel_cannot_run():
         (x8, row_scales, PrefillGemm(128, 64, depth=3, register_weights=True, warp_specialized=True)),
         (x8, row_scales, dataclasses.replace(SCHEDULE, wgmmas_per_step=2)),
         (x8, row_scales, dataclasses.replace(SCHEDULE, weight_rows=256, depth=4)),
+        (x8, row_scales, dataclasses.replace(SCHEDULE_WIDE, a_register_sets=2)),
         (x8, torch.ones(4, 1), SCHEDULE),  # one per block: the contract before 2026-12-05
         (x8, torch.ones(3), SCHEDULE),
         (x8, row_scales.double(), SCHEDULE),
@@ -189,6 +210,31 @@ def test_the_a8_kernels_compile_to_fp8_wgmmas_without_spills(epilogue):
     }
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
     assert re.findall(r"\b(?:STL|LDL)\b", cuobjdump(kernel, "-sass")) == []
+
+
+@pytest.mark.parametrize("epilogue", ["swiglu", "alpha"])
+def test_the_wide_a8_kernels_convert_once_for_two_wgmmas_and_fit_an_sm(epilogue):
+    """``A8_PREFILL_WIDE`` (256-route tiles) compiled for sm_90a with its own ring depth: each
+    consumer K loop converts a step's 32 weights a thread once (16 e4m3 pair conversions) for
+    two FP8 wgmma groups of 128 routes (8 ``QGMMA`` of 32 columns), stores them once (4
+    ``STS.128``), spills at most one value a step in the K loop, and the kernel's shared memory
+    fits an H100/H200 CTA's 227 KiB. The H200's Triton 3.6 spills nothing in either kernel
+    (offline, seventeenth round); this suite's Triton 3.9 reloads one value a step in each FC1
+    loop and spills and reloads one in one FC2 loop (a version of the loop that scaled both halves
+    by their routes after both promotions spilled hundreds a step with either compiler)."""
+    from a4prefill.ops.backends.triton.schedules import A8_PREFILL_WIDE
+    from test_triton_prefill_on_cpu import compile_prefill_kernel
+
+    kernel = compile_prefill_kernel(A8_PREFILL_WIDE, a8=True, EPILOGUE=PREFILL_EPILOGUES[epilogue])
+    loops = k_loops(kernel)
+    assert len(loops) == 2  # the two consumer partitions
+    for body in loops:
+        text = " ".join(body)
+        assert len(re.findall(r"\bQGMMA\.64x128x32\b", text)) == 8
+        assert len(re.findall(r"\bF2FP\.SATFINITE\.E4M3", text)) == 16
+        assert re.findall(r"\bSTS\S*", text) == ["STS.128"] * 4
+        assert len(re.findall(r"\bSTL\b", text)) <= 1 and len(re.findall(r"\bLDL\b", text)) <= 1
+    assert kernel.metadata.shared <= 227 * 1024
 
 
 @pytest.mark.parametrize("epilogue", ["swiglu", "alpha"])
@@ -330,12 +376,14 @@ def tiny_a8_layer(tokens: int, seed: int):
 
 
 @pytest.mark.parametrize(
-    ("tokens", "limit", "label"), [(40, None, "a8"), (150, 2.5, "a8"), (150, 2.5, "a8_x2")]
+    ("tokens", "limit", "label"),
+    [(40, None, "a8"), (150, 2.5, "a8"), (150, 2.5, "a8_x2"), (300, 2.5, "a8_t256")],
 )
 def test_an_a8_call_matches_the_a8_reference_moe(a8_moe_on_cpu, tokens, limit, label):
     """The whole A8 MoE (quantized rows, FC1 with SwiGLU, ``h`` quantized per route, FC2, combine)
     within the bounds of ``moe_reference_a8``, clamp included, at a size of one tile per expert
-    and of several, with each A8 schedule (``schedules.A8_SCHEDULES``)."""
+    and of several, with each A8 schedule (``schedules.A8_SCHEDULES``; 300 tokens fill both
+    halves of some 256-route tiles)."""
     from a4prefill.ops.backends.triton.fused_a8 import fused_moe_a8
     from a4prefill.ops.backends.triton.schedules import A8_SCHEDULES
     from a4prefill.ops.reference import moe_reference_a8

@@ -5,7 +5,8 @@ Hopper's FP8 tensor cores, with the numerics of docs/numerics.md section 8 (orac
 
 Per call (``T`` tokens, top-k ``k``, ``R = T * k`` routes, the one NVFP4 weight layout):
 
-1. routing sorted by expert in 128-route tiles (:func:`routing.sort_routes`, no host sync);
+1. routing sorted by expert in the schedule's route tiles (128 routes, or 256 with
+   ``schedules.A8_PREFILL_WIDE``; :func:`routing.sort_routes`, no host sync);
 2. the hidden rows quantized once per token (:func:`quantize_rows`: ``fp8.quantize_rows`` bit
    for bit, one kernel);
 3. FC1: :func:`prefill.launch_prefill_gemm` with ``x_row_scales`` (the warp-specialized

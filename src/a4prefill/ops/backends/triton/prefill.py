@@ -223,12 +223,13 @@ def launch_prefill_gemm(
     copy, :func:`gather_rows`.
     A8 (``x_row_scales`` given; issue 28, docs/numerics.md section 8): every route A8, ``x``
     float8_e4m3fn codes and ``x_row_scales`` fp32 ``[rows]`` their scales, one per row
-    (``fp8.quantize_rows``), rows indexed as ``x``'s; the weights converted to
-    e4m3 in the kernel (``prefill_a8_kernels``; with ``a_register_sets = 2`` each step's successor
-    converted while the step's wgmma runs). Needs a warp-specialized schedule of 128 routes, 128
-    weight rows and one wgmma per step, ``mode`` W4A16 (the epilogues' W4A16 multipliers), ``K`` a
-    multiple of 128 and neither column order. The activation scales reach the kernel in sorted
-    order (``[R]``).
+    (``fp8.quantize_rows``), rows indexed as ``x``'s; the weights converted to e4m3 in the kernel
+    (``prefill_a8_kernels``; with ``a_register_sets = 2`` each step's successor converted while
+    the step's wgmma runs; with 256 routes two wgmmas of 128 routes a step on the same converted
+    weights). Needs a warp-specialized schedule of 128 routes (or 256 with one A register set),
+    128 weight rows and one wgmma per step, ``mode`` W4A16 (the epilogues' W4A16 multipliers),
+    ``K`` a multiple of 128 and neither column order. The activation scales reach the kernel in
+    sorted order (``[R]``).
 
     ``kernel`` replaces the schedule's Gluon kernel (tests: the TTGIR interpreter); by default it is
     imported (Triton 3.6+ with Gluon, an sm_90 GPU). It is compiled with the register cap
@@ -243,7 +244,8 @@ def launch_prefill_gemm(
         raise ValueError(f"x must be {x_dtype} and out bf16, got {x.dtype} and {out.dtype}")
     if x_row_scales is not None and (
         not schedule.warp_specialized
-        or schedule.routes != 128
+        or schedule.routes not in (128, 256)
+        or (schedule.routes == 256 and schedule.a_register_sets != 1)
         or schedule.weight_rows != 128
         or schedule.wgmmas_per_step != 1
         or mode != MODE_W4A16
@@ -254,8 +256,8 @@ def launch_prefill_gemm(
         or tuple(x_row_scales.shape) != (x.shape[0],)
     ):
         raise ValueError(
-            "x_row_scales (A8) needs fp32 [x rows], a warp-specialized schedule of 128 routes, "
-            "128 weight rows and one wgmma per step, "
+            "x_row_scales (A8) needs fp32 [x rows], a warp-specialized schedule of 128 routes (or 256 "
+            "with one A register set), 128 weight rows and one wgmma per step, "
             f"mode W4A16, K a multiple of 128 and no column order; got {schedule}, mode {mode}, K={k}, "
             f"scales {x_row_scales.dtype} {tuple(x_row_scales.shape)}"
         )

@@ -24,7 +24,8 @@ A step is one A8 block of 128 K columns. Per step a consumer (64 weight rows):
 
 :func:`mainloop_a8` runs these in sequence; :func:`mainloop_a8_ahead` (schedules with two A
 operand sets, ``schedules.A8_PREFILL_AHEAD``) converts the next step into a second buffer while
-the step's wgmma runs.
+the step's wgmma runs; :func:`mainloop_a8_wide` (256-route tiles, ``schedules.A8_PREFILL_WIDE``)
+runs two wgmmas of 128 routes on each step's converted weights.
 
 Numerics against ``fp8.block_product``: the weights and the products inside a block are exact
 (on the CPU interpreter the block sums are exact too; the tensor cores sum a block with fewer
@@ -213,14 +214,28 @@ def convert_step(rings, s, HALF: gl.constexpr, a_buffer, BT: gl.constexpr):
 
 
 @gluon.jit
-def _promote(acc, partial, shift, rings, slot, last):
+def _promoted(acc, partial, shift, rings, slot, last, FIRST_ROUTE: gl.constexpr):
     """``acc + partial * shift`` (module docstring, step 3), then, at a work item's ``last``
-    step, times the routes' activation scales ``[BT]`` of the ring slot, read before the slot is
-    released (one arrival on ``empty``)."""
+    step, times the activation scales of the accumulator's routes: the ring slot's ``[BT]``
+    from route ``FIRST_ROUTE`` on (read before the caller releases the slot)."""
     acc = acc + partial * gl.expand_dims(shift, 1)
     if last:
-        x_scales = rings[5].index(slot).load(gl.SliceLayout(0, fp8_acc_layout(acc.shape[1], gl.num_warps())))
+        ROUTES: gl.constexpr = acc.shape[1]
+        x_scales = (
+            rings[5]
+            .index(slot)
+            .slice(FIRST_ROUTE, ROUTES)
+            .load(gl.SliceLayout(0, fp8_acc_layout(ROUTES, gl.num_warps())))
+        )
         acc = acc * gl.expand_dims(x_scales, 0)
+    return acc
+
+
+@gluon.jit
+def _promote(acc, partial, shift, rings, slot, last):
+    """:func:`_promoted` of all the slot's routes, then the slot released (one arrival on
+    ``empty``)."""
+    acc = _promoted(acc, partial, shift, rings, slot, last, 0)
     mbarrier.arrive(rings[4].index(slot))
     return acc
 
@@ -277,6 +292,43 @@ def mainloop_a8_ahead(done, steps, last, HALF: gl.constexpr, rings, BT: gl.const
         acc = _promote(acc, partial, shift, rings, slot, step == steps - 1)
         shift = shift_next
     return acc, shift
+
+
+@gluon.jit
+def mainloop_a8_wide(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr):
+    """:func:`mainloop_a8` on route tiles of ``BT`` = 256 routes as two halves of 128 that share
+    each step's converted weights (``schedules.A8_PREFILL_WIDE``): per step the conversion
+    (:func:`convert_step`, once for both halves), then per half one FP8 wgmma into the one
+    partial, retired and promoted into that half's accumulator before the next is issued (two
+    accumulators and a partial: 192 fp32 registers a thread, where a 256-route partial and
+    accumulator would take 256), then the slot released. Half the conversion per FLOP of
+    128-route tiles, and half the step's other work. Returns the two halves' accumulators
+    ``[64, BT / 2]`` in :func:`fp8_acc_layout`, routes ``0..BT/2`` and ``BT/2..BT`` of the tile."""
+    x_ring = rings[2]
+    a_smem = rings[6].index(HALF)
+    DEPTH: gl.constexpr = x_ring.shape[0]
+    HALF_BT: gl.constexpr = BT // 2
+    ACC: gl.constexpr = fp8_acc_layout(HALF_BT, gl.num_warps())
+    first = gl.zeros([64, HALF_BT], gl.float32, layout=ACC)
+    second = gl.zeros([64, HALF_BT], gl.float32, layout=ACC)
+    for step in range(steps):
+        s = done + step
+        slot = s % DEPTH
+        last = step == steps - 1
+        shift = convert_step(rings, s, HALF, a_smem, HALF_BT)
+        rows = x_ring.index(slot)
+        partial = warpgroup_mma(
+            a_smem, rows.slice(0, HALF_BT, dim=0).permute((1, 0)), first, use_acc=False, is_async=True
+        )
+        partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
+        first = _promoted(first, partial, shift, rings, slot, last, 0)
+        partial = warpgroup_mma(
+            a_smem, rows.slice(HALF_BT, HALF_BT, dim=0).permute((1, 0)), second, use_acc=False, is_async=True
+        )
+        partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
+        second = _promoted(second, partial, shift, rings, slot, last, HALF_BT)
+        mbarrier.arrive(rings[4].index(slot))
+    return first, second
 
 
 @gluon.constexpr_function

@@ -81,6 +81,7 @@ from a4prefill.ops.backends.triton.prefill_a8_kernels import (
     fp8_acc_layout,
     mainloop_a8,
     mainloop_a8_ahead,
+    mainloop_a8_wide,
 )
 from a4prefill.ops.backends.triton.prefill_kernels import (
     EPILOGUE_SWIGLU,
@@ -415,6 +416,50 @@ def _mainloop_halves(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr, A
 
 
 @gluon.jit
+def _item_epilogue(
+    acc,
+    tensors,
+    expert,
+    row0,
+    seg_end,
+    n0,
+    live_tile,
+    EPILOGUE: gl.constexpr,
+    MODE: gl.constexpr,
+    HAS_LIMIT: gl.constexpr,
+    ROWS: gl.constexpr,
+    BT: gl.constexpr,
+    OUT_MMA_ORDER: gl.constexpr,
+):
+    """:func:`~prefill_kernels._epilogue` of a consumer's accumulator ``[ROWS, BT]``: weight rows
+    from ``n0``, the tile's sorted positions from ``row0``; ``tensors`` as :func:`_consume`'s."""
+    _epilogue(
+        acc,
+        tensors[0],  # out_ptr
+        tensors[1],  # scale2_ptr
+        tensors[5],  # sorted_route_ptr
+        expert,
+        row0,
+        seg_end,
+        n0,
+        live_tile,
+        tensors[11],  # N
+        tensors[13],  # ROUTES
+        tensors[14],  # TOPK
+        tensors[15],  # limit
+        tensors[2],  # gs1_ptr
+        tensors[3],  # gs2_ptr
+        tensors[4],  # flag_ptr
+        EPILOGUE,
+        MODE,
+        HAS_LIMIT,
+        ROWS,
+        BT,
+        OUT_MMA_ORDER,
+    )
+
+
+@gluon.jit
 def _consume(
     HALF: gl.constexpr,
     tensors,
@@ -432,29 +477,14 @@ def _consume(
     both warpgroups with ``A_SETS = WGMMAS = 2``, all of them): for each of the program's work
     items in turn, every step's dequantization and wgmma (:func:`_mainloop`,
     :func:`_mainloop_halves` with ``WGMMAS = 2``, :func:`_mainloop_ahead` with ``A_SETS = 2`` and
-    one wgmma per step, or with ``A8`` :func:`prefill_a8_kernels.mainloop_a8`, or
-    :func:`~prefill_a8_kernels.mainloop_a8_ahead` with ``A_SETS = 2``), then the epilogue
-    of its rows, while the producer already copies the next item's first steps. ``tensors``: the
-    kernel's ``out_ptr`` to ``limit`` arguments, then the rings and barriers."""
-    (
-        out_ptr,
-        scale2_ptr,
-        gs1_ptr,
-        gs2_ptr,
-        flag_ptr,
-        sorted_route_ptr,
-        tile_expert_ptr,
-        tile_row_ptr,
-        seg_start_ptr,
-        seg_count_ptr,
-        num_tiles_ptr,
-        N,
-        K,
-        ROUTES,
-        TOPK,
-        limit,
-        rings,
-    ) = tensors
+    one wgmma per step, or with ``A8`` :func:`prefill_a8_kernels.mainloop_a8`,
+    :func:`~prefill_a8_kernels.mainloop_a8_ahead` with ``A_SETS = 2`` or
+    :func:`~prefill_a8_kernels.mainloop_a8_wide` with ``BT`` 256, whose two halves take an
+    epilogue each), then the epilogue of its rows, while the producer already copies the next
+    item's first steps. ``tensors``: the kernel's ``out_ptr`` to ``limit`` arguments (those of
+    the epilogue go to :func:`_item_epilogue` as they are), then the rings and barriers."""
+    tile_expert_ptr, tile_row_ptr, seg_start_ptr = tensors[6], tensors[7], tensors[8]
+    seg_count_ptr, num_tiles_ptr, N, K, rings = tensors[9], tensors[10], tensors[11], tensors[12], tensors[16]
     ROWS: gl.constexpr = consumer_rows(rings[0].shape[1], gl.num_warps())
     ITEM_ROWS: gl.constexpr = rings[0].shape[1]
     n_blocks, works = _works(N, num_tiles_ptr, ITEM_ROWS)
@@ -487,40 +517,66 @@ def _consume(
             ITEM_ROWS,
             A8_STEP if A8 else STEP,
         )
-        if A8 and AHEAD:
-            acc, shift = mainloop_a8_ahead(done, steps, last, HALF, rings, BT, shift)
-        elif A8:
-            acc = mainloop_a8(done, steps, HALF, rings, BT)
-        elif AHEAD:
-            acc, a = _mainloop_ahead(done, steps, last, HALF, rings, BT, a)
-        elif WGMMAS == 2:
-            acc = _mainloop_halves(done, steps, HALF, rings, BT, A_SETS)
+        rows = n0 + HALF * ROWS
+        if A8 and BT == 256:  # two halves of 128 routes, an epilogue each
+            HALF_BT: gl.constexpr = BT // 2
+            first, second = mainloop_a8_wide(done, steps, HALF, rings, BT)
+            _item_epilogue(
+                first,
+                tensors,
+                expert,
+                row0,
+                seg_end,
+                rows,
+                live_tile,
+                EPILOGUE,
+                MODE,
+                HAS_LIMIT,
+                ROWS,
+                HALF_BT,
+                OUT_MMA_ORDER,
+            )
+            _item_epilogue(
+                second,
+                tensors,
+                expert,
+                row0 + HALF_BT,
+                seg_end,
+                rows,
+                live_tile,
+                EPILOGUE,
+                MODE,
+                HAS_LIMIT,
+                ROWS,
+                HALF_BT,
+                OUT_MMA_ORDER,
+            )
         else:
-            acc = _mainloop(done, steps, HALF, rings, BT)
-        _epilogue(
-            acc,
-            out_ptr,
-            scale2_ptr,
-            sorted_route_ptr,
-            expert,
-            row0,
-            seg_end,
-            n0 + HALF * ROWS,
-            live_tile,
-            N,
-            ROUTES,
-            TOPK,
-            limit,
-            gs1_ptr,
-            gs2_ptr,
-            flag_ptr,
-            EPILOGUE,
-            MODE,
-            HAS_LIMIT,
-            ROWS,
-            BT,
-            OUT_MMA_ORDER,
-        )
+            if A8 and AHEAD:
+                acc, shift = mainloop_a8_ahead(done, steps, last, HALF, rings, BT, shift)
+            elif A8:
+                acc = mainloop_a8(done, steps, HALF, rings, BT)
+            elif AHEAD:
+                acc, a = _mainloop_ahead(done, steps, last, HALF, rings, BT, a)
+            elif WGMMAS == 2:
+                acc = _mainloop_halves(done, steps, HALF, rings, BT, A_SETS)
+            else:
+                acc = _mainloop(done, steps, HALF, rings, BT)
+            _item_epilogue(
+                acc,
+                tensors,
+                expert,
+                row0,
+                seg_end,
+                rows,
+                live_tile,
+                EPILOGUE,
+                MODE,
+                HAS_LIMIT,
+                ROWS,
+                BT,
+                OUT_MMA_ORDER,
+            )
         done += steps
 
 

@@ -604,14 +604,19 @@ class PrefillTiles:
 
 # The A8 rows' GEMMs (``fused_a8``, issue 28): the warp-specialized kernel's A8 mainloop on
 # 128-route tiles, 6 ring slots. An A8 slot holds one 128-column block (code bytes 8 KiB, scale
-# bytes 1 KiB, e4m3 rows 16 KiB and their scales 0.5 KiB; ``shared_bytes`` counts bf16 slots of 64
-# columns, 20.5 KiB) plus 16 KiB of converted weights: 169 KiB in all, 201 KiB with the epilogue's
-# scratch (what Triton 3.6 allocates for FC1). ``A8_PREFILL_AHEAD`` converts each step's successor
-# into a second buffer while the step's wgmma runs (``prefill_a8_kernels.mainloop_a8_ahead``; 16 KiB
-# more); not yet timed on a GPU, so ``fused_a8`` runs ``A8_PREFILL`` unless told otherwise.
+# bytes 1 KiB, e4m3 rows 16 KiB and the routes' scales 0.5 KiB; ``shared_bytes`` counts bf16 slots
+# of 64 columns, 20.5 KiB) plus 16 KiB of converted weights: 169 KiB in all, 201 KiB with the
+# epilogue's scratch (what Triton 3.6 allocates for FC1). ``A8_PREFILL_AHEAD`` converts each
+# step's successor into a second buffer while the step's wgmma runs
+# (``prefill_a8_kernels.mainloop_a8_ahead``; 16 KiB more). ``A8_PREFILL_WIDE`` (seventeenth round)
+# runs 256-route tiles as two wgmmas of 128 routes on each step's converted weights
+# (``prefill_a8_kernels.mainloop_a8_wide``: half the conversion per FLOP), 4 slots of 42 KiB. None
+# of the three is timed on a GPU since the fifteenth round's conversion, so ``fused_a8`` runs
+# ``A8_PREFILL`` unless told otherwise.
 A8_PREFILL = _warp_specialized(128, 6)
 A8_PREFILL_AHEAD = _warp_specialized(128, 6, a_register_sets=2)
-A8_SCHEDULES = MappingProxyType({"a8": A8_PREFILL, "a8_x2": A8_PREFILL_AHEAD})
+A8_PREFILL_WIDE = _warp_specialized(256, 4)
+A8_SCHEDULES = MappingProxyType({"a8": A8_PREFILL, "a8_x2": A8_PREFILL_AHEAD, "a8_t256": A8_PREFILL_WIDE})
 
 
 def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: int) -> PrefillTiles | None:
