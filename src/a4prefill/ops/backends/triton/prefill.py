@@ -75,8 +75,8 @@ def ws_partitions(
     """The warp-specialized kernel's workers for ``routes``-route tiles of 128 weight rows (its
     ``PRODUCER_WARPS``, ``PRODUCER_REGISTERS`` and ``CONSUMER_REGISTERS`` constexprs; a tile of
     256 rows takes the partitions of twice its routes: the same accumulator per thread),
-    registers per thread set by ``setmaxnreg``; 384 threads, one CTA per SM, 512 registers per
-    thread summed over the three warpgroups at most.
+    registers per thread set by ``setmaxnreg``; 384 threads, one CTA per SM (unless
+    ``ctas_per_sm``, below), 512 registers per thread summed over the three warpgroups at most.
 
     Two consumer partitions (``one_consumer_partition`` False; ``PrefillGemm.one_consumer_partition``):
     a producer warpgroup and the second consumer warpgroup as workers (the default partition, the

@@ -304,9 +304,9 @@ class PrefillGemm:
     (``maxnreg``) of the kernel in every precision mode, 0 for :meth:`max_registers`' default.
     ``warp_specialized`` (register weights, 128 weight rows per work item, or 256 with at most 128
     routes, no cap, routes 16 to 256): ``prefill_ws_kernels.grouped_w4_gemm_ws_kernel``,
-    persistent (one program per SM), a producer warpgroup copying ``depth`` steps ahead and the
-    two consumer warpgroups decoupled through mbarriers (no CTA barrier per step), each taking
-    half of a work item's rows; launched with 4 warps plus its workers. There
+    persistent (one program per SM, or ``ctas_per_sm``), a producer warpgroup copying ``depth``
+    steps ahead and the two consumer warpgroups decoupled through mbarriers (no CTA barrier per
+    step), each taking half of a work item's rows; launched with 4 warps plus its workers. There
     ``wgmmas_per_step = 2`` dequantizes each step's second half while the first half's wgmma
     runs, both retired at the step's end; ``a_register_sets = 2`` alone dequantizes the next step
     while the step's wgmma runs (``prefill_ws_kernels._mainloop_ahead``; in A8 it converts the
