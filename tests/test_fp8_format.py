@@ -127,7 +127,7 @@ def test_activation_rows_quantize_as_the_contract_says(bits):
 def test_a_rows_scale_is_its_largest_magnitude_over_every_block():
     """One scale per row, whatever its blocks hold: a row whose second block holds its largest
     value (448 times a power of two) and whose first block is 2**-10 of it keeps the first
-    block's values at that ratio (codes 0.4375 = 448 * 2**-10 in e4m3, a subnormal step), not
+    block's values at that ratio (codes 0.4375 = 448 * 2**-10, an exact e4m3 value), not
     scaled up on their own; a row of zeros gets scale 0."""
     x = torch.zeros(3, 256)
     x[0, :128] = 448 * 2.0**-10

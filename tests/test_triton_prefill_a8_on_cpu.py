@@ -140,11 +140,12 @@ def test_a8_product_matches_the_block_product(interpreted, gather, schedule):
     so the next item's first step is converted during an item's last wgmma, and the interpreter
     reads a wgmma's operands when it retires: a buffer rewritten before its wgmma retired, a
     step's factors paired with another step, or an item's route scales taken from another item's
-    slot, fail. On 256-route tiles (``SCHEDULE_WIDE``) 150 tokens give each expert a full tile
-    and one that ends in its first half: a half's accumulator promoted or scaled with the other
-    half's routes, or a second half written past the segment, fail."""
+    slot, fail. On 256-route tiles (``SCHEDULE_WIDE``) 300 tokens give each of the two experts
+    with routes 300: a full tile (both halves) and a tile that ends inside its first half (its
+    second half past the segment): a half's accumulator promoted or scaled with the other half's
+    routes, or a second half written past the segment, fail."""
     generator = torch.Generator().manual_seed(3)
-    tokens = 150 if schedule.routes == 256 else 45
+    tokens = 300 if schedule.routes == 256 else 45
     experts, n, k, top_k = 3, 256, (SCHEDULE.depth + 2) * fp8.A8_BLOCK, 2
     codes = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=generator)
     picks = torch.randint(0, len(EVERY_SCALE_BYTE), (experts, n, k // 16), generator=generator)
@@ -161,6 +162,8 @@ def test_a8_product_matches_the_block_product(interpreted, gather, schedule):
     out, routing = run_a8(
         interpreted, x8, row_scales, codes, scales, ids, top_k if gather else None, schedule
     )
+    if schedule.routes == 256:  # tiles full, ending in a first half, and a second tile per expert
+        assert routing.seg_count[:2].tolist() == [300, 300] and int(routing.num_tiles) == 4
     exact, magnitude = oracle(x8, row_scales, codes, scales, routing, top_k if gather else None)
     assert not out.isnan().any(), "a sorted position was not written"
     step = exact.abs().clamp(min=2.0**-120).float().bfloat16().double() * 2.0**-7
@@ -377,13 +380,13 @@ def tiny_a8_layer(tokens: int, seed: int):
 
 @pytest.mark.parametrize(
     ("tokens", "limit", "label"),
-    [(40, None, "a8"), (150, 2.5, "a8"), (150, 2.5, "a8_x2"), (300, 2.5, "a8_t256")],
+    [(40, None, "a8"), (150, 2.5, "a8"), (150, 2.5, "a8_x2"), (600, 2.5, "a8_t256")],
 )
 def test_an_a8_call_matches_the_a8_reference_moe(a8_moe_on_cpu, tokens, limit, label):
     """The whole A8 MoE (quantized rows, FC1 with SwiGLU, ``h`` quantized per route, FC2, combine)
     within the bounds of ``moe_reference_a8``, clamp included, at a size of one tile per expert
-    and of several, with each A8 schedule (``schedules.A8_SCHEDULES``; 300 tokens fill both
-    halves of some 256-route tiles)."""
+    and of several, with each A8 schedule (``schedules.A8_SCHEDULES``; 600 tokens give each
+    expert about 300 routes: a full 256-route tile and one ending in its first half)."""
     from a4prefill.ops.backends.triton.fused_a8 import fused_moe_a8
     from a4prefill.ops.backends.triton.schedules import A8_SCHEDULES
     from a4prefill.ops.reference import moe_reference_a8

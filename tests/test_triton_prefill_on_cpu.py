@@ -172,7 +172,7 @@ def compile_prefill_kernel(schedule: PrefillGemm, a8: bool = False, **overrides:
     """The schedule's prefill kernel compiled offline for sm_90a as the launcher specializes it
     (16-byte aligned tensors, N and K multiples of 16): FC1 (rows gathered by token), no
     epilogue, W4A16, unless ``overrides`` sets other constexprs; with ``a8`` (a warp-specialized
-    schedule) its A8 mainloop (e4m3 rows, their block scales ``xs_ptr``)."""
+    schedule) its A8 mainloop (e4m3 rows, their scales ``xs_ptr``, one per route)."""
     from helpers.gluon_on_cpu import compile_sm90
 
     pointers = {

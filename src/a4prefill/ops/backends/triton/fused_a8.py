@@ -69,6 +69,8 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     by ``prefill_a8_kernels.quantize_fp8_rows_kernel``: ``(codes float8_e4m3fn [R, K], scales
     fp32 [R])``. No host sync."""
     rows, k = x.shape
+    if k % fp8.A8_BLOCK:
+        raise ValueError(f"x: K={k} must be a multiple of {fp8.A8_BLOCK} for the A8 row quantizer")
     codes = torch.empty(rows, k, dtype=torch.float8_e4m3fn, device=x.device)
     scales = torch.empty(rows, dtype=torch.float32, device=x.device)
     if rows:

@@ -182,8 +182,9 @@ def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr):
     bytes of the item's weight rows, :func:`code_box`; the ``BT`` activation rows from the tile's
     first sorted position) after one ``expect`` of their bytes; every thread ``cp.async``-copies
     one row's scale bytes (4, or 8 for an A8 step; a TMA box row takes at least 16) and, with
-    ``A8`` at an item's last step, one route's activation scale (``xs [ROUTES]`` fp32 in sorted
-    order, 0 past ``ROUTES``), and arrives when they land (``noinc``). The ring runs on across work items:
+    ``A8`` at an item's last step, ``BT / 128`` routes' activation scales (``xs [ROUTES]`` fp32
+    in sorted order, 0 past ``ROUTES``), and arrives when they land (``noinc``). The ring runs on
+    across work items:
     ``done`` counts the steps of the program's earlier items. ``tensors``: the kernel's ``x_desc``
     to ``ROUTES`` arguments, ``xs_ptr`` and the rings and barriers."""
     (
@@ -635,7 +636,8 @@ def grouped_w4_gemm_ws_kernel(
     ``ctas_per_sm``: one per SM, or two or three CTAs sharing an SM, with ``maxnreg`` and the
     partitions' registers of ``schedules.WS_SHARED_SM_REGISTERS``).
 
-    ``A8`` (``MODE`` W4A16, ``BT`` 128; ``tma_descriptors(..., a8=True)``): every route A8, the
+    ``A8`` (``MODE`` W4A16, ``BT`` 128, or 256 as two halves of 128 sharing each step's converted
+    weights; ``tma_descriptors(..., a8=True)``): every route A8, the
     consumers of :mod:`prefill_a8_kernels` on steps of one A8 block (code bytes 128 x 64, scale
     bytes 128 x 8, activation rows ``BT`` x 128 e4m3; with an item's last step the rows' scales,
     ``xs_ptr`` fp32 ``[ROUTES]`` in sorted order), each consumer with ``A_SETS`` ``[64, 128]`` e4m3

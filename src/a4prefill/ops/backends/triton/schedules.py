@@ -35,10 +35,11 @@ PREFILL_EPILOGUES = MappingProxyType({"none": 0, "swiglu": 1, "alpha": 2})
 
 # Shared memory the warp-specialized kernel's epilogues take beside its rings: the scratch of
 # their layout conversions, which Triton allocates after the rings (not reused from them). At most
-# 512 bytes per route of a 128-row work item's accumulator (the split FC2; FC1's SwiGLU takes 256)
-# and 32 KiB in all, plus 16 bytes, in every mode, epilogue and route tile (Triton 3.6 on the H200
-# and 3.9 offline). Left out of the estimate before 2026-12-04, 128-route tiles with 10 ring slots
-# passed the 227 KiB check and failed to launch (242 856 bytes asked for).
+# 512 bytes per route of a 128-row work item's accumulator (the A4 and split FC2, within 8 bytes:
+# 68 712 of 68 720 at 32 routes; FC1's SwiGLU takes 256) and 32 KiB in all, plus 16 bytes, in
+# every mode, epilogue and route tile (Triton 3.6 on the H200 and 3.9 offline). Left out of the
+# estimate before 2026-12-04, 128-route tiles with 10 ring slots passed the 227 KiB check and
+# failed to launch (242 856 bytes asked for).
 WS_EPILOGUE_SCRATCH_BYTES = 32 * 1024 + 16
 WS_EPILOGUE_SCRATCH_PER_ROUTE = 512
 # An H100/H200 SM's shared memory, and what the system reserves of it per resident CTA
