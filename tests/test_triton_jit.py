@@ -211,6 +211,7 @@ def test_the_hook_tests_cover_every_kernel_the_package_launches():
         "grouped_w4_gemm_rs_kernel",
         "grouped_w4_gemm_kernel",
         "grouped_w4_gemm_ws_kernel",
+        "fp8_block_amax_kernel",
         "quantize_fp8_rows_kernel",
         "gather_rows_kernel",
     }
@@ -269,7 +270,8 @@ def test_after_an_a8_warm_up_no_a8_call_of_any_size_compiles(device):
         report = warm_up(experts, None, None, MAX_TOKENS, torch.bfloat16, TOP_K, a8=True)
         warm = len(compiles)
         compiled = {event.kernel for event in compiles}
-        assert {"grouped_w4_gemm_ws_kernel", "quantize_fp8_rows_kernel", "route_prep_kernel"} <= compiled
+        a8_kernels = {"grouped_w4_gemm_ws_kernel", "fp8_block_amax_kernel", "quantize_fp8_rows_kernel"}
+        assert a8_kernels | {"route_prep_kernel"} <= compiled
         shapes = (TOP_K, EXPERTS, HIDDEN, INTERMEDIATE, torch.bfloat16, torch.device(device))
         w4a16_plans = len(plan_representatives(MAX_TOKENS, *shapes))
         assert report.calls == report.plans == w4a16_plans + len(a8_representatives(MAX_TOKENS, TOP_K))

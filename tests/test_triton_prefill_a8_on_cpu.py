@@ -290,13 +290,17 @@ def test_the_ahead_consumers_convert_the_next_step_while_their_wgmma_runs(epilog
         assert re.findall(r"\b(?:STL|LDL)\b", cuobjdump(kernel, "-sass")) == []
 
 
+QUANTIZER_KERNELS = ("fp8_block_amax_kernel", "quantize_fp8_rows_kernel")  # its two launches
+
+
 @pytest.fixture(scope="module")
 def interpreted_quantizer():
-    """The A8 row quantizer under the TTGIR interpreter."""
+    """The A8 row quantizer's kernels under the TTGIR interpreter, by name."""
     from a4prefill.ops.backends.triton import kernel_modules
     from helpers.gluon_on_cpu import InterpretedKernel
 
-    return InterpretedKernel(kernel_modules.prefill_a8().quantize_fp8_rows_kernel)
+    kernels = kernel_modules.prefill_a8()
+    return {name: InterpretedKernel(getattr(kernels, name)) for name in QUANTIZER_KERNELS}
 
 
 @settings(max_examples=10, deadline=None)
@@ -324,7 +328,8 @@ def test_the_row_quantizer_is_fp8_quantize_rows_bit_for_bit(
     if zero_block:
         x[0, : fp8.A8_BLOCK] = 0
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(fused_a8.kernel_modules.prefill_a8(), "quantize_fp8_rows_kernel", interpreted_quantizer)
+        for name, kernel in interpreted_quantizer.items():
+            patch.setattr(fused_a8.kernel_modules.prefill_a8(), name, kernel)
         codes, scales = fused_a8.quantize_rows(x)
     expected_codes, expected_scales = fp8.quantize_rows(x)
     assert torch.equal(codes.view(torch.uint8), expected_codes.view(torch.uint8))
@@ -351,7 +356,8 @@ def a8_moe_on_cpu(interpreted, interpreted_quantizer):
     with pytest.MonkeyPatch.context() as patch:
         interpreted_row_gather(patch)
         patch.setattr(prefill_ws_kernels, "grouped_w4_gemm_ws_kernel", interpreted)
-        patch.setattr(kernel_modules.prefill_a8(), "quantize_fp8_rows_kernel", interpreted_quantizer)
+        for name, kernel in interpreted_quantizer.items():
+            patch.setattr(kernel_modules.prefill_a8(), name, kernel)
         patch.setattr(
             prefill_kernels,
             "grouped_w4_gemm_rs_kernel",
@@ -443,14 +449,15 @@ def test_a_split_a8_plan_runs_prefill_rows_a8_and_the_others_w4a16(a8_moe_on_cpu
 
 def test_the_row_quantizer_compiles_to_ieee_divisions_and_nearest_even_e4m3():
     """What the interpreter cannot tell apart (it divides exactly whatever the division): compiled
-    for sm_90a, the row quantizer divides with ``div.rn.f32`` only (no approximate division) and
-    rounds to e4m3 with ``cvt.rn.satfinite.e4m3x2.f32``."""
+    for sm_90a, the row quantizer's second pass divides with ``div.rn.f32`` only (no approximate
+    division) and rounds to e4m3 with ``cvt.rn.satfinite.e4m3x2.f32``."""
     from a4prefill.ops.backends.triton import kernel_modules
     from helpers.gluon_on_cpu import compile_sm90
 
     kernel = kernel_modules.prefill_a8().quantize_fp8_rows_kernel
-    signature = {"x_ptr": "*bf16", "codes_ptr": "*fp8e4nv", "scales_ptr": "*fp32", "ROWS": "i32", "K": "i32"}
-    ptx = compile_sm90(kernel, signature, {"BR": 16}, 4, {"x_ptr", "codes_ptr", "scales_ptr", "K"}).asm["ptx"]
+    pointers = {"x_ptr": "*bf16", "amax_ptr": "*fp32", "codes_ptr": "*fp8e4nv", "scales_ptr": "*fp32"}
+    signature = {**pointers, "ROWS": "i32", "K": "i32"}
+    ptx = compile_sm90(kernel, signature, {"BR": 16, "BLOCKS": 32}, 4, {*pointers, "K"}).asm["ptx"]
     divisions = set(re.findall(r"\bdiv\.[\w.]+", ptx))
     assert divisions == {"div.rn.f32"}, divisions
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx

@@ -34,7 +34,7 @@ from a4prefill.ops.backends.triton.fused import _aligned, _combine
 from a4prefill.ops.backends.triton.plan import prefill_kernels_run
 from a4prefill.ops.backends.triton.prefill import launch_prefill_gemm
 from a4prefill.ops.backends.triton.routing import routing_launch, sort_routes
-from a4prefill.ops.backends.triton.schedules import A8_PREFILL, A8_SCHEDULES, PrefillGemm, cdiv
+from a4prefill.ops.backends.triton.schedules import A8_PREFILL, A8_SCHEDULES, PrefillGemm, cdiv, next_pow2
 from a4prefill.ops.modelopt import NvFp4Experts
 from a4prefill.ops.precision import MODE_W4A16
 
@@ -66,17 +66,31 @@ QUANTIZE_ROWS_PER_PROGRAM = 16  # rows of one program of the A8 row quantizer (2
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``fp8.quantize_rows`` of a contiguous bf16 ``x [R, K]`` (K a multiple of 128) on its device,
-    by ``prefill_a8_kernels.quantize_fp8_rows_kernel``: ``(codes float8_e4m3fn [R, K], scales
-    fp32 [R])``. No host sync."""
+    in two launches over ``(row groups, K / 128 blocks)`` (``prefill_a8_kernels``: each block's
+    largest magnitude, then each block's codes from its row's largest over all blocks; the row
+    read twice, every program one block): ``(codes float8_e4m3fn [R, K], scales fp32 [R])``.
+    No host sync."""
     rows, k = x.shape
     if k % fp8.A8_BLOCK:
         raise ValueError(f"x: K={k} must be a multiple of {fp8.A8_BLOCK} for the A8 row quantizer")
     codes = torch.empty(rows, k, dtype=torch.float8_e4m3fn, device=x.device)
     scales = torch.empty(rows, dtype=torch.float32, device=x.device)
     if rows:
-        grid = (cdiv(rows, QUANTIZE_ROWS_PER_PROGRAM),)
-        kernel_modules.prefill_a8().quantize_fp8_rows_kernel[grid](
-            x, codes, scales, rows, k, BR=QUANTIZE_ROWS_PER_PROGRAM, num_warps=4
+        blocks = k // fp8.A8_BLOCK
+        amax = torch.empty(rows, blocks, dtype=torch.float32, device=x.device)
+        grid = (cdiv(rows, QUANTIZE_ROWS_PER_PROGRAM), blocks)
+        kernels = kernel_modules.prefill_a8()
+        kernels.fp8_block_amax_kernel[grid](x, amax, rows, k, BR=QUANTIZE_ROWS_PER_PROGRAM, num_warps=4)
+        kernels.quantize_fp8_rows_kernel[grid](
+            x,
+            amax,
+            codes,
+            scales,
+            rows,
+            k,
+            BR=QUANTIZE_ROWS_PER_PROGRAM,
+            BLOCKS=next_pow2(blocks),
+            num_warps=4,
         )
     return codes, scales
 

@@ -340,32 +340,51 @@ def quantize_layout(warps: int) -> gl.BlockedLayout:
 
 # ROWS unspecialized: one compile for every row count
 @gluon.jit(do_not_specialize=["ROWS"])
-def quantize_fp8_rows_kernel(x_ptr, codes_ptr, scales_ptr, ROWS, K, BR: gl.constexpr):
-    """The A8 activations (``fp8.quantize_rows`` bit for bit, docs/numerics.md section 8): ``x
-    [ROWS, K]`` bf16 -> ``codes [ROWS, K]`` e4m3 and ``scales [ROWS]`` fp32, per row ``a =
-    max(amax, 2**-100)``, codes ``e4m3(clamp(x * div_rn(448, a), -448, 448))`` (nearest even),
-    scale ``div_rn(a, 448)`` (0 for a row of zeros). Two passes over the row's 128-column blocks:
-    the largest magnitude, then the codes (the second reads the row again, from L2). Grid
-    ``(cdiv(ROWS, BR),)``; ``BR`` a multiple of 2 * num_warps, ``K`` of 128."""
+def fp8_block_amax_kernel(x_ptr, amax_ptr, ROWS, K, BR: gl.constexpr):
+    """The first pass of the A8 row quantizer: ``amax [ROWS, K / 128]`` fp32, the largest
+    magnitude of each 128-column block of ``x [ROWS, K]`` bf16 (exact). Grid ``(cdiv(ROWS, BR),
+    K / 128)``, one block of ``BR`` rows a program; ``BR`` a multiple of 2 * num_warps."""
     L: gl.constexpr = quantize_layout(gl.num_warps())
     rows = gl.program_id(0) * BR + gl.arange(0, BR, layout=gl.SliceLayout(1, L))
-    cols = gl.arange(0, A8_STEP, layout=gl.SliceLayout(0, L))
+    block = gl.program_id(1)
+    cols = block * A8_STEP + gl.arange(0, A8_STEP, layout=gl.SliceLayout(0, L))
     live = rows < ROWS
-    offsets = rows.to(gl.int64)[:, None] * K + cols[None, :]
-    amax = gl.zeros([BR], gl.float32, layout=gl.SliceLayout(1, L))
-    for k0 in range(0, K, A8_STEP):
-        x = gl.load(x_ptr + offsets + k0, mask=live[:, None], other=0.0).to(gl.float32)
-        amax = gl.maximum(amax, gl.max(gl.abs(x), axis=1))
+    x = gl.load(x_ptr + rows.to(gl.int64)[:, None] * K + cols[None, :], mask=live[:, None], other=0.0)
+    amax = gl.max(gl.abs(x.to(gl.float32)), axis=1)
+    gl.store(amax_ptr + rows.to(gl.int64) * (K // A8_STEP) + block, amax, mask=live)
+
+
+# ROWS unspecialized: one compile for every row count
+@gluon.jit(do_not_specialize=["ROWS"])
+def quantize_fp8_rows_kernel(
+    x_ptr, amax_ptr, codes_ptr, scales_ptr, ROWS, K, BR: gl.constexpr, BLOCKS: gl.constexpr
+):
+    """The second pass of the A8 row quantizer (``fp8.quantize_rows`` bit for bit,
+    docs/numerics.md section 8): ``x [ROWS, K]`` bf16 and its blocks' largest magnitudes ``amax
+    [ROWS, K / 128]`` (:func:`fp8_block_amax_kernel`) -> ``codes [ROWS, K]`` e4m3 and ``scales
+    [ROWS]`` fp32: per row ``a = max(amax, 2**-100)`` over all its blocks, codes ``e4m3(clamp(x *
+    div_rn(448, a), -448, 448))`` (nearest even), scale ``div_rn(a, 448)`` (0 for a row of
+    zeros). Grid ``(cdiv(ROWS, BR), K / 128)``: each program reads its rows' ``K / 128`` block
+    maxima (``BLOCKS``, a power of two at least that), quantizes its block and, in block 0, writes
+    the rows' scales. ``BR`` a multiple of 2 * num_warps."""
+    L: gl.constexpr = quantize_layout(gl.num_warps())
+    rows = gl.program_id(0) * BR + gl.arange(0, BR, layout=gl.SliceLayout(1, L))
+    block = gl.program_id(1)
+    live = rows < ROWS
+    blocks = gl.arange(0, BLOCKS, layout=gl.SliceLayout(0, L))
+    maxima = gl.load(
+        amax_ptr + rows.to(gl.int64)[:, None] * (K // A8_STEP) + blocks[None, :],
+        mask=live[:, None] & (blocks < K // A8_STEP)[None, :],
+        other=0.0,
+    )
+    amax = gl.max(maxima, axis=1)
     floored = gl.maximum(amax, 7.888609052210118e-31)  # 2**-100
     e4m3_max = gl.full_like(floored, 448.0)
-    multiplier = gl.expand_dims(gl.div_rn(e4m3_max, floored), 1)
-    for k0 in range(0, K, A8_STEP):
-        x = gl.load(x_ptr + offsets + k0, mask=live[:, None], other=0.0).to(gl.float32)
-        product = gl.minimum(gl.maximum(x * multiplier, -448.0), 448.0)
-        gl.store(
-            codes_ptr + offsets + k0,
-            product.to(gl.float8e4nv, fp_downcast_rounding="rtne"),
-            mask=live[:, None],
-        )
+    cols = block * A8_STEP + gl.arange(0, A8_STEP, layout=gl.SliceLayout(0, L))
+    offsets = rows.to(gl.int64)[:, None] * K + cols[None, :]
+    x = gl.load(x_ptr + offsets, mask=live[:, None], other=0.0).to(gl.float32)
+    product = x * gl.expand_dims(gl.div_rn(e4m3_max, floored), 1)
+    codes = gl.minimum(gl.maximum(product, -448.0), 448.0).to(gl.float8e4nv, fp_downcast_rounding="rtne")
+    gl.store(codes_ptr + offsets, codes, mask=live[:, None])
     scales = gl.where(amax > 0, gl.div_rn(floored, e4m3_max), 0.0)
-    gl.store(scales_ptr + rows, scales, mask=live)
+    gl.store(scales_ptr + rows, scales, mask=live & (block == 0))
