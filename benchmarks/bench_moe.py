@@ -276,11 +276,11 @@ PREFILL_SWEEP = [
     ("ws_t128_d8", "ws_t128_d8"),
     ("ws_t128_d8", "ws_t128_d6"),
     ("ws_t256_d5", "ws_t256_d5"),
-    ("rs_w128_t32_d6_ws_c2", "rs_w128_t32_d6_ws_c2"),
-    ("rs_w128_t16_d8_ws_c3", "rs_w128_t16_d8_ws_c3"),
+    ("rs_w128_t32_d6_ws_c3", "rs_w128_t32_d6_ws_c3"),
+    ("rs_w128_t64_d6_ws_c2", "rs_w128_t64_d6_ws_c2"),
+    ("ws_t32_d6_c2", "ws_t32_d6_c2"),
+    ("ws_t16_d8_c3", "ws_t16_d8_c3"),
     ("ws_t32_d6_x2_c2", "ws_t32_d6_x2_c2"),
-    ("ws_t32_d6_c3", "ws_t32_d6_c3"),
-    ("ws_t64_d6_c2", "ws_t64_d6_c2"),
 ]
 SWEEP = {  # block_m, fc1_n, fc1_k, fc2_n, fc2_k, warps, stages, ptx_dequant, split_k
     "bm16_n32_k128_w4_triton": (16, 32, 128, 64, 128, 4, 4, False, 1),

@@ -14,7 +14,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?OUT must name the folder the results go to (the device tool sets it)}"
 export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-SMALL_TILES=rs_w128_t32_d6_ws_c2,rs_w128_t16_d8_ws_c3,ws_t32_d6_x2_c2,ws_t32_d6_c3,ws_t64_d6_c2,ws_t32_d6,ws_t32_d6_x2
+SMALL_TILES=rs_w128_t32_d6_ws_c3,rs_w128_t64_d6_ws_c2,ws_t32_d6_c2,ws_t16_d8_c3,ws_t32_d6_x2_c2,ws_t32_d6,ws_t32_d6_x2
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv | tee "$OUT/gpu.txt"
 case "${1:-}" in
 large)

@@ -475,13 +475,13 @@ def test_the_dequantize_ahead_consumers_dequantize_while_their_wgmma_runs():
         "rs_w128_t128_d6_ws",
         "rs_w128_t128_d6_ws_h2",
         "rs_w128_t128_d6_ws_x2",
-        "rs_w128_t32_d6_ws_c2",
-        "rs_w128_t16_d8_ws_c3",
+        "rs_w128_t64_d6_ws_c2",
+        "rs_w128_t32_d6_ws_c3",
     ],
 )
 def test_the_warp_specialized_gemms_spill_nothing(label, mode):
     """FC1 (SwiGLU, ``h`` in MMA column order) and FC2 (alpha) of the warp-specialized kernel at
-    64- and 128-route tiles (and two wgmmas per step at 128), and at 32- and 16-route tiles with
+    64- and 128-route tiles (and two wgmmas per step at 128), and at 64- and 32-route tiles with
     two and three CTAs per SM (consumers of 96 and 64 registers), compile with no local memory at
     all (SASS) and within the schedule's
     ``shared_bytes`` (the split FC2 at 64-route tiles takes the most beside its rings), with the launcher's
@@ -505,7 +505,7 @@ def test_the_warp_specialized_gemms_spill_nothing(label, mode):
 
 
 @pytest.mark.parametrize(
-    ("label", "ctas", "cap"), [("rs_w128_t32_d6_ws_c2", 2, 80), ("rs_w128_t16_d8_ws_c3", 3, 56)]
+    ("label", "ctas", "cap"), [("rs_w128_t64_d6_ws_c2", 2, 80), ("rs_w128_t32_d6_ws_c3", 3, 56)]
 )
 def test_schedules_sharing_an_sm_launch_that_many_programs_per_sm_under_their_register_cap(label, ctas, cap):
     """A warp-specialized schedule of ``ctas_per_sm`` CTAs is launched with that many persistent
@@ -1023,7 +1023,8 @@ def prefill_moe_on_cpu(interpreted):
 @pytest.mark.parametrize(
     ("tokens", "limit", "fc1", "fc2"),
     [
-        (96, None, "rs_w128_t64_d4_r80", "rs_w128_t64_d4_r80"),  # 48 routes per expert
+        (48, None, "rs_w128_t32_d6_ws_c3", "rs_w128_t32_d6_ws_c3"),  # 24 routes per expert
+        (96, None, "rs_w128_t64_d6_ws_c2", "rs_w128_t64_d6_ws_c2"),  # 48 routes per expert
         (160, None, "rs_w128_t128_d6_ws", "rs_w128_t128_d6_ws"),  # 80 routes per expert
         (160, 2.5, "rs_w128_t128_d6_ws", "rs_w128_t128_d6_ws"),
         (400, None, "rs_w128_t256_d4_ws_x2_h2", "rs_w128_t256_d4_ws_x2_h2"),  # 200 routes per expert
@@ -1066,13 +1067,13 @@ def test_a_w4a16_prefill_call_runs_the_prefill_gemms_and_matches_the_reference(
 
 @pytest.mark.parametrize(
     ("tokens", "limit", "expected_kernel"),
-    [(160, None, "warp_specialized"), (160, 2.5, "warp_specialized"), (96, 2.5, "registers")],
+    [(160, None, "warp_specialized"), (160, 2.5, "warp_specialized"), (48, 2.5, "warp_specialized")],
 )
 def test_a4_and_split_prefill_calls_run_the_prefill_gemms_and_match_the_reference(
     prefill_moe_on_cpu, interpreted, tokens, limit, expected_kernel
 ):
     """A4 and split calls of a prefill size (80 routes per expert: the warp-specialized kernel's
-    128-route tiles; 48: 64-route register-weights tiles) take the same two prefill launches as
+    128-route tiles; 24: its 32-route tiles, three CTAs per SM) take the same two prefill launches as
     W4A16 (the A4 rows quantized first): all-A4 within the A4 bounds of the reference A4 MoE;
     split with every third token A4, its A4 rows within those bounds and its W4A16 rows within
     the W4A16 bounds of the reference W4A16 MoE."""
@@ -1124,11 +1125,49 @@ def test_calls_below_the_prefill_size_or_not_w4a16_bf16_plan_no_prefill_gemms(pr
     assert plan_call(tokens, 2, 4, 256, 96, torch.bfloat16, cpu).prefill is None  # 2 I = 192
 
 
+def test_where_both_kernel_families_run_the_prefill_tiles_take_a_call_before_the_decode_kernels(
+    monkeypatch,
+):
+    """On a GPU that runs the decode and the prefill kernels (an H200), a W4A16 call of the GLM
+    TP2 shape (288 experts, top-8) from ``PREFILL_MIN_ROWS_PER_EXPERT`` routes per expert runs
+    the prefill GEMMs of its size, although the decode kernels have a schedule for it (up to
+    ``DECODE_MAX_ROWS_PER_EXPERT``); below, the decode kernels; an explicit config's decode
+    schedule still comes first; where the prefill kernels do not run (sm_80, sm_120), the decode
+    kernels keep every decode size."""
+    from a4prefill.ops.backends.triton import plan
+    from a4prefill.ops.backends.triton.schedules import (
+        DECODE_MAX_ROWS_PER_EXPERT,
+        PREFILL_MIN_ROWS_PER_EXPERT,
+        choose_config,
+    )
+
+    experts, hidden_size, inter, top_k = 288, 4096, 1024, 8
+    gpu = torch.device("cpu")  # stands in for the GPU: the two "runs" checks are patched
+    monkeypatch.setattr(plan, "decode_kernels_run", lambda device: True)
+    monkeypatch.setattr(plan, "grid_dependencies_run", lambda device: True)
+    monkeypatch.setattr(plan, "prefill_kernels_run", lambda device: True)
+    first = PREFILL_MIN_ROWS_PER_EXPERT * experts // top_k  # 576 tokens
+    assert PREFILL_MIN_ROWS_PER_EXPERT < DECODE_MAX_ROWS_PER_EXPERT
+    for tokens, label in ((first, "rs_w128_t32_d6_ws_c3"), (1024, "rs_w128_t32_d6_ws_c3")):
+        planned = plan.plan_call(tokens, top_k, experts, hidden_size, inter, torch.bfloat16, gpu)
+        assert choose_config(tokens * top_k, experts, hidden_size, inter).decode is not None
+        assert planned.decode is None
+        assert planned.prefill == PrefillTiles(PREFILL_SCHEDULES[label], PREFILL_SCHEDULES[label])
+    below = plan.plan_call(first - 1, top_k, experts, hidden_size, inter, torch.bfloat16, gpu)
+    assert below.decode is not None and below.prefill is None
+    explicit = choose_config(1024 * top_k, experts, hidden_size, inter)
+    planned = plan.plan_call(1024, top_k, experts, hidden_size, inter, torch.bfloat16, gpu, explicit)
+    assert planned.decode == explicit.decode
+    monkeypatch.setattr(plan, "prefill_kernels_run", lambda device: False)
+    planned = plan.plan_call(1024, top_k, experts, hidden_size, inter, torch.bfloat16, gpu)
+    assert planned.decode is not None and planned.prefill is None
+
+
 def test_an_explicit_config_runs_its_prefill_tiles_at_any_size_and_matches_the_reference(
     prefill_moe_on_cpu, interpreted
 ):
     """A ``GemmConfig`` with ``prefill`` tiles (what the benchmark's prefill sweep times) plans
-    those tiles on a call below ``PREFILL_MIN_ROWS_PER_EXPERT`` (24 routes per expert, where the
+    those tiles on a call below ``PREFILL_MIN_ROWS_PER_EXPERT`` (12 routes per expert, where the
     size's choice off the decode kernels is the tiled kernels), launches their kernels (32-route
     tiles, weights in registers: one FC1 and one FC2 launch) and stays within the W4A16 bounds of
     the reference."""
@@ -1139,7 +1178,7 @@ def test_an_explicit_config_runs_its_prefill_tiles_at_any_size_and_matches_the_r
     from a4prefill.tools.tiny_layer import make_tiny_layer, random_routing
     from helpers.layers import assert_close_to_reference
 
-    tokens, experts, hidden_size, inter, top_k = 48, 4, 256, 128, 2
+    tokens, experts, hidden_size, inter, top_k = 24, 4, 256, 128, 2
     tiles = PrefillTiles(PREFILL_SCHEDULES["rs_w128_t32_d4"], PREFILL_SCHEDULES["rs_w128_t32_d4"])
     default = choose_config(tokens * top_k, experts, hidden_size, inter)
     config = dataclasses.replace(default, decode=None, prefill=tiles)

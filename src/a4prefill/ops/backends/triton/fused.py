@@ -22,8 +22,9 @@ and 4's GEMMs in :mod:`decode_kernels` instead (weights on the MMA's M side, cod
 into MMA registers), when the shapes fit its schedule (:class:`schedules.DecodeTiles`) and the GPU
 is sm_80+; same routing, A4 quantization, combine and numerics contract. Calls with bf16
 activations on an sm_90 GPU and at least :data:`schedules.PREFILL_MIN_ROWS_PER_EXPERT` routes per
-expert (mean) run them in :mod:`prefill_kernels` (wgmma, weights dequantized on the way in),
-in every precision mode (the A4 rows quantized by the same pass first). What a call launches is its
+expert (mean) run them in :mod:`prefill_kernels` (wgmma, weights dequantized on the way in)
+instead, decode sizes above that included, in every precision mode (the A4 rows quantized by
+the same pass first). What a call launches is its
 :class:`plan.CallPlan`.
 
 Out-of-range expert ids (``< 0`` or ``>= E``): those routes are ignored (they contribute

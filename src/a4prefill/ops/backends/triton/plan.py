@@ -106,16 +106,24 @@ def plan_call(
 ) -> CallPlan:
     """The :class:`CallPlan` of a call of ``tokens`` tokens (top-``top_k``) on a layer of
     ``experts`` experts (``hidden``, ``intermediate``) with ``dtype`` io on ``device`` (a CUDA
-    device when the decode kernels may run); ``config`` overrides :func:`choose_config` and the
-    size's choice of prefill GEMMs: its ``prefill`` tiles run where the prefill kernels can (bf16
-    io, sm_90), else its tiles, as with ``decode``. Raises ``ValueError`` for a ``config.decode``
-    or ``config.prefill`` the shapes cannot take."""
+    device when the decode kernels may run). Without ``config``, the size's prefill GEMMs
+    (:func:`choose_prefill_tiles`, where the prefill kernels run: bf16 io, sm_90) take the call
+    first, then :func:`choose_config`'s decode schedule (where the decode kernels run), then its
+    tiles. ``config`` overrides both choices: its ``decode`` schedule first, then its ``prefill``
+    tiles where the prefill kernels run, else its tiles. Raises ``ValueError`` for a
+    ``config.decode`` or ``config.prefill`` the shapes cannot take."""
     routes = tokens * top_k
     cfg = config or choose_config(routes, experts, hidden, intermediate)
     if cfg.decode is not None:
         _check_decode_call(cfg.decode, hidden, intermediate, routes)
+    prefill_runs = dtype == torch.bfloat16 and prefill_kernels_run(device)
+    # the size's own prefill tiles take a call before its decode schedule; an explicit config's
+    # decode schedule comes first
+    chosen_prefill = None
+    if config is None and prefill_runs:
+        chosen_prefill = choose_prefill_tiles(routes, experts, hidden, intermediate)
     decode = cfg.decode if cfg.decode is not None and dtype == torch.bfloat16 else None
-    if decode is not None and decode_kernels_run(device):
+    if decode is not None and chosen_prefill is None and decode_kernels_run(device):
         overlap = decode.overlap and grid_dependencies_run(device)
         return CallPlan(cfg, decode, routing_launch(routes, decode.routes), False, (1, 1), overlap)
     if cfg.prefill is not None and not cfg.prefill.fits(hidden, intermediate):
@@ -123,12 +131,7 @@ def plan_call(
             f"config.prefill={cfg.prefill} does not split hidden={hidden} and intermediate={intermediate} "
             "(PrefillTiles.fits: K by the steps, the output rows by the CTAs' weight rows)"
         )
-    prefill = None
-    if dtype == torch.bfloat16 and prefill_kernels_run(device):
-        if config is None:
-            prefill = choose_prefill_tiles(routes, experts, hidden, intermediate)
-        else:
-            prefill = cfg.prefill
+    prefill = cfg.prefill if config is not None and prefill_runs else chosen_prefill
     # bf16 bit tricks need the bf16 exponent range; fp16 io uses the fp32 variant.
     ptx = cfg.ptx_dequant and dtype == torch.bfloat16
     split_k = (_split_k(hidden, cfg.fc1_k, cfg.split_k), _split_k(intermediate, cfg.fc2_k, cfg.split_k))

@@ -27,7 +27,7 @@ from types import MappingProxyType
 from a4prefill.ops.precision import MODE_SPLIT, MODE_W4A16
 
 DECODE_MAX_ROWS_PER_EXPERT = 32  # W4A16 calls with at most this many routes per active expert (mean)
-PREFILL_MIN_ROWS_PER_EXPERT = 32  # bf16 calls on sm_90 with at least this many (mean): prefill GEMMs
+PREFILL_MIN_ROWS_PER_EXPERT = 16  # bf16 calls on sm_90 with at least this many (mean): prefill GEMMs
 # What a prefill GEMM writes (the kernels' ``EPILOGUE`` constexpr): the raw product (benchmarks
 # and tests of the GEMM core), FC1's SwiGLU, FC2's alpha by route
 PREFILL_EPILOGUES = MappingProxyType({"none": 0, "swiglu": 1, "alpha": 2})
@@ -521,8 +521,9 @@ def _warp_specialized(
 # in those runs and that nothing chooses (deeper rings, 64- and 256-row variants, and more of the
 # weight_ahead and two-wgmma kinds); one of each kind of option stays, so that every kernel path
 # keeps its tests. Their results stay in benchmarks/results/archive/. The seventeenth round added
-# the warp-specialized kernel on 32- and 16-route tiles with two and three CTAs per SM (not yet
-# timed: made for 512-1024 tokens, where one CTA per SM left each step's waits uncovered).
+# the warp-specialized kernel with two and three CTAs per SM for small route tiles; of those timed
+# in the eighteenth (H200, 2026-12-05: 16-, 32- and 64-route tiles, two or three CTAs, one or two
+# A register sets) the two that :func:`choose_prefill_tiles` takes stay.
 PREFILL_SCHEDULES = MappingProxyType(
     {
         "w64_t64_d6": PrefillGemm(64, 64, depth=6),
@@ -548,8 +549,8 @@ PREFILL_SCHEDULES = MappingProxyType(
         "rs_w128_t256_d4_ws_x2_h2": _warp_specialized(256, 4, 2, 2),
         "rs_w128_t128_d6_ws_x2": _warp_specialized(128, 6, 1, 2),
         "rs_w256_t128_d6_ws": _warp_specialized(128, 6, weight_rows=256),
-        "rs_w128_t32_d6_ws_c2": _warp_specialized(32, 6, ctas_per_sm=2),
-        "rs_w128_t16_d8_ws_c3": _warp_specialized(16, 8, ctas_per_sm=3),
+        "rs_w128_t32_d6_ws_c3": _warp_specialized(32, 6, ctas_per_sm=3),
+        "rs_w128_t64_d6_ws_c2": _warp_specialized(64, 6, ctas_per_sm=2),
     }
 )
 
@@ -623,17 +624,23 @@ A8_SCHEDULES = MappingProxyType({"a8": A8_PREFILL, "a8_x2": A8_PREFILL_AHEAD, "a
 def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: int) -> PrefillTiles | None:
     """The prefill GEMMs of a call with ``routes`` routes over ``experts`` experts (every precision
     mode), or None below :data:`PREFILL_MIN_ROWS_PER_EXPERT` routes per expert (mean) or where the
-    shapes do not fit. The decode kernels, where they run, take the calls of up to
-    ``DECODE_MAX_ROWS_PER_EXPERT`` (32) routes per active expert first (:func:`plan.plan_call
-    <a4prefill.ops.backends.triton.plan.plan_call>`).
+    shapes do not fit. Where the prefill kernels run, these tiles take the call before the decode
+    kernels (:func:`plan.plan_call <a4prefill.ops.backends.triton.plan.plan_call>`), which keep
+    the smaller calls.
 
     From the H200 runs of ``benchmarks/bench_moe.py --sweep prefill`` (the whole MoE,
     GLM-5.3-Flash TP2 shape; ``benchmarks/results``):
 
-    - below 64 routes per expert, 64-route tiles with weights in registers, capped at 80
-      registers (three CTAs per SM) (2048 tokens, 57 per expert: 2063 us against 2280 uncapped
-      (96 registers with the H200's Triton 3.6, two CTAs per SM), 2507 for the tiled kernels and
-      2953 with 128-route tiles; A4 and split faster than the tiled kernels' too; 2026-12-03);
+    - from 16 routes per expert, below 32, the warp-specialized kernel on 32-route tiles with
+      three CTAs per SM (eighteenth round, 2026-12-05, W4A16 / A4 / split in us: 768 tokens, 21
+      per expert, 1183 / 1209 / 1262 against the decode kernels' 1408 / 1485 / 1519; 1024
+      tokens 1429 / 1457 / 1510 against 1617 / 1712 / 1763; at 512 tokens, 14 per expert, the
+      decode kernels' 1115 beat its 1144 in W4A16);
+    - below 64, the warp-specialized kernel on 64-route tiles with two CTAs per SM (same run:
+      1536 tokens 1463 / 1678 / 1526 against 1684 / 1755 / 1781 for 64-route tiles with weights
+      in registers capped at 80 registers, the choice since 2026-12-03; 2048 tokens 1710 / 1964
+      / 1799 against 1948 / 2018 / 2074; at 4096 tokens it took 3121 against 2237 for the
+      128-route tiles below);
     - below 160, the warp-specialized kernel (TMA copies) on 128-route tiles, 6 ring slots (4096
       tokens, 114 per expert: 3160 us against 3243 for the register-weights kernel's 128-route
       tiles and 3456 for 256-route ones; 2026-12-04, eleventh round);
@@ -654,7 +661,8 @@ def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: i
     if rows_per_expert < PREFILL_MIN_ROWS_PER_EXPERT:
         return None
     if rows_per_expert < 64:
-        tiles = PrefillTiles(PREFILL_SCHEDULES["rs_w128_t64_d4_r80"], PREFILL_SCHEDULES["rs_w128_t64_d4_r80"])
+        label = "rs_w128_t32_d6_ws_c3" if rows_per_expert < 32 else "rs_w128_t64_d6_ws_c2"
+        tiles = PrefillTiles(PREFILL_SCHEDULES[label], PREFILL_SCHEDULES[label])
     elif rows_per_expert < 160:
         small, wide = PREFILL_SCHEDULES["rs_w128_t128_d6_ws"], PREFILL_SCHEDULES["rs_w256_t128_d6_ws"]
         tiles = PrefillTiles(small, small, wide, wide)
