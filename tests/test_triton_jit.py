@@ -274,7 +274,9 @@ def test_after_an_a8_warm_up_no_a8_call_of_any_size_compiles(device):
         assert a8_kernels | {"route_prep_kernel"} <= compiled
         shapes = (TOP_K, EXPERTS, HIDDEN, INTERMEDIATE, torch.bfloat16, torch.device(device))
         w4a16_plans = len(plan_representatives(MAX_TOKENS, *shapes))
-        assert report.calls == report.plans == w4a16_plans + len(a8_representatives(MAX_TOKENS, TOP_K))
+        assert (
+            report.calls == report.plans == w4a16_plans + len(a8_representatives(MAX_TOKENS, TOP_K, EXPERTS))
+        )
         for tokens in [*range(1, 70), *range(70, MAX_TOKENS + 1, 53), MAX_TOKENS]:
             x = torch.zeros(tokens, HIDDEN, dtype=torch.bfloat16, device=device)
             ids = (torch.arange(tokens * TOP_K, device=device) % EXPERTS).reshape(tokens, TOP_K).int()

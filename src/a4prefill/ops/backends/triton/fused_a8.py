@@ -6,11 +6,12 @@ Hopper's FP8 tensor cores, with the numerics of docs/numerics.md section 8 (orac
 Per call (``T`` tokens, top-k ``k``, ``R = T * k`` routes, the one NVFP4 weight layout):
 
 1. routing sorted by expert in the schedule's route tiles (128 routes, or 256 with
-   ``schedules.A8_PREFILL_WIDE``; :func:`routing.sort_routes`, no host sync);
+   ``schedules.A8_PREFILL_WIDE``, by size: :func:`schedules.choose_a8_schedule`;
+   :func:`routing.sort_routes`, no host sync);
 2. the hidden rows quantized once per token (:func:`quantize_rows`: ``fp8.quantize_rows`` bit
    for bit, one kernel);
 3. FC1: :func:`prefill.launch_prefill_gemm` with ``x_row_scales`` (the warp-specialized
-   kernel's A8 mainloop, :data:`schedules.A8_PREFILL` unless told otherwise), SwiGLU epilogue
+   kernel's A8 mainloop), SwiGLU epilogue
    into ``h [R, I]`` bf16 in sorted order, rounded where W4A16 rounds;
 4. ``h`` quantized per route the same way, FC2 likewise with the alpha epilogue into ``y [R, H]``
    by route, then the top-k sum (the W4A16 combine).
@@ -34,7 +35,13 @@ from a4prefill.ops.backends.triton.fused import _aligned, _combine
 from a4prefill.ops.backends.triton.plan import prefill_kernels_run
 from a4prefill.ops.backends.triton.prefill import launch_prefill_gemm
 from a4prefill.ops.backends.triton.routing import routing_launch, sort_routes
-from a4prefill.ops.backends.triton.schedules import A8_PREFILL, A8_SCHEDULES, PrefillGemm, cdiv, next_pow2
+from a4prefill.ops.backends.triton.schedules import (
+    A8_SCHEDULES,
+    PrefillGemm,
+    cdiv,
+    choose_a8_schedule,
+    next_pow2,
+)
 from a4prefill.ops.modelopt import NvFp4Experts
 from a4prefill.ops.precision import MODE_W4A16
 
@@ -102,14 +109,15 @@ def fused_moe_a8(
     experts: NvFp4Experts,
     swiglu_limit: float | None,
     *,
-    schedule: PrefillGemm = A8_PREFILL,
+    schedule: PrefillGemm | None = None,
 ) -> torch.Tensor:
     """The MoE on ``hidden_states [T, H]`` (bf16) with every row A8 (module docstring): ``[T, H]``
     bf16. ``topk_weights``/``topk_ids [T, k]`` as :func:`fused.fused_moe` takes them (out-of-range
-    ids ignored). ``schedule``: the GEMMs' schedule, one of :data:`schedules.A8_SCHEDULES` (a
-    speed choice only: every schedule computes the same numbers). Raises ``ValueError`` with
-    :func:`a8_refusal`'s reason where it cannot run, or for another schedule."""
-    if schedule not in A8_SCHEDULES.values():
+    ids ignored). ``schedule``: the GEMMs' schedule, one of :data:`schedules.A8_SCHEDULES`
+    (default: :func:`schedules.choose_a8_schedule` of the call's size; a speed choice only: every
+    schedule computes the same numbers). Raises ``ValueError`` with :func:`a8_refusal`'s reason
+    where it cannot run, or for another schedule."""
+    if schedule is not None and schedule not in A8_SCHEDULES.values():
         raise ValueError(f"schedule must be one of A8_SCHEDULES {dict(A8_SCHEDULES)}, got {schedule}")
     tokens, hidden = hidden_states.shape
     fc1, fc2 = experts.fc1, experts.fc2
@@ -122,6 +130,8 @@ def fused_moe_a8(
         return output
     top_k = topk_ids.shape[1]
     routes = tokens * top_k
+    if schedule is None:
+        schedule = choose_a8_schedule(routes, fc1.experts)
     topk_weights = _aligned(topk_weights.to(torch.float32))
     topk_ids = _aligned(topk_ids.to(torch.int32))
     launch = routing_launch(routes, schedule.routes)

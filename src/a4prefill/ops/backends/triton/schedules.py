@@ -28,6 +28,7 @@ from a4prefill.ops.precision import MODE_SPLIT, MODE_W4A16
 
 DECODE_MAX_ROWS_PER_EXPERT = 32  # W4A16 calls with at most this many routes per active expert (mean)
 PREFILL_MIN_ROWS_PER_EXPERT = 16  # bf16 calls on sm_90 with at least this many (mean): prefill GEMMs
+WIDE_TILE_MIN_ROWS_PER_EXPERT = 160  # prefill calls with at least this many (mean): 256-route tiles
 # What a prefill GEMM writes (the kernels' ``EPILOGUE`` constexpr): the raw product (benchmarks
 # and tests of the GEMM core), FC1's SwiGLU, FC2's alpha by route
 PREFILL_EPILOGUES = MappingProxyType({"none": 0, "swiglu": 1, "alpha": 2})
@@ -613,12 +614,26 @@ class PrefillTiles:
 # (``prefill_a8_kernels.mainloop_a8_ahead``; 16 KiB more). ``A8_PREFILL_WIDE`` (seventeenth round)
 # runs 256-route tiles as two wgmmas of 128 routes on each step's converted weights
 # (``prefill_a8_kernels.mainloop_a8_wide``: half the conversion per FLOP), 4 slots of 42 KiB. None
-# of the three is timed on a GPU since the fifteenth round's conversion, so ``fused_a8`` runs
-# ``A8_PREFILL`` unless told otherwise.
+# of the three was timed on a GPU before the eighteenth round; :func:`choose_a8_schedule` gives
+# each size the faster of ``A8_PREFILL`` and ``A8_PREFILL_WIDE`` in its run (``A8_PREFILL_AHEAD``
+# was 2-4% slower than ``A8_PREFILL`` at every size).
 A8_PREFILL = _warp_specialized(128, 6)
 A8_PREFILL_AHEAD = _warp_specialized(128, 6, a_register_sets=2)
 A8_PREFILL_WIDE = _warp_specialized(256, 4)
 A8_SCHEDULES = MappingProxyType({"a8": A8_PREFILL, "a8_x2": A8_PREFILL_AHEAD, "a8_t256": A8_PREFILL_WIDE})
+
+
+def choose_a8_schedule(routes: int, experts: int) -> PrefillGemm:
+    """The :data:`A8_SCHEDULES` schedule of an A8 call (``fused_a8.fused_moe_a8``) of ``routes``
+    routes over ``experts`` experts: 256-route tiles from :data:`WIDE_TILE_MIN_ROWS_PER_EXPERT`
+    routes per expert (mean), as W4A16, else 128-route tiles. A speed choice only: both compute
+    the same numbers.
+
+    From the H200 run of ``benchmarks/bench_moe.py`` of 2026-12-05 (eighteenth round, GLM-5.3-Flash
+    TP2 shape, the whole MoE, us, ``A8_PREFILL`` / ``A8_PREFILL_WIDE``): 1703 / 2579 at 1024
+    tokens, 1778 / 2652 at 2048, 2037 / 2646 at 4096 (114 routes per expert), 3825 / 3019 at 8192
+    (228), 7560 / 6199 at 16384."""
+    return A8_PREFILL_WIDE if routes / max(1, experts) >= WIDE_TILE_MIN_ROWS_PER_EXPERT else A8_PREFILL
 
 
 def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: int) -> PrefillTiles | None:
@@ -663,7 +678,7 @@ def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: i
     if rows_per_expert < 64:
         label = "rs_w128_t32_d6_ws_c3" if rows_per_expert < 32 else "rs_w128_t64_d6_ws_c2"
         tiles = PrefillTiles(PREFILL_SCHEDULES[label], PREFILL_SCHEDULES[label])
-    elif rows_per_expert < 160:
+    elif rows_per_expert < WIDE_TILE_MIN_ROWS_PER_EXPERT:
         small, wide = PREFILL_SCHEDULES["rs_w128_t128_d6_ws"], PREFILL_SCHEDULES["rs_w256_t128_d6_ws"]
         tiles = PrefillTiles(small, small, wide, wide)
         if not tiles.fits(hidden, intermediate):

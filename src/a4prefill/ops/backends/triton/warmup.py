@@ -28,7 +28,7 @@ from a4prefill.ops.backends.triton.fused import fused_moe
 from a4prefill.ops.backends.triton.fused_a8 import fused_moe_a8
 from a4prefill.ops.backends.triton.plan import CallPlan, plan_call
 from a4prefill.ops.backends.triton.routing import RoutingLaunch, routing_launch
-from a4prefill.ops.backends.triton.schedules import A8_PREFILL
+from a4prefill.ops.backends.triton.schedules import PrefillGemm, choose_a8_schedule
 from a4prefill.ops.modelopt import NvFp4Experts
 from a4prefill.ops.scales import A4Scales
 
@@ -53,14 +53,17 @@ def plan_representatives(
     return representatives
 
 
-def a8_representatives(max_tokens: int, top_k: int) -> dict[RoutingLaunch, int]:
-    """The smallest token count of each distinct routing launch of A8 calls
-    (:func:`fused_a8.fused_moe_a8`) of ``1 .. max_tokens`` tokens: the rest of such a call
-    launches the same kernels at every size (its GEMMs take the route count unspecialized).
-    Host arithmetic only."""
-    representatives: dict[RoutingLaunch, int] = {}
+def a8_representatives(
+    max_tokens: int, top_k: int, experts: int
+) -> dict[tuple[PrefillGemm, RoutingLaunch], int]:
+    """The smallest token count of each distinct schedule and routing launch of A8 calls
+    (:func:`fused_a8.fused_moe_a8`, :func:`schedules.choose_a8_schedule`) of ``1 .. max_tokens``
+    tokens on a layer of ``experts`` experts: the rest of such a call launches the same kernels at
+    every size (its GEMMs take the route count unspecialized). Host arithmetic only."""
+    representatives: dict[tuple[PrefillGemm, RoutingLaunch], int] = {}
     for tokens in range(1, max_tokens + 1):
-        representatives.setdefault(routing_launch(tokens * top_k, A8_PREFILL.routes), tokens)
+        schedule = choose_a8_schedule(tokens * top_k, experts)
+        representatives.setdefault((schedule, routing_launch(tokens * top_k, schedule.routes)), tokens)
     return representatives
 
 
@@ -103,7 +106,7 @@ def warm_up(
             fused_moe(x, weights, ids, experts, a4_scales, swiglu_limit)
             fused_moe(x, weights, ids, experts, a4_scales, swiglu_limit, flags)
             calls += 2
-    a8_launches = a8_representatives(max_tokens, top_k) if a8 else {}
+    a8_launches = a8_representatives(max_tokens, top_k, num_experts) if a8 else {}
     for tokens in a8_launches.values():
         fused_moe_a8(*inputs(tokens), experts, swiglu_limit)
         calls += 1
