@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# The H200 device calls that check and time what the sixteenth and seventeenth rounds of issues 23
-# and 28 built on the CPU only (docs/prefill-kernel-next.md, "Next on the H200"). One device call
-# per mode; everything is tee'd into $OUT, so a call cut off by its time limit keeps its output.
+# The two H200 device calls that first checked and timed what the sixteenth and seventeenth
+# rounds of issues 23 and 28 built on the CPU only (run in the eighteenth round, 2026-12-05:
+# benchmarks/results/README.md, "eighteenth round", items 1 and 2). One device call per mode;
+# everything is tee'd into $OUT, so a call cut off by its time limit keeps its output.
 #
-#   bash scripts/gpu_untimed_kernels.sh large   # about 550 s: the prefill and A8 GPU tests, then
+#   bash scripts/gpu_untimed_kernels.sh large   # about 270 s: the prefill and A8 GPU tests, then
 #                                               # the whole MoE at 4096-16384 tokens (W4A16, A4,
 #                                               # split, a8, a8_x2, a8_t256; no vLLM baselines)
-#   bash scripts/gpu_untimed_kernels.sh small   # about 300 s: the small warp-specialized tiles
-#                                               # (two or three CTAs per SM, dequantize-ahead) at
-#                                               # 512-2048 tokens against the defaults, W4A16 only
-#                                               # (each schedule compiles its own kernels)
+#   bash scripts/gpu_untimed_kernels.sh small   # about 300 s cold: the small warp-specialized
+#                                               # tiles (two or three CTAs per SM, dequantize-ahead)
+#                                               # at 512-2048 tokens against the defaults, W4A16
+#                                               # only (each schedule compiles its own kernels)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?OUT must name the folder the results go to (the device tool sets it)}"
