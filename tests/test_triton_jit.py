@@ -146,7 +146,7 @@ def test_every_tiled_kernel_reaches_a_post_compile_hook_serialized(device, confi
 @pytest.mark.parametrize(
     ("tokens", "tiles", "kernel"),
     [
-        (384, None, "grouped_w4_gemm_rs_kernel"),  # 48 routes per expert
+        (384, None, "grouped_w4_gemm_ws_kernel"),  # 48 routes per expert: two CTAs per SM
         (512, None, "grouped_w4_gemm_ws_kernel"),  # 64 (4096 routes: the chunked routing)
         (256, "rs_w128_t64_d4_r80", "grouped_w4_gemm_rs_kernel"),  # 2048 routes: the one-program routing
         (1280, None, "grouped_w4_gemm_ws_kernel"),  # 160: 256-route tiles, the chunked routing
