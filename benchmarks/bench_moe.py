@@ -255,9 +255,9 @@ DECODE_SWEEP_FOCUS = [
 ]
 DECODE_SWEEP_MAX_ROUTES = 8192  # decode schedules are timed up to 1024 tokens at top-8, past the default
 # `--sweep prefill`: the Hopper prefill GEMMs' schedules (schedules.PREFILL_SCHEDULES labels of FC1,
-# then FC2, or "ws_t<routes>_d<depth>": a warp-specialized schedule no default takes, deeper rings
-# than the labelled ones) timed as the whole MoE at every size, below PREFILL_MIN_ROWS_PER_EXPERT
-# too, in W4A16, A4 and split
+# then FC2, or a sweep name "ws[_w256]_t<routes>_d<depth>[_x2][_h2][_c2|_c3]": a warp-specialized
+# schedule without a label, :func:`sweep_gemm`) timed as the whole MoE at every size, below
+# PREFILL_MIN_ROWS_PER_EXPERT too, in W4A16, A4 and split
 PREFILL_SWEEP = [
     ("rs_w128_t32_d4", "rs_w128_t32_d4"),
     ("rs_w128_t64_d4", "rs_w128_t64_d4"),
@@ -279,7 +279,7 @@ PREFILL_SWEEP = [
     ("rs_w128_t32_d6_ws_c3", "rs_w128_t32_d6_ws_c3"),
     ("rs_w128_t64_d6_ws_c2", "rs_w128_t64_d6_ws_c2"),
     ("ws_t32_d6_c2", "ws_t32_d6_c2"),
-    ("ws_t16_d8_c3", "ws_t16_d8_c3"),
+    ("rs_w128_t16_d8_ws_c3", "rs_w128_t16_d8_ws_c3"),
     ("ws_t32_d6_x2_c2", "ws_t32_d6_x2_c2"),
 ]
 SWEEP = {  # block_m, fc1_n, fc1_k, fc2_n, fc2_k, warps, stages, ptx_dequant, split_k

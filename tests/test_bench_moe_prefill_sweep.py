@@ -16,7 +16,7 @@ def bench():
 
 
 def test_the_sweep_times_every_tile_pair_the_shape_takes_in_place_of_the_default_kernels(bench):
-    """GLM TP2 at 1024 tokens (the decode kernels' size): one config per ``PREFILL_SWEEP`` pair,
+    """GLM TP2 at 1024 tokens (a decode kernels' size off sm_90): one config per ``PREFILL_SWEEP`` pair,
     each with the decode schedule dropped and the pair's tiles set; a shape the 128-row CTAs do
     not divide (``2 * intermediate`` = 192) gets none."""
     from a4prefill.ops.backends.triton.schedules import choose_config

@@ -27,6 +27,8 @@ from a4prefill.ops.backends.triton import fused_a8, plan
 from a4prefill.ops.backends.triton.fused import fused_moe
 from a4prefill.ops.backends.triton.routing import SMALL_ROUTING_MAX
 from a4prefill.ops.backends.triton.schedules import (
+    A8_PREFILL,
+    A8_PREFILL_WIDE,
     DECODE_SCHEDULES,
     PREFILL_SCHEDULES,
     DecodeGemm,
@@ -56,6 +58,7 @@ DEVICES = [
     ),
 ]
 MAX_TOKENS = 1024  # past the one-program routing (512 tokens) and the last tiled tier (769)
+A8_MAX_TOKENS = 1400  # past the A8 256-route tiles' first size (1280 tokens: 160 routes per expert)
 
 # Each option of the decode schedules at least once, beside the default table's schedules.
 OPTION_SCHEDULES = [
@@ -258,26 +261,28 @@ def test_after_the_warm_up_no_call_of_any_size_or_precision_compiles(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_after_an_a8_warm_up_no_a8_call_of_any_size_compiles(device):
-    """A layer warmed up with ``a8``: A8 calls of 1 .. ``MAX_TOKENS`` tokens (every routing
-    launch, the one-program routing's sizes and the torch routing) compile nothing more. (The
-    check can fail: the A8 kernel's first call compiles it, as the W4A16 test above shows.)"""
+    """A layer warmed up with ``a8``: A8 calls of 1 .. ``A8_MAX_TOKENS`` tokens (every routing
+    launch, the one-program routing's sizes and the torch routing, both A8 schedules: 256-route
+    tiles from 1280 tokens) compile nothing more. (The check can fail: the A8 kernel's first call
+    compiles it, as the W4A16 test above shows; a warm-up of the 128-route schedule alone leaves
+    the 256-route kernels and routing to the first call of 1280 tokens.)"""
     if device == "cuda" and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the A8 kernel runs on sm_90 (Hopper) only")
     from a4prefill.ops.backends.triton.warmup import a8_representatives, plan_representatives, warm_up
 
     experts, _ = layer_tensors(False, device)
     with on(device), fresh_launches(device) as compiles:
-        report = warm_up(experts, None, None, MAX_TOKENS, torch.bfloat16, TOP_K, a8=True)
+        report = warm_up(experts, None, None, A8_MAX_TOKENS, torch.bfloat16, TOP_K, a8=True)
         warm = len(compiles)
         compiled = {event.kernel for event in compiles}
         a8_kernels = {"grouped_w4_gemm_ws_kernel", "fp8_block_amax_kernel", "quantize_fp8_rows_kernel"}
         assert a8_kernels | {"route_prep_kernel"} <= compiled
         shapes = (TOP_K, EXPERTS, HIDDEN, INTERMEDIATE, torch.bfloat16, torch.device(device))
-        w4a16_plans = len(plan_representatives(MAX_TOKENS, *shapes))
-        assert (
-            report.calls == report.plans == w4a16_plans + len(a8_representatives(MAX_TOKENS, TOP_K, EXPERTS))
-        )
-        for tokens in [*range(1, 70), *range(70, MAX_TOKENS + 1, 53), MAX_TOKENS]:
+        w4a16_plans = len(plan_representatives(A8_MAX_TOKENS, *shapes))
+        a8_launches = a8_representatives(A8_MAX_TOKENS, TOP_K, EXPERTS)
+        assert {schedule for schedule, _ in a8_launches} == {A8_PREFILL, A8_PREFILL_WIDE}
+        assert report.calls == report.plans == w4a16_plans + len(a8_launches)
+        for tokens in [*range(1, 70), *range(70, A8_MAX_TOKENS + 1, 53), 1279, 1280, A8_MAX_TOKENS]:
             x = torch.zeros(tokens, HIDDEN, dtype=torch.bfloat16, device=device)
             ids = (torch.arange(tokens * TOP_K, device=device) % EXPERTS).reshape(tokens, TOP_K).int()
             weights = torch.full((tokens, TOP_K), 0.125, device=device)

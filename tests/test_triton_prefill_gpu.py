@@ -53,16 +53,17 @@ def test_matches_the_fp32_product_eagerly_and_in_a_cuda_graph(label, gather):
 @pytest.mark.parametrize(
     ("tokens", "fc1"),
     [
-        (192, "rs_w128_t64_d4_r80"),
+        (96, "rs_w128_t32_d6_ws_c3"),
+        (192, "rs_w128_t64_d6_ws_c2"),
         (512, "rs_w128_t128_d6_ws"),
         (1024, "rs_w128_t256_d4_ws_x2_h2"),
         (2048, "rs_w128_t256_d4_ws_x2_h2"),
     ],
 )
 def test_the_w4a16_prefill_moe_matches_the_reference_eagerly_and_in_a_cuda_graph(tokens, fc1):
-    """``fused_moe`` on calls of 48, 128, 256 and 512 routes per expert (16 experts, top-4): planned
-    onto the prefill GEMMs of each size, within the W4A16 bounds of the fp32 reference MoE, the
-    same when replayed from a CUDA graph."""
+    """``fused_moe`` on calls of 24, 48, 128, 256 and 512 routes per expert (16 experts, top-4):
+    planned onto the prefill GEMMs of each size (three and two CTAs per SM at 24 and 48), within
+    the W4A16 bounds of the fp32 reference MoE, the same when replayed from a CUDA graph."""
     from a4prefill.ops.backends.triton.fused import fused_moe
     from a4prefill.ops.backends.triton.plan import plan_call
     from a4prefill.ops.reference import moe_reference
@@ -89,12 +90,17 @@ def test_the_w4a16_prefill_moe_matches_the_reference_eagerly_and_in_a_cuda_graph
 
 @pytest.mark.parametrize(
     ("tokens", "fc1"),
-    [(192, "rs_w128_t64_d4_r80"), (512, "rs_w128_t128_d6_ws"), (2048, "rs_w128_t256_d4_ws_x2_h2")],
+    [
+        (96, "rs_w128_t32_d6_ws_c3"),
+        (192, "rs_w128_t64_d6_ws_c2"),
+        (512, "rs_w128_t128_d6_ws"),
+        (2048, "rs_w128_t256_d4_ws_x2_h2"),
+    ],
 )
 def test_a4_and_split_prefill_moe_match_the_reference_eagerly_and_in_a_cuda_graph(tokens, fc1):
-    """A4 and split calls of 48, 128 and 512 routes per expert through the prefill GEMMs (the
-    register-weights kernel under its 80-register cap at 48, the warp-specialized one on 128- and
-    256-route tiles above): all-A4 within the A4
+    """A4 and split calls of 24, 48, 128 and 512 routes per expert through the prefill GEMMs (the
+    warp-specialized kernel on 32-route tiles with three CTAs per SM at 24, 64-route tiles with
+    two at 48, 128- and 256-route tiles above): all-A4 within the A4
     bounds of the reference A4 MoE; split with every third token A4, its A4 rows within those
     bounds and its W4A16 rows within the W4A16 bounds; the split call replayed from a CUDA graph
     gives the same output."""

@@ -476,23 +476,24 @@ def test_the_dequantize_ahead_consumers_dequantize_while_their_wgmma_runs():
         "rs_w128_t128_d6_ws_x2",
         "rs_w128_t64_d6_ws_c2",
         "rs_w128_t32_d6_ws_c3",
+        "rs_w128_t16_d8_ws_c3",
     ],
 )
 def test_the_warp_specialized_gemms_spill_nothing(label, mode):
-    """FC1 (SwiGLU, ``h`` in MMA column order) and FC2 (alpha) of the warp-specialized kernel at
-    64- and 128-route tiles (and two wgmmas per step at 128), and at 64- and 32-route tiles with
-    two and three CTAs per SM (consumers of 96 and 64 registers), compile with no local memory at
-    all (SASS) and within the schedule's
-    ``shared_bytes`` (the split FC2 at 64-route tiles takes the most beside its rings), with the launcher's
-    partitions (``prefill.ws_partitions``). Its first cut, a one-warp producer with 40 registers,
-    spilled the copy addresses of 128 rows: 506 local loads and stores in the 128-route FC1 with
-    the H200's Triton 3.6. A guard, not proof for the H200's compiler. Not the 256-route tiles:
-    this suite's Triton 3.9 spills kernel arguments at entry there and reloads one per K step (24
-    local accesses in the W4A16 FC1), where the H200's Triton 3.6 spills nothing in W4A16 and
-    14-16 accesses outside the K loop in the A4 and split FC1 (checked offline, eleventh round);
-    their default since the fourteenth round, two A register sets with the producer at 72
-    registers (56 in split calls), spills nothing in the W4A16 and A4 FC1 and 4 accesses outside
-    the K loop in the split FC1 there, while Triton 3.9 spills 10 and 56."""
+    """FC1 (SwiGLU, ``h`` in MMA column order) and FC2 (alpha) of the warp-specialized kernel at 64-
+    and 128-route tiles (and two wgmmas per step at 128), and at 64-, 32- and 16-route tiles with
+    two, three and three CTAs per SM (consumers of 96, 64 and 64 registers), compile with no local
+    memory at all (SASS) and within the schedule's ``shared_bytes`` (the split FC2 at 64-route tiles
+    takes the most beside its rings), with the launcher's partitions (``prefill.ws_partitions``).
+    Its first cut, a one-warp producer with 40 registers, spilled the copy addresses of 128 rows:
+    506 local loads and stores in the 128-route FC1 with the H200's Triton 3.6. A guard, not proof
+    for the H200's compiler. Not the 256-route tiles: this suite's Triton 3.9 spills kernel
+    arguments at entry there and reloads one per K step (24 local accesses in the W4A16 FC1), where
+    the H200's Triton 3.6 spills nothing in W4A16 and 14-16 accesses outside the K loop in the A4
+    and split FC1 (checked offline, eleventh round); their default since the fourteenth round, two A
+    register sets with the producer at 72 registers (56 in split calls), spills nothing in the W4A16
+    and A4 FC1 and 4 accesses outside the K loop in the split FC1 there, while Triton 3.9 spills 10
+    and 56."""
     schedule = PREFILL_SCHEDULES[label]
     swiglu, alpha = PREFILL_EPILOGUES["swiglu"], PREFILL_EPILOGUES["alpha"]
     fc1 = compile_prefill_kernel(schedule, EPILOGUE=swiglu, MODE=mode, OUT_MMA_ORDER=True)
@@ -504,7 +505,8 @@ def test_the_warp_specialized_gemms_spill_nothing(label, mode):
 
 
 @pytest.mark.parametrize(
-    ("label", "ctas", "cap"), [("rs_w128_t64_d6_ws_c2", 2, 80), ("rs_w128_t32_d6_ws_c3", 3, 56)]
+    ("label", "ctas", "cap"),
+    [("rs_w128_t64_d6_ws_c2", 2, 80), ("rs_w128_t32_d6_ws_c3", 3, 56), ("rs_w128_t16_d8_ws_c3", 3, 56)],
 )
 def test_schedules_sharing_an_sm_launch_that_many_programs_per_sm_under_their_register_cap(label, ctas, cap):
     """A warp-specialized schedule of ``ctas_per_sm`` CTAs is launched with that many persistent

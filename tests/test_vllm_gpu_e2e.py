@@ -218,8 +218,8 @@ def test_kernels_were_compiled_at_load_and_each_step_names_its_kernel_family(spl
     """The warm-up ran in every layer (it compiles in the first only: later layers hit Triton's
     caches); every step names the kernels that ran its calls. On the real shape (64 experts,
     top-8) the captured decode steps replayed the decode kernels and the step above 256 tokens
-    (over 32 routes per expert) ran the Hopper prefill GEMMs (the tiled kernels off sm_90), with
-    its prefill rows A4."""
+    (over 32 routes per expert, past every decode kernels' size) ran the Hopper prefill GEMMs
+    (the tiled kernels off sm_90), with its prefill rows A4."""
     warmups = split_run.warmups
     assert set(warmups) == {*CALIBRATED, UNCALIBRATED} and all(w["calls"] > 0 for w in warmups.values())
     # served by the package whatever vLLM's own NVFP4 MoE choice on this GPU (Marlin, Humming)

@@ -114,8 +114,9 @@ ARCHITECTURES = {
 
 # The sizes of a real MoE layer at small scale (Qwen3-30B-A3B-like experts: hidden 2048, expert
 # intermediate 768, 64 experts, top-8): shapes that the triton backend's decode kernels take (H a
-# multiple of 512, I of 256) at decode sizes and its tiled kernels at prefill sizes, unlike the
-# tiny default. Used by the e2e harness (``--shape real``) and the served benchmark.
+# multiple of 512, I of 256) at decode sizes and its prefill kernels (sm_90; the tiled kernels
+# elsewhere) at prefill sizes, unlike the tiny default. Used by the e2e harness (``--shape
+# real``) and the served benchmark.
 REAL_SHAPE: dict[str, Any] = {
     "hidden_size": 2048,
     "moe_intermediate_size": 768,

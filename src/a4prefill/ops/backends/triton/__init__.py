@@ -29,9 +29,10 @@ device; needs Triton, the decode modules Triton 3.6+ with Gluon):
 - :mod:`decode_kernels`: the Gluon FC1 and FC2 GEMMs for few routes per expert, and the
   activation permutation they read;
 - :mod:`decode_layouts`: their layouts and K relabelling; :mod:`decode_asm`: their inline PTX;
-- :mod:`prefill_kernels`: the Hopper prefill GEMM (Gluon, sm_90a, wgmma; issue 23, in progress:
-  the GEMM core, launched by :mod:`prefill` for the tests and the benchmark, not yet chosen by
-  :mod:`plan`).
+- :mod:`prefill_kernels`, :mod:`prefill_ws_kernels`, :mod:`prefill_a8_kernels`: the Hopper
+  prefill GEMMs (Gluon, sm_90a, wgmma; issues 23 and 28), launched by :mod:`prefill` where
+  :mod:`plan` chooses them (bf16 calls from ``schedules.PREFILL_MIN_ROWS_PER_EXPERT`` routes per
+  expert) and for every A8 call (:mod:`fused_a8`).
 
 The package shares its name with the Triton library, which does not shadow it: every module of
 the project imports absolutely (``import triton`` is the library everywhere, this package is only

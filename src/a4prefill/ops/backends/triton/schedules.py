@@ -8,15 +8,19 @@ the decode kernels, as named objects, chosen by call size. Host arithmetic only 
   one named rule a row; :func:`choose_decode_tiles` takes the first rule that holds a call.
 - :class:`PrefillGemm`, :data:`PREFILL_SCHEDULES`: the Hopper prefill GEMM's schedule and the
   named schedules the benchmark compares; :class:`PrefillTiles` and :func:`choose_prefill_tiles`:
-  the pair a W4A16 prefill call runs (issue 23).
+  the pair a prefill call runs (issue 23), from :data:`PREFILL_MIN_ROWS_PER_EXPERT` routes per
+  expert, 256-route tiles from :data:`WIDE_TILE_MIN_ROWS_PER_EXPERT`.
+- :data:`A8_SCHEDULES` and :func:`choose_a8_schedule`: the A8 GEMMs' schedules and the one an A8
+  call of a size runs (issue 28).
 - :func:`choose_config`: the :class:`GemmConfig` of a call (tiles by the mean number of routes per
   active expert, and the decode schedule where the shapes fit it).
 
 Also the block-size arithmetic of the host modules (:func:`cdiv`, :func:`next_pow2`).
 
 Who may call: :mod:`plan` (every call's plan), :mod:`fused` (the decode kernels' launch
-arguments), :mod:`routing` and :mod:`quantize` (block sizes), tests and benchmarks (explicit
-configs through ``fused_moe(..., config=...)``).
+arguments), :mod:`fused_a8` and :mod:`warmup` (the A8 schedule of a size), :mod:`routing` and
+:mod:`quantize` (block sizes), tests and benchmarks (explicit configs through
+``fused_moe(..., config=...)``).
 """
 
 from __future__ import annotations
@@ -241,7 +245,8 @@ DECODE_SCHEDULES = (
         max_rows_per_expert=16.0,
         tiles=DecodeTiles(DecodeGemm(4, 256, "rows"), DecodeGemm(4, 128, "rows"), routes=16),
     ),
-    # up to 32 (1024 tokens): 32 weight rows per warp and 32-route tiles, prefetched
+    # up to 32 (1024 tokens; on sm_90 the prefill tiles take 16 and more first,
+    # choose_prefill_tiles): 32 weight rows per warp and 32-route tiles, prefetched
     DecodeScheduleRule(
         "up_to_32_per_expert",
         max_routes=None,
@@ -266,10 +271,11 @@ def choose_decode_tiles(routes: int, rows_per_expert: float) -> DecodeTiles | No
 def choose_config(routes: int, experts: int, hidden: int, intermediate: int) -> GemmConfig:
     """Tile sizes by the mean number of rows per active expert (decode: few, prefill: many).
 
-    Up to :data:`DECODE_MAX_ROWS_PER_EXPERT` rows per expert, ``decode`` names the schedule of
-    the decode kernels when the shapes fit them (used for W4A16 with bf16 io; the tiles are
-    the fallback for other calls). Chosen from the H200 sweeps in ``benchmarks/results``
-    (GLM-5.3-Flash TP2 shape).
+    Up to :data:`DECODE_MAX_ROWS_PER_EXPERT` rows per expert, ``decode`` names the schedule of the
+    decode kernels when the shapes fit them (bf16 io; on sm_90 the prefill tiles of
+    :func:`choose_prefill_tiles` take a call of their sizes first, :func:`plan.plan_call
+    <a4prefill.ops.backends.triton.plan.plan_call>`; the tiles are the fallback for other calls).
+    Chosen from the H200 sweeps in ``benchmarks/results`` (GLM-5.3-Flash TP2 shape).
     """
     rows_per_expert = routes / max(1, min(experts, routes))
     tiles = choose_decode_tiles(routes, rows_per_expert)
@@ -524,7 +530,8 @@ def _warp_specialized(
 # keeps its tests. Their results stay in benchmarks/results/archive/. The seventeenth round added
 # the warp-specialized kernel with two and three CTAs per SM for small route tiles; of those timed
 # in the eighteenth (H200, 2026-12-05: 16-, 32- and 64-route tiles, two or three CTAs, one or two
-# A register sets) the two that :func:`choose_prefill_tiles` takes stay.
+# A register sets) the two that :func:`choose_prefill_tiles` takes stay, and the 16-route tiles
+# with three CTAs (slower, not chosen) so that the kernel keeps a 16-route schedule under test.
 PREFILL_SCHEDULES = MappingProxyType(
     {
         "w64_t64_d6": PrefillGemm(64, 64, depth=6),
@@ -552,6 +559,7 @@ PREFILL_SCHEDULES = MappingProxyType(
         "rs_w256_t128_d6_ws": _warp_specialized(128, 6, weight_rows=256),
         "rs_w128_t32_d6_ws_c3": _warp_specialized(32, 6, ctas_per_sm=3),
         "rs_w128_t64_d6_ws_c2": _warp_specialized(64, 6, ctas_per_sm=2),
+        "rs_w128_t16_d8_ws_c3": _warp_specialized(16, 8, ctas_per_sm=3),
     }
 )
 
@@ -616,7 +624,7 @@ class PrefillTiles:
 # (``prefill_a8_kernels.mainloop_a8_wide``: half the conversion per FLOP), 4 slots of 42 KiB. None
 # of the three was timed on a GPU before the eighteenth round; :func:`choose_a8_schedule` gives
 # each size the faster of ``A8_PREFILL`` and ``A8_PREFILL_WIDE`` in its run (``A8_PREFILL_AHEAD``
-# was 2-4% slower than ``A8_PREFILL`` at every size).
+# was 2-5% slower than ``A8_PREFILL`` at every size).
 A8_PREFILL = _warp_specialized(128, 6)
 A8_PREFILL_AHEAD = _warp_specialized(128, 6, a_register_sets=2)
 A8_PREFILL_WIDE = _warp_specialized(256, 4)

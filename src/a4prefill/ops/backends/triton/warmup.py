@@ -78,7 +78,7 @@ def warm_up(
 ) -> WarmUp:
     """Run the layer ``experts`` (on its device) once per plan of :func:`plan_representatives`
     with ``dtype`` activations and top-``top_k`` routing, W4A16 and, with ``a4_scales``, also A4
-    and split (half the rows A4), and with ``a8`` once A8 per routing launch of
+    and split (half the rows A4), and with ``a8`` once A8 per schedule and routing launch of
     :func:`a8_representatives` (a split plan's A8 rows are an A8 call of their own): zero
     activations, routes spread over the experts, outputs discarded. ``swiglu_limit`` as the
     layer's calls pass it. Synchronizes once at the end. Allocates: call at load time, never while
