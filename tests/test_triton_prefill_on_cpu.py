@@ -333,6 +333,17 @@ def test_the_register_capped_gemms_keep_their_ctas_per_sm(label, registers, mode
         assert local_memory_in_k_loop(kernel) == []
 
 
+class LaunchRecorder:
+    """Stands in for a kernel in ``launch_prefill_gemm(kernel=...)``: ``kernel[grid](...)`` runs
+    nothing and appends ``(grid, keyword arguments)`` to :attr:`launches`."""
+
+    def __init__(self) -> None:
+        self.launches: list[tuple[Any, dict[str, Any]]] = []
+
+    def __getitem__(self, grid: Any) -> Any:
+        return lambda *args, **kwargs: self.launches.append((grid, kwargs))
+
+
 def wgmma_waits(compiled: Any) -> list[str]:
     """The SASS of a kernel compiled offline as the sequence of its wgmma group ends (``"issue"``:
     an ``HGMMA`` that closes a group, ``gsb0``) and its waits (``"wait 0x0"``: none left in
@@ -515,12 +526,7 @@ def test_schedules_sharing_an_sm_launch_that_many_programs_per_sm_under_their_re
     (producer, consumer worker) are ``WS_SHARED_SM_REGISTERS``', and the kernel compiled so
     (offline, sm_90a) carries that cap and those counts, with ``ctas`` CTAs' shared memory
     within an SM's 228 KiB (1 KiB reserved per CTA)."""
-    launches: list[tuple[Any, dict[str, Any]]] = []
-
-    class Spy:
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: launches.append((grid, kwargs))
-
+    recorder = LaunchRecorder()
     schedule = PREFILL_SCHEDULES[label]
     experts, n, k = 4, 2 * schedule.weight_rows, schedule.block_k
     routes = 4 * experts * schedule.routes  # 16 route tiles x 2 row blocks: more items than programs
@@ -534,12 +540,12 @@ def test_schedules_sharing_an_sm_launch_that_many_programs_per_sm_under_their_re
         torch.zeros(routes, n, dtype=torch.bfloat16),
         schedule,
         None,
-        kernel=Spy(),
+        kernel=recorder,
         epilogue="alpha",
         scale2=torch.ones(experts),
     )
-    assert len(launches) == 1
-    grid, kwargs = launches[0]
+    assert len(recorder.launches) == 1
+    grid, kwargs = recorder.launches[0]
     assert grid == (2 * ctas,) and kwargs["maxnreg"] == cap
     _, producer, consumer = WS_SHARED_SM_REGISTERS[ctas]
     assert (kwargs["PRODUCER_REGISTERS"], kwargs["CONSUMER_REGISTERS"]) == (producer, consumer)
@@ -1314,12 +1320,7 @@ def test_the_launcher_caps_the_registers_of_split_calls_of_128_route_tiles_and_o
     128-route schedule (two CTAs per SM), nothing for its W4A16 and A4 calls, whose kernels stay
     as they were measured; a schedule's own ``register_cap`` (80 for the 64-route tiles) in every
     mode."""
-    launches: list[dict[str, Any]] = []
-
-    class Spy:
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: launches.append(kwargs)
-
+    recorder = LaunchRecorder()
     schedule = PREFILL_SCHEDULES[label]
     experts, n, k, tokens, top_k = 2, 2 * schedule.weight_rows, schedule.block_k, 5, 2
     ids = torch.stack([torch.randperm(experts) for _ in range(tokens)]).int()
@@ -1332,13 +1333,13 @@ def test_the_launcher_caps_the_registers_of_split_calls_of_128_route_tiles_and_o
         torch.zeros(tokens * top_k, n // 2, dtype=torch.bfloat16),
         schedule,
         top_k,
-        kernel=Spy(),
+        kernel=recorder,
         epilogue="swiglu",
         scale2=torch.ones(experts, 2),
         mode=mode,
         encode_scales=(torch.ones(1), torch.ones(experts)),
         row_flags=torch.ones(tokens, dtype=torch.uint8),
     )
-    assert len(launches) == 1 and launches[0].get("maxnreg") == cap
+    assert len(recorder.launches) == 1 and recorder.launches[0][1].get("maxnreg") == cap
     assert schedule.max_registers(mode) == (cap or 0)
     assert PREFILL_SCHEDULES["rs_w128_t256_d4"].max_registers(mode) == 0  # one CTA per SM anyway
