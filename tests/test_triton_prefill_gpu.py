@@ -4,11 +4,13 @@ CUDA graph (no host sync, no allocation in the launch)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from a4prefill.ops.backends.triton.routing import build_routing
-from a4prefill.ops.backends.triton.schedules import PREFILL_SCHEDULES
+from a4prefill.ops.backends.triton.schedules import PREFILL_SCHEDULES, GemmConfig
 from helpers.layers import EVERY_SCALE_BYTE
 from helpers.markers import needs_gluon, needs_hopper
 
@@ -100,10 +102,31 @@ def test_the_w4a16_prefill_moe_matches_the_reference_eagerly_and_in_a_cuda_graph
 def test_a4_and_split_prefill_moe_match_the_reference_eagerly_and_in_a_cuda_graph(tokens, fc1):
     """A4 and split calls of 24, 48, 128 and 512 routes per expert through the prefill GEMMs (the
     warp-specialized kernel on 32-route tiles with three CTAs per SM at 24, 64-route tiles with
-    two at 48, 128- and 256-route tiles above): all-A4 within the A4
-    bounds of the reference A4 MoE; split with every third token A4, its A4 rows within those
-    bounds and its W4A16 rows within the W4A16 bounds; the split call replayed from a CUDA graph
-    gives the same output."""
+    two at 48, 128- and 256-route tiles above): :func:`check_a4_and_split_moe` on the plan's
+    own choice."""
+    check_a4_and_split_moe(tokens, fc1, None)
+
+
+@pytest.mark.parametrize("label", ["rs_w256_t32_d6_ws_c2"])
+def test_a4_and_split_prefill_moe_on_a_schedule_not_chosen_match_the_reference(label):
+    """:func:`check_a4_and_split_moe` at 24 routes per expert with the call's config naming
+    ``label`` for both GEMMs: the schedules that a sweep timed faster than the default but whose
+    A4 and split kernels no default runs (nineteenth round: 256 weight rows, two CTAs per SM)."""
+    from a4prefill.ops.backends.triton.schedules import PrefillTiles, choose_config
+
+    schedule = PREFILL_SCHEDULES[label]
+    config = dataclasses.replace(
+        choose_config(96 * 4, 16, 1024, 512), decode=None, prefill=PrefillTiles(schedule, schedule)
+    )
+    check_a4_and_split_moe(96, label, config)
+
+
+def check_a4_and_split_moe(tokens: int, fc1: str, config: GemmConfig | None) -> None:
+    """``fused_moe`` of ``tokens`` tokens (16 experts, top-4, H 1024, I 512) with ``config``
+    (None: the plan's choice), planned onto the prefill GEMMs with ``fc1`` (a
+    ``PREFILL_SCHEDULES`` label) for FC1: all-A4 within the A4 bounds of the reference A4 MoE;
+    split with every third token A4, its A4 rows within those bounds and its W4A16 rows within
+    the W4A16 bounds; the split call replayed from a CUDA graph gives the same output."""
     from a4prefill.ops.backends.triton.fused import fused_moe
     from a4prefill.ops.backends.triton.plan import plan_call
     from a4prefill.ops.reference import moe_reference
@@ -116,20 +139,21 @@ def test_a4_and_split_prefill_moe_match_the_reference_eagerly_and_in_a_cuda_grap
     generator = torch.Generator().manual_seed(tokens + 1)
     hidden = (2 * torch.randn(tokens, hidden_size, generator=generator)).to(torch.bfloat16)
     topk_weights, topk_ids = random_routing(tokens, experts, top_k, generator)
-    plan = plan_call(tokens, top_k, experts, hidden_size, inter, torch.bfloat16, torch.device("cuda"))
+    device = torch.device("cuda")
+    plan = plan_call(tokens, top_k, experts, hidden_size, inter, torch.bfloat16, device, config)
     assert plan.prefill is not None and plan.prefill.fc1 == PREFILL_SCHEDULES[fc1]
     gpu = [t.cuda() for t in (hidden, topk_weights, topk_ids)]
     args = (hidden, topk_weights, topk_ids, layer.experts)
     a4 = moe_reference(*args, layer.a4_scales, 4.0)
     w4a16 = moe_reference(*args, None, 4.0)
-    assert_close_to_reference(fused_moe(*gpu, cuda_experts, cuda_scales, 4.0), a4, "a4")
+    assert_close_to_reference(fused_moe(*gpu, cuda_experts, cuda_scales, 4.0, None, config), a4, "a4")
     flags = (torch.arange(tokens) % 3 == 1).to(torch.uint8).cuda()
-    split = fused_moe(*gpu, cuda_experts, cuda_scales, 4.0, flags)
+    split = fused_moe(*gpu, cuda_experts, cuda_scales, 4.0, flags, config)
     is_a4 = flags.bool().cpu()
     assert_close_to_reference(split.cpu()[is_a4], a4[is_a4], "a4")
     assert_close_to_reference(split.cpu()[~is_a4], w4a16[~is_a4], "w4a16")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        replayed = fused_moe(*gpu, cuda_experts, cuda_scales, 4.0, flags)
+        replayed = fused_moe(*gpu, cuda_experts, cuda_scales, 4.0, flags, config)
     graph.replay()
     assert torch.equal(replayed, split)

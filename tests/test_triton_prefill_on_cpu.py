@@ -504,7 +504,9 @@ def test_the_warp_specialized_gemms_spill_nothing(label, mode):
     and split FC1 (checked offline, eleventh round); their default since the fourteenth round, two A
     register sets with the producer at 72 registers (56 in split calls), spills nothing in the W4A16
     and A4 FC1 and 4 accesses outside the K loop in the split FC1 there, while Triton 3.9 spills 10
-    and 56."""
+    and 56. Nor the 32-route tiles of 256-row work items with two CTAs per SM (not chosen): Triton
+    3.6 spills nothing in any mode, Triton 3.9 7 and 19 accesses in the A4 and split FC2 (one in
+    its K loop; checked offline, nineteenth round)."""
     schedule = PREFILL_SCHEDULES[label]
     swiglu, alpha = PREFILL_EPILOGUES["swiglu"], PREFILL_EPILOGUES["alpha"]
     fc1 = compile_prefill_kernel(schedule, EPILOGUE=swiglu, MODE=mode, OUT_MMA_ORDER=True)
@@ -517,7 +519,12 @@ def test_the_warp_specialized_gemms_spill_nothing(label, mode):
 
 @pytest.mark.parametrize(
     ("label", "ctas", "cap"),
-    [("rs_w128_t64_d6_ws_c2", 2, 80), ("rs_w128_t32_d6_ws_c3", 3, 56), ("rs_w128_t16_d8_ws_c3", 3, 56)],
+    [
+        ("rs_w128_t64_d6_ws_c2", 2, 80),
+        ("rs_w128_t32_d6_ws_c3", 3, 56),
+        ("rs_w128_t16_d8_ws_c3", 3, 56),
+        ("rs_w256_t32_d6_ws_c2", 2, 80),
+    ],
 )
 def test_schedules_sharing_an_sm_launch_that_many_programs_per_sm_under_their_register_cap(label, ctas, cap):
     """A warp-specialized schedule of ``ctas_per_sm`` CTAs is launched with that many persistent

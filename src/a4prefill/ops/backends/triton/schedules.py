@@ -532,6 +532,12 @@ def _warp_specialized(
 # in the eighteenth (H200, 2026-12-05: 16-, 32- and 64-route tiles, two or three CTAs, one or two
 # A register sets) the two that :func:`choose_prefill_tiles` takes stay, and the 16-route tiles
 # with three CTAs (slower, not chosen) so that the kernel keeps a 16-route schedule under test.
+# The 32-route tiles of 256 weight rows with two CTAs per SM (nineteenth round, not chosen yet):
+# the fastest of twelve small-tile schedules at 512 and 1024 tokens in W4A16 in one run, within
+# noise of the default in another, and 2-6% faster in A4 and split (benchmarks/results/README.md,
+# "nineteenth round", item 2); here so that the GPU tests run its kernels in every mode. With the
+# H200's Triton 3.6 its kernels spill nothing in any mode; Triton 3.9 spills in its A4 and split
+# FC2 (offline, sm_90a; tests/test_triton_prefill_on_cpu.py).
 PREFILL_SCHEDULES = MappingProxyType(
     {
         "w64_t64_d6": PrefillGemm(64, 64, depth=6),
@@ -560,6 +566,7 @@ PREFILL_SCHEDULES = MappingProxyType(
         "rs_w128_t32_d6_ws_c3": _warp_specialized(32, 6, ctas_per_sm=3),
         "rs_w128_t64_d6_ws_c2": _warp_specialized(64, 6, ctas_per_sm=2),
         "rs_w128_t16_d8_ws_c3": _warp_specialized(16, 8, ctas_per_sm=3),
+        "rs_w256_t32_d6_ws_c2": _warp_specialized(32, 6, weight_rows=256, ctas_per_sm=2),
     }
 )
 
