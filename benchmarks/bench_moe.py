@@ -281,6 +281,7 @@ PREFILL_SWEEP = [
     ("ws_t32_d6_c2", "ws_t32_d6_c2"),
     ("rs_w128_t16_d8_ws_c3", "rs_w128_t16_d8_ws_c3"),
     ("rs_w256_t32_d6_ws_c2", "rs_w256_t32_d6_ws_c2"),
+    ("rs_w256_t128_d6_ws_x2_h2", "rs_w256_t128_d6_ws_x2_h2"),
     ("ws_t32_d6_x2_c2", "ws_t32_d6_x2_c2"),
 ]
 SWEEP = {  # block_m, fc1_n, fc1_k, fc2_n, fc2_k, warps, stages, ptx_dequant, split_k

@@ -83,6 +83,7 @@ def test_sweep_names_are_labels_or_warp_specialized_tiles_and_nothing_else(bench
     assert bench.sweep_gemm("ws_t32_d6_c3") == PREFILL_SCHEDULES["rs_w128_t32_d6_ws_c3"]
     assert bench.sweep_gemm("ws_t64_d6_c2") == PREFILL_SCHEDULES["rs_w128_t64_d6_ws_c2"]
     assert bench.sweep_gemm("ws_w256_t32_d6_c2") == PREFILL_SCHEDULES["rs_w256_t32_d6_ws_c2"]
+    assert bench.sweep_gemm("ws_w256_t128_d6_x2_h2") == PREFILL_SCHEDULES["rs_w256_t128_d6_ws_x2_h2"]
     assert bench.sweep_gemm("ws_t32_d6_x2_c2").ctas_per_sm == 2
     assert bench.sweep_gemm("ws_t32_d6_x2_c2").a_register_sets == 2
     for name in ("ws_t128", "ws_w128_t128_d6", "ws_t128_d6_h2_x2", "ws_t32_d6_c4", "ws_t32_d6_c2_x2"):

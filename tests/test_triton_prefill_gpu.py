@@ -107,18 +107,21 @@ def test_a4_and_split_prefill_moe_match_the_reference_eagerly_and_in_a_cuda_grap
     check_a4_and_split_moe(tokens, fc1, None)
 
 
-@pytest.mark.parametrize("label", ["rs_w256_t32_d6_ws_c2"])
-def test_a4_and_split_prefill_moe_on_a_schedule_not_chosen_match_the_reference(label):
-    """:func:`check_a4_and_split_moe` at 24 routes per expert with the call's config naming
-    ``label`` for both GEMMs: the schedules that a sweep timed faster than the default but whose
-    A4 and split kernels no default runs (nineteenth round: 256 weight rows, two CTAs per SM)."""
+@pytest.mark.parametrize(
+    ("tokens", "label"), [(96, "rs_w256_t32_d6_ws_c2"), (512, "rs_w256_t128_d6_ws_x2_h2")]
+)
+def test_a4_and_split_prefill_moe_on_a_schedule_not_chosen_match_the_reference(tokens, label):
+    """:func:`check_a4_and_split_moe` at 24 and 128 routes per expert with the call's config naming
+    ``label`` for both GEMMs: schedules whose A4 and split kernels no default runs, candidates of
+    the nineteenth round (256 weight rows, two CTAs per SM; 256 weight rows in one 8-warp consumer
+    partition)."""
     from a4prefill.ops.backends.triton.schedules import PrefillTiles, choose_config
 
     schedule = PREFILL_SCHEDULES[label]
     config = dataclasses.replace(
-        choose_config(96 * 4, 16, 1024, 512), decode=None, prefill=PrefillTiles(schedule, schedule)
+        choose_config(tokens * 4, 16, 1024, 512), decode=None, prefill=PrefillTiles(schedule, schedule)
     )
-    check_a4_and_split_moe(96, label, config)
+    check_a4_and_split_moe(tokens, label, config)
 
 
 def check_a4_and_split_moe(tokens: int, fc1: str, config: GemmConfig | None) -> None:

@@ -1229,7 +1229,10 @@ def test_an_explicit_config_with_prefill_tiles_the_shapes_cannot_take_or_with_de
         plan_call(2048, 2, 16, 256, 96, torch.bfloat16, torch.device("cpu"), config)
 
 
-@pytest.mark.parametrize("label", ["rs_w128_t32_d4", "w64_t64_d6", "rs_w128_t64_d6_ws"])
+@pytest.mark.parametrize(
+    "label",
+    ["rs_w128_t32_d4", "w64_t64_d6", "rs_w128_t64_d6_ws", "rs_w256_t32_d6_ws_c2", "rs_w256_t128_d6_ws_x2_h2"],
+)
 @pytest.mark.parametrize("epilogue", ["swiglu", "alpha"])
 @pytest.mark.parametrize("mode", ["a4", "split"])
 def test_the_a4_and_split_epilogues_apply_each_routes_precision(interpreted, label, epilogue, mode):

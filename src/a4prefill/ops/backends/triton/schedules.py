@@ -538,6 +538,11 @@ def _warp_specialized(
 # "nineteenth round", item 2); here so that the GPU tests run its kernels in every mode. With the
 # H200's Triton 3.6 its kernels spill nothing in any mode; Triton 3.9 spills in its A4 and split
 # FC2 (offline, sm_90a; tests/test_triton_prefill_on_cpu.py).
+# The 256-row work items of 128 routes as one 8-warp consumer partition (two A register sets, two
+# wgmmas per step; nineteenth round, not timed yet): the A4 FC1 of the two 4-warp partitions
+# (``rs_w256_t128_d6_ws``) compiles to 10984 SASS instructions, two copies of the consumer, and
+# loses 14% of its warp samples to instruction fetch on the H200; one partition compiles to 5960
+# (Triton 3.6, sm_90a, no spill in the K loop), as few as the 128-row A4 FC1's 6160.
 PREFILL_SCHEDULES = MappingProxyType(
     {
         "w64_t64_d6": PrefillGemm(64, 64, depth=6),
@@ -567,6 +572,7 @@ PREFILL_SCHEDULES = MappingProxyType(
         "rs_w128_t64_d6_ws_c2": _warp_specialized(64, 6, ctas_per_sm=2),
         "rs_w128_t16_d8_ws_c3": _warp_specialized(16, 8, ctas_per_sm=3),
         "rs_w256_t32_d6_ws_c2": _warp_specialized(32, 6, weight_rows=256, ctas_per_sm=2),
+        "rs_w256_t128_d6_ws_x2_h2": _warp_specialized(128, 6, 2, 2, weight_rows=256),
     }
 )
 
