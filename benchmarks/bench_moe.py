@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from a4prefill.ops.backends.triton.schedules import A8_SCHEDULES
+from gpu_clocks import ClockSampler
 from marlin_baseline import marlin_moe
 
 A8_LABELS = tuple(A8_SCHEDULES)  # the A8 columns: "a8", then one per other A8 schedule
@@ -546,12 +547,14 @@ def bench_shape(
             variants["split_part_a4"] = functools.partial(
                 run, x[second], topk_w[second], topk_ids[second], a4_scales=scales
             )
-        for variant, fn in variants.items():
-            try:
-                result[f"{variant}_us"] = time_graph(fn, repeats, flush)
-            except Exception as error:  # keep the rest of the table
-                result[f"{variant}_us"] = None
-                result[f"{variant}_error"] = repr(error)[:300]
+        with ClockSampler() as clocks:  # the SM clock etc. while this size's variants are timed
+            for variant, fn in variants.items():
+                try:
+                    result[f"{variant}_us"] = time_graph(fn, repeats, flush)
+                except Exception as error:  # keep the rest of the table
+                    result[f"{variant}_us"] = None
+                    result[f"{variant}_error"] = repr(error)[:300]
+        result["gpu_clocks"] = clocks.summary()
         if sweep:
             result["default_config"] = dataclasses.asdict(default_config)
             mode_fns = {"a4": variants["a4"]} if "a4" in sweep_modes else {}
@@ -662,6 +665,15 @@ def plot(results: dict[str, Any], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def clock_cell(row: dict[str, Any]) -> str:
+    """A row's SM clock while it was timed (``gpu_clocks``, :mod:`gpu_clocks`): ``p10 / p50 / p90``
+    MHz, ``-`` for rows without it (older results, no ``nvidia-smi``)."""
+    clocks = row.get("gpu_clocks")
+    if not clocks:
+        return "-"
+    return " / ".join(f"{mhz:.0f}" for mhz in clocks["sm_mhz_p10_p50_p90"])
+
+
 def markdown_table(results: dict[str, Any]) -> str:
     """The results as markdown tables, one per shape (what ``benchmarks/results/README.md`` shows)."""
 
@@ -683,8 +695,8 @@ def markdown_table(results: dict[str, Any]) -> str:
             "| rel err W4A16 tiled (bf16 io) | rel err Marlin (bf16 io) | rel err Humming (bf16 io) "
             "| A8 us | W4A16/A8 | A8 TFLOP/s | rel err A8 "
             + "".join(f"| {label} us | W4A16/{label} | rel err {label} " for label in A8_LABELS[1:])
-            + "|",
-            "|" + "---|" * (29 + 3 * len(A8_LABELS[1:])),
+            + "| SM MHz p10 / p50 / p90 |",
+            "|" + "---|" * (30 + 3 * len(A8_LABELS[1:])),
         ]
         for row in shape_result["rows"]:
 
@@ -723,7 +735,7 @@ def markdown_table(results: dict[str, Any]) -> str:
                     f"| {error(f'{label}_rel_err')} "
                     for label in A8_LABELS[1:]
                 )
-                + "|"
+                + f"| {clock_cell(row)} |"
             )
         lines.append("")
     return "\n".join(lines)

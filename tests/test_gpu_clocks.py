@@ -1,0 +1,98 @@
+"""The GPU clock sampler of ``benchmarks/bench_moe.py`` (``benchmarks/gpu_clocks.py``, no GPU):
+what it reads from ``nvidia-smi`` lines, how it runs the tool, and that a machine without the
+tool gets no clocks and no error."""
+
+from __future__ import annotations
+
+import math
+import stat
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from helpers.scripts import load_benchmark
+
+clocks = load_benchmark("gpu_clocks")
+
+
+def test_the_summary_reads_clock_power_temperature_and_reasons_and_skips_what_does_not_parse():
+    """Three samples (the H200 at the power cap in two), a line of ``[N/A]`` and a stray line:
+    nearest-rank quantiles of the three, the largest power and temperature, samples per reason."""
+    lines = [
+        "1980, 650.0, 55, 0x0000000000000000\n",
+        "1965, 690.5, 58, 0x0000000000000004\n",
+        "[N/A], [N/A], 60, 0x0000000000000000\n",
+        "1770, 703.2, 62, 0x0000000000000004\n",
+        "Failed to initialize NVML\n",
+    ]
+    assert clocks.summarize(lines) == {
+        "samples": 3,
+        "sm_mhz_p10_p50_p90": [1770.0, 1965.0, 1980.0],
+        "power_w_p50_max": [690.5, 703.2],
+        "temperature_c_max": 62.0,
+        "clock_event_reasons": {"0x0": 1, "0x4 (SW power cap)": 2},
+    }
+    assert clocks.summarize(lines[2:3] + lines[4:]) is None
+
+
+@pytest.mark.parametrize(
+    ("mask", "name"),
+    [
+        (0x0, "0x0"),
+        (0x4, "0x4 (SW power cap)"),
+        (0x44, "0x44 (SW power cap, HW thermal slowdown)"),
+        (0x100, "0x100"),
+    ],
+)
+def test_reason_bits_are_named(mask, name):
+    assert clocks.reason_names(mask) == name
+
+
+@given(
+    values=st.lists(st.integers(min_value=0, max_value=3000), min_size=1, max_size=50),
+    q=st.floats(min_value=0.0, max_value=1.0),
+)
+def test_a_quantile_is_the_smallest_value_with_at_least_that_share_at_or_below_it(values, q):
+    result = clocks.quantile(values, q)
+    need = max(1, math.ceil(len(values) * q))
+    assert result in values
+    assert sum(v <= result for v in values) >= need
+    assert all(sum(v <= smaller for v in values) < need for smaller in values if smaller < result)
+
+
+def test_the_sampler_runs_the_query_in_a_loop_and_stops_it_when_the_block_ends(tmp_path):
+    """A stand-in ``nvidia-smi`` that records its arguments, prints two samples and would run on:
+    the block's summary has both, the tool was asked for the four fields every 50 ms on one GPU,
+    and it is not running after the block."""
+    arguments = tmp_path / "arguments"
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" > {arguments}\n'
+        'echo "1830, 699.0, 61, 0x0000000000000004"\n'
+        'echo "1845, 698.0, 61, 0x0000000000000004"\n'
+        "exec sleep 30\n"
+    )
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    with clocks.ClockSampler(str(fake)) as sampler:
+        deadline = time.monotonic() + 10
+        while len(sampler.lines) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    process = sampler._process
+    assert process is not None and process.poll() is not None
+    summary = sampler.summary()
+    assert summary is not None
+    assert summary["samples"] == 2 and summary["sm_mhz_p10_p50_p90"] == [1830.0, 1830.0, 1845.0]
+    recorded = arguments.read_text().split()
+    assert f"--query-gpu={clocks.QUERY}" in recorded
+    assert "--loop-ms=50" in recorded and "--format=csv,noheader,nounits" in recorded
+    assert any(argument.startswith("--id=") for argument in recorded)
+
+
+def test_without_nvidia_smi_the_sampler_gives_no_clocks_and_no_error(monkeypatch):
+    monkeypatch.setattr(clocks.shutil, "which", lambda name: None)
+    with clocks.ClockSampler() as sampler:
+        pass
+    assert sampler.summary() is None
