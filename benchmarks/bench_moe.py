@@ -27,7 +27,10 @@ Every variant is captured in a CUDA graph; each replay is timed with CUDA events
 cache is flushed (a 256 MiB write), median of the repeats. Effective bandwidth counts the bytes
 of the experts actually hit (distinct experts x weights + block scales) plus the activations in
 and out; TFLOP/s counts ``6 * routes * H * I``, and its share of a dense bf16 8192^3 matmul
-timed in the same run (the tensor cores' measured rate).
+timed in the same run (the tensor cores' measured rate). Clocks: with ``nvidia-smi`` on the
+machine, each variant's ``<variant>_clocks`` (and a size's ``sweep_clocks``) hold the SM clock,
+power, temperature and clock-event reasons sampled while its replays were timed
+(``gpu_clocks.py``; the table's last column: W4A16's SM clock).
 """
 
 from __future__ import annotations
@@ -131,6 +134,12 @@ def bf16_moe(
 
 def time_graph(fn: Callable[[], Any], repeats: int, flush: torch.Tensor) -> float:
     """Median microseconds of one replay of ``fn`` captured in a CUDA graph (L2 flushed)."""
+    return time_graph_window(fn, repeats, flush)[0]
+
+
+def time_graph_window(fn: Callable[[], Any], repeats: int, flush: torch.Tensor) -> tuple[float, float, float]:
+    """:func:`time_graph`'s median, with the ``time.monotonic()`` seconds at which its timed
+    replays began and ended (the window of :meth:`gpu_clocks.ClockSampler.summary`)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -143,6 +152,7 @@ def time_graph(fn: Callable[[], Any], repeats: int, flush: torch.Tensor) -> floa
     graph.replay()
     torch.cuda.synchronize()
     times = []
+    began = time.monotonic()
     for _ in range(repeats):
         flush.zero_()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -151,8 +161,9 @@ def time_graph(fn: Callable[[], Any], repeats: int, flush: torch.Tensor) -> floa
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3)
+    ended = time.monotonic()
     del graph
-    return statistics.median(times)
+    return statistics.median(times), began, ended
 
 
 def dense_bf16_tflops(flush: torch.Tensor) -> float:
@@ -463,6 +474,7 @@ def bench_shape(
     baselines: tuple[str, ...] = ("marlin", "humming"),
     prefill_tiles: list[tuple[str, str]] | None = None,
     sweep_modes: tuple[str, ...] = ("a4", "split"),
+    clocks: ClockSampler | None = None,
 ) -> dict[str, Any]:
     from a4prefill.ops.backends.triton.fused import fused_moe
     from a4prefill.ops.backends.triton.fused_a8 import a8_refusal, fused_moe_a8
@@ -547,16 +559,17 @@ def bench_shape(
             variants["split_part_a4"] = functools.partial(
                 run, x[second], topk_w[second], topk_ids[second], a4_scales=scales
             )
-        with ClockSampler() as clocks:  # the SM clock etc. while this size's variants are timed
-            for variant, fn in variants.items():
-                try:
-                    result[f"{variant}_us"] = time_graph(fn, repeats, flush)
-                except Exception as error:  # keep the rest of the table
-                    result[f"{variant}_us"] = None
-                    result[f"{variant}_error"] = repr(error)[:300]
-        result["gpu_clocks"] = clocks.summary()
+        for variant, fn in variants.items():
+            try:
+                result[f"{variant}_us"], began, ended = time_graph_window(fn, repeats, flush)
+                if clocks is not None:  # the GPU's clocks while these replays were timed
+                    result[f"{variant}_clocks"] = clocks.summary(began, ended)
+            except Exception as error:  # keep the rest of the table
+                result[f"{variant}_us"] = None
+                result[f"{variant}_error"] = repr(error)[:300]
         if sweep:
             result["default_config"] = dataclasses.asdict(default_config)
+            sweep_began = time.monotonic()
             mode_fns = {"a4": variants["a4"]} if "a4" in sweep_modes else {}
             if "split" in variants and sweep == "prefill" and "split" in sweep_modes:
                 mode_fns["split"] = variants["split"]
@@ -576,6 +589,8 @@ def bench_shape(
                 result[f"sweep_{mode}_us"] = by_label
             for suffix, by_label in errors.items():
                 result[f"sweep_w4a16_rel_err{suffix}"] = by_label
+            if clocks is not None:
+                result["sweep_clocks"] = clocks.summary(sweep_began, time.monotonic())
         w4, bf, ma = result.get("w4a16_us"), result.get("bf16_us"), result.get("marlin_us")
         if w4:
             result["w4a16_GBps"] = (hit * fp4_expert_bytes + act_bytes) / (w4 * 1e-6) / 1e9
@@ -666,9 +681,10 @@ def plot(results: dict[str, Any], path: str) -> None:
 
 
 def clock_cell(row: dict[str, Any]) -> str:
-    """A row's SM clock while it was timed (``gpu_clocks``, :mod:`gpu_clocks`): ``p10 / p50 / p90``
-    MHz, ``-`` for rows without it (older results, no ``nvidia-smi``)."""
-    clocks = row.get("gpu_clocks")
+    """The SM clock while a row's W4A16 replays were timed (``w4a16_clocks``, :mod:`gpu_clocks`):
+    ``p10 / p50 / p90`` MHz, ``-`` for rows without it (older results, no ``nvidia-smi``, no busy
+    sample)."""
+    clocks = row.get("w4a16_clocks")
     if not clocks:
         return "-"
     return " / ".join(f"{mhz:.0f}" for mhz in clocks["sm_mhz_p10_p50_p90"])
@@ -900,18 +916,20 @@ def main() -> None:
         "shapes": {},
     }
     started = time.time()
-    for name in args.shapes.split(","):
-        results["shapes"][name] = bench_shape(
-            name,
-            SHAPES[name],
-            tokens,
-            args.sweep,
-            sys.stdout,
-            results["dense_bf16_TFLOPs"],
-            tuple(filter(None, args.baselines.split(","))),
-            parse_prefill_tiles(args.prefill_tiles),
-            tuple(filter(None, args.sweep_modes.split(","))),
-        )
+    with ClockSampler() as clocks:
+        for name in args.shapes.split(","):
+            results["shapes"][name] = bench_shape(
+                name,
+                SHAPES[name],
+                tokens,
+                args.sweep,
+                sys.stdout,
+                results["dense_bf16_TFLOPs"],
+                tuple(filter(None, args.baselines.split(","))),
+                parse_prefill_tiles(args.prefill_tiles),
+                tuple(filter(None, args.sweep_modes.split(","))),
+                clocks,
+            )
     results["seconds"] = time.time() - started
     path = os.path.join(args.out, "bench_moe.json")
     with open(path, "w") as handle:

@@ -1,38 +1,44 @@
-"""The GPU's SM clock, power, temperature and clock-event reasons while a benchmark times a size
-(a helper of ``bench_moe.py``, CUDA machine with ``nvidia-smi``).
+"""The GPU's SM clock, power, temperature and clock-event reasons while a benchmark times a
+variant (a helper of ``bench_moe.py``, CUDA machine with ``nvidia-smi``).
 
 Why: on the H200 the prefill sizes run at the 700 W power cap, where the SM clock drops from
 1980 MHz to 1770-1950 MHz (``benchmarks/results/clock_power_round15.json``), and two one-run
-tables of the same kernels differed by 5-7% at 8192 and 16384 tokens (nineteenth round). A
-table row that carries the clocks it ran at says whether a difference is the kernel's or the
-GPU's.
+tables of the same kernels differed by 5-7% in W4A16 at 8192 and 16384 tokens (nineteenth
+round). A result that carries the clocks it ran at says whether a difference is the kernel's or
+the GPU's.
 
-Usage::
+Usage: one sampler for the whole run, a window per timing::
 
     with ClockSampler() as clocks:
-        ...  # the timings of one size
-    row["gpu_clocks"] = clocks.summary()
+        start = time.monotonic()
+        ...  # replays being timed
+        row["w4a16_clocks"] = clocks.summary(start, time.monotonic())
 
-The sampler runs ``nvidia-smi --query-gpu=... --loop-ms=50`` for the block's duration (one line every
-50 ms for the GPU of ``CUDA_VISIBLE_DEVICES``' first index, or GPU 0) and summarizes the lines
-(:func:`summarize`). Without ``nvidia-smi`` the summary is ``None``: the benchmark's numbers do
-not depend on it.
+The sampler runs ``nvidia-smi --query-gpu=`` :data:`QUERY` ``--loop-ms=`` :data:`INTERVAL_MS`
+(line-buffered through ``stdbuf`` where it exists; stopped with SIGINT, nvidia-smi's own way to
+end a loop) on the GPU of ``CUDA_VISIBLE_DEVICES``' first entry (GPU 0 without it) and stamps
+each line with ``time.monotonic()`` when it arrives. Without ``nvidia-smi``, or when it cannot
+start, every summary is ``None``: the benchmark's numbers do not depend on it.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
+import signal
 import subprocess
 import threading
+import time
 from types import TracebackType
 from typing import Any
 
 QUERY = "clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active"
-INTERVAL_MS = 50
+INTERVAL_MS = 20
+IDLE = 0x1  # the clock-event reason "GPU idle": such samples say nothing of a timed kernel
 # nvidia-smi's clock event reason bits (nvmlClocksEventReasons) that the H200 runs show
 REASONS = {
-    0x1: "GPU idle",
+    IDLE: "GPU idle",
     0x4: "SW power cap",
     0x8: "HW slowdown",
     0x20: "SW thermal slowdown",
@@ -45,8 +51,8 @@ def quantile(values: list[float], q: float) -> float:
     """The ``q`` quantile (0 to 1) of ``values`` (not empty), the nearest-rank definition: the
     smallest value with at least ``q`` of the values at or below it."""
     ordered = sorted(values)
-    rank = max(1, -(-len(ordered) * q // 1))  # ceil(n * q), at least 1
-    return ordered[int(rank) - 1]
+    rank = max(1, math.ceil(len(ordered) * q))
+    return ordered[rank - 1]
 
 
 def reason_names(mask: int) -> str:
@@ -59,11 +65,13 @@ def reason_names(mask: int) -> str:
 
 def summarize(lines: list[str]) -> dict[str, Any] | None:
     """The summary of ``nvidia-smi --query-gpu=`` :data:`QUERY` ``--format=csv,noheader,nounits``
-    lines (``"1965, 690.99, 61, 0x0000000000000004"``): ``samples``, ``sm_mhz_p10_p50_p90``,
-    ``power_w_p50_max``, ``temperature_c_max`` and ``clock_event_reasons`` (name -> samples).
-    Lines that do not parse (a header, ``[N/A]``) are skipped; ``None`` when none parse."""
+    lines (``"1965, 690.99, 61, 0x0000000000000004"``) of a busy GPU: ``samples``,
+    ``sm_mhz_p10_p50_p90``, ``power_w_p50_max``, ``temperature_c_max``, ``clock_event_reasons``
+    (name -> samples) and ``idle_samples`` (lines flagged GPU idle, left out of the rest). Lines
+    that do not parse (a header, ``[N/A]``) are skipped; ``None`` when no busy line is left."""
     clocks, powers, temperatures = [], [], []
     reasons: dict[str, int] = {}
+    idle = 0
     for line in lines:
         fields = [field.strip() for field in line.split(",")]
         if len(fields) != 4:
@@ -72,6 +80,9 @@ def summarize(lines: list[str]) -> dict[str, Any] | None:
             clock, power, temperature = float(fields[0]), float(fields[1]), float(fields[2])
             mask = int(fields[3], 16)
         except ValueError:
+            continue
+        if mask & IDLE:
+            idle += 1
             continue
         clocks.append(clock)
         powers.append(power)
@@ -86,31 +97,37 @@ def summarize(lines: list[str]) -> dict[str, Any] | None:
         "power_w_p50_max": [quantile(powers, 0.5), max(powers)],
         "temperature_c_max": max(temperatures),
         "clock_event_reasons": reasons,
+        "idle_samples": idle,
     }
 
 
 class ClockSampler:
-    """Samples the GPU with ``nvidia-smi`` while its ``with`` block runs (see the module
-    docstring); :meth:`summary` after the block. ``command`` overrides the ``nvidia-smi``
-    executable (tests)."""
+    """Samples the GPU with ``nvidia-smi`` while its ``with`` block runs (module docstring);
+    :meth:`summary` of a time window, during the block or after it. ``command`` overrides the
+    ``nvidia-smi`` executable (tests)."""
 
     def __init__(self, command: str | None = None) -> None:
         self.command = command or shutil.which("nvidia-smi")
-        self.lines: list[str] = []
+        self.samples: list[tuple[float, str]] = []  # (time.monotonic() on arrival, line)
         self._process: subprocess.Popen[str] | None = None
         self._reader: threading.Thread | None = None
 
     def __enter__(self) -> ClockSampler:
         if self.command is None:
             return self
-        gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
+        gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
         arguments = [f"--id={gpu}", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits"]
-        self._process = subprocess.Popen(
-            [self.command, *arguments, f"--loop-ms={INTERVAL_MS}"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
+        line_buffered = ["stdbuf", "-oL"] if shutil.which("stdbuf") else []
+        try:
+            self._process = subprocess.Popen(
+                [*line_buffered, self.command, *arguments, f"--loop-ms={INTERVAL_MS}"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+        except OSError:  # found but not runnable: no clocks, the benchmark goes on
+            self._process = None
+            return self
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         return self
@@ -118,7 +135,7 @@ class ClockSampler:
     def _read(self) -> None:
         assert self._process is not None and self._process.stdout is not None
         for line in self._process.stdout:
-            self.lines.append(line)
+            self.samples.append((time.monotonic(), line))
 
     def __exit__(
         self,
@@ -128,7 +145,7 @@ class ClockSampler:
     ) -> None:
         if self._process is None:
             return
-        self._process.terminate()
+        self._process.send_signal(signal.SIGINT)
         try:
             self._process.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -137,6 +154,7 @@ class ClockSampler:
         if self._reader is not None:
             self._reader.join(timeout=5)
 
-    def summary(self) -> dict[str, Any] | None:
-        """:func:`summarize` of the lines sampled so far; ``None`` without ``nvidia-smi``."""
-        return summarize(list(self.lines))
+    def summary(self, start: float = -math.inf, end: float = math.inf) -> dict[str, Any] | None:
+        """:func:`summarize` of the lines that arrived from ``start`` to ``end``
+        (``time.monotonic()`` seconds; default: all so far); ``None`` without ``nvidia-smi``."""
+        return summarize([line for stamp, line in list(self.samples) if start <= stamp <= end])
