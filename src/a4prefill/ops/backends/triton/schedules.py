@@ -534,10 +534,11 @@ def _warp_specialized(
 # with three CTAs (slower, not chosen) so that the kernel keeps a 16-route schedule under test.
 # The 32-route tiles of 256 weight rows with two CTAs per SM (nineteenth round, not chosen yet):
 # the fastest of twelve small-tile schedules at 512 and 1024 tokens in W4A16 in one run, within
-# noise of the default in another, and 2-6% faster in A4 and split (benchmarks/results/README.md,
-# "nineteenth round", item 2); here so that the GPU tests run its kernels in every mode. With the
-# H200's Triton 3.6 its kernels spill nothing in any mode; Triton 3.9 spills in its A4 and split
-# FC2 (offline, sm_90a; tests/test_triton_prefill_on_cpu.py).
+# noise of the default in another, and 1.5-6% faster in A4 and split than the three-CTA 32-route
+# tiles (benchmarks/results/README.md, "nineteenth round", item 2); here so that the GPU tests
+# run its kernels in every mode. With the H200's Triton 3.6 its kernels spill nothing in any
+# mode; Triton 3.9 spills in its A4 and split FC2 (offline, sm_90a;
+# tests/test_triton_prefill_on_cpu.py).
 # The 256-row work items of 128 routes as one 8-warp consumer partition (two A register sets, two
 # wgmmas per step; nineteenth round, not timed yet): the A4 FC1 of the two 4-warp partitions
 # (``rs_w256_t128_d6_ws``) compiles to 10984 SASS instructions, two copies of the consumer, and
