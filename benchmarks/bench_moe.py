@@ -13,7 +13,9 @@ dequantized for a bf16 MMA), A8 (on sm_90: FP8 activations and weights converted
 FP8 tensor cores, ``fused_a8``; its error against the fp32 W4A16 reference is A8's quantization
 error; ``a8_x2``: the same with each step's successor converted while the step's wgmma runs,
 ``schedules.A8_PREFILL_AHEAD``; ``a8_t256``: 256-route tiles, two wgmmas on each step's converted
-weights, ``schedules.A8_PREFILL_WIDE``), split (first half of the rows decode/W4A16, second half prefill/A4)
+weights, ``schedules.A8_PREFILL_WIDE``; ``a8_rs``, ``a8_t256_rs``: ``a8`` and ``a8_t256`` with the
+converted weights in the wgmma's A registers, ``schedules.A8_PREFILL_RS``,
+``A8_PREFILL_WIDE_RS``), split (first half of the rows decode/W4A16, second half prefill/A4)
 and bf16 (``torch._grouped_mm`` on bf16 copies of the weights, same routing: sort, gather, two
 grouped GEMMs, SwiGLU, weighted sum) and,
 when vLLM is importable, marlin (vLLM's ``fused_marlin_moe`` on Marlin-repacked copies of the same
@@ -524,7 +526,7 @@ def bench_shape(
                 run, x, topk_w, topk_ids, a4_scales=None, config=tiled
             )
         if a8_runs:
-            for label, a8_schedule in A8_SCHEDULES.items():  # "a8", "a8_x2", "a8_t256"
+            for label, a8_schedule in A8_SCHEDULES.items():  # "a8", "a8_x2", "a8_t256", ...
                 variants[label] = functools.partial(
                     fused_moe_a8, x, topk_w, topk_ids, weights.experts(), None, schedule=a8_schedule
                 )

@@ -14,9 +14,10 @@ Each ``--case`` is ``TOKENS:SCHEDULE[:MODE]`` with a label of ``schedules.PREFIL
 (without ``MODE``: W4A16 without an epilogue; with ``MODE`` ``w4a16``, ``a4`` or ``split``: the
 MoE's FC1 in that precision mode, SwiGLU epilogue and A4 re-quantization included, the split
 with the second half of the tokens A4), or
-``TOKENS:a8``, ``TOKENS:a8_x2`` or ``TOKENS:a8_t256`` for the A8 GEMM (``schedules.A8_SCHEDULES``:
-``A8_PREFILL``, ``A8_PREFILL_AHEAD`` or ``A8_PREFILL_WIDE``, on e4m3 rows and their scales,
-``fused_a8.quantize_rows``; sm_90);
+``TOKENS:LABEL`` with a label of ``schedules.A8_SCHEDULES`` for the A8 GEMM (``a8``, ``a8_x2``,
+``a8_t256``, ``a8_rs``, ``a8_t256_rs``: ``A8_PREFILL``, ``A8_PREFILL_AHEAD``, ``A8_PREFILL_WIDE``
+and the last two with the weights in registers, on e4m3 rows and their scales,
+``fused_a8.quantize_rows`` in the schedule's column order; sm_90);
 every case runs once before the profiled region (compilation and warm caches stay outside it).
 ``--ncu-summary ncu.csv --out DIR`` (no GPU) turns that CSV into ``DIR/profile_prefill_ncu.json``:
 one entry per case, in the order given, with ``profile_decode.NCU_METRICS``. Nsight
@@ -160,8 +161,9 @@ def main() -> None:
         ids = torch.rand(tokens, EXPERTS, device="cuda").topk(TOP_K, dim=1).indices.int()
         x = torch.randn(tokens, k, dtype=torch.bfloat16, device="cuda")
         options: dict[str, Any] = {}  # launch_prefill_gemm's keyword arguments beyond the schedule's
-        if label in A8_SCHEDULES:
-            x, options["x_row_scales"] = quantize_rows(x)
+        if label in A8_SCHEDULES:  # the rows in the column order the schedule reads
+            x, options["x_row_scales"] = quantize_rows(x, schedule.a8_register_weights)
+            options["x_mma_order"] = schedule.a8_register_weights
         if mode_name is not None:  # the MoE's FC1: SwiGLU into h in the next GEMM's column order
             mode = {"w4a16": MODE_W4A16, "a4": MODE_A4, "split": MODE_SPLIT}[mode_name]
             out = torch.empty(tokens * TOP_K, n // 2, dtype=torch.bfloat16, device="cuda")

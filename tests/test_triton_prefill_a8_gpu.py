@@ -10,7 +10,7 @@ import torch
 
 from a4prefill.ops import fp8
 from a4prefill.ops.backends.triton.routing import build_routing
-from a4prefill.ops.backends.triton.schedules import A8_PREFILL, A8_SCHEDULES
+from a4prefill.ops.backends.triton.schedules import A8_PREFILL, A8_PREFILL_RS, A8_SCHEDULES
 from helpers.layers import EVERY_SCALE_BYTE
 from helpers.markers import needs_gluon, needs_hopper
 
@@ -84,13 +84,19 @@ def test_the_a8_gemm_matches_the_block_product_eagerly_and_in_a_cuda_graph(gathe
 
 
 @pytest.mark.parametrize("tokens", [64, 1500])
-def test_the_a8_moe_and_a_split_a8_plan_match_the_references(tokens):
+@pytest.mark.parametrize("register_weights", [False, True], ids=["shared", "registers"])
+def test_the_a8_moe_and_a_split_a8_plan_match_the_references(tokens, register_weights):
     """``fused_moe_a8`` (16 experts, H 1024, I 512, top-4; a call of 16 and of 375 routes per
     expert) within the tensor cores' A8 bounds of ``moe_reference_a8`` and at most a fifth of
-    A8's own error against W4A16 away from it, the same when replayed from a CUDA graph; the
-    triton backend under a split A8 plan: prefill rows A8, decode rows W4A16."""
+    A8's own error against W4A16 away from it, the same when replayed from a CUDA graph, with
+    the size's schedule (``choose_a8_schedule``) or its register-weights twin (both GEMMs' rows
+    quantized in ``a8_column_order``); the triton backend under a split A8 plan: prefill rows A8,
+    decode rows W4A16."""
+    import dataclasses
+
     from a4prefill.ops.backends.triton.backend import TritonBackend
     from a4prefill.ops.backends.triton.fused_a8 import fused_moe_a8
+    from a4prefill.ops.backends.triton.schedules import choose_a8_schedule
     from a4prefill.ops.precision import A8, MoECall, RowPlan
     from a4prefill.ops.reference import moe_reference, moe_reference_a8
     from a4prefill.ops.rows import RowTypes
@@ -106,13 +112,16 @@ def test_the_a8_moe_and_a_split_a8_plan_match_the_references(tokens):
     gpu = [t.cuda() for t in (hidden, topk_weights, topk_ids)]
     args = (hidden, topk_weights, topk_ids, layer.experts)
     a8, w4a16 = moe_reference_a8(*args, 4.0), moe_reference(*args, None, 4.0)
-    result = fused_moe_a8(*gpu, cuda_experts, 4.0)
+    schedule = choose_a8_schedule(tokens * top_k, experts)
+    schedule = dataclasses.replace(schedule, a8_register_weights=register_weights)
+    assert schedule in A8_SCHEDULES.values()
+    result = fused_moe_a8(*gpu, cuda_experts, 4.0, schedule=schedule)
     assert_close_to_reference(result, a8, "a8_tensor_cores")
     kernel_error, a8_error = relative_error(result.cpu(), a8), relative_error(a8, w4a16)
     assert kernel_error < a8_error / 5, (kernel_error, a8_error)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        replayed = fused_moe_a8(*gpu, cuda_experts, 4.0)
+        replayed = fused_moe_a8(*gpu, cuda_experts, 4.0, schedule=schedule)
     graph.replay()
     assert torch.equal(replayed, result)
     decode = tokens // 4
@@ -128,19 +137,21 @@ def relative_error(result: torch.Tensor, expected: torch.Tensor) -> float:
     return float((result.float() - expected.float()).norm() / expected.float().norm())
 
 
-def test_every_code_and_scale_byte_converts_to_the_oracles_e4m3_weight_on_the_gpu():
+@pytest.mark.parametrize("schedule", [A8_PREFILL, A8_PREFILL_RS], ids=["shared", "registers"])
+def test_every_code_and_scale_byte_converts_to_the_oracles_e4m3_weight_on_the_gpu(schedule):
     """The compiled kernel's weight conversion, bit for bit: the interpreter test's one-hot
     activation rows pick single weight columns, each of which must equal ``fp8.weights``' e4m3
     value times ``2**p`` exactly, for every code under every scale byte (rows 0-253) and mixed
-    bytes per block (rows 256-511)."""
+    bytes per block (rows 256-511); the weights through a shared buffer or in the wgmma's A
+    registers (the rows copied into ``a8_column_order`` by the launcher)."""
     from a4prefill.ops.backends.triton.prefill import launch_prefill_gemm
     from test_triton_prefill_a8_on_cpu import one_hot_case
 
     x8, row_scales, codes, scales, ids, expected = one_hot_case()
     cuda = [t.cuda() for t in (x8, row_scales, codes, scales, ids)]
-    routing = build_routing(cuda[4], 1, A8_PREFILL.routes)
+    routing = build_routing(cuda[4], 1, schedule.routes)
     out = torch.full((ids.numel(), codes.shape[1]), float("nan"), dtype=torch.bfloat16, device="cuda")
-    launch_prefill_gemm(cuda[0], cuda[2], cuda[3], routing, out, A8_PREFILL, None, x_row_scales=cuda[1])
+    launch_prefill_gemm(cuda[0], cuda[2], cuda[3], routing, out, schedule, None, x_row_scales=cuda[1])
     positions = torch.arange(ids.numel(), dtype=routing.sorted_route.dtype)
     assert torch.equal(routing.sorted_route.cpu(), positions)
     assert torch.equal(out.float().cpu(), expected)
@@ -150,8 +161,9 @@ def test_the_row_quantizer_is_fp8_quantize_rows_bit_for_bit_on_the_gpu():
     """``fused_a8.quantize_rows`` on the GPU against ``fp8.quantize_rows`` on the CPU: the same
     e4m3 bytes and fp32 scales (one per row; IEEE divisions, nearest-even e4m3), rows of blocks
     of every magnitude from bf16 subnormals to near its largest, a block of zeros and a row of
-    zeros."""
+    zeros; with ``mma_order`` the same bytes at the positions of ``a8_column_order``."""
     from a4prefill.ops.backends.triton.fused_a8 import quantize_rows
+    from a4prefill.ops.backends.triton.prefill import a8_column_order
 
     generator = torch.Generator().manual_seed(23)
     rows, k = 1000, 4 * fp8.A8_BLOCK
@@ -164,3 +176,7 @@ def test_the_row_quantizer_is_fp8_quantize_rows_bit_for_bit_on_the_gpu():
     expected_codes, expected_scales = fp8.quantize_rows(x)
     assert torch.equal(codes.cpu().view(torch.uint8), expected_codes.view(torch.uint8))
     assert torch.equal(scales.cpu(), expected_scales)
+    ordered, ordered_scales = quantize_rows(x.cuda(), mma_order=True)
+    expected_ordered = expected_codes.view(torch.uint8)[:, a8_column_order(k, torch.device("cpu"))]
+    assert torch.equal(ordered.cpu().view(torch.uint8), expected_ordered)
+    assert torch.equal(ordered_scales.cpu(), expected_scales)

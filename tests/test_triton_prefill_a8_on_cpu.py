@@ -36,6 +36,9 @@ SCHEDULE = PrefillGemm(128, 128, depth=3, register_weights=True, warp_specialize
 SCHEDULE_AHEAD = dataclasses.replace(SCHEDULE, a_register_sets=2)
 # 256-route tiles: two wgmmas of 128 routes on each step's converted weights
 SCHEDULE_WIDE = dataclasses.replace(SCHEDULE, routes=256)
+# the converted weights in the FP8 wgmma's A registers, the rows' columns in a8_column_order
+SCHEDULE_RS = dataclasses.replace(SCHEDULE, a8_register_weights=True)
+SCHEDULE_WIDE_RS = dataclasses.replace(SCHEDULE_WIDE, a8_register_weights=True)
 E4M3_ONE = 0x38  # the e4m3 byte of 1.0
 
 
@@ -120,6 +123,10 @@ def test_every_code_and_scale_byte_converts_to_the_oracles_e4m3_weight(interpret
         (False, SCHEDULE_AHEAD),
         (True, SCHEDULE_WIDE),
         (False, SCHEDULE_WIDE),
+        (True, SCHEDULE_RS),
+        (False, SCHEDULE_RS),
+        (True, SCHEDULE_WIDE_RS),
+        (False, SCHEDULE_WIDE_RS),
     ],
     ids=[
         "fc1_gather",
@@ -128,6 +135,10 @@ def test_every_code_and_scale_byte_converts_to_the_oracles_e4m3_weight(interpret
         "fc2_sorted_ahead",
         "fc1_gather_wide",
         "fc2_sorted_wide",
+        "fc1_gather_registers",
+        "fc2_sorted_registers",
+        "fc1_gather_wide_registers",
+        "fc2_sorted_wide_registers",
     ],
 )
 def test_a8_product_matches_the_block_product(interpreted, gather, schedule):
@@ -143,7 +154,9 @@ def test_a8_product_matches_the_block_product(interpreted, gather, schedule):
     slot, fail. On 256-route tiles (``SCHEDULE_WIDE``) 300 tokens give each of the two experts
     with routes 300: a full tile (both halves) and a tile that ends inside its first half (its
     second half past the segment): a half's accumulator promoted or scaled with the other half's
-    routes, or a second half written past the segment, fail."""
+    routes, or a second half written past the segment, fail. With the weights in registers
+    (``SCHEDULE_RS``, ``SCHEDULE_WIDE_RS``) the launcher copies the rows' columns into
+    ``a8_column_order``: a weight paired with another column than its activation's fails."""
     generator = torch.Generator().manual_seed(3)
     tokens = 300 if schedule.routes == 256 else 45
     experts, n, k, top_k = 3, 256, (SCHEDULE.depth + 2) * fp8.A8_BLOCK, 2
@@ -309,16 +322,20 @@ def interpreted_quantizer():
     blocks=st.integers(1, 3),
     exponents=st.lists(st.integers(-140, 120), min_size=3, max_size=3),
     zero_block=st.booleans(),
+    mma_order=st.booleans(),
 )
 def test_the_row_quantizer_is_fp8_quantize_rows_bit_for_bit(
-    interpreted_quantizer, rows, blocks, exponents, zero_block
+    interpreted_quantizer, rows, blocks, exponents, zero_block, mma_order
 ):
     """``fused_a8.quantize_rows`` (the Gluon kernel, interpreted) against ``fp8.quantize_rows``:
     the same e4m3 bytes and fp32 scales (one per row, over all its blocks), for row counts that
     end inside a program, several blocks each of its own magnitude, from bf16 subnormals (under
     the ``2**-100`` floor) to near bf16's largest, and a block of zeros (a row of zeros when it
-    is the row's only block)."""
+    is the row's only block). With ``mma_order`` each block's bytes sit at the positions of
+    ``prefill.a8_column_order`` (the launcher's copy for the register-weights schedules), the
+    scales as without."""
     from a4prefill.ops.backends.triton import fused_a8
+    from a4prefill.ops.backends.triton.prefill import a8_column_order
 
     generator = torch.Generator().manual_seed(rows * 7 + blocks)
     k = blocks * fp8.A8_BLOCK
@@ -330,8 +347,10 @@ def test_the_row_quantizer_is_fp8_quantize_rows_bit_for_bit(
     with pytest.MonkeyPatch.context() as patch:
         for name, kernel in interpreted_quantizer.items():
             patch.setattr(fused_a8.kernel_modules.prefill_a8(), name, kernel)
-        codes, scales = fused_a8.quantize_rows(x)
+        codes, scales = fused_a8.quantize_rows(x, mma_order)
     expected_codes, expected_scales = fp8.quantize_rows(x)
+    if mma_order:
+        expected_codes = expected_codes.view(torch.uint8)[:, a8_column_order(k, x.device)]
     assert torch.equal(codes.view(torch.uint8), expected_codes.view(torch.uint8))
     assert torch.equal(scales, expected_scales)
 
@@ -386,13 +405,22 @@ def tiny_a8_layer(tokens: int, seed: int):
 
 @pytest.mark.parametrize(
     ("tokens", "limit", "label"),
-    [(40, None, "a8"), (150, 2.5, "a8"), (150, 2.5, "a8_x2"), (600, 2.5, "a8_t256")],
+    [
+        (40, None, "a8"),
+        (150, 2.5, "a8"),
+        (150, 2.5, "a8_x2"),
+        (600, 2.5, "a8_t256"),
+        (150, 2.5, "a8_rs"),
+        (600, 2.5, "a8_t256_rs"),
+    ],
 )
 def test_an_a8_call_matches_the_a8_reference_moe(a8_moe_on_cpu, tokens, limit, label):
     """The whole A8 MoE (quantized rows, FC1 with SwiGLU, ``h`` quantized per route, FC2, combine)
     within the bounds of ``moe_reference_a8``, clamp included, at a size of one tile per expert
     and of several, with each A8 schedule (``schedules.A8_SCHEDULES``; 600 tokens give each
-    expert about 300 routes: a full 256-route tile and one ending in its first half)."""
+    expert about 300 routes: a full 256-route tile and one ending in its first half). The
+    register-weights schedules take both GEMMs' rows as the quantizer writes them, in
+    ``a8_column_order`` (no copy)."""
     from a4prefill.ops.backends.triton.fused_a8 import fused_moe_a8
     from a4prefill.ops.backends.triton.schedules import A8_SCHEDULES
     from a4prefill.ops.reference import moe_reference_a8
@@ -502,3 +530,117 @@ def test_the_row_quantizer_compiles_to_ieee_divisions_and_nearest_even_e4m3():
     divisions = set(re.findall(r"\bdiv\.[\w.]+", ptx))
     assert divisions == {"div.rn.f32"}, divisions
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
+
+
+def linear_layout(layout, shape: list[int]):
+    """Triton's linear layout of the Gluon distributed ``layout`` over ``shape``
+    (``DistributedLinearLayout``: which tensor index each register, lane and warp bit adds)."""
+    from triton._C.libtriton import gluon_ir, ir
+
+    context = ir.context()
+    ir.load_dialects(context)
+    builder = gluon_ir.GluonOpBuilder(context)
+    return builder.to_linear_layout(layout._to_ir(builder), shape)
+
+
+def lane_indices(layout, lane: int) -> set[tuple[int, ...]]:
+    """The tensor indices lane ``lane`` of warp 0 holds in ``layout`` (a linear layout): every
+    sum (xor) of its register bases with the lane's own bases."""
+    own = [0] * len(layout.shape)
+    for bit, basis in enumerate(layout.lane_bases):
+        if lane >> bit & 1:
+            own = [a ^ b for a, b in zip(own, basis, strict=True)]
+    indices = set()
+    for registers in range(1 << len(layout.reg_bases)):
+        index = list(own)
+        for bit, basis in enumerate(layout.reg_bases):
+            if registers >> bit & 1:
+                index = [a ^ b for a, b in zip(index, basis, strict=True)]
+        indices.add(tuple(index))
+    return indices
+
+
+def test_the_a8_column_order_gives_each_lane_the_columns_it_converts():
+    """What lets the register-weights schedules skip the shared buffer: in Triton's own layout of
+    the FP8 wgmma's A registers (``a8_operand_layout``, one step ``[64, 128]``, for the 128-route
+    accumulators of both register-weights schedules), the K positions a lane holds carry, through
+    ``prefill.a8_column_order``, exactly the columns that lane converts in ``a8_codes_layout``
+    (its rows' groups, 16 columns each), for every lane of a warp, and every position of a block
+    holds another column."""
+    from a4prefill.ops.backends.triton import kernel_modules
+    from a4prefill.ops.backends.triton.prefill import a8_column_order
+
+    kernels = kernel_modules.prefill_a8()
+    operand = linear_layout(kernels.a8_operand_layout(128, 4), [64, 128])
+    codes = linear_layout(kernels.a8_codes_layout(4), [64, 8, 8])
+    order = a8_column_order(fp8.A8_BLOCK, torch.device("cpu")).tolist()
+    assert sorted(order) == list(range(fp8.A8_BLOCK))
+    for lane in range(32):
+        held = {(row, order[position]) for row, position in lane_indices(operand, lane)}
+        converted = {
+            (row, 16 * group + column) for row, group, _ in lane_indices(codes, lane) for column in range(16)
+        }
+        assert held == converted, lane
+
+
+def test_the_a8_column_order_refuses_a_k_that_is_not_whole_blocks():
+    """``a8_column_order(k)`` takes whole A8 blocks only: ``k`` not a multiple of 128 is a
+    ``ValueError`` naming it."""
+    from a4prefill.ops.backends.triton.prefill import a8_column_order
+
+    with pytest.raises(ValueError, match="k must be a multiple of 128, got 192"):
+        a8_column_order(192, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("epilogue", ["swiglu", "alpha"])
+def test_the_register_weights_a8_kernels_take_a_from_registers_and_store_nothing(epilogue):
+    """``SCHEDULE_RS`` and ``SCHEDULE_WIDE_RS`` compiled for sm_90a as the launcher would: every
+    FP8 wgmma takes its A operand from registers, each consumer K loop stores nothing to shared
+    memory and exchanges no more values between lanes (``SHFL``) than the shared-buffer
+    schedule's loop (the fragment order is a renaming of registers), no instruction writes a
+    register that a wgmma still in flight reads as A, the K loops spill no more than the
+    shared-buffer schedule's (with the H200's Triton 3.6 neither spills; with this suite's 3.9
+    the 256-route loops reload one value a step, see the wide test above), and the kernel needs
+    the shared-buffer kernel's shared memory less the converted weights' buffers (2 x 8 KiB)."""
+    from test_triton_prefill_on_cpu import a_register_hazards, compile_prefill_kernel
+
+    for registers, shared in ((SCHEDULE_RS, SCHEDULE), (SCHEDULE_WIDE_RS, SCHEDULE_WIDE)):
+        kernel = compile_prefill_kernel(registers, a8=True, EPILOGUE=PREFILL_EPILOGUES[epilogue])
+        baseline = compile_prefill_kernel(shared, a8=True, EPILOGUE=PREFILL_EPILOGUES[epilogue])
+        ptx = kernel.asm["ptx"]
+        wgmmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.\w+\.f32\.e4m3\.e4m3 \{[^}]*\}, (\S)", ptx)
+        assert wgmmas and set(wgmmas) == {"{"}, registers  # A: a register list, not a descriptor
+        assert a_register_hazards(ptx) == [], registers
+        loops, baseline_loops = k_loops(kernel), k_loops(baseline)
+        assert len(loops) == len(baseline_loops) == 2
+        for body, baseline_body in zip(loops, baseline_loops, strict=True):
+            text = " ".join(body)
+            assert re.findall(r"\bSTS\S*", text) == [], registers
+            assert len(re.findall(r"\bSHFL\b", text)) == len(re.findall(r"\bSHFL\b", " ".join(baseline_body)))
+            spills = re.findall(r"\b(?:STL|LDL)\b", text)
+            assert len(spills) <= len(re.findall(r"\b(?:STL|LDL)\b", " ".join(baseline_body))), registers
+        assert kernel.metadata.shared == baseline.metadata.shared - 2 * 64 * fp8.A8_BLOCK, registers
+
+
+def test_register_weights_a8_schedules_run_a8_only_and_one_register_set():
+    """``a8_register_weights`` needs the warp-specialized 128-row tiles of 128 or 256 routes with
+    one A register set (``PrefillGemm``), and an A8 launch (``x_row_scales``); ``x_mma_order``
+    in an A8 launch only with such a schedule: each a ``ValueError`` naming what it needs."""
+    with pytest.raises(ValueError, match="a8_register_weights needs warp_specialized"):
+        dataclasses.replace(SCHEDULE, a_register_sets=2, a8_register_weights=True)
+    with pytest.raises(ValueError, match="a8_register_weights needs warp_specialized"):
+        PrefillGemm(128, 128, depth=3, register_weights=True, a8_register_weights=True)
+    codes = torch.zeros(1, 128, 64, dtype=torch.uint8)
+    scales = torch.zeros(1, 128, 8, dtype=torch.uint8)
+    ids = torch.zeros(4, 1, dtype=torch.int32)
+    routing = build_routing(ids, 1, 128, force_torch=True)
+    out = torch.zeros(4, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="runs A8 calls only"):
+        launch_prefill_gemm(
+            torch.zeros(4, 128, dtype=torch.bfloat16), codes, scales, routing, out, SCHEDULE_RS, None
+        )
+    x8 = torch.zeros(4, 128, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="x_mma_order only with a8_register_weights"):
+        launch_prefill_gemm(
+            x8, codes, scales, routing, out, SCHEDULE, None, x_mma_order=True, x_row_scales=torch.ones(4)
+        )

@@ -9,7 +9,8 @@ Per call (``T`` tokens, top-k ``k``, ``R = T * k`` routes, the one NVFP4 weight 
    ``schedules.A8_PREFILL_WIDE``, by size: :func:`schedules.choose_a8_schedule`;
    :func:`routing.sort_routes`, no host sync);
 2. the hidden rows quantized once per token (:func:`quantize_rows`: ``fp8.quantize_rows`` bit
-   for bit, one kernel);
+   for bit, one kernel; for a schedule with ``a8_register_weights`` the columns written in
+   ``prefill.a8_column_order``, as ``h``'s in step 4);
 3. FC1: :func:`prefill.launch_prefill_gemm` with ``x_row_scales`` (the warp-specialized
    kernel's A8 mainloop), SwiGLU epilogue
    into ``h [R, I]`` bf16 in sorted order, rounded where W4A16 rounds;
@@ -71,12 +72,13 @@ def a8_refusal(device: torch.device, dtype: torch.dtype, hidden: int, intermedia
 QUANTIZE_ROWS_PER_PROGRAM = 16  # rows of one program of the A8 row quantizer (2 per warp, 4 warps x 2)
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows(x: torch.Tensor, mma_order: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``fp8.quantize_rows`` of a contiguous bf16 ``x [R, K]`` (K a multiple of 128) on its device,
     in two launches over ``(row groups, K / 128 blocks)`` (``prefill_a8_kernels``: each block's
     largest magnitude, then each block's codes from its row's largest over all blocks; the row
-    read twice, every program one block): ``(codes float8_e4m3fn [R, K], scales fp32 [R])``.
-    No host sync."""
+    read twice, every program one block): ``(codes float8_e4m3fn [R, K], scales fp32 [R])``,
+    with ``mma_order`` the codes' columns in ``prefill.a8_column_order`` (what an
+    ``a8_register_weights`` schedule reads; the scales do not depend on it). No host sync."""
     rows, k = x.shape
     if k % fp8.A8_BLOCK:
         raise ValueError(f"x: K={k} must be a multiple of {fp8.A8_BLOCK} for the A8 row quantizer")
@@ -97,6 +99,7 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             k,
             BR=QUANTIZE_ROWS_PER_PROGRAM,
             BLOCKS=next_pow2(blocks),
+            MMA_ORDER=mma_order,
             num_warps=4,
         )
     return codes, scales
@@ -136,7 +139,8 @@ def fused_moe_a8(
     topk_ids = _aligned(topk_ids.to(torch.int32))
     launch = routing_launch(routes, schedule.routes)
     routing = sort_routes(topk_ids.reshape(-1), fc1.experts, launch)
-    x8, x_scales = quantize_rows(_aligned(hidden_states.contiguous()))
+    mma_order = schedule.a8_register_weights  # the rows written in the order the GEMMs read
+    x8, x_scales = quantize_rows(_aligned(hidden_states.contiguous()), mma_order)
     h = torch.empty(routes, intermediate, dtype=torch.bfloat16, device=hidden_states.device)
     launch_prefill_gemm(
         x8,
@@ -149,9 +153,10 @@ def fused_moe_a8(
         epilogue="swiglu",
         scale2=fc1.scale_2,
         swiglu_limit=swiglu_limit,
+        x_mma_order=mma_order,
         x_row_scales=x_scales,
     )
-    h8, h_scales = quantize_rows(h)
+    h8, h_scales = quantize_rows(h, mma_order)
     y = torch.empty(routes, hidden, dtype=torch.bfloat16, device=hidden_states.device)
     launch_prefill_gemm(
         h8,
@@ -163,6 +168,7 @@ def fused_moe_a8(
         None,
         epilogue="alpha",
         scale2=fc2.scale_2,
+        x_mma_order=mma_order,
         x_row_scales=h_scales,
     )
     _combine(

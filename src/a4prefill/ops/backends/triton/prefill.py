@@ -2,7 +2,7 @@
 :func:`launch_prefill_gemm` launches one GEMM with its epilogue, for ``fused._fused_moe_prefill``
 (prefill calls on sm_90, chosen by ``plan.plan_call``), the tests and
 ``benchmarks/bench_prefill_gemm.py``; :func:`mma_column_order` is the register-weights kernel's
-activation column order.
+activation column order, :func:`a8_column_order` that of the A8 register-weights schedules.
 """
 
 from __future__ import annotations
@@ -42,6 +42,30 @@ def mma_column_order(k: int, device: torch.device) -> torch.Tensor:
 
 
 register_state(__name__, mma_column_order.cache_clear, mma_column_order)
+
+
+@functools.cache
+def a8_column_order(k: int, device: torch.device) -> torch.Tensor:
+    """int64 ``[k]``: the column of the e4m3 activation rows that each K position of an A8 call
+    of a register-weights A8 schedule (``PrefillGemm.a8_register_weights``) multiplies. Within
+    each 128 columns (one A8 block), position ``32 c + 16 h + 4 q + j`` holds column ``32 q + 8 c
+    + 4 h + j`` (``c`` < 4, ``h`` < 2, ``q`` < 4, ``j`` < 4): the FP8 wgmma's A registers of lane
+    ``q`` of a quad then hold the 32 columns of scale groups ``2 q`` and ``2 q + 1``, the ones it
+    converts (``prefill_a8_kernels``, module docstring). ``k`` must be a multiple of 128. Cached
+    per ``(k, device)``; never written to."""
+    if k % 128:
+        raise ValueError(f"k must be a multiple of 128, got {k}")
+    position = torch.arange(k, device=device)
+    chunk, half, quad_lane, nibble = (
+        (position % 128) // 32,
+        (position % 32) // 16,
+        (position % 16) // 4,
+        position % 4,
+    )
+    return position - position % 128 + 32 * quad_lane + 8 * chunk + 4 * half + nibble
+
+
+register_state(__name__, a8_column_order.cache_clear, a8_column_order)
 
 
 GATHER_ROWS_PER_PROGRAM = 64  # rows of one program of shared_kernels.gather_rows_kernel (8 KiB)
@@ -212,8 +236,10 @@ def launch_prefill_gemm(
 
     Column orders (:func:`mma_column_order`, per 64 columns): ``x_mma_order`` says ``x``'s columns
     are already in that order (a register-weights schedule then skips its gather; only those take
-    it), ``out_mma_order`` writes ``out``'s columns in it (FC1's ``h`` for a register-weights FC2;
-    ``out``'s row length a multiple of 64).
+    it; in A8 calls of ``a8_register_weights`` schedules: :func:`a8_column_order`, per 128
+    columns, as ``fused_a8.quantize_rows(mma_order=True)`` writes them), ``out_mma_order`` writes
+    ``out``'s columns in it (FC1's ``h`` for a register-weights FC2; ``out``'s row length a
+    multiple of 64).
 
     ``routing`` was built with ``block_m = schedule.routes``. ``N`` must be a multiple of
     ``schedule.weight_rows`` and ``K`` of ``schedule.block_k``. With ``schedule.register_weights``
@@ -226,10 +252,12 @@ def launch_prefill_gemm(
     (``fp8.quantize_rows``), rows indexed as ``x``'s; the weights converted to e4m3 in the kernel
     (``prefill_a8_kernels``; with ``a_register_sets = 2`` each step's successor converted while
     the step's wgmma runs; with 256 routes two wgmmas of 128 routes a step on the same converted
-    weights). Needs a warp-specialized schedule of 128 routes (or 256 with one A register set),
+    weights; with ``a8_register_weights`` the weights converted into the wgmma's A registers and
+    ``x``'s columns taken in :func:`a8_column_order`, by a copy of ``x`` unless ``x_mma_order``).
+    Needs a warp-specialized schedule of 128 routes (or 256 with one A register set),
     128 weight rows and one wgmma per step, ``mode`` W4A16 (the epilogues' W4A16 multipliers),
-    ``K`` a multiple of 128 and neither column order. The activation scales reach the kernel in
-    sorted order (``[R]``).
+    ``K`` a multiple of 128 and no ``out_mma_order``. The activation scales reach the kernel in
+    sorted order (``[R]``). Without ``x_row_scales`` an ``a8_register_weights`` schedule is refused.
 
     ``kernel`` replaces the schedule's Gluon kernel (tests: the TTGIR interpreter); by default it is
     imported (Triton 3.6+ with Gluon, an sm_90 GPU). It is compiled with the register cap
@@ -250,7 +278,7 @@ def launch_prefill_gemm(
         or schedule.wgmmas_per_step != 1
         or mode != MODE_W4A16
         or k % 128
-        or x_mma_order
+        or (x_mma_order and not schedule.a8_register_weights)
         or out_mma_order
         or x_row_scales.dtype != torch.float32
         or tuple(x_row_scales.shape) != (x.shape[0],)
@@ -258,9 +286,12 @@ def launch_prefill_gemm(
         raise ValueError(
             "x_row_scales (A8) needs fp32 [x rows], a warp-specialized schedule of 128 routes (or 256 "
             "with one A register set), 128 weight rows and one wgmma per step, "
-            f"mode W4A16, K a multiple of 128 and no column order; got {schedule}, mode {mode}, K={k}, "
-            f"scales {x_row_scales.dtype} {tuple(x_row_scales.shape)}"
+            f"mode W4A16, K a multiple of 128 and no column order (x_mma_order only with "
+            f"a8_register_weights); got {schedule}, mode {mode}, K={k}, x_mma_order={x_mma_order}, "
+            f"out_mma_order={out_mma_order}, scales {x_row_scales.dtype} {tuple(x_row_scales.shape)}"
         )
+    if schedule.a8_register_weights and not a8:
+        raise ValueError(f"schedule {schedule} runs A8 calls only (x_row_scales), got none")
     routes = routing.sorted_route.numel()
     out_n = n // 2 if epilogue == "swiglu" else n
     if x.shape[1] != k or scales.shape != (experts, n, k // 16) or out.shape != (routes, out_n):
@@ -305,6 +336,8 @@ def launch_prefill_gemm(
     gather_in_order = schedule.warp_specialized and top_k is not None and not a8 and not x_mma_order
     if schedule.register_weights and not x_mma_order and not a8 and not gather_in_order:
         x = x.index_select(1, mma_column_order(k, x.device))
+    if schedule.a8_register_weights and not x_mma_order:  # e4m3 as bytes: index_select has no float8
+        x = x.view(torch.uint8).index_select(1, a8_column_order(k, x.device)).view(x.dtype)
     if kernel is None:
         kernel = schedule_kernel(schedule)
     grid: tuple[int, ...] = (n // schedule.weight_rows, routing.max_tiles)
@@ -328,7 +361,7 @@ def launch_prefill_gemm(
         gather = {}
         if x_row_scales is not None:
             row_scales = x_row_scales if token is None else x_row_scales.index_select(0, token)
-            gather = {"xs_ptr": row_scales.contiguous(), "A8": True}
+            gather = {"xs_ptr": row_scales.contiguous(), "A8": schedule.a8_weights}
     kernel[grid](
         *operands,
         scales,

@@ -27,6 +27,18 @@ operand sets, ``schedules.A8_PREFILL_AHEAD``) converts the next step into a seco
 the step's wgmma runs; :func:`mainloop_a8_wide` (256-route tiles, ``schedules.A8_PREFILL_WIDE``)
 runs two wgmmas of 128 routes on each step's converted weights.
 
+Register weights (``A8 = A8_REGISTERS``, ``PrefillGemm.a8_register_weights``; :func:`mainloop_a8`
+and :func:`mainloop_a8_wide`): step 2 keeps the converted weights in the FP8 wgmma's A registers
+(:func:`a8_operand_layout`: per thread 4 consecutive K positions a register) and issues the wgmma
+from them, with no shared buffer, fence or barrier. A thread's A registers of one step hold 32 K
+positions of each of its two rows, ``16 i + 4 q + (0..3)`` for ``i`` < 8 (lane ``4 g + q``),
+while the conversion gives it the 32 columns of groups ``2 q`` and ``2 q + 1``. So the step's K
+positions take the columns in the A8 fragment order (``prefill.a8_column_order``): position ``32
+c + 16 h + 4 q + j`` (``c`` < 4, ``h`` < 2, ``q`` < 4, ``j`` < 4) holds column ``32 q + 8 c + 4 h
++ j`` of the block, in the weights (:func:`in_fragment_order`, a renaming of registers) and in
+the activation rows (``quantize_fp8_rows_kernel`` with ``MMA_ORDER``, or the launcher's copy):
+the same products, summed in another order inside a block.
+
 Numerics against ``fp8.block_product``: the weights and the products inside a block are exact
 (on the CPU interpreter the block sums are exact too; the tensor cores sum a block with fewer
 bits, as the section says); the promotion rounds once per block, as the oracle's fp32 sum does,
@@ -49,8 +61,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from a4prefill.ops.backends.triton.numerics import e4m3_bytes_f32
 from a4prefill.ops.backends.triton.prefill_kernels import _cta_barrier, code_rows_of
+from a4prefill.ops.backends.triton.schedules import A8_REGISTER_WEIGHTS, A8_SHARED_WEIGHTS
 
 A8_STEP: gl.constexpr = gl.constexpr(128)  # K columns per step: one A8 block (fp8.A8_BLOCK)
+# The warp-specialized kernel's ``A8`` constexpr: A8 with the converted weights in a shared buffer
+# (the wgmma's A from shared memory), or in the wgmma's A registers (module docstring)
+A8_SHARED: gl.constexpr = gl.constexpr(A8_SHARED_WEIGHTS)
+A8_REGISTERS: gl.constexpr = gl.constexpr(A8_REGISTER_WEIGHTS)
 
 
 # One 16-column group: its 8 code bytes (``$4``: bytes 0-3, ``$5``: bytes 4-7), ``f = |scale| *
@@ -114,6 +131,14 @@ mov.b32 hi, {t45, t67};
 def fp8_acc_layout(bt: int, warps: int) -> gl.NVMMADistributedLayout:
     """The FP8 wgmma's accumulator ``[64, BT]`` (its instruction takes 32 K columns)."""
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, bt, 32])
+
+
+@gluon.constexpr_function
+def a8_operand_layout(bt: int, warps: int) -> gl.DotOperandLayout:
+    """The FP8 wgmma's A operand in registers, ``[64, 128]`` e4m3 of one step (4 wgmmas of 32
+    columns) for the accumulator :func:`fp8_acc_layout` of ``bt`` routes: per thread 4
+    consecutive K positions a register."""
+    return gl.DotOperandLayout(operand_index=0, parent=fp8_acc_layout(bt, warps), k_width=4)
 
 
 @gluon.constexpr_function
@@ -187,13 +212,11 @@ def fp8_weights(codes, scale_bytes):
 
 
 @gluon.jit
-def convert_step(rings, s, HALF: gl.constexpr, a_buffer, BT: gl.constexpr):
+def _converted(rings, s, HALF: gl.constexpr, BT: gl.constexpr):
     """Ring step ``s`` of a consumer (weight rows ``64 * HALF`` on of the slot): waits until the
-    slot's copies landed, converts its rows' code and scale bytes to e4m3 weights
-    (:func:`fp8_weights`), stores them into ``a_buffer`` (``[64, 128]`` e4m3, what the FP8 wgmma
-    reads), fences them for the async proxy and waits for its warpgroup. Returns the rows'
-    promotion factors ``2**(p - 7)`` fp32 ``[64]`` in the accumulator's row layout. Leaves the
-    slot to the caller (it releases the slot after the wgmma that reads its rows retired)."""
+    slot's copies landed and converts its rows' code and scale bytes (:func:`fp8_weights`).
+    Returns ``(w [64, 128] e4m3 in K order, shift)``, the rows' promotion factors ``2**(p - 7)``
+    fp32 ``[64]`` in the row layout of the accumulator of ``BT`` routes."""
     c_ring = rings[0]
     s_ring = rings[1]
     ready = rings[3]
@@ -207,10 +230,40 @@ def convert_step(rings, s, HALF: gl.constexpr, a_buffer, BT: gl.constexpr):
     codes = gl.convert_layout(gl.reshape(code_rows, [ROWS, 8, 8]), CL)  # registers unchanged
     scale_bytes = s_ring.index(slot).slice(HALF * ROWS, ROWS, dim=0).load(gl.SliceLayout(2, CL))
     w8, shift = fp8_weights(codes, scale_bytes)
+    return w8, gl.convert_layout(shift, gl.SliceLayout(1, fp8_acc_layout(BT, gl.num_warps())))
+
+
+@gluon.jit
+def convert_step(rings, s, HALF: gl.constexpr, a_buffer, BT: gl.constexpr):
+    """:func:`_converted` of ring step ``s``, its weights stored into ``a_buffer`` (``[64, 128]``
+    e4m3, what the FP8 wgmma reads), fenced for the async proxy, then a barrier of the
+    warpgroup. Returns the rows' promotion factors. Leaves the slot to the caller (it releases the
+    slot after the wgmma that reads its rows retired)."""
+    w8, shift = _converted(rings, s, HALF, BT)
     a_buffer.store(w8)
     fence_async_shared()  # the warpgroup's stores, before the wgmma reads them (async proxy)
     _cta_barrier()  # in a partition: a barrier of its warpgroup
-    return gl.convert_layout(shift, gl.SliceLayout(1, fp8_acc_layout(BT, gl.num_warps())))
+    return shift
+
+
+@gluon.jit
+def in_fragment_order(w):
+    """``w [BW, 128]`` with its columns in K order -> the same values with K position ``32 c + 16
+    h + 4 q + j`` holding column ``32 q + 8 c + 4 h + j`` (the A8 fragment order, module
+    docstring). In :func:`fp8_weights`' layout each thread's values move to other registers of
+    the same thread only."""
+    BW: gl.constexpr = w.shape[0]
+    by_field = gl.reshape(w, [BW, 4, 4, 2, 4])  # (row, q, c, h, j)
+    return gl.reshape(gl.permute(by_field, (0, 2, 3, 1, 4)), [BW, 128])  # (row, c, h, q, j)
+
+
+@gluon.jit
+def convert_step_to_registers(rings, s, HALF: gl.constexpr, BT: gl.constexpr):
+    """:func:`_converted` of ring step ``s`` as the FP8 wgmma's A operand of ``BT`` routes:
+    ``(a [64, 128] e4m3 in :func:`a8_operand_layout`, K positions in the A8 fragment order;
+    shift)``. No shared memory, fence or barrier. Leaves the slot to the caller."""
+    w8, shift = _converted(rings, s, HALF, BT)
+    return gl.convert_layout(in_fragment_order(w8), a8_operand_layout(BT, gl.num_warps())), shift
 
 
 @gluon.jit
@@ -241,22 +294,35 @@ def _promote(acc, partial, shift, rings, slot, last):
 
 
 @gluon.jit
-def mainloop_a8(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr):
+def _weight_operand(rings, s, HALF: gl.constexpr, BT: gl.constexpr, A8: gl.constexpr):
+    """Ring step ``s``'s converted weights as a consumer's FP8 wgmma operand A of ``BT`` routes,
+    and its rows' promotion factors: ``(a_smem[HALF], shift)`` after :func:`convert_step`
+    (``A8_SHARED``), or :func:`convert_step_to_registers` (``A8_REGISTERS``)."""
+    if A8 == A8_REGISTERS:
+        a, shift = convert_step_to_registers(rings, s, HALF, BT)
+    else:
+        a = rings[6].index(HALF)
+        shift = convert_step(rings, s, HALF, a, BT)
+    return a, shift
+
+
+@gluon.jit
+def mainloop_a8(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr, A8: gl.constexpr):
     """A consumer's ``steps`` A8 steps of one work item (weight rows ``64 * HALF`` on of the
     slot), ring steps ``done`` on: its rows' fp32 accumulator ``[64, BT]`` in
     :func:`fp8_acc_layout`, ``2**-7`` times the block product. ``rings``: ``(c_ring [DEPTH, 128,
     64], s_ring [DEPTH, 128, 8], x_ring [DEPTH, BT, 128] fp8, ready, empty, xs_ring [DEPTH, BT]
-    fp32 (the routes' scales, in the slot of an item's last step), a_smem [2, 64, 128] fp8)``;
-    per step as the module docstring says, in sequence."""
+    fp32 (the routes' scales, in the slot of an item's last step), a_smem [2, 64, 128] fp8 (with
+    ``A8_SHARED`` only))``; per step as the module docstring says, in sequence, the weights in
+    a shared buffer or in registers (``A8``)."""
     x_ring = rings[2]
-    a_smem = rings[6].index(HALF)
     DEPTH: gl.constexpr = x_ring.shape[0]
     acc = gl.zeros([64, BT], gl.float32, layout=fp8_acc_layout(BT, gl.num_warps()))
     for step in range(steps):
         s = done + step
         slot = s % DEPTH
-        shift = convert_step(rings, s, HALF, a_smem, BT)
-        partial = warpgroup_mma(a_smem, x_ring.index(slot).permute((1, 0)), acc, use_acc=False, is_async=True)
+        a, shift = _weight_operand(rings, s, HALF, BT, A8)
+        partial = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), acc, use_acc=False, is_async=True)
         partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
         acc = _promote(acc, partial, shift, rings, slot, step == steps - 1)
     return acc
@@ -295,17 +361,17 @@ def mainloop_a8_ahead(done, steps, last, HALF: gl.constexpr, rings, BT: gl.const
 
 
 @gluon.jit
-def mainloop_a8_wide(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr):
+def mainloop_a8_wide(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr, A8: gl.constexpr):
     """:func:`mainloop_a8` on route tiles of ``BT`` = 256 routes as two halves of 128 that share
-    each step's converted weights (``schedules.A8_PREFILL_WIDE``): per step the conversion
-    (:func:`convert_step`, once for both halves), then per half one FP8 wgmma into the one
+    each step's converted weights (``schedules.A8_PREFILL_WIDE``, ``A8_PREFILL_WIDE_RS``): per
+    step the conversion (:func:`_weight_operand`, once for both halves), then per half one FP8
+    wgmma into the one
     partial, retired and promoted into that half's accumulator before the next is issued (two
     accumulators and a partial: 192 fp32 registers a thread, where a 256-route partial and
     accumulator would take 256), then the slot released. Half the conversion per FLOP of
     128-route tiles, and half the step's other work. Returns the two halves' accumulators
     ``[64, BT / 2]`` in :func:`fp8_acc_layout`, routes ``0..BT/2`` and ``BT/2..BT`` of the tile."""
     x_ring = rings[2]
-    a_smem = rings[6].index(HALF)
     DEPTH: gl.constexpr = x_ring.shape[0]
     HALF_BT: gl.constexpr = BT // 2
     ACC: gl.constexpr = fp8_acc_layout(HALF_BT, gl.num_warps())
@@ -315,15 +381,15 @@ def mainloop_a8_wide(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr):
         s = done + step
         slot = s % DEPTH
         last = step == steps - 1
-        shift = convert_step(rings, s, HALF, a_smem, HALF_BT)
+        a, shift = _weight_operand(rings, s, HALF, HALF_BT, A8)
         rows = x_ring.index(slot)
         partial = warpgroup_mma(
-            a_smem, rows.slice(0, HALF_BT, dim=0).permute((1, 0)), first, use_acc=False, is_async=True
+            a, rows.slice(0, HALF_BT, dim=0).permute((1, 0)), first, use_acc=False, is_async=True
         )
         partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
         first = _promoted(first, partial, shift, rings, slot, last, 0)
         partial = warpgroup_mma(
-            a_smem, rows.slice(HALF_BT, HALF_BT, dim=0).permute((1, 0)), second, use_acc=False, is_async=True
+            a, rows.slice(HALF_BT, HALF_BT, dim=0).permute((1, 0)), second, use_acc=False, is_async=True
         )
         partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
         second = _promoted(second, partial, shift, rings, slot, last, HALF_BT)
@@ -357,7 +423,15 @@ def fp8_block_amax_kernel(x_ptr, amax_ptr, ROWS, K, BR: gl.constexpr):
 # ROWS unspecialized: one compile for every row count
 @gluon.jit(do_not_specialize=["ROWS"])
 def quantize_fp8_rows_kernel(
-    x_ptr, amax_ptr, codes_ptr, scales_ptr, ROWS, K, BR: gl.constexpr, BLOCKS: gl.constexpr
+    x_ptr,
+    amax_ptr,
+    codes_ptr,
+    scales_ptr,
+    ROWS,
+    K,
+    BR: gl.constexpr,
+    BLOCKS: gl.constexpr,
+    MMA_ORDER: gl.constexpr = False,
 ):
     """The second pass of the A8 row quantizer (``fp8.quantize_rows`` bit for bit,
     docs/numerics.md section 8): ``x [ROWS, K]`` bf16 and its blocks' largest magnitudes ``amax
@@ -366,7 +440,9 @@ def quantize_fp8_rows_kernel(
     div_rn(448, a), -448, 448))`` (nearest even), scale ``div_rn(a, 448)`` (0 for a row of
     zeros). Grid ``(cdiv(ROWS, BR), K / 128)``: each program reads its rows' ``K / 128`` block
     maxima (``BLOCKS``, a power of two at least that), quantizes its block and, in block 0, writes
-    the rows' scales. ``BR`` a multiple of 2 * num_warps."""
+    the rows' scales. ``BR`` a multiple of 2 * num_warps. ``MMA_ORDER``: each block's codes in
+    the A8 fragment order (module docstring): column ``32 q + 8 c + 4 h + j`` of a block written
+    at its position ``32 c + 16 h + 4 q + j``."""
     L: gl.constexpr = quantize_layout(gl.num_warps())
     rows = gl.program_id(0) * BR + gl.arange(0, BR, layout=gl.SliceLayout(1, L))
     block = gl.program_id(1)
@@ -380,11 +456,14 @@ def quantize_fp8_rows_kernel(
     amax = gl.max(maxima, axis=1)
     floored = gl.maximum(amax, 7.888609052210118e-31)  # 2**-100
     e4m3_max = gl.full_like(floored, 448.0)
-    cols = block * A8_STEP + gl.arange(0, A8_STEP, layout=gl.SliceLayout(0, L))
-    offsets = rows.to(gl.int64)[:, None] * K + cols[None, :]
+    column = gl.arange(0, A8_STEP, layout=gl.SliceLayout(0, L))
+    offsets = rows.to(gl.int64)[:, None] * K + (block * A8_STEP + column)[None, :]
     x = gl.load(x_ptr + offsets, mask=live[:, None], other=0.0).to(gl.float32)
     product = x * gl.expand_dims(gl.div_rn(e4m3_max, floored), 1)
     codes = gl.minimum(gl.maximum(product, -448.0), 448.0).to(gl.float8e4nv, fp_downcast_rounding="rtne")
+    if MMA_ORDER:  # column bits (j: 0-1, h: 2, c: 3-4, q: 5-6) -> position bits (j, q, h, c)
+        position = (column & 3) | ((column >> 3) & 3) << 5 | ((column >> 2) & 1) << 4 | (column >> 5) << 2
+        offsets = rows.to(gl.int64)[:, None] * K + (block * A8_STEP + position)[None, :]
     gl.store(codes_ptr + offsets, codes, mask=live[:, None])
     scales = gl.where(amax > 0, gl.div_rn(floored, e4m3_max), 0.0)
     gl.store(scales_ptr + rows, scales, mask=live & (block == 0))

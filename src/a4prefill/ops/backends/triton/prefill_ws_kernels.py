@@ -76,6 +76,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from a4prefill.ops.backends.triton.prefill_a8_kernels import (
+    A8_SHARED,
     A8_STEP,
     convert_step,
     fp8_acc_layout,
@@ -521,7 +522,7 @@ def _consume(
         rows = n0 + HALF * ROWS
         if A8 and BT == 256:  # two halves of 128 routes, an epilogue each
             HALF_BT: gl.constexpr = BT // 2
-            first, second = mainloop_a8_wide(done, steps, HALF, rings, BT)
+            first, second = mainloop_a8_wide(done, steps, HALF, rings, BT, A8)
             _item_epilogue(
                 first,
                 tensors,
@@ -556,7 +557,7 @@ def _consume(
             if A8 and AHEAD:
                 acc, shift = mainloop_a8_ahead(done, steps, last, HALF, rings, BT, shift)
             elif A8:
-                acc = mainloop_a8(done, steps, HALF, rings, BT)
+                acc = mainloop_a8(done, steps, HALF, rings, BT, A8)
             elif AHEAD:
                 acc, a = _mainloop_ahead(done, steps, last, HALF, rings, BT, a)
             elif WGMMAS == 2:
@@ -641,7 +642,9 @@ def grouped_w4_gemm_ws_kernel(
     consumers of :mod:`prefill_a8_kernels` on steps of one A8 block (code bytes 128 x 64, scale
     bytes 128 x 8, activation rows ``BT`` x 128 e4m3; with an item's last step the rows' scales,
     ``xs_ptr`` fp32 ``[ROUTES]`` in sorted order), each consumer with ``A_SETS`` ``[64, 128]`` e4m3
-    buffers of its converted weights."""
+    buffers of its converted weights (``A8`` = ``prefill_a8_kernels.A8_SHARED``), or none, the
+    weights converted into the wgmma's A registers and the rows' columns in the A8 fragment order
+    (``A8_REGISTERS``, ``BT`` 128 or 256 with ``A_SETS = 1``)."""
     PLAIN2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     ONE_PARTITION: gl.constexpr = A_SETS == 2 and WGMMAS == 2  # both consumer warpgroups, 8 warps
     CONSUMERS: gl.constexpr = 1 if ONE_PARTITION else 2  # consumer partitions
@@ -663,9 +666,12 @@ def grouped_w4_gemm_ws_kernel(
         A_LAYOUT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([A8_ROWS, A8_STEP], gl.float8e4nv)
         PLAIN1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
         xs_ring = gl.allocate_shared_memory(gl.float32, [DEPTH, BT], PLAIN1)
-        # each consumer's converted weights: one buffer, or two (A_SETS = 2: mainloop_a8_ahead)
-        a_smem = gl.allocate_shared_memory(gl.float8e4nv, [2 * A_SETS, A8_ROWS, A8_STEP], A_LAYOUT)
-        rings = (c_ring, s_ring, x_ring, ready, empty, xs_ring, a_smem)
+        if A8 == A8_SHARED:
+            # each consumer's converted weights: one buffer, or two (A_SETS = 2: mainloop_a8_ahead)
+            a_smem = gl.allocate_shared_memory(gl.float8e4nv, [2 * A_SETS, A8_ROWS, A8_STEP], A_LAYOUT)
+            rings = (c_ring, s_ring, x_ring, ready, empty, xs_ring, a_smem)
+        else:
+            rings = (c_ring, s_ring, x_ring, ready, empty, xs_ring)  # type: ignore[assignment]
     else:
         rings = (c_ring, s_ring, x_ring, ready, empty)  # type: ignore[assignment]  # A8's has 2 more
     consumer = (

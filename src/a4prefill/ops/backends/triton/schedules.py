@@ -57,6 +57,12 @@ CTA_RESERVED_SHARED_BYTES = 1024
 WS_SHARED_SM_REGISTERS = MappingProxyType({2: (80, 40, 96), 3: (56, 32, 64)})
 WS_SHARED_SM_MAX_ROUTES = MappingProxyType({2: 64, 3: 32})
 
+# The warp-specialized kernel's ``A8`` constexpr in an A8 call (``prefill_a8_kernels``): each
+# step's e4m3 weights converted into a shared buffer (the FP8 wgmma's A from shared memory), or
+# into the wgmma's A registers (:attr:`PrefillGemm.a8_register_weights`)
+A8_SHARED_WEIGHTS = 1
+A8_REGISTER_WEIGHTS = 2
+
 
 def cdiv(a: int, b: int) -> int:
     """``ceil(a / b)`` of positive ints (grid sizes)."""
@@ -327,7 +333,12 @@ class PrefillGemm:
     ring, the registers split as :data:`WS_SHARED_SM_REGISTERS` says and the persistent grid that
     many times the SMs, so that more consumer warps hide each step's waits at small route tiles.
     A CTA's buffers (:attr:`shared_bytes`) must fit an H100/H200 CTA's 227 KiB of shared memory,
-    and ``ctas_per_sm`` of them an SM's 228 KiB with 1 KiB reserved per CTA."""
+    and ``ctas_per_sm`` of them an SM's 228 KiB with 1 KiB reserved per CTA.
+    ``a8_register_weights`` (A8 calls only: a warp-specialized schedule of 128 weight rows, 128 or
+    256 routes, one A register set, one wgmma per step, one CTA per SM): each step's e4m3 weights
+    are converted into the FP8 wgmma's A registers instead of a shared buffer, the activation
+    rows' columns in :func:`prefill.a8_column_order <a4prefill.ops.backends.triton.prefill.a8_column_order>`
+    (``prefill_a8_kernels``, module docstring)."""
 
     weight_rows: int = 128
     routes: int = 128
@@ -340,6 +351,7 @@ class PrefillGemm:
     register_cap: int = 0
     warp_specialized: bool = False
     ctas_per_sm: int = 1
+    a8_register_weights: bool = False
 
     def __post_init__(self) -> None:
         if self.weight_rows not in (64, 128, 256):
@@ -395,6 +407,18 @@ class PrefillGemm:
                 f"PrefillGemm {self} needs {self.shared_bytes} bytes of shared memory, over 227 KiB"
             )
         self._check_ctas_per_sm()
+        if self.a8_register_weights and not (
+            self.warp_specialized
+            and self.weight_rows == 128
+            and self.routes in (128, 256)
+            and self.a_register_sets == 1
+            and self.wgmmas_per_step == 1
+            and self.ctas_per_sm == 1
+        ):
+            raise ValueError(
+                "PrefillGemm.a8_register_weights needs warp_specialized, 128 weight rows, 128 or 256 "
+                f"routes, one A register set, one wgmma per step and one CTA per SM, got {self}"
+            )
 
     def _check_ctas_per_sm(self) -> None:
         if self.ctas_per_sm == 1:
@@ -478,6 +502,12 @@ class PrefillGemm:
         """Steps ahead that the code and scale bytes are copied."""
         return self.weight_ahead or self.depth - 2
 
+    @property
+    def a8_weights(self) -> int:
+        """The kernel's ``A8`` constexpr of this schedule's A8 calls: :data:`A8_REGISTER_WEIGHTS`
+        with :attr:`a8_register_weights`, else :data:`A8_SHARED_WEIGHTS`."""
+        return A8_REGISTER_WEIGHTS if self.a8_register_weights else A8_SHARED_WEIGHTS
+
     def fits(self, k: int, out_rows: int) -> bool:
         """Whether K splits into steps and the output rows into CTAs."""
         return k % self.block_k == 0 and out_rows % self.weight_rows == 0
@@ -490,6 +520,7 @@ class PrefillGemm:
         cap = f"_r{self.register_cap}" if self.register_cap else ""
         cap += "_ws" if self.warp_specialized else ""
         cap += f"_c{self.ctas_per_sm}" if self.ctas_per_sm > 1 else ""
+        cap += "_a8rs" if self.a8_register_weights else ""
         tile = f"w{self.weight_rows}_t{self.routes}_k{self.block_k}_d{self.depth}"
         return f"{kernel}{tile}{ahead}{sets}{halves}{cap}"
 
@@ -501,10 +532,11 @@ def _warp_specialized(
     a_register_sets: int = 1,
     weight_rows: int = 128,
     ctas_per_sm: int = 1,
+    a8_register_weights: bool = False,
 ) -> PrefillGemm:
     """The warp-specialized register-weights schedule of ``routes``-route tiles, ``depth`` ring
     slots, ``wgmmas_per_step`` wgmmas per step, ``a_register_sets``, ``weight_rows`` per work
-    item and ``ctas_per_sm``."""
+    item, ``ctas_per_sm`` and ``a8_register_weights``."""
     return PrefillGemm(
         weight_rows,
         routes,
@@ -514,6 +546,7 @@ def _warp_specialized(
         wgmmas_per_step=wgmmas_per_step,
         warp_specialized=True,
         ctas_per_sm=ctas_per_sm,
+        a8_register_weights=a8_register_weights,
     )
 
 
@@ -638,11 +671,28 @@ class PrefillTiles:
 # (``prefill_a8_kernels.mainloop_a8_wide``: half the conversion per FLOP), 4 slots of 42 KiB. None
 # of the three was timed on a GPU before the eighteenth round; :func:`choose_a8_schedule` gives
 # each size the faster of ``A8_PREFILL`` and ``A8_PREFILL_WIDE`` in its run (``A8_PREFILL_AHEAD``
-# was 2-5% slower than ``A8_PREFILL`` at every size).
+# was 2-5% slower than ``A8_PREFILL`` at every size). ``A8_PREFILL_RS`` and ``A8_PREFILL_WIDE_RS``
+# (twentieth round, not timed yet, not chosen): the same tiles with each step's e4m3 weights
+# converted into the FP8 wgmma's A registers (``PrefillGemm.a8_register_weights``): no converted
+# weights stored to and read back from shared memory, no fence and no warpgroup barrier between
+# the conversion and the wgmma. Per step and SM that is 48 of the 256-route tiles' about 160 KiB
+# of shared-memory traffic (16 KiB written, read by two wgmmas each) and 32 of the 128-route
+# tiles' about 98 KiB. The 256-route FC1 at 8192 tokens (nineteenth round's profile): "Mem Busy"
+# 58%, L1/shared throughput 61%, compute (the FP8 tensor pipe) 45%.
 A8_PREFILL = _warp_specialized(128, 6)
 A8_PREFILL_AHEAD = _warp_specialized(128, 6, a_register_sets=2)
 A8_PREFILL_WIDE = _warp_specialized(256, 4)
-A8_SCHEDULES = MappingProxyType({"a8": A8_PREFILL, "a8_x2": A8_PREFILL_AHEAD, "a8_t256": A8_PREFILL_WIDE})
+A8_PREFILL_RS = _warp_specialized(128, 6, a8_register_weights=True)
+A8_PREFILL_WIDE_RS = _warp_specialized(256, 4, a8_register_weights=True)
+A8_SCHEDULES = MappingProxyType(
+    {
+        "a8": A8_PREFILL,
+        "a8_x2": A8_PREFILL_AHEAD,
+        "a8_t256": A8_PREFILL_WIDE,
+        "a8_rs": A8_PREFILL_RS,
+        "a8_t256_rs": A8_PREFILL_WIDE_RS,
+    }
+)
 
 
 def choose_a8_schedule(routes: int, experts: int) -> PrefillGemm:
