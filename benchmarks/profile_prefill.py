@@ -11,6 +11,8 @@ by token, random routing and bytes)::
             --case 8192:rs_w128_t256_d4_ws_x2_h2] > ncu.csv
 
 Each ``--case`` is ``TOKENS:SCHEDULE[:MODE]`` with a label of ``schedules.PREFILL_SCHEDULES``
+(or ``default``: the FC1 schedule that the MoE call of that size runs in MODE, given;
+``default_a8``: the A8 one; the summaries name the schedule found)
 (without ``MODE``: W4A16 without an epilogue; with ``MODE`` ``w4a16``, ``a4`` or ``split``: the
 MoE's FC1 in that precision mode, SwiGLU epilogue and A4 re-quantization included, the split
 with the second half of the tokens A4), or
@@ -101,23 +103,59 @@ def source_summary(csv_path: str) -> list[dict[str, Any]]:
     return launches
 
 
+def default_label(tokens: int, mode_name: str | None) -> str | None:
+    """The label of the FC1 schedule that a MoE call of ``tokens`` tokens of this shape runs in
+    ``mode_name`` (:data:`MODE_NAMES`; None: A8) on sm_90: ``schedules.choose_prefill_tiles``'
+    (``choose_a8_schedule``'s for A8), or None where no prefill schedule runs (the decode
+    kernels' sizes)."""
+    from a4prefill.ops.backends.triton.schedules import (
+        A8_SCHEDULES,
+        PREFILL_SCHEDULES,
+        choose_a8_schedule,
+        choose_prefill_tiles,
+    )
+    from a4prefill.ops.precision import MODE_A4, MODE_SPLIT, MODE_W4A16
+
+    routes = tokens * TOP_K
+    if mode_name is None:
+        chosen = choose_a8_schedule(routes, EXPERTS)
+        return next(label for label, schedule in A8_SCHEDULES.items() if schedule == chosen)
+    tiles = choose_prefill_tiles(routes, EXPERTS, HIDDEN, INTERMEDIATE)
+    if tiles is None:
+        return None
+    mode = {"w4a16": MODE_W4A16, "a4": MODE_A4, "split": MODE_SPLIT}[mode_name]
+    fc1 = tiles.for_mode(mode)[0]
+    return next(label for label, schedule in PREFILL_SCHEDULES.items() if schedule == fc1)
+
+
 def parse_case(case: str) -> tuple[int, str, str | None]:
     """A ``--case`` ``TOKENS:SCHEDULE[:MODE]`` (module docstring) -> ``(tokens, label, mode)``,
-    ``mode`` one of :data:`MODE_NAMES` or None; ``SystemExit`` naming the case and what was
-    expected otherwise."""
+    ``mode`` one of :data:`MODE_NAMES` or None; SCHEDULE ``default`` (with a MODE) and
+    ``default_a8`` give the label :func:`default_label` finds. ``SystemExit`` naming the case and
+    what was expected otherwise."""
     from a4prefill.ops.backends.triton.schedules import A8_SCHEDULES, PREFILL_SCHEDULES
 
     fields = case.split(":")
     if len(fields) not in (2, 3):
         raise SystemExit(f"--case {case}: expected TOKENS:SCHEDULE[:MODE]")
     tokens_text, label, *mode_field = fields
+    if not tokens_text.isdigit() or int(tokens_text) == 0:
+        raise SystemExit(f"--case {case}: TOKENS must be a positive integer")
+    if label in ("default", "default_a8"):
+        if (label == "default") != bool(mode_field) or (mode_field and mode_field[0] not in MODE_NAMES):
+            raise SystemExit(f"--case {case}: default takes a MODE of {MODE_NAMES}, default_a8 none")
+        resolved = default_label(int(tokens_text), mode_field[0] if mode_field else None)
+        if resolved is None:
+            raise SystemExit(
+                f"--case {case}: no prefill schedule runs {tokens_text} tokens (the decode kernels do: "
+                "benchmarks/profile_decode.py)"
+            )
+        label = resolved
     if label not in PREFILL_SCHEDULES and label not in A8_SCHEDULES:
         choices = [*A8_SCHEDULES, *sorted(PREFILL_SCHEDULES)]
         raise SystemExit(f"--case {case}: SCHEDULE must be one of {choices}")
     if mode_field and (mode_field[0] not in MODE_NAMES or label in A8_SCHEDULES):
         raise SystemExit(f"--case {case}: MODE must be one of {MODE_NAMES}, after a W4A16 schedule")
-    if not tokens_text.isdigit() or int(tokens_text) == 0:
-        raise SystemExit(f"--case {case}: TOKENS must be a positive integer")
     return int(tokens_text), label, mode_field[0] if mode_field else None
 
 
@@ -136,12 +174,14 @@ def main() -> None:
     args = parser.parse_args()
     cases = args.case or DEFAULT_CASES
     parsed = [parse_case(case) for case in cases]  # before anything runs
+    # the summaries' keys: each case with the schedule it runs (``default`` resolved)
+    case_names = [":".join(str(field) for field in case if field is not None) for case in parsed]
     if args.ncu_source:
         kernels = source_summary(args.ncu_source)
         if len(kernels) != len(cases):
             raise SystemExit(f"{args.ncu_source} has {len(kernels)} launches for {len(cases)} cases")
         with open(os.path.join(args.out, "profile_prefill_source_ncu.json"), "w") as handle:
-            json.dump(dict(zip(cases, kernels, strict=True)), handle, indent=1)
+            json.dump(dict(zip(case_names, kernels, strict=True)), handle, indent=1)
         return
     if args.ncu_summary:
         from profile_decode import ncu_summary
@@ -150,7 +190,7 @@ def main() -> None:
         if len(launches) != len(cases):
             raise SystemExit(f"{args.ncu_summary} has {len(launches)} launches for {len(cases)} cases")
         with open(os.path.join(args.out, "profile_prefill_ncu.json"), "w") as handle:
-            json.dump(dict(zip(cases, launches, strict=True)), handle, indent=1)
+            json.dump(dict(zip(case_names, launches, strict=True)), handle, indent=1)
         return
     n, k = 2 * INTERMEDIATE, HIDDEN
     codes = torch.randint(0, 256, (EXPERTS, n, k // 2), dtype=torch.uint8, device="cuda")
