@@ -12,7 +12,8 @@ by token, random routing and bytes)::
 
 Each ``--case`` is ``TOKENS:SCHEDULE[:MODE]`` with a label of ``schedules.PREFILL_SCHEDULES``
 (or ``default``: the FC1 schedule that the MoE call of that size runs in MODE, given;
-``default_a8``: the A8 one; the summaries name the schedule found)
+``default_a8``: the A8 one, launched as ``TOKENS:LABEL`` of that label is, without an epilogue;
+the summaries name the schedule found, and two cases of one schedule and size are refused)
 (without ``MODE``: W4A16 without an epilogue; with ``MODE`` ``w4a16``, ``a4`` or ``split``: the
 MoE's FC1 in that precision mode, SwiGLU epilogue and A4 re-quantization included, the split
 with the second half of the tokens A4), or
@@ -176,6 +177,8 @@ def main() -> None:
     parsed = [parse_case(case) for case in cases]  # before anything runs
     # the summaries' keys: each case with the schedule it runs (``default`` resolved)
     case_names = [":".join(str(field) for field in case if field is not None) for case in parsed]
+    if len(set(case_names)) != len(case_names):
+        raise SystemExit(f"--case: two cases run the same schedule at the same size: {case_names}")
     if args.ncu_source:
         kernels = source_summary(args.ncu_source)
         if len(kernels) != len(cases):

@@ -39,6 +39,9 @@ SCHEDULE_WIDE = dataclasses.replace(SCHEDULE, routes=256)
 # the converted weights in the FP8 wgmma's A registers, the rows' columns in a8_column_order
 SCHEDULE_RS = dataclasses.replace(SCHEDULE, a8_register_weights=True)
 SCHEDULE_WIDE_RS = dataclasses.replace(SCHEDULE_WIDE, a8_register_weights=True)
+# and each step converted in two K halves, the second while the first half's wgmmas run
+SCHEDULE_RS_H2 = dataclasses.replace(SCHEDULE_RS, wgmmas_per_step=2)
+SCHEDULE_WIDE_RS_H2 = dataclasses.replace(SCHEDULE_WIDE_RS, wgmmas_per_step=2)
 E4M3_ONE = 0x38  # the e4m3 byte of 1.0
 
 
@@ -127,6 +130,8 @@ def test_every_code_and_scale_byte_converts_to_the_oracles_e4m3_weight(interpret
         (False, SCHEDULE_RS),
         (True, SCHEDULE_WIDE_RS),
         (False, SCHEDULE_WIDE_RS),
+        (True, SCHEDULE_RS_H2),
+        (False, SCHEDULE_WIDE_RS_H2),
     ],
     ids=[
         "fc1_gather",
@@ -139,6 +144,8 @@ def test_every_code_and_scale_byte_converts_to_the_oracles_e4m3_weight(interpret
         "fc2_sorted_registers",
         "fc1_gather_wide_registers",
         "fc2_sorted_wide_registers",
+        "fc1_gather_registers_halves",
+        "fc2_sorted_wide_registers_halves",
     ],
 )
 def test_a8_product_matches_the_block_product(interpreted, gather, schedule):
@@ -156,7 +163,10 @@ def test_a8_product_matches_the_block_product(interpreted, gather, schedule):
     second half past the segment): a half's accumulator promoted or scaled with the other half's
     routes, or a second half written past the segment, fail. With the weights in registers
     (``SCHEDULE_RS``, ``SCHEDULE_WIDE_RS``) the launcher copies the rows' columns into
-    ``a8_column_order``: a weight paired with another column than its activation's fails."""
+    ``a8_column_order``: a weight paired with another column than its activation's fails; with
+    each step converted in two K halves (``SCHEDULE_RS_H2``, ``SCHEDULE_WIDE_RS_H2``) a half
+    multiplied with the other half's rows, or a second half that replaced the first in the
+    partial, fails."""
     generator = torch.Generator().manual_seed(3)
     tokens = 300 if schedule.routes == 256 else 45
     experts, n, k, top_k = 3, 256, (SCHEDULE.depth + 2) * fp8.A8_BLOCK, 2
@@ -316,24 +326,24 @@ def interpreted_quantizer():
     return {name: InterpretedKernel(getattr(kernels, name)) for name in QUANTIZER_KERNELS}
 
 
+@pytest.mark.parametrize("mma_order", [False, True], ids=["k_order", "a8_column_order"])
 @settings(max_examples=10, deadline=None)
 @given(
     rows=st.integers(1, 40),
     blocks=st.integers(1, 3),
     exponents=st.lists(st.integers(-140, 120), min_size=3, max_size=3),
     zero_block=st.booleans(),
-    mma_order=st.booleans(),
 )
 def test_the_row_quantizer_is_fp8_quantize_rows_bit_for_bit(
-    interpreted_quantizer, rows, blocks, exponents, zero_block, mma_order
+    interpreted_quantizer, mma_order, rows, blocks, exponents, zero_block
 ):
     """``fused_a8.quantize_rows`` (the Gluon kernel, interpreted) against ``fp8.quantize_rows``:
     the same e4m3 bytes and fp32 scales (one per row, over all its blocks), for row counts that
     end inside a program, several blocks each of its own magnitude, from bf16 subnormals (under
     the ``2**-100`` floor) to near bf16's largest, and a block of zeros (a row of zeros when it
     is the row's only block). With ``mma_order`` each block's bytes sit at the positions of
-    ``prefill.a8_column_order`` (the launcher's copy for the register-weights schedules), the
-    scales as without."""
+    ``prefill.a8_column_order`` (what the register-weights schedules read; ``launch_prefill_gemm``
+    copies other rows into it), the scales as without."""
     from a4prefill.ops.backends.triton import fused_a8
     from a4prefill.ops.backends.triton.prefill import a8_column_order
 
@@ -412,6 +422,8 @@ def tiny_a8_layer(tokens: int, seed: int):
         (600, 2.5, "a8_t256"),
         (150, 2.5, "a8_rs"),
         (600, 2.5, "a8_t256_rs"),
+        (150, 2.5, "a8_rs_h2"),
+        (600, 2.5, "a8_t256_rs_h2"),
     ],
 )
 def test_an_a8_call_matches_the_a8_reference_moe(a8_moe_on_cpu, tokens, limit, label):
@@ -419,8 +431,8 @@ def test_an_a8_call_matches_the_a8_reference_moe(a8_moe_on_cpu, tokens, limit, l
     within the bounds of ``moe_reference_a8``, clamp included, at a size of one tile per expert
     and of several, with each A8 schedule (``schedules.A8_SCHEDULES``; 600 tokens give each
     expert about 300 routes: a full 256-route tile and one ending in its first half). The
-    register-weights schedules take both GEMMs' rows as the quantizer writes them, in
-    ``a8_column_order`` (no copy)."""
+    register-weights schedules take both GEMMs' rows as the quantizer writes them for them, in
+    ``a8_column_order``."""
     from a4prefill.ops.backends.triton.fused_a8 import fused_moe_a8
     from a4prefill.ops.backends.triton.schedules import A8_SCHEDULES
     from a4prefill.ops.reference import moe_reference_a8
@@ -594,7 +606,7 @@ def test_the_a8_column_order_refuses_a_k_that_is_not_whole_blocks():
 
 @pytest.mark.parametrize("epilogue", ["swiglu", "alpha"])
 def test_the_register_weights_a8_kernels_take_a_from_registers_and_store_nothing(epilogue):
-    """``SCHEDULE_RS`` and ``SCHEDULE_WIDE_RS`` compiled for sm_90a as the launcher would: every
+    """``A8_PREFILL_RS`` and ``A8_PREFILL_WIDE_RS`` compiled for sm_90a as the launcher would: every
     FP8 wgmma takes its A operand from registers, each consumer K loop stores nothing to shared
     memory and exchanges no more values between lanes (``SHFL``) than the shared-buffer
     schedule's loop (the fragment order is a renaming of registers), no instruction writes a
@@ -602,9 +614,15 @@ def test_the_register_weights_a8_kernels_take_a_from_registers_and_store_nothing
     shared-buffer schedule's (with the H200's Triton 3.6 neither spills; with this suite's 3.9
     the 256-route loops reload one value a step, see the wide test above), and the kernel needs
     the shared-buffer kernel's shared memory less the converted weights' buffers (2 x 8 KiB)."""
+    from a4prefill.ops.backends.triton.schedules import (
+        A8_PREFILL,
+        A8_PREFILL_RS,
+        A8_PREFILL_WIDE,
+        A8_PREFILL_WIDE_RS,
+    )
     from test_triton_prefill_on_cpu import a_register_hazards, compile_prefill_kernel
 
-    for registers, shared in ((SCHEDULE_RS, SCHEDULE), (SCHEDULE_WIDE_RS, SCHEDULE_WIDE)):
+    for registers, shared in ((A8_PREFILL_RS, A8_PREFILL), (A8_PREFILL_WIDE_RS, A8_PREFILL_WIDE)):
         kernel = compile_prefill_kernel(registers, a8=True, EPILOGUE=PREFILL_EPILOGUES[epilogue])
         baseline = compile_prefill_kernel(shared, a8=True, EPILOGUE=PREFILL_EPILOGUES[epilogue])
         ptx = kernel.asm["ptx"]
@@ -622,12 +640,75 @@ def test_the_register_weights_a8_kernels_take_a_from_registers_and_store_nothing
         assert kernel.metadata.shared == baseline.metadata.shared - 2 * 64 * fp8.A8_BLOCK, registers
 
 
+def second_half_after_first_issue(kernel) -> list[tuple[int, int]]:
+    """Per consumer K loop of an A8 kernel compiled offline (:func:`k_loops`): the code-byte
+    loads (``LDS``) and byte lookups (``PRMT``) between the loop's first FP8 wgmma and the next
+    ``WARPGROUP`` instruction (the fence before the next wgmma group, or the wait for the
+    first)."""
+    counts = []
+    for body in k_loops(kernel):
+        first = next(i for i, line in enumerate(body) if "QGMMA" in line)
+        fence = next(i for i, line in enumerate(body) if i > first and "WARPGROUP." in line)
+        between = body[first:fence]
+        counts.append(
+            (
+                sum(bool(re.search(r"\bLDS\b", line)) for line in between),
+                sum("PRMT" in line for line in between),
+            )
+        )
+    return counts
+
+
+@pytest.mark.parametrize("epilogue", ["swiglu", "alpha"])
+def test_the_two_halves_schedules_convert_the_second_half_while_the_first_runs(epilogue):
+    """``A8_PREFILL_RS_H2`` and ``A8_PREFILL_WIDE_RS_H2`` compiled for sm_90a as the launcher
+    would: in each consumer K loop the second half's code bytes are loaded and looked up (at least
+    its 16 ``PRMT`` of 32 weights a thread) after the first half's wgmmas were issued and before
+    the second half's, where the compilers would otherwise hoist the whole conversion above the
+    first wgmma (the first cut, which loaded both halves' bytes at once); the one-wgmma-group
+    schedules issue nothing before their conversion is done. Four FP8 wgmmas of 32 columns a
+    step per 128 routes, as without halves. Local memory in the K loops: none on 128-route tiles;
+    on 256-route tiles no store and at most 3 reloads a step of values the loop does not change
+    (the H200's Triton 3.6: 1, this suite's 3.9: 2-3; the one-group wide loop 0 and at most 1:
+    the second half's bytes, loaded again after the first issue, keep more registers live)."""
+    from a4prefill.ops.backends.triton.schedules import (
+        A8_PREFILL_RS,
+        A8_PREFILL_RS_H2,
+        A8_PREFILL_WIDE_RS,
+        A8_PREFILL_WIDE_RS_H2,
+    )
+    from test_triton_prefill_on_cpu import compile_prefill_kernel
+
+    for halves, whole in ((A8_PREFILL_RS_H2, A8_PREFILL_RS), (A8_PREFILL_WIDE_RS_H2, A8_PREFILL_WIDE_RS)):
+        kernel = compile_prefill_kernel(halves, a8=True, EPILOGUE=PREFILL_EPILOGUES[epilogue])
+        baseline = compile_prefill_kernel(whole, a8=True, EPILOGUE=PREFILL_EPILOGUES[epilogue])
+        for loads, lookups in second_half_after_first_issue(kernel):
+            assert loads >= 1 and lookups >= 16, (halves, loads, lookups)
+        assert second_half_after_first_issue(baseline) == [(0, 0), (0, 0)], whole
+        for body, baseline_body in zip(k_loops(kernel), k_loops(baseline), strict=True):
+            text, baseline_text = " ".join(body), " ".join(baseline_body)
+            assert len(re.findall(r"\bQGMMA\b", text)) == len(re.findall(r"\bQGMMA\b", baseline_text))
+            assert re.findall(r"\bSTL\b", text) == [], halves
+            assert len(re.findall(r"\bLDL\b", text)) <= (3 if halves.routes == 256 else 0), halves
+
+
 def test_register_weights_a8_schedules_run_a8_only_and_one_register_set():
     """``a8_register_weights`` needs the warp-specialized 128-row tiles of 128 or 256 routes with
     one A register set (``PrefillGemm``), and an A8 launch (``x_row_scales``); ``x_mma_order``
     in an A8 launch only with such a schedule: each a ``ValueError`` naming what it needs."""
     with pytest.raises(ValueError, match="a8_register_weights needs warp_specialized"):
         dataclasses.replace(SCHEDULE, a_register_sets=2, a8_register_weights=True)
+    with pytest.raises(ValueError, match=r"x_row_scales \(A8\) needs"):  # two halves need register weights
+        launch_prefill_gemm(
+            torch.zeros(4, 128, dtype=torch.float8_e4m3fn),
+            torch.zeros(1, 128, 64, dtype=torch.uint8),
+            torch.zeros(1, 128, 8, dtype=torch.uint8),
+            build_routing(torch.zeros(4, 1, dtype=torch.int32), 1, 128, force_torch=True),
+            torch.zeros(4, 128, dtype=torch.bfloat16),
+            dataclasses.replace(SCHEDULE, wgmmas_per_step=2),
+            None,
+            x_row_scales=torch.ones(4),
+        )
     with pytest.raises(ValueError, match="a8_register_weights needs warp_specialized"):
         PrefillGemm(128, 128, depth=3, register_weights=True, a8_register_weights=True)
     codes = torch.zeros(1, 128, 64, dtype=torch.uint8)

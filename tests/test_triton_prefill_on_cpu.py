@@ -221,7 +221,7 @@ def compile_prefill_kernel(schedule: PrefillGemm, a8: bool = False, **overrides:
         if a8:
             pointers["xs_ptr"] = "*fp32"
             divisible.add("xs_ptr")
-            constexprs["A8"] = schedule.a8_weights  # as launch_prefill_gemm passes it
+            constexprs["A8"] = schedule.a8_constexpr  # as launch_prefill_gemm passes it
     cap = schedule.max_registers(constexprs["MODE"]) or None  # as launch_prefill_gemm compiles it
     return compile_sm90(
         kernel, {**pointers, **routing, **scalars}, constexprs, schedule.warps, divisible, cap

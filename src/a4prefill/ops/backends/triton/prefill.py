@@ -255,7 +255,8 @@ def launch_prefill_gemm(
     weights; with ``a8_register_weights`` the weights converted into the wgmma's A registers and
     ``x``'s columns taken in :func:`a8_column_order`, by a copy of ``x`` unless ``x_mma_order``).
     Needs a warp-specialized schedule of 128 routes (or 256 with one A register set),
-    128 weight rows and one wgmma per step, ``mode`` W4A16 (the epilogues' W4A16 multipliers),
+    128 weight rows and one wgmma per step (or two with ``a8_register_weights``: a step converted
+    in two K halves), ``mode`` W4A16 (the epilogues' W4A16 multipliers),
     ``K`` a multiple of 128 and no ``out_mma_order``. The activation scales reach the kernel in
     sorted order (``[R]``). Without ``x_row_scales`` an ``a8_register_weights`` schedule is refused.
 
@@ -275,7 +276,7 @@ def launch_prefill_gemm(
         or schedule.routes not in (128, 256)
         or (schedule.routes == 256 and schedule.a_register_sets != 1)
         or schedule.weight_rows != 128
-        or schedule.wgmmas_per_step != 1
+        or (schedule.wgmmas_per_step != 1 and not schedule.a8_register_weights)
         or mode != MODE_W4A16
         or k % 128
         or (x_mma_order and not schedule.a8_register_weights)
@@ -285,7 +286,8 @@ def launch_prefill_gemm(
     ):
         raise ValueError(
             "x_row_scales (A8) needs fp32 [x rows], a warp-specialized schedule of 128 routes (or 256 "
-            "with one A register set), 128 weight rows and one wgmma per step, "
+            "with one A register set), 128 weight rows and one wgmma per step (two with "
+            "a8_register_weights), "
             f"mode W4A16, K a multiple of 128 and no column order (x_mma_order only with "
             f"a8_register_weights); got {schedule}, mode {mode}, K={k}, x_mma_order={x_mma_order}, "
             f"out_mma_order={out_mma_order}, scales {x_row_scales.dtype} {tuple(x_row_scales.shape)}"
@@ -361,7 +363,7 @@ def launch_prefill_gemm(
         gather = {}
         if x_row_scales is not None:
             row_scales = x_row_scales if token is None else x_row_scales.index_select(0, token)
-            gather = {"xs_ptr": row_scales.contiguous(), "A8": schedule.a8_weights}
+            gather = {"xs_ptr": row_scales.contiguous(), "A8": schedule.a8_constexpr}
     kernel[grid](
         *operands,
         scales,

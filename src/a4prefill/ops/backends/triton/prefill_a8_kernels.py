@@ -7,12 +7,14 @@ is the oracle). :mod:`prefill_ws_kernels` runs these in place of its bf16 mainlo
 A step is one A8 block of 128 K columns. Per step a consumer (64 weight rows):
 
 1. reads its rows' 64 code bytes and 8 scale bytes per row from the ring slot and converts them
-   to FP8 weights (:func:`fp8_weights`): per row the block's exponent ``p`` (the smallest
-   integer with ``6 * max|scale| <= 448 * 2**p``, from the scale bytes' bits); per 16-column
+   to FP8 weights (:func:`weight_exponents`, :func:`e4m3_weights`): per row the block's exponent
+   ``p`` (the smallest integer with ``6 * max|scale| <= 448 * 2**p``, from the scale bytes'
+   bits); per 16-column
    group a table of the 8 e4m3 bytes ``e4m3(m * |scale| * 2**-p)`` of the e2m1 magnitudes ``m``
    (the fp32 products are exact, then nearest even), from which each weight's byte is picked by
    its nibble (:data:`A8_WEIGHT_ASM`, about 2 instructions a weight): the values of
-   ``fp8.weights`` bit for bit, in the K order of the activations (no column permutation);
+   ``fp8.weights`` bit for bit, in the K order of the activations (with ``A8_SHARED``: no
+   column permutation; with ``A8_REGISTERS`` below);
 2. stores them into its own shared buffer (NVMMA-swizzled, K-major, what the FP8 wgmma reads),
    fences, and issues one wgmma of both operands from shared memory into a fresh fp32 partial
    (``use_acc=False``), then retires it and releases the slot;
@@ -28,7 +30,9 @@ the step's wgmma runs; :func:`mainloop_a8_wide` (256-route tiles, ``schedules.A8
 runs two wgmmas of 128 routes on each step's converted weights.
 
 Register weights (``A8 = A8_REGISTERS``, ``PrefillGemm.a8_register_weights``; :func:`mainloop_a8`
-and :func:`mainloop_a8_wide`): step 2 keeps the converted weights in the FP8 wgmma's A registers
+and :func:`mainloop_a8_wide`; with ``wgmmas_per_step = 2`` the two groups of each lane converted
+one after the other, the second while the first one's wgmmas run, :func:`_issue_in_halves`):
+step 2 keeps the converted weights in the FP8 wgmma's A registers
 (:func:`a8_operand_layout`: per thread 4 consecutive K positions a register) and issues the wgmma
 from them, with no shared buffer, fence or barrier. A thread's A registers of one step hold 32 K
 positions of each of its two rows, ``16 i + 4 q + (0..3)`` for ``i`` < 8 (lane ``4 g + q``),
@@ -186,14 +190,17 @@ def weight_exponents(scale_bytes):
 
 
 @gluon.jit
-def fp8_weights(codes, scale_bytes):
-    """codes ``[BW, 8, 8]`` uint8 (one 128-column block: 8 groups of 16 columns, 8 bytes each, in
-    :func:`a8_codes_layout`), ``scale_bytes [BW, 8]`` -> ``(w, shift)``: ``w [BW,
-    128]`` float8e4nv ``e4m3(e2m1 * scale * 2**-p)`` in K order (``fp8.weights``) and ``shift
-    [BW]`` fp32 ``2**(p - 7)``, the row's promotion factor (module docstring)."""
+def e4m3_weights(codes, scale_bytes, p):
+    """codes ``[BW, G, 8]`` uint8 (``G`` groups of 16 columns, 8 bytes each, one thread holding a
+    group's 8 bytes), their ``scale_bytes [BW, G]`` and the rows' block exponents ``p [BW]``
+    (:func:`weight_exponents` of the whole block) -> ``[BW, 16 G]`` float8e4nv ``e4m3(e2m1 *
+    scale * 2**-p)``, column ``16 g + c`` for column ``c`` of group ``g`` (``fp8.weights``)."""
     BW: gl.constexpr = codes.shape[0]
-    p = weight_exponents(scale_bytes)
-    magnitude = gl.abs(e4m3_bytes_f32(scale_bytes)) * gl.expand_dims(_pow2(-p), 1)  # exact
+    G: gl.constexpr = codes.shape[1]
+    # the scale bytes and exponents in the codes' layout (the registers they already are in)
+    scale_bytes = gl.convert_layout(scale_bytes, gl.SliceLayout(2, codes.type.layout))
+    rows_p = gl.convert_layout(p, gl.SliceLayout(1, scale_bytes.type.layout))
+    magnitude = gl.abs(e4m3_bytes_f32(scale_bytes)) * gl.expand_dims(_pow2(-rows_p), 1)  # exact
     sign_table = gl.where((scale_bytes & 0x80) != 0, 0x01010101, -0x7F7F7F80)  # 0x80808080 as int32
     first, second = gl.inline_asm_elementwise(
         A8_WEIGHT_ASM,
@@ -207,30 +214,55 @@ def fp8_weights(codes, scale_bytes):
         is_pure=True,
         pack=8,
     )  # per group: columns 0-7 in first, 8-15 in second
-    w = gl.reshape(gl.permute(gl.join(first, second), (0, 1, 3, 2)), [BW, 128])  # column 16 g + 8 h + j
-    return w.to(gl.float8e4nv, bitcast=True), _pow2(p - 7)
+    w = gl.reshape(gl.permute(gl.join(first, second), (0, 1, 3, 2)), [BW, 16 * G])  # 16 g + 8 h + j
+    return w.to(gl.float8e4nv, bitcast=True)
 
 
 @gluon.jit
-def _converted(rings, s, HALF: gl.constexpr, BT: gl.constexpr):
+def _code_bytes(rings, s, HALF: gl.constexpr):
     """Ring step ``s`` of a consumer (weight rows ``64 * HALF`` on of the slot): waits until the
-    slot's copies landed and converts its rows' code and scale bytes (:func:`fp8_weights`).
-    Returns ``(w [64, 128] e4m3 in K order, shift)``, the rows' promotion factors ``2**(p - 7)``
-    fp32 ``[64]`` in the row layout of the accumulator of ``BT`` routes."""
+    slot's copies landed (at once if they had) and loads its rows' code bytes ``[64, 8, 8]``
+    (:func:`a8_codes_layout`). What is computed from them comes after the wait, which the
+    compilers keep after every wgmma issued before it."""
     c_ring = rings[0]
-    s_ring = rings[1]
     ready = rings[3]
     ROWS: gl.constexpr = 64
     DEPTH: gl.constexpr = c_ring.shape[0]
-    CL: gl.constexpr = a8_codes_layout(gl.num_warps())
     CODE_ROWS: gl.constexpr = a8_code_rows_layout(gl.num_warps())
     slot = s % DEPTH
     mbarrier.wait(ready.index(slot), (s // DEPTH) & 1)
     code_rows = c_ring.index(slot).slice(HALF * ROWS, ROWS, dim=0).load(CODE_ROWS)
-    codes = gl.convert_layout(gl.reshape(code_rows, [ROWS, 8, 8]), CL)  # registers unchanged
+    return gl.convert_layout(gl.reshape(code_rows, [ROWS, 8, 8]), a8_codes_layout(gl.num_warps()))
+
+
+@gluon.jit
+def _step_bytes(rings, s, HALF: gl.constexpr):
+    """Ring step ``s``'s code bytes (:func:`_code_bytes`, after its wait) and the rows' scale
+    bytes ``[64, 8]`` (``SliceLayout(2, a8_codes_layout)``)."""
+    codes = _code_bytes(rings, s, HALF)
+    s_ring = rings[1]
+    ROWS: gl.constexpr = 64
+    CL: gl.constexpr = a8_codes_layout(gl.num_warps())
+    slot = s % s_ring.shape[0]
     scale_bytes = s_ring.index(slot).slice(HALF * ROWS, ROWS, dim=0).load(gl.SliceLayout(2, CL))
-    w8, shift = fp8_weights(codes, scale_bytes)
-    return w8, gl.convert_layout(shift, gl.SliceLayout(1, fp8_acc_layout(BT, gl.num_warps())))
+    return codes, scale_bytes
+
+
+@gluon.jit
+def _row_factors(p, BT: gl.constexpr):
+    """The rows' promotion factors ``2**(p - 7)`` fp32 ``[64]`` in the row layout of the
+    accumulator of ``BT`` routes."""
+    return gl.convert_layout(_pow2(p - 7), gl.SliceLayout(1, fp8_acc_layout(BT, gl.num_warps())))
+
+
+@gluon.jit
+def _converted(rings, s, HALF: gl.constexpr, BT: gl.constexpr):
+    """Ring step ``s``'s bytes (:func:`_step_bytes`) converted (:func:`weight_exponents`,
+    :func:`e4m3_weights`): ``(w [64, 128] e4m3 in K order, shift)``, ``shift`` the rows'
+    promotion factors as :func:`_row_factors` gives them."""
+    codes, scale_bytes = _step_bytes(rings, s, HALF)
+    p = weight_exponents(scale_bytes)
+    return e4m3_weights(codes, scale_bytes, p), _row_factors(p, BT)
 
 
 @gluon.jit
@@ -248,13 +280,23 @@ def convert_step(rings, s, HALF: gl.constexpr, a_buffer, BT: gl.constexpr):
 
 @gluon.jit
 def in_fragment_order(w):
-    """``w [BW, 128]`` with its columns in K order -> the same values with K position ``32 c + 16
-    h + 4 q + j`` holding column ``32 q + 8 c + 4 h + j`` (the A8 fragment order, module
-    docstring). In :func:`fp8_weights`' layout each thread's values move to other registers of
-    the same thread only."""
+    """``w [BW, 32 C]`` (``C`` 4: a block's columns in K order; 2: the first or the second group
+    of each lane, :func:`_lane_groups`, column ``16 q + c`` for column ``c`` of lane ``q``'s group)
+    -> the same values with K position ``32 c + 16 h + 4 q + j`` holding column ``32 q + 8 c + 4
+    h + j`` (``16 q + 8 c + 4 h + j`` for ``C`` 2; the A8 fragment order, module docstring). In
+    :func:`e4m3_weights`' layout each thread's values move to other registers of the same thread
+    only."""
     BW: gl.constexpr = w.shape[0]
-    by_field = gl.reshape(w, [BW, 4, 4, 2, 4])  # (row, q, c, h, j)
-    return gl.reshape(gl.permute(by_field, (0, 2, 3, 1, 4)), [BW, 128])  # (row, c, h, q, j)
+    C: gl.constexpr = w.shape[1] // 32
+    by_field = gl.reshape(w, [BW, 4, C, 2, 4])  # (row, q, c, h, j)
+    return gl.reshape(gl.permute(by_field, (0, 2, 3, 1, 4)), [BW, 32 * C])  # (row, c, h, q, j)
+
+
+@gluon.jit
+def _operand(w, BT: gl.constexpr):
+    """``w`` as :func:`in_fragment_order` takes it -> the FP8 wgmma's A operand for ``BT`` routes
+    (:func:`a8_operand_layout`), K positions in the A8 fragment order."""
+    return gl.convert_layout(in_fragment_order(w), a8_operand_layout(BT, gl.num_warps()))
 
 
 @gluon.jit
@@ -263,7 +305,54 @@ def convert_step_to_registers(rings, s, HALF: gl.constexpr, BT: gl.constexpr):
     ``(a [64, 128] e4m3 in :func:`a8_operand_layout`, K positions in the A8 fragment order;
     shift)``. No shared memory, fence or barrier. Leaves the slot to the caller."""
     w8, shift = _converted(rings, s, HALF, BT)
-    return gl.convert_layout(in_fragment_order(w8), a8_operand_layout(BT, gl.num_warps())), shift
+    return _operand(w8, BT), shift
+
+
+@gluon.jit
+def _lane_groups(t):
+    """``t [64, 8, ...]`` (per row the 8 groups of a block, in :func:`a8_codes_layout` or its
+    slice) -> ``(first, second) [64, 4, ...]``: the groups ``2 q`` and ``2 q + 1`` that lane ``q``
+    of a quad holds, each lane's in its own registers."""
+    if len(t.shape) == 3:
+        pairs = gl.permute(gl.reshape(t, [t.shape[0], 4, 2, t.shape[2]]), (0, 1, 3, 2))
+    else:
+        pairs = gl.reshape(t, [t.shape[0], 4, 2])
+    return gl.split(pairs)
+
+
+@gluon.jit
+def _issue_in_halves(rings, s, HALF: gl.constexpr, rows, acc, BT: gl.constexpr):
+    """Ring step ``s``'s block product for the routes of ``rows`` (``[BT, 128]`` e4m3 of a ring
+    slot) into a fresh partial, the weights converted into registers in two K halves
+    (``PrefillGemm.wgmmas_per_step = 2`` with ``a8_register_weights``): each lane's first group
+    (K positions 0-63 of the fragment order) converted and its two wgmmas issued, then its second
+    group (64-127) converted while those run, and its two wgmmas issued into the same partial.
+    ``acc`` gives the partial's layout only. Returns ``(partial, a_first, a_second, shift)``: the
+    partial with both wgmma groups in flight, the two A operands (another route tile of the same
+    weights may take them) and the rows' promotion factors (:func:`_row_factors`)."""
+    codes, scale_bytes = _step_bytes(rings, s, HALF)
+    p = weight_exponents(scale_bytes)
+    first_scales, second_scales = _lane_groups(scale_bytes)
+    a_first = _operand(e4m3_weights(_lane_groups(codes)[0], first_scales, p), BT)
+    first_k = rows.slice(0, 64, dim=1).permute((1, 0))
+    partial = warpgroup_mma(a_first, first_k, acc, use_acc=False, is_async=True)
+    # the bytes again after the issue (the wait passes at once): the second group's conversion,
+    # computed from them, cannot be scheduled before the first group's wgmmas
+    second_codes = _lane_groups(_code_bytes(rings, s, HALF))[1]
+    a_second = _operand(e4m3_weights(second_codes, second_scales, p), BT)
+    partial = warpgroup_mma(a_second, rows.slice(64, 64, dim=1).permute((1, 0)), partial, is_async=True)
+    return partial, a_first, a_second, _row_factors(p, BT)
+
+
+@gluon.jit
+def _issue_halves_again(a_first, a_second, rows, acc):
+    """The block product of :func:`_issue_in_halves`' operands ``a_first``, ``a_second`` for the
+    routes of ``rows`` (another route tile of a ring slot) into a fresh partial, both wgmma groups
+    in flight."""
+    partial = warpgroup_mma(
+        a_first, rows.slice(0, 64, dim=1).permute((1, 0)), acc, use_acc=False, is_async=True
+    )
+    return warpgroup_mma(a_second, rows.slice(64, 64, dim=1).permute((1, 0)), partial, is_async=True)
 
 
 @gluon.jit
@@ -307,22 +396,28 @@ def _weight_operand(rings, s, HALF: gl.constexpr, BT: gl.constexpr, A8: gl.const
 
 
 @gluon.jit
-def mainloop_a8(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr, A8: gl.constexpr):
+def mainloop_a8(
+    done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr, A8: gl.constexpr, WGMMAS: gl.constexpr = 1
+):
     """A consumer's ``steps`` A8 steps of one work item (weight rows ``64 * HALF`` on of the
     slot), ring steps ``done`` on: its rows' fp32 accumulator ``[64, BT]`` in
     :func:`fp8_acc_layout`, ``2**-7`` times the block product. ``rings``: ``(c_ring [DEPTH, 128,
     64], s_ring [DEPTH, 128, 8], x_ring [DEPTH, BT, 128] fp8, ready, empty, xs_ring [DEPTH, BT]
     fp32 (the routes' scales, in the slot of an item's last step), a_smem [2, 64, 128] fp8 (with
     ``A8_SHARED`` only))``; per step as the module docstring says, in sequence, the weights in
-    a shared buffer or in registers (``A8``)."""
+    a shared buffer or in registers (``A8``), with ``WGMMAS = 2`` (registers only) converted in
+    two K halves, the second while the first's wgmmas run (:func:`_issue_in_halves`)."""
     x_ring = rings[2]
     DEPTH: gl.constexpr = x_ring.shape[0]
     acc = gl.zeros([64, BT], gl.float32, layout=fp8_acc_layout(BT, gl.num_warps()))
     for step in range(steps):
         s = done + step
         slot = s % DEPTH
-        a, shift = _weight_operand(rings, s, HALF, BT, A8)
-        partial = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), acc, use_acc=False, is_async=True)
+        if WGMMAS == 2:
+            partial, _, _, shift = _issue_in_halves(rings, s, HALF, x_ring.index(slot), acc, BT)
+        else:
+            a, shift = _weight_operand(rings, s, HALF, BT, A8)
+            partial = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), acc, use_acc=False, is_async=True)
         partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
         acc = _promote(acc, partial, shift, rings, slot, step == steps - 1)
     return acc
@@ -361,11 +456,14 @@ def mainloop_a8_ahead(done, steps, last, HALF: gl.constexpr, rings, BT: gl.const
 
 
 @gluon.jit
-def mainloop_a8_wide(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr, A8: gl.constexpr):
+def mainloop_a8_wide(
+    done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr, A8: gl.constexpr, WGMMAS: gl.constexpr = 1
+):
     """:func:`mainloop_a8` on route tiles of ``BT`` = 256 routes as two halves of 128 that share
     each step's converted weights (``schedules.A8_PREFILL_WIDE``, ``A8_PREFILL_WIDE_RS``): per
-    step the conversion (:func:`_weight_operand`, once for both halves), then per half one FP8
-    wgmma into the one
+    step the conversion (:func:`_weight_operand`, once for both halves; with ``WGMMAS = 2``
+    :func:`_issue_in_halves` for the first half, whose operands the second reuses), then per
+    half one FP8 wgmma into the one
     partial, retired and promoted into that half's accumulator before the next is issued (two
     accumulators and a partial: 192 fp32 registers a thread, where a 256-route partial and
     accumulator would take 256), then the slot released. Half the conversion per FLOP of
@@ -381,16 +479,24 @@ def mainloop_a8_wide(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr, A
         s = done + step
         slot = s % DEPTH
         last = step == steps - 1
-        a, shift = _weight_operand(rings, s, HALF, HALF_BT, A8)
         rows = x_ring.index(slot)
-        partial = warpgroup_mma(
-            a, rows.slice(0, HALF_BT, dim=0).permute((1, 0)), first, use_acc=False, is_async=True
-        )
+        if WGMMAS == 2:
+            partial, a_first, a_second, shift = _issue_in_halves(
+                rings, s, HALF, rows.slice(0, HALF_BT, dim=0), first, HALF_BT
+            )
+        else:
+            a, shift = _weight_operand(rings, s, HALF, HALF_BT, A8)
+            partial = warpgroup_mma(
+                a, rows.slice(0, HALF_BT, dim=0).permute((1, 0)), first, use_acc=False, is_async=True
+            )
         partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
         first = _promoted(first, partial, shift, rings, slot, last, 0)
-        partial = warpgroup_mma(
-            a, rows.slice(HALF_BT, HALF_BT, dim=0).permute((1, 0)), second, use_acc=False, is_async=True
-        )
+        if WGMMAS == 2:
+            partial = _issue_halves_again(a_first, a_second, rows.slice(HALF_BT, HALF_BT, dim=0), second)
+        else:
+            partial = warpgroup_mma(
+                a, rows.slice(HALF_BT, HALF_BT, dim=0).permute((1, 0)), second, use_acc=False, is_async=True
+            )
         partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
         second = _promoted(second, partial, shift, rings, slot, last, HALF_BT)
         mbarrier.arrive(rings[4].index(slot))

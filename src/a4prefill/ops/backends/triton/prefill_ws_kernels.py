@@ -522,7 +522,7 @@ def _consume(
         rows = n0 + HALF * ROWS
         if A8 and BT == 256:  # two halves of 128 routes, an epilogue each
             HALF_BT: gl.constexpr = BT // 2
-            first, second = mainloop_a8_wide(done, steps, HALF, rings, BT, A8)
+            first, second = mainloop_a8_wide(done, steps, HALF, rings, BT, A8, WGMMAS)
             _item_epilogue(
                 first,
                 tensors,
@@ -557,7 +557,7 @@ def _consume(
             if A8 and AHEAD:
                 acc, shift = mainloop_a8_ahead(done, steps, last, HALF, rings, BT, shift)
             elif A8:
-                acc = mainloop_a8(done, steps, HALF, rings, BT, A8)
+                acc = mainloop_a8(done, steps, HALF, rings, BT, A8, WGMMAS)
             elif AHEAD:
                 acc, a = _mainloop_ahead(done, steps, last, HALF, rings, BT, a)
             elif WGMMAS == 2:
@@ -616,7 +616,7 @@ def grouped_w4_gemm_ws_kernel(
     OUT_MMA_ORDER: gl.constexpr,
     ITEM_ROWS: gl.constexpr = 128,
     xs_ptr=None,
-    A8: gl.constexpr = False,
+    A8: gl.constexpr = 0,
     WGMMAS: gl.constexpr = 1,
     A_SETS: gl.constexpr = 1,
 ):
@@ -662,18 +662,18 @@ def grouped_w4_gemm_ws_kernel(
         mbarrier.init(ready.index(slot), count=PRODUCER_WARPS * 32 + 1)
         mbarrier.init(empty.index(slot), count=CONSUMERS)  # each consumer partition once
     if A8:
-        A8_ROWS: gl.constexpr = ITEM_ROWS // 2  # each of the two consumer warpgroups' rows
-        A_LAYOUT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([A8_ROWS, A8_STEP], gl.float8e4nv)
         PLAIN1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
         xs_ring = gl.allocate_shared_memory(gl.float32, [DEPTH, BT], PLAIN1)
         if A8 == A8_SHARED:
+            A8_ROWS: gl.constexpr = ITEM_ROWS // 2  # each of the two consumer warpgroups' rows
+            A_LAYOUT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([A8_ROWS, A8_STEP], gl.float8e4nv)
             # each consumer's converted weights: one buffer, or two (A_SETS = 2: mainloop_a8_ahead)
             a_smem = gl.allocate_shared_memory(gl.float8e4nv, [2 * A_SETS, A8_ROWS, A8_STEP], A_LAYOUT)
             rings = (c_ring, s_ring, x_ring, ready, empty, xs_ring, a_smem)
         else:
             rings = (c_ring, s_ring, x_ring, ready, empty, xs_ring)  # type: ignore[assignment]
-    else:
-        rings = (c_ring, s_ring, x_ring, ready, empty)  # type: ignore[assignment]  # A8's has 2 more
+    else:  # A8's rings have 1 or 2 more
+        rings = (c_ring, s_ring, x_ring, ready, empty)  # type: ignore[assignment]
     consumer = (
         out_ptr,
         scale2_ptr,

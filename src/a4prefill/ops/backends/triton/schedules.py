@@ -335,10 +335,11 @@ class PrefillGemm:
     A CTA's buffers (:attr:`shared_bytes`) must fit an H100/H200 CTA's 227 KiB of shared memory,
     and ``ctas_per_sm`` of them an SM's 228 KiB with 1 KiB reserved per CTA.
     ``a8_register_weights`` (A8 calls only: a warp-specialized schedule of 128 weight rows, 128 or
-    256 routes, one A register set, one wgmma per step, one CTA per SM): each step's e4m3 weights
-    are converted into the FP8 wgmma's A registers instead of a shared buffer, the activation
-    rows' columns in :func:`prefill.a8_column_order <a4prefill.ops.backends.triton.prefill.a8_column_order>`
-    (``prefill_a8_kernels``, module docstring)."""
+    256 routes, one A register set, one CTA per SM): each step's e4m3 weights are converted into
+    the FP8 wgmma's A registers instead of a shared buffer, the activation rows' columns in
+    :func:`prefill.a8_column_order <a4prefill.ops.backends.triton.prefill.a8_column_order>`
+    (``prefill_a8_kernels``, module docstring); there ``wgmmas_per_step = 2`` converts a step in
+    two K halves, the second while the first one's wgmmas run."""
 
     weight_rows: int = 128
     routes: int = 128
@@ -412,12 +413,11 @@ class PrefillGemm:
             and self.weight_rows == 128
             and self.routes in (128, 256)
             and self.a_register_sets == 1
-            and self.wgmmas_per_step == 1
             and self.ctas_per_sm == 1
         ):
             raise ValueError(
                 "PrefillGemm.a8_register_weights needs warp_specialized, 128 weight rows, 128 or 256 "
-                f"routes, one A register set, one wgmma per step and one CTA per SM, got {self}"
+                f"routes, one A register set and one CTA per SM, got {self}"
             )
 
     def _check_ctas_per_sm(self) -> None:
@@ -503,7 +503,7 @@ class PrefillGemm:
         return self.weight_ahead or self.depth - 2
 
     @property
-    def a8_weights(self) -> int:
+    def a8_constexpr(self) -> int:
         """The kernel's ``A8`` constexpr of this schedule's A8 calls: :data:`A8_REGISTER_WEIGHTS`
         with :attr:`a8_register_weights`, else :data:`A8_SHARED_WEIGHTS`."""
         return A8_REGISTER_WEIGHTS if self.a8_register_weights else A8_SHARED_WEIGHTS
@@ -678,12 +678,20 @@ class PrefillTiles:
 # the conversion and the wgmma. Per step and SM that is 48 of the 256-route tiles' about 160 KiB
 # of shared-memory traffic (16 KiB written, read by two wgmmas each) and 32 of the 128-route
 # tiles' about 98 KiB. The 256-route FC1 at 8192 tokens (nineteenth round's profile): "Mem Busy"
-# 58%, L1/shared throughput 61%, compute (the FP8 tensor pipe) 45%.
+# 58%, L1/shared throughput 61%, compute (the FP8 tensor pipe) 45%; the consumers' waits for
+# their own wgmmas took 17% of the kernel's warp samples (the producer's wait for free slots 28%).
+# ``A8_PREFILL_RS_H2`` and
+# ``A8_PREFILL_WIDE_RS_H2`` convert each step in two K halves (each lane's two groups), the
+# second while the first half's wgmmas run (as the W4A16 schedules with two wgmmas per step,
+# which took A4 and split at 8192 tokens from 5140-5212 to 4295 and 3873 us in the fourteenth
+# round).
 A8_PREFILL = _warp_specialized(128, 6)
 A8_PREFILL_AHEAD = _warp_specialized(128, 6, a_register_sets=2)
 A8_PREFILL_WIDE = _warp_specialized(256, 4)
 A8_PREFILL_RS = _warp_specialized(128, 6, a8_register_weights=True)
 A8_PREFILL_WIDE_RS = _warp_specialized(256, 4, a8_register_weights=True)
+A8_PREFILL_RS_H2 = _warp_specialized(128, 6, wgmmas_per_step=2, a8_register_weights=True)
+A8_PREFILL_WIDE_RS_H2 = _warp_specialized(256, 4, wgmmas_per_step=2, a8_register_weights=True)
 A8_SCHEDULES = MappingProxyType(
     {
         "a8": A8_PREFILL,
@@ -691,6 +699,8 @@ A8_SCHEDULES = MappingProxyType(
         "a8_t256": A8_PREFILL_WIDE,
         "a8_rs": A8_PREFILL_RS,
         "a8_t256_rs": A8_PREFILL_WIDE_RS,
+        "a8_rs_h2": A8_PREFILL_RS_H2,
+        "a8_t256_rs_h2": A8_PREFILL_WIDE_RS_H2,
     }
 )
 
