@@ -544,6 +544,21 @@ def test_the_row_quantizer_compiles_to_ieee_divisions_and_nearest_even_e4m3():
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
 
 
+def compiled_beside(*pairs: tuple[str, str], epilogue: str):
+    """For each ``(label, baseline)`` of ``schedules.A8_SCHEDULES`` labels: ``(schedule, kernel,
+    baseline kernel)``, both compiled offline for sm_90a in A8 with ``epilogue``, as the launcher
+    would."""
+    from a4prefill.ops.backends.triton.schedules import A8_SCHEDULES
+    from test_triton_prefill_on_cpu import compile_prefill_kernel
+
+    for label, baseline in pairs:
+        compiled = [
+            compile_prefill_kernel(A8_SCHEDULES[name], a8=True, EPILOGUE=PREFILL_EPILOGUES[epilogue])
+            for name in (label, baseline)
+        ]
+        yield A8_SCHEDULES[label], *compiled
+
+
 def linear_layout(layout, shape: list[int]):
     """Triton's linear layout of the Gluon distributed ``layout`` over ``shape``
     (``DistributedLinearLayout``: which tensor index each register, lane and warp bit adds)."""
@@ -614,17 +629,10 @@ def test_the_register_weights_a8_kernels_take_a_from_registers_and_store_nothing
     shared-buffer schedule's (with the H200's Triton 3.6 neither spills; with this suite's 3.9
     the 256-route loops reload one value a step, see the wide test above), and the kernel needs
     the shared-buffer kernel's shared memory less the converted weights' buffers (2 x 8 KiB)."""
-    from a4prefill.ops.backends.triton.schedules import (
-        A8_PREFILL,
-        A8_PREFILL_RS,
-        A8_PREFILL_WIDE,
-        A8_PREFILL_WIDE_RS,
-    )
-    from test_triton_prefill_on_cpu import a_register_hazards, compile_prefill_kernel
+    from test_triton_prefill_on_cpu import a_register_hazards
 
-    for registers, shared in ((A8_PREFILL_RS, A8_PREFILL), (A8_PREFILL_WIDE_RS, A8_PREFILL_WIDE)):
-        kernel = compile_prefill_kernel(registers, a8=True, EPILOGUE=PREFILL_EPILOGUES[epilogue])
-        baseline = compile_prefill_kernel(shared, a8=True, EPILOGUE=PREFILL_EPILOGUES[epilogue])
+    pairs = (("a8_rs", "a8"), ("a8_t256_rs", "a8_t256"))
+    for registers, kernel, baseline in compiled_beside(*pairs, epilogue=epilogue):
         ptx = kernel.asm["ptx"]
         wgmmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.\w+\.f32\.e4m3\.e4m3 \{[^}]*\}, (\S)", ptx)
         assert wgmmas and set(wgmmas) == {"{"}, registers  # A: a register list, not a descriptor
@@ -671,20 +679,11 @@ def test_the_two_halves_schedules_convert_the_second_half_while_the_first_runs(e
     on 256-route tiles no store and at most 3 reloads a step of values the loop does not change
     (the H200's Triton 3.6: 1, this suite's 3.9: 2-3; the one-group wide loop 0 and at most 1:
     the second half's bytes, loaded again after the first issue, keep more registers live)."""
-    from a4prefill.ops.backends.triton.schedules import (
-        A8_PREFILL_RS,
-        A8_PREFILL_RS_H2,
-        A8_PREFILL_WIDE_RS,
-        A8_PREFILL_WIDE_RS_H2,
-    )
-    from test_triton_prefill_on_cpu import compile_prefill_kernel
-
-    for halves, whole in ((A8_PREFILL_RS_H2, A8_PREFILL_RS), (A8_PREFILL_WIDE_RS_H2, A8_PREFILL_WIDE_RS)):
-        kernel = compile_prefill_kernel(halves, a8=True, EPILOGUE=PREFILL_EPILOGUES[epilogue])
-        baseline = compile_prefill_kernel(whole, a8=True, EPILOGUE=PREFILL_EPILOGUES[epilogue])
+    pairs = (("a8_rs_h2", "a8_rs"), ("a8_t256_rs_h2", "a8_t256_rs"))
+    for halves, kernel, baseline in compiled_beside(*pairs, epilogue=epilogue):
         for loads, lookups in second_half_after_first_issue(kernel):
             assert loads >= 1 and lookups >= 16, (halves, loads, lookups)
-        assert second_half_after_first_issue(baseline) == [(0, 0), (0, 0)], whole
+        assert second_half_after_first_issue(baseline) == [(0, 0), (0, 0)], halves
         for body, baseline_body in zip(k_loops(kernel), k_loops(baseline), strict=True):
             text, baseline_text = " ".join(body), " ".join(baseline_body)
             assert len(re.findall(r"\bQGMMA\b", text)) == len(re.findall(r"\bQGMMA\b", baseline_text))
