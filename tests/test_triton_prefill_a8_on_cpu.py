@@ -107,11 +107,19 @@ def one_hot_case():
     return x8.view(torch.float8_e4m3fn), torch.ones(k), codes, scales, ids, expected.T.contiguous()
 
 
-def test_every_code_and_scale_byte_converts_to_the_oracles_e4m3_weight(interpreted):
+@pytest.mark.parametrize(
+    "schedule",
+    [SCHEDULE, SCHEDULE_RS, SCHEDULE_WIDE_RS_H2],
+    ids=["shared_weights", "register_weights", "wide_register_weights_halves"],
+)
+def test_every_code_and_scale_byte_converts_to_the_oracles_e4m3_weight(interpreted, schedule):
     """One-hot activation rows pick single weight columns (:func:`one_hot_case`), so every output
-    is one weight times ``2**p``: each equals ``fp8.weights``' value times ``2**p`` exactly."""
+    is one weight times ``2**p``: each equals ``fp8.weights``' value times ``2**p`` exactly, with
+    the block exponents ``p`` reduced by the consumers (shared-buffer weights) or stored by the
+    producer (register weights; another valid exponent would round the small weights of a block
+    differently)."""
     x8, row_scales, codes, scales, ids, expected = one_hot_case()
-    out, routing = run_a8(interpreted, x8, row_scales, codes, scales, ids, None)
+    out, routing = run_a8(interpreted, x8, row_scales, codes, scales, ids, None, schedule)
     assert routing.sorted_route.tolist() == list(range(ids.numel()))
     assert torch.equal(out.float(), expected), "an e4m3 weight differs from fp8.weights"
     assert (expected[:, 256:] == 0).any() and (expected[:, :256] != 0).any()  # both cases are exercised
@@ -623,12 +631,13 @@ def test_the_a8_column_order_refuses_a_k_that_is_not_whole_blocks():
 def test_the_register_weights_a8_kernels_take_a_from_registers_and_store_nothing(epilogue):
     """``A8_PREFILL_RS`` and ``A8_PREFILL_WIDE_RS`` compiled for sm_90a as the launcher would: every
     FP8 wgmma takes its A operand from registers, each consumer K loop stores nothing to shared
-    memory and exchanges no more values between lanes (``SHFL``) than the shared-buffer
-    schedule's loop (the fragment order is a renaming of registers), no instruction writes a
-    register that a wgmma still in flight reads as A, the K loops spill no more than the
-    shared-buffer schedule's (with the H200's Triton 3.6 neither spills; with this suite's 3.9
-    the 256-route loops reload one value a step, see the wide test above), and the kernel needs
-    the shared-buffer kernel's shared memory less the converted weights' buffers (2 x 8 KiB)."""
+    memory and exchanges no value between lanes (no ``SHFL``: the fragment order is a renaming
+    of registers, and the block exponents come from the producer, where the shared-buffer
+    schedule's loop reduces them across lanes), no instruction writes a register that a wgmma
+    still in flight reads as A, the K loops store nothing to local memory and reload at most 2
+    values a step (Triton 3.6 and 3.9: none on 128 routes, 0-2 on 256), and the kernel needs the
+    shared-buffer kernel's shared memory less the converted weights' buffers (2 x 8 KiB) plus
+    the ring's block exponents (``DEPTH x 128`` int32)."""
     from test_triton_prefill_on_cpu import a_register_hazards
 
     pairs = (("a8_rs", "a8"), ("a8_t256_rs", "a8_t256"))
@@ -639,13 +648,12 @@ def test_the_register_weights_a8_kernels_take_a_from_registers_and_store_nothing
         assert a_register_hazards(ptx) == [], registers
         loops, baseline_loops = k_loops(kernel), k_loops(baseline)
         assert len(loops) == len(baseline_loops) == 2
-        for body, baseline_body in zip(loops, baseline_loops, strict=True):
+        for body in loops:
             text = " ".join(body)
-            assert re.findall(r"\bSTS\S*", text) == [], registers
-            assert len(re.findall(r"\bSHFL\b", text)) == len(re.findall(r"\bSHFL\b", " ".join(baseline_body)))
-            spills = re.findall(r"\b(?:STL|LDL)\b", text)
-            assert len(spills) <= len(re.findall(r"\b(?:STL|LDL)\b", " ".join(baseline_body))), registers
-        assert kernel.metadata.shared == baseline.metadata.shared - 2 * 64 * fp8.A8_BLOCK, registers
+            assert re.findall(r"\b(?:STS|SHFL|STL)\S*", text) == [], registers
+            assert len(re.findall(r"\bLDL\b", text)) <= 2, registers
+        converted, exponents = 2 * 64 * fp8.A8_BLOCK, registers.depth * registers.weight_rows * 4
+        assert kernel.metadata.shared == baseline.metadata.shared - converted + exponents, registers
 
 
 def second_half_after_first_issue(kernel) -> list[tuple[int, int]]:
@@ -676,9 +684,9 @@ def test_the_two_halves_schedules_convert_the_second_half_while_the_first_runs(e
     first wgmma (the first cut, which loaded both halves' bytes at once); the one-wgmma-group
     schedules issue nothing before their conversion is done. Four FP8 wgmmas of 32 columns a
     step per 128 routes, as without halves. Local memory in the K loops: none on 128-route tiles;
-    on 256-route tiles no store and at most 3 reloads a step of values the loop does not change
-    (the H200's Triton 3.6: 1, this suite's 3.9: 2-3; the one-group wide loop 0 and at most 1:
-    the second half's bytes, loaded again after the first issue, keep more registers live)."""
+    on 256-route tiles no store and at most 4 reloads a step of values the loop does not change
+    (the H200's Triton 3.6: 1-2, this suite's 3.9: 1-4; the one-group wide loop 0-2: the second
+    half's bytes, loaded again after the first issue, keep more registers live)."""
     pairs = (("a8_rs_h2", "a8_rs"), ("a8_t256_rs_h2", "a8_t256_rs"))
     for halves, kernel, baseline in compiled_beside(*pairs, epilogue=epilogue):
         for loads, lookups in second_half_after_first_issue(kernel):
@@ -688,7 +696,7 @@ def test_the_two_halves_schedules_convert_the_second_half_while_the_first_runs(e
             text, baseline_text = " ".join(body), " ".join(baseline_body)
             assert len(re.findall(r"\bQGMMA\b", text)) == len(re.findall(r"\bQGMMA\b", baseline_text))
             assert re.findall(r"\bSTL\b", text) == [], halves
-            assert len(re.findall(r"\bLDL\b", text)) <= (3 if halves.routes == 256 else 0), halves
+            assert len(re.findall(r"\bLDL\b", text)) <= (4 if halves.routes == 256 else 0), halves
 
 
 def test_register_weights_a8_schedules_run_a8_only_and_one_register_set():

@@ -41,7 +41,10 @@ positions take the columns in the A8 fragment order (``prefill.a8_column_order``
 c + 16 h + 4 q + j`` (``c`` < 4, ``h`` < 2, ``q`` < 4, ``j`` < 4) holds column ``32 q + 8 c + 4 h
 + j`` of the block, in the weights (:func:`in_fragment_order`, a renaming of registers) and in
 the activation rows (``quantize_fp8_rows_kernel`` with ``MMA_ORDER``, or the launcher's copy):
-the same products, summed in another order inside a block.
+the same products, summed in another order inside a block. Step 1's block exponents come from
+the producer, which loads each row's scale bytes into registers and stores the row's ``p``
+beside them in the ring slot (``prefill_ws_kernels._produce``): the consumers' reduction of a
+row's 8 scale bytes, spread over 4 lanes, goes (no lane exchange is left in their K loop).
 
 Numerics against ``fp8.block_product``: the weights and the products inside a block are exact
 (on the CPU interpreter the block sums are exact too; the tensor cores sum a block with fewer
@@ -256,12 +259,28 @@ def _row_factors(p, BT: gl.constexpr):
 
 
 @gluon.jit
-def _converted(rings, s, HALF: gl.constexpr, BT: gl.constexpr):
-    """Ring step ``s``'s bytes (:func:`_step_bytes`) converted (:func:`weight_exponents`,
+def _exponents(rings, s, HALF: gl.constexpr, scale_bytes, A8: gl.constexpr):
+    """The block exponents ``p [64]`` of ring step ``s``'s rows: computed from their
+    ``scale_bytes`` (:func:`weight_exponents`; ``A8_SHARED``), or as the producer stored them in
+    the slot (``rings[6]``, ``[DEPTH, 128]`` int32; ``A8_REGISTERS``), in the scale bytes' row
+    layout."""
+    if A8 == A8_REGISTERS:
+        ROWS: gl.constexpr = 64
+        p_ring = rings[6]
+        rows = p_ring.index(s % p_ring.shape[0]).slice(HALF * ROWS, ROWS)
+        p = rows.load(gl.SliceLayout(1, scale_bytes.type.layout))
+    else:
+        p = weight_exponents(scale_bytes)
+    return p
+
+
+@gluon.jit
+def _converted(rings, s, HALF: gl.constexpr, BT: gl.constexpr, A8: gl.constexpr):
+    """Ring step ``s``'s bytes (:func:`_step_bytes`) converted (:func:`_exponents`,
     :func:`e4m3_weights`): ``(w [64, 128] e4m3 in K order, shift)``, ``shift`` the rows'
     promotion factors as :func:`_row_factors` gives them."""
     codes, scale_bytes = _step_bytes(rings, s, HALF)
-    p = weight_exponents(scale_bytes)
+    p = _exponents(rings, s, HALF, scale_bytes, A8)
     return e4m3_weights(codes, scale_bytes, p), _row_factors(p, BT)
 
 
@@ -271,7 +290,7 @@ def convert_step(rings, s, HALF: gl.constexpr, a_buffer, BT: gl.constexpr):
     e4m3, what the FP8 wgmma reads), fenced for the async proxy, then a barrier of the
     warpgroup. Returns the rows' promotion factors. Leaves the slot to the caller (it releases the
     slot after the wgmma that reads its rows retired)."""
-    w8, shift = _converted(rings, s, HALF, BT)
+    w8, shift = _converted(rings, s, HALF, BT, A8_SHARED)
     a_buffer.store(w8)
     fence_async_shared()  # the warpgroup's stores, before the wgmma reads them (async proxy)
     _cta_barrier()  # in a partition: a barrier of its warpgroup
@@ -304,7 +323,7 @@ def convert_step_to_registers(rings, s, HALF: gl.constexpr, BT: gl.constexpr):
     """:func:`_converted` of ring step ``s`` as the FP8 wgmma's A operand of ``BT`` routes:
     ``(a [64, 128] e4m3 in :func:`a8_operand_layout`, K positions in the A8 fragment order;
     shift)``. No shared memory, fence or barrier. Leaves the slot to the caller."""
-    w8, shift = _converted(rings, s, HALF, BT)
+    w8, shift = _converted(rings, s, HALF, BT, A8_REGISTERS)
     return _operand(w8, BT), shift
 
 
@@ -331,7 +350,7 @@ def _issue_in_halves(rings, s, HALF: gl.constexpr, rows, acc, BT: gl.constexpr):
     partial with both wgmma groups in flight, the two A operands (another route tile of the same
     weights may take them) and the rows' promotion factors (:func:`_row_factors`)."""
     codes, scale_bytes = _step_bytes(rings, s, HALF)
-    p = weight_exponents(scale_bytes)
+    p = _exponents(rings, s, HALF, scale_bytes, A8_REGISTERS)
     first_scales, second_scales = _lane_groups(scale_bytes)
     a_first = _operand(e4m3_weights(_lane_groups(codes)[0], first_scales, p), BT)
     first_k = rows.slice(0, 64, dim=1).permute((1, 0))

@@ -76,6 +76,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from a4prefill.ops.backends.triton.prefill_a8_kernels import (
+    A8_REGISTERS,
     A8_SHARED,
     A8_STEP,
     convert_step,
@@ -83,6 +84,7 @@ from a4prefill.ops.backends.triton.prefill_a8_kernels import (
     mainloop_a8,
     mainloop_a8_ahead,
     mainloop_a8_wide,
+    weight_exponents,
 )
 from a4prefill.ops.backends.triton.prefill_kernels import (
     EPILOGUE_SWIGLU,
@@ -184,8 +186,13 @@ def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr):
     first sorted position) after one ``expect`` of their bytes; every thread ``cp.async``-copies
     one row's scale bytes (4, or 8 for an A8 step; a TMA box row takes at least 16) and, with
     ``A8`` at an item's last step, ``BT / 128`` routes' activation scales (``xs [ROUTES]`` fp32
-    in sorted order, 0 past ``ROUTES``), and arrives when they land (``noinc``). The ring runs on
-    across work items:
+    in sorted order, 0 past ``ROUTES``), and arrives when they land (``noinc``). With ``A8 =
+    A8_REGISTERS`` each thread loads its row's 8 scale bytes into registers instead (one step
+    ahead, so the load's latency passes while it waits for the next slot), stores them and the
+    row's block exponent (``prefill_a8_kernels.weight_exponents``, ``p_ring [DEPTH, ITEM_ROWS]``
+    int32, ``rings[6]``) into the slot, and the partition arrives once more after its stores (the
+    consumers' conversion then skips the exponent's reduction across lanes).
+    The ring runs on across work items:
     ``done`` counts the steps of the program's earlier items. ``tensors``: the kernel's ``x_desc``
     to ``ROUTES`` arguments, ``xs_ptr`` and the rings and barriers."""
     (
@@ -233,6 +240,8 @@ def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr):
             2 * CODE_STEP,
         )
         scale_ptrs = _scale_pointers(scales_ptr, expert, n0, N, K, EPILOGUE, ITEM_ROWS, 2 * CODE_STEP)
+        if A8 == A8_REGISTERS:  # each row's scale bytes one step ahead, in registers
+            next_scales = gl.load(scale_ptrs)
         for step in range(steps):
             s = done + step
             slot = s % DEPTH
@@ -250,7 +259,16 @@ def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr):
             else:
                 _tma_load(codes_desc, [expert * N + n0, step * CODE_STEP], ready_slot, c_ring.index(slot))
             _tma_load(x_desc, [row0, step * 2 * CODE_STEP], ready_slot, x_ring.index(slot))
-            _async_load(s_ring.index(slot), scale_ptrs + step * (CODE_STEP // 8))
+            if A8 == A8_REGISTERS:  # the scale bytes through registers, each row's exponent with them
+                step_scales = next_scales
+                # the next step's, in flight while this thread stores and waits for the next slot
+                next_step = scale_ptrs + (step + 1) * (CODE_STEP // 8)
+                next_scales = gl.load(next_step, mask=step + 1 < steps, other=0)
+                s_ring.index(slot).store(step_scales)
+                rings[6].index(slot).store(weight_exponents(step_scales))
+                mbarrier.arrive(ready_slot)  # after a barrier of the partition: every thread's stores
+            else:
+                _async_load(s_ring.index(slot), scale_ptrs + step * (CODE_STEP // 8))
             if A8:  # noqa: SIM102 (a constexpr branch: compiled out without A8)
                 if step == steps - 1:  # the routes' scales, applied once after the item's last block
                     pos = row0 + xs_routes
@@ -644,7 +662,8 @@ def grouped_w4_gemm_ws_kernel(
     ``xs_ptr`` fp32 ``[ROUTES]`` in sorted order), each consumer with ``A_SETS`` ``[64, 128]`` e4m3
     buffers of its converted weights (``A8`` = ``prefill_a8_kernels.A8_SHARED``), or none, the
     weights converted into the wgmma's A registers and the rows' columns in the A8 fragment order
-    (``A8_REGISTERS``, ``BT`` 128 or 256 with ``A_SETS = 1``)."""
+    (``A8_REGISTERS``, ``BT`` 128 or 256 with ``A_SETS = 1``; each row's block exponent computed
+    by the producer, :func:`_produce`)."""
     PLAIN2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     ONE_PARTITION: gl.constexpr = A_SETS == 2 and WGMMAS == 2  # both consumer warpgroups, 8 warps
     CONSUMERS: gl.constexpr = 1 if ONE_PARTITION else 2  # consumer partitions
@@ -659,7 +678,8 @@ def grouped_w4_gemm_ws_kernel(
     empty = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], BARRIER)
     for slot in gl.static_range(DEPTH):
         # every producer thread (its scale copies) and the TMA boxes' expect
-        mbarrier.init(ready.index(slot), count=PRODUCER_WARPS * 32 + 1)
+        # (and with A8_REGISTERS the partition's arrival after its stores of the scale bytes)
+        mbarrier.init(ready.index(slot), count=PRODUCER_WARPS * 32 + 1 + (A8 == A8_REGISTERS))
         mbarrier.init(empty.index(slot), count=CONSUMERS)  # each consumer partition once
     if A8:
         PLAIN1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
@@ -670,9 +690,10 @@ def grouped_w4_gemm_ws_kernel(
             # each consumer's converted weights: one buffer, or two (A_SETS = 2: mainloop_a8_ahead)
             a_smem = gl.allocate_shared_memory(gl.float8e4nv, [2 * A_SETS, A8_ROWS, A8_STEP], A_LAYOUT)
             rings = (c_ring, s_ring, x_ring, ready, empty, xs_ring, a_smem)
-        else:
-            rings = (c_ring, s_ring, x_ring, ready, empty, xs_ring)  # type: ignore[assignment]
-    else:  # A8's rings have 1 or 2 more
+        else:  # each row's block exponent, from the producer (_produce)
+            p_ring = gl.allocate_shared_memory(gl.int32, [DEPTH, ITEM_ROWS], PLAIN1)
+            rings = (c_ring, s_ring, x_ring, ready, empty, xs_ring, p_ring)
+    else:  # A8's rings have 2 more
         rings = (c_ring, s_ring, x_ring, ready, empty)  # type: ignore[assignment]
     consumer = (
         out_ptr,

@@ -684,7 +684,8 @@ class PrefillTiles:
 # ``A8_PREFILL_WIDE_RS_H2`` convert each step in two K halves (each lane's two groups), the
 # second while the first half's wgmmas run (as the W4A16 schedules with two wgmmas per step,
 # which took A4 and split at 8192 tokens from 5140-5212 to 4295 and 3873 us in the fourteenth
-# round).
+# round). In all four register-weights schedules the producer stores each row's block exponent
+# in the slot (twenty-first round): their consumers' K loops exchange nothing between lanes.
 A8_PREFILL = _warp_specialized(128, 6)
 A8_PREFILL_AHEAD = _warp_specialized(128, 6, a_register_sets=2)
 A8_PREFILL_WIDE = _warp_specialized(256, 4)
