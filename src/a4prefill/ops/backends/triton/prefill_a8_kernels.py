@@ -422,8 +422,9 @@ def mainloop_a8(
     slot), ring steps ``done`` on: its rows' fp32 accumulator ``[64, BT]`` in
     :func:`fp8_acc_layout`, ``2**-7`` times the block product. ``rings``: ``(c_ring [DEPTH, 128,
     64], s_ring [DEPTH, 128, 8], x_ring [DEPTH, BT, 128] fp8, ready, empty, xs_ring [DEPTH, BT]
-    fp32 (the routes' scales, in the slot of an item's last step), a_smem [2, 64, 128] fp8 (with
-    ``A8_SHARED`` only))``; per step as the module docstring says, in sequence, the weights in
+    fp32 (the routes' scales, in the slot of an item's last step), then a_smem [2, 64, 128] fp8
+    (``A8_SHARED``) or p_ring [DEPTH, 128] int32 (the rows' block exponents, ``A8_REGISTERS``))``;
+    per step as the module docstring says, in sequence, the weights in
     a shared buffer or in registers (``A8``), with ``WGMMAS = 2`` (registers only) converted in
     two K halves, the second while the first's wgmmas run (:func:`_issue_in_halves`)."""
     x_ring = rings[2]

@@ -20,7 +20,9 @@ mbarriers, never at a CTA barrier:
   from the tile's first sorted position), and every thread ``cp.async``-copies one row's 4
   scale bytes (under TMA's 16-byte minimum box row) and arrives when they land
   (``cp.async.mbarrier.arrive.noinc``); ``ready`` completes when all threads arrived and all the
-  TMA bytes landed. The activation rows are in sorted order: FC2's are, FC1's are gathered by
+  TMA bytes landed (in the A8 register-weights mode each thread stores its row's scale bytes and
+  block exponent itself, and one thread arrives once more after a barrier of the partition,
+  :func:`_produce`). The activation rows are in sorted order: FC2's are, FC1's are gathered by
   token before the launch (``prefill.launch_prefill_gemm``: one ``[routes, K]`` copy), since
   Hopper's TMA has no gather;
 - two **consumers** (but with ``A_SETS = WGMMAS = 2``), the default partition (the item's first
@@ -55,7 +57,8 @@ Ordering (checked on the CPU by the TTGIR interpreter, which runs the partitions
 switches at every mbarrier wait and after every arrival): slot ``s % DEPTH`` is refilled for
 ring step ``s + DEPTH`` only after both consumers released it, which each does after the wgmma
 that read its rows retired; a consumer reads a slot only after its ``ready`` phase completed,
-which needs every producer thread's scale copies and all TMA bytes of that step to have landed.
+which needs every producer thread's scale copies (or, A8 with register weights, stores) and all
+TMA bytes of that step to have landed.
 """
 
 from __future__ import annotations
@@ -187,11 +190,12 @@ def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr):
     one row's scale bytes (4, or 8 for an A8 step; a TMA box row takes at least 16) and, with
     ``A8`` at an item's last step, ``BT / 128`` routes' activation scales (``xs [ROUTES]`` fp32
     in sorted order, 0 past ``ROUTES``), and arrives when they land (``noinc``). With ``A8 =
-    A8_REGISTERS`` each thread loads its row's 8 scale bytes into registers instead (one step
-    ahead, so the load's latency passes while it waits for the next slot), stores them and the
-    row's block exponent (``prefill_a8_kernels.weight_exponents``, ``p_ring [DEPTH, ITEM_ROWS]``
-    int32, ``rings[6]``) into the slot, and the partition arrives once more after its stores (the
-    consumers' conversion then skips the exponent's reduction across lanes).
+    A8_REGISTERS`` each thread loads its row's 8 scale bytes into registers instead (the next
+    step's load issued before this step's stores, barrier and arrival, which its latency
+    overlaps; the compiled loop then waits for it before the wait for the next slot), stores
+    them and the row's block exponent (``prefill_a8_kernels.weight_exponents``, ``p_ring [DEPTH,
+    ITEM_ROWS]`` int32, ``rings[6]``) into the slot, and the partition arrives once more after
+    its stores (the consumers' conversion then skips the exponent's reduction across lanes).
     The ring runs on across work items:
     ``done`` counts the steps of the program's earlier items. ``tensors``: the kernel's ``x_desc``
     to ``ROUTES`` arguments, ``xs_ptr`` and the rings and barriers."""
@@ -261,7 +265,7 @@ def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr):
             _tma_load(x_desc, [row0, step * 2 * CODE_STEP], ready_slot, x_ring.index(slot))
             if A8 == A8_REGISTERS:  # the scale bytes through registers, each row's exponent with them
                 step_scales = next_scales
-                # the next step's, in flight while this thread stores and waits for the next slot
+                # the next step's, in flight while this thread stores and arrives
                 next_step = scale_ptrs + (step + 1) * (CODE_STEP // 8)
                 next_scales = gl.load(next_step, mask=step + 1 < steps, other=0)
                 s_ring.index(slot).store(step_scales)
