@@ -656,6 +656,38 @@ def test_the_register_weights_a8_kernels_take_a_from_registers_and_store_nothing
         assert kernel.metadata.shared == baseline.metadata.shared - converted + exponents, registers
 
 
+def waits_for_its_scale_load(body: list[str]) -> list[str]:
+    """In a producer loop's SASS ``body`` (an innermost loop holding the scale bytes' 8-byte
+    global load, ``LDG.E.64``): the instructions after that load, to the loop's back edge, that
+    name one of its destination registers (each waits for the load before the loop goes round)."""
+    (at,) = [i for i, line in enumerate(body) if re.search(r"\bLDG\.E\.64\b", line)]
+    first = int(re.search(r"LDG\.E\.64 R(\d+),", body[at])[1])
+    registers = re.compile(rf"\bR(?:{first}|{first + 1})\b")
+    return [line for line in body[at + 1 :] if registers.search(line)]
+
+
+def test_the_register_weights_producer_loads_a_steps_scales_a_step_ahead_without_waiting():
+    """The four register-weights schedules compiled for sm_90a (FC1, Triton's own): the producer
+    loop loads the next step's scale bytes (one ``LDG.E.64`` a thread: two int32 words) and
+    nothing after that load in the loop names its registers, so the load is in flight through the
+    step's barrier and arrival and the next wait for a free slot (``SYNCS.PHASECHK``, also in the
+    loop), and first used after it. Loaded as 8 bytes, the compiled loop unpacked them right
+    after the load and so waited for it every step."""
+    from a4prefill.ops.backends.triton.schedules import A8_SCHEDULES
+    from test_triton_prefill_on_cpu import compile_prefill_kernel, cuobjdump
+
+    swiglu = PREFILL_EPILOGUES["swiglu"]
+    for label in ("a8_rs", "a8_t256_rs", "a8_rs_h2", "a8_t256_rs_h2"):
+        kernel = compile_prefill_kernel(A8_SCHEDULES[label], a8=True, EPILOGUE=swiglu)
+        loops = [
+            body
+            for body in innermost_loops(cuobjdump(kernel, "-sass"))
+            if any(re.search(r"\bLDG\.E\.64\b", line) for line in body)
+        ]
+        assert len(loops) == 1 and any("SYNCS.PHASECHK" in line for line in loops[0]), label
+        assert waits_for_its_scale_load(loops[0]) == [], label
+
+
 def second_half_after_first_issue(kernel) -> list[tuple[int, int]]:
     """Per consumer K loop of an A8 kernel compiled offline (:func:`k_loops`): the code-byte
     loads (``LDS``) and byte lookups (``PRMT``) between the loop's first FP8 wgmma and the next

@@ -786,7 +786,15 @@ class _Program:
         value, dtype = self._convert(op)
         return value.to(dtype)
 
-    def _op_tt_bitcast(self, op: Op) -> torch.Tensor:
+    def _op_tt_bitcast(self, op: Op) -> torch.Tensor | Pointer:
+        _, (result,) = op.types
+        if result.element.startswith("!tt.ptr<"):  # a pointer to other elements: the same bytes
+            (pointer,) = self._args(op)
+            dtype = TORCH_TYPES[result.pointee]
+            ratio = dtype.itemsize // pointer.buffer.dtype.itemsize
+            if ratio < 1 or (pointer.offsets % ratio != 0).any():
+                raise NotImplementedError(f"{op.text}: only to wider elements at their alignment")
+            return Pointer(pointer.buffer.view(dtype), pointer.offsets // ratio)
         value, dtype = self._convert(op)
         return value.view(dtype)
 

@@ -193,6 +193,18 @@ def weight_exponents(scale_bytes):
 
 
 @gluon.jit
+def bytes_of_words(words):
+    """int32 ``[R, W]``, each word 4 bytes little-endian (as loaded through an int32 pointer) ->
+    uint8 ``[R, 4 W]``: column ``4 w + j`` is byte ``j`` of word ``w``."""
+    R: gl.constexpr = words.shape[0]
+    W: gl.constexpr = words.shape[1]
+    low = gl.join(words & 0xFF, (words >> 8) & 0xFF)  # [R, W, 2]: bytes 0 and 1
+    high = gl.join((words >> 16) & 0xFF, (words >> 24) & 0xFF)  # bytes 2 and 3
+    halves = gl.permute(gl.join(low, high), (0, 1, 3, 2))  # [R, W, half, byte of the half]
+    return gl.reshape(halves, [R, 4 * W]).to(gl.uint8)
+
+
+@gluon.jit
 def e4m3_weights(codes, scale_bytes, p):
     """codes ``[BW, G, 8]`` uint8 (``G`` groups of 16 columns, 8 bytes each, one thread holding a
     group's 8 bytes), their ``scale_bytes [BW, G]`` and the rows' block exponents ``p [BW]``

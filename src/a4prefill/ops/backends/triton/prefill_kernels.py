@@ -209,16 +209,30 @@ def _tile(
 
 
 @gluon.jit
-def _scale_pointers(scales_ptr, expert, n0, N, K, EPILOGUE: gl.constexpr, BW: gl.constexpr, BK: gl.constexpr):
-    """The ``[BW, BK / 16]`` pointers (``scale_copy_layout``) to the scale bytes of step 0 of the
-    expert's ``BW`` weight rows from ``n0`` (rows as :func:`_weight_row`); a step's bytes are at
-    ``+ k // 16``. The row stride is written as a multiple of the copy width (``K`` a multiple of
-    ``BK``), so that the compiler proves the ``BK / 16``-byte copies aligned."""
-    SCL: gl.constexpr = scale_copy_layout(BK, gl.num_warps())
-    G: gl.constexpr = BK // 16
+def _scale_pointers(
+    scales_ptr,
+    expert,
+    n0,
+    N,
+    K,
+    EPILOGUE: gl.constexpr,
+    BW: gl.constexpr,
+    BK: gl.constexpr,
+    WORD_BYTES: gl.constexpr = 1,
+):
+    """The ``[BW, BK / 16 / WORD_BYTES]`` pointers (``scale_copy_layout`` of ``BK /
+    WORD_BYTES``) to the scale bytes (``WORD_BYTES`` 1: uint8) or words (4: int32, little-endian
+    groups of 4 bytes) of step 0 of the expert's ``BW`` weight rows from ``n0`` (rows as
+    :func:`_weight_row`); a step's are at ``+ k // 16 // WORD_BYTES``. The row stride is written
+    as a multiple of the copy width (``K`` a multiple of ``BK``), so that the compiler proves the
+    ``BK / 16``-byte copies aligned."""
+    SCL: gl.constexpr = scale_copy_layout(BK // WORD_BYTES, gl.num_warps())
+    G: gl.constexpr = BK // 16 // WORD_BYTES
     rs = gl.arange(0, BW, layout=gl.SliceLayout(1, SCL))
     gs = gl.arange(0, G, layout=gl.SliceLayout(0, SCL))
     scale_rows = (expert * N + _weight_row(n0, rs, N, EPILOGUE)).to(gl.int64)
+    if WORD_BYTES == 4:
+        scales_ptr = scales_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
     return scales_ptr + (scale_rows[:, None] * ((K // BK) * G) + gs[None, :])
 
 

@@ -82,6 +82,7 @@ from a4prefill.ops.backends.triton.prefill_a8_kernels import (
     A8_REGISTERS,
     A8_SHARED,
     A8_STEP,
+    bytes_of_words,
     convert_step,
     fp8_acc_layout,
     mainloop_a8,
@@ -98,6 +99,7 @@ from a4prefill.ops.backends.triton.prefill_kernels import (
     acc_layout,
     fragment_code_rows_layout,
     fragment_codes_layout,
+    scale_copy_layout,
 )
 
 # cp.async into shared memory: ``async_load`` from Triton 3.7 on, ``async_copy_global_to_shared``
@@ -190,10 +192,11 @@ def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr):
     one row's scale bytes (4, or 8 for an A8 step; a TMA box row takes at least 16) and, with
     ``A8`` at an item's last step, ``BT / 128`` routes' activation scales (``xs [ROUTES]`` fp32
     in sorted order, 0 past ``ROUTES``), and arrives when they land (``noinc``). With ``A8 =
-    A8_REGISTERS`` each thread loads its row's 8 scale bytes into registers instead (the next
-    step's load issued before this step's stores, barrier and arrival, which its latency
-    overlaps; the compiled loop then waits for it before the wait for the next slot), stores
-    them and the row's block exponent (``prefill_a8_kernels.weight_exponents``, ``p_ring [DEPTH,
+    A8_REGISTERS`` each thread loads its row's 8 scale bytes into registers instead, as two
+    int32 words (``bytes_of_words``) a step ahead: the next step's load is issued after this
+    step's stores and is first used after the next wait for a free slot (loaded as 8 bytes, the
+    compiled loop unpacked them, and so waited for the load, right after it). It stores them and
+    the row's block exponent (``prefill_a8_kernels.weight_exponents``, ``p_ring [DEPTH,
     ITEM_ROWS]`` int32, ``rings[6]``) into the slot, and the partition arrives once more after
     its stores (the consumers' conversion then skips the exponent's reduction across lanes).
     The ring runs on across work items:
@@ -226,6 +229,7 @@ def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr):
     CODE_STEP: gl.constexpr = codes_desc.block_type.shape[-1]  # code bytes of a row per step
     STEP_BYTES: gl.constexpr = ITEM_ROWS * CODE_STEP + BT * X_STEP_BYTES  # the TMA boxes'
     n_blocks, works = _works(N, num_tiles_ptr, ITEM_ROWS)
+    SCALE_BYTES: gl.constexpr = scale_copy_layout(2 * CODE_STEP, gl.num_warps())  # a row's per thread
     if A8:
         XS: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
         xs_routes = gl.arange(0, BT, layout=XS)
@@ -243,9 +247,11 @@ def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr):
             ITEM_ROWS,
             2 * CODE_STEP,
         )
-        scale_ptrs = _scale_pointers(scales_ptr, expert, n0, N, K, EPILOGUE, ITEM_ROWS, 2 * CODE_STEP)
-        if A8 == A8_REGISTERS:  # each row's scale bytes one step ahead, in registers
-            next_scales = gl.load(scale_ptrs)
+        if A8 == A8_REGISTERS:  # each row's scale bytes one step ahead, as two int32 words
+            word_ptrs = _scale_pointers(scales_ptr, expert, n0, N, K, EPILOGUE, ITEM_ROWS, 2 * CODE_STEP, 4)
+            next_words = gl.load(word_ptrs)
+        else:
+            scale_ptrs = _scale_pointers(scales_ptr, expert, n0, N, K, EPILOGUE, ITEM_ROWS, 2 * CODE_STEP)
         for step in range(steps):
             s = done + step
             slot = s % DEPTH
@@ -264,12 +270,14 @@ def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr):
                 _tma_load(codes_desc, [expert * N + n0, step * CODE_STEP], ready_slot, c_ring.index(slot))
             _tma_load(x_desc, [row0, step * 2 * CODE_STEP], ready_slot, x_ring.index(slot))
             if A8 == A8_REGISTERS:  # the scale bytes through registers, each row's exponent with them
-                step_scales = next_scales
-                # the next step's, in flight while this thread stores and arrives
-                next_step = scale_ptrs + (step + 1) * (CODE_STEP // 8)
-                next_scales = gl.load(next_step, mask=step + 1 < steps, other=0)
+                step_scales = gl.convert_layout(bytes_of_words(next_words), SCALE_BYTES)
                 s_ring.index(slot).store(step_scales)
                 rings[6].index(slot).store(weight_exponents(step_scales))
+                # the next step's words, in flight from here to their first use, after the next
+                # wait for a free slot
+                next_words = gl.load(
+                    word_ptrs + (step + 1) * (CODE_STEP // 32), mask=step + 1 < steps, other=0
+                )
                 mbarrier.arrive(ready_slot)  # after a barrier of the partition: every thread's stores
             else:
                 _async_load(s_ring.index(slot), scale_ptrs + step * (CODE_STEP // 8))
