@@ -11,14 +11,14 @@ prefill GEMMs from ``schedules.PREFILL_MIN_ROWS_PER_EXPERT`` routes per expert o
 tiled (at decode sizes, the tiled kernels the default replaced), A4 (emulated: FP4 activations
 dequantized for a bf16 MMA), A8 (on sm_90: FP8 activations and weights converted to e4m3 on the
 FP8 tensor cores, ``fused_a8``; its error against the fp32 W4A16 reference is A8's quantization
-error; ``a8_x2``: the same with each step's successor converted while the step's wgmma runs,
-``schedules.A8_PREFILL_AHEAD``; ``a8_t256``: 256-route tiles, two wgmmas on each step's converted
-weights, ``schedules.A8_PREFILL_WIDE``; ``a8_rs``, ``a8_t256_rs``: ``a8`` and ``a8_t256`` with the
+error; ``a8_t256``: 256-route tiles, two wgmmas on each step's converted weights,
+``schedules.A8_PREFILL_WIDE``; ``a8_rs``, ``a8_t256_rs``: ``a8`` and ``a8_t256`` with the
 converted weights in the wgmma's A registers, ``schedules.A8_PREFILL_RS``,
-``A8_PREFILL_WIDE_RS``), split (first half of the rows decode/W4A16, second half prefill/A4)
-and bf16 (``torch._grouped_mm`` on bf16 copies of the weights, same routing: sort, gather, two
-grouped GEMMs, SwiGLU, weighted sum) and,
-when vLLM is importable, marlin (vLLM's ``fused_marlin_moe`` on Marlin-repacked copies of the same
+``A8_PREFILL_WIDE_RS``, and their two-halves forms ``a8_rs_h2``, ``a8_t256_rs_h2``; results of
+the eighteenth and nineteenth rounds also hold ``a8_x2``, a schedule since removed), split
+(first half of the rows decode/W4A16, second half prefill/A4) and bf16 (``torch._grouped_mm``
+on bf16 copies of the weights, same routing: sort, gather, two grouped GEMMs, SwiGLU, weighted
+sum) and, when vLLM is importable, marlin (vLLM's ``fused_marlin_moe`` on Marlin-repacked copies of the same
 weights, ``marlin_baseline.py``) and, when ``humming-kernels`` is importable, humming (vLLM 0.32+'s
 SM90 default for NVFP4 MoE, W4A16, on humming-repacked copies, ``humming_baseline.py``; a
 baseline that fails to set up or run is a table cell with its error, the other columns stay).
@@ -526,7 +526,7 @@ def bench_shape(
                 run, x, topk_w, topk_ids, a4_scales=None, config=tiled
             )
         if a8_runs:
-            for label, a8_schedule in A8_SCHEDULES.items():  # "a8", "a8_x2", "a8_t256", ...
+            for label, a8_schedule in A8_SCHEDULES.items():  # "a8", "a8_t256", "a8_rs", ...
                 variants[label] = functools.partial(
                     fused_moe_a8, x, topk_w, topk_ids, weights.experts(), None, schedule=a8_schedule
                 )

@@ -17,9 +17,9 @@ the summaries name the schedule found, and two cases of one schedule and size ar
 (without ``MODE``: W4A16 without an epilogue; with ``MODE`` ``w4a16``, ``a4`` or ``split``: the
 MoE's FC1 in that precision mode, SwiGLU epilogue and A4 re-quantization included, the split
 with the second half of the tokens A4), or
-``TOKENS:LABEL`` with a label of ``schedules.A8_SCHEDULES`` for the A8 GEMM (``a8``, ``a8_x2``,
-``a8_t256``, ``a8_rs``, ``a8_t256_rs``: ``A8_PREFILL``, ``A8_PREFILL_AHEAD``, ``A8_PREFILL_WIDE``
-and the last two with the weights in registers, on e4m3 rows and their scales,
+``TOKENS:LABEL`` with a label of ``schedules.A8_SCHEDULES`` for the A8 GEMM (``a8``,
+``a8_t256``, ``a8_rs``, ``a8_t256_rs``, ...: ``A8_PREFILL``, ``A8_PREFILL_WIDE`` and the
+others with the weights in registers, on e4m3 rows and their scales,
 ``fused_a8.quantize_rows`` in the schedule's column order; sm_90);
 every case runs once before the profiled region (compilation and warm caches stay outside it).
 ``--ncu-summary ncu.csv --out DIR`` (no GPU) turns that CSV into ``DIR/profile_prefill_ncu.json``:

@@ -62,7 +62,7 @@ def test_a_case_names_tokens_a_schedule_and_optionally_the_moe_fc1_mode(profile)
     without; anything else exits naming the case before the GPU is touched."""
     assert profile.parse_case("4096:rs_w256_t128_d6_ws") == (4096, "rs_w256_t128_d6_ws", None)
     assert profile.parse_case("4096:rs_w128_t128_d6_ws:a4") == (4096, "rs_w128_t128_d6_ws", "a4")
-    assert profile.parse_case("8192:a8_x2") == (8192, "a8_x2", None)
+    assert profile.parse_case("8192:a8_rs") == (8192, "a8_rs", None)
     wrong = ("4096", "4096:nope", "4096:a8:a4", "4096:rs_w128_t128_d6_ws:a8", "x:a8", "0:a8", "1:a8:w4a16:a4")
     for case in wrong:
         with pytest.raises(SystemExit, match=f"--case {case}"):

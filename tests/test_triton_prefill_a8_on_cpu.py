@@ -32,8 +32,6 @@ from helpers.sass_loops import innermost_loops
 pytestmark = [pytest.mark.slow, needs_gluon]
 
 SCHEDULE = PrefillGemm(128, 128, depth=3, register_weights=True, warp_specialized=True)
-# its successor converted while a step's wgmma runs (two e4m3 buffers per consumer)
-SCHEDULE_AHEAD = dataclasses.replace(SCHEDULE, a_register_sets=2)
 # 256-route tiles: two wgmmas of 128 routes on each step's converted weights
 SCHEDULE_WIDE = dataclasses.replace(SCHEDULE, routes=256)
 # the converted weights in the FP8 wgmma's A registers, the rows' columns in a8_column_order
@@ -130,8 +128,6 @@ def test_every_code_and_scale_byte_converts_to_the_oracles_e4m3_weight(interpret
     [
         (True, SCHEDULE),
         (False, SCHEDULE),
-        (True, SCHEDULE_AHEAD),
-        (False, SCHEDULE_AHEAD),
         (True, SCHEDULE_WIDE),
         (False, SCHEDULE_WIDE),
         (True, SCHEDULE_RS),
@@ -144,8 +140,6 @@ def test_every_code_and_scale_byte_converts_to_the_oracles_e4m3_weight(interpret
     ids=[
         "fc1_gather",
         "fc2_sorted",
-        "fc1_gather_ahead",
-        "fc2_sorted_ahead",
         "fc1_gather_wide",
         "fc2_sorted_wide",
         "fc1_gather_registers",
@@ -161,9 +155,8 @@ def test_a8_product_matches_the_block_product(interpreted, gather, schedule):
     blocks) than the ring has slots, rows gathered by token or in sorted order, activation rows of
     very different magnitudes (and blocks of different magnitudes within a row):
     ``bf16(acc * 128)`` is the exact block product rounded once to bf16, give or take one bf16
-    step, plus ``2**-16`` of the absolute product (the promotion's fp32 roundings). With the
-    conversion one step ahead (``SCHEDULE_AHEAD``) each of the two programs runs two work items,
-    so the next item's first step is converted during an item's last wgmma, and the interpreter
+    step, plus ``2**-16`` of the absolute product (the promotion's fp32 roundings). Each of the
+    two programs runs several work items, the ring running on across them, and the interpreter
     reads a wgmma's operands when it retires: a buffer rewritten before its wgmma retired, a
     step's factors paired with another step, or an item's route scales taken from another item's
     slot, fail. On 256-route tiles (``SCHEDULE_WIDE``) 300 tokens give each of the two experts
@@ -202,8 +195,8 @@ def test_a8_product_matches_the_block_product(interpreted, gather, schedule):
 
 
 def test_a8_launches_refuse_what_the_kernel_cannot_run():
-    """``x_row_scales`` needs the warp-specialized schedule of 128 routes (or 256 with one A
-    register set) and 128 weight rows with one wgmma per step (the A8 mainloops have no other
+    """``x_row_scales`` needs the warp-specialized schedule of 128 or 256 routes with one A
+    register set and 128 weight rows with one wgmma per step (the A8 mainloops have no other
     form), W4A16
     multipliers, K a multiple of 128, e4m3 rows and fp32 scales of their shape: each a
     ``ValueError``."""
@@ -220,6 +213,7 @@ def test_a8_launches_refuse_what_the_kernel_cannot_run():
         (x8, row_scales, dataclasses.replace(SCHEDULE, wgmmas_per_step=2)),
         (x8, row_scales, dataclasses.replace(SCHEDULE, weight_rows=256, depth=4)),
         (x8, row_scales, dataclasses.replace(SCHEDULE_WIDE, a_register_sets=2)),
+        (x8, row_scales, dataclasses.replace(SCHEDULE, a_register_sets=2)),  # no A8 form since 2026-12-05
         (x8, torch.ones(4, 1), SCHEDULE),  # one per block: the contract before 2026-12-05
         (x8, torch.ones(3), SCHEDULE),
         (x8, row_scales.double(), SCHEDULE),
@@ -273,16 +267,16 @@ def test_the_wide_a8_kernels_convert_once_for_two_wgmmas_and_fit_an_sm(epilogue)
 
 @pytest.mark.parametrize("epilogue", ["swiglu", "alpha"])
 def test_a_steps_only_shared_stores_are_its_converted_weights(epilogue):
-    """Each consumer K loop of both A8 schedules stores to shared memory only the step's e4m3
-    weights (4 ``STS.128``: 64 bytes a thread): the rows' promotion factors are computed from
-    scale bytes loaded in the accumulator's row layout (``a8_codes_layout``), not moved there
-    through shared memory (the first cut: an ``STS.64`` and two more warpgroup barriers a step)."""
+    """Each consumer K loop of the shared-buffer A8 schedule stores to shared memory only the
+    step's e4m3 weights (4 ``STS.128``: 64 bytes a thread): the rows' promotion factors are
+    computed from scale bytes loaded in the accumulator's row layout (``a8_codes_layout``), not
+    moved there through shared memory (the first cut: an ``STS.64`` and two more warpgroup
+    barriers a step)."""
     from test_triton_prefill_on_cpu import compile_prefill_kernel
 
-    for schedule in (SCHEDULE, SCHEDULE_AHEAD):
-        kernel = compile_prefill_kernel(schedule, a8=True, EPILOGUE=PREFILL_EPILOGUES[epilogue])
-        stores = [re.findall(r"\bSTS\S*", " ".join(body)) for body in k_loops(kernel)]
-        assert stores == [["STS.128"] * 4] * 2, (schedule, stores)
+    kernel = compile_prefill_kernel(SCHEDULE, a8=True, EPILOGUE=PREFILL_EPILOGUES[epilogue])
+    stores = [re.findall(r"\bSTS\S*", " ".join(body)) for body in k_loops(kernel)]
+    assert stores == [["STS.128"] * 4] * 2, stores
 
 
 def k_loops(kernel) -> list[list[str]]:
@@ -293,32 +287,6 @@ def k_loops(kernel) -> list[list[str]]:
     return [
         body for body in innermost_loops(cuobjdump(kernel, "-sass")) if any("QGMMA" in line for line in body)
     ]
-
-
-def converted_while_in_flight(kernel) -> list[int]:
-    """Per consumer K loop of an A8 kernel compiled offline (:func:`k_loops`): how many e4m3
-    conversions (``F2FP.SATFINITE.E4M3``, one per two weights) run between the loop's wgmma group
-    issue (the ``QGMMA`` with ``gsb0``) and the first wait after it (``WARPGROUP.DEPBAR``)."""
-    counts = []
-    for body in k_loops(kernel):
-        issue = next(i for i, line in enumerate(body) if "QGMMA" in line and "gsb0" in line)
-        wait = next(i for i, line in enumerate(body) if i > issue and "WARPGROUP.DEPBAR" in line)
-        counts.append(sum("F2FP.SATFINITE.E4M3" in line for line in body[issue:wait]))
-    return counts
-
-
-@pytest.mark.parametrize("epilogue", ["swiglu", "alpha"])
-def test_the_ahead_consumers_convert_the_next_step_while_their_wgmma_runs(epilogue):
-    """``SCHEDULE_AHEAD`` compiled for sm_90a as the launcher would: in each consumer's K loop all
-    16 e4m3 pair conversions of a step (32 weights a thread) sit between the step's wgmma issue
-    and its wait, so the next step's conversion overlaps the tensor core; ``SCHEDULE`` converts
-    before it issues (none in between). FC1 and FC2, no spills."""
-    from test_triton_prefill_on_cpu import compile_prefill_kernel, cuobjdump
-
-    for schedule, expected in ((SCHEDULE_AHEAD, [16, 16]), (SCHEDULE, [0, 0])):
-        kernel = compile_prefill_kernel(schedule, a8=True, EPILOGUE=PREFILL_EPILOGUES[epilogue])
-        assert converted_while_in_flight(kernel) == expected, (schedule, converted_while_in_flight(kernel))
-        assert re.findall(r"\b(?:STL|LDL)\b", cuobjdump(kernel, "-sass")) == []
 
 
 QUANTIZER_KERNELS = ("fp8_block_amax_kernel", "quantize_fp8_rows_kernel")  # its two launches
@@ -426,7 +394,6 @@ def tiny_a8_layer(tokens: int, seed: int):
     [
         (40, None, "a8"),
         (150, 2.5, "a8"),
-        (150, 2.5, "a8_x2"),
         (600, 2.5, "a8_t256"),
         (150, 2.5, "a8_rs"),
         (600, 2.5, "a8_t256_rs"),

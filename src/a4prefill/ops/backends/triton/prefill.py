@@ -274,7 +274,7 @@ def launch_prefill_gemm(
     if x_row_scales is not None and (
         not schedule.warp_specialized
         or schedule.routes not in (128, 256)
-        or (schedule.routes == 256 and schedule.a_register_sets != 1)
+        or schedule.a_register_sets != 1
         or schedule.weight_rows != 128
         or (schedule.wgmmas_per_step != 1 and not schedule.a8_register_weights)
         or mode != MODE_W4A16
@@ -285,8 +285,8 @@ def launch_prefill_gemm(
         or tuple(x_row_scales.shape) != (x.shape[0],)
     ):
         raise ValueError(
-            "x_row_scales (A8) needs fp32 [x rows], a warp-specialized schedule of 128 routes (or 256 "
-            "with one A register set), 128 weight rows and one wgmma per step (two with "
+            "x_row_scales (A8) needs fp32 [x rows], a warp-specialized schedule of 128 or 256 routes "
+            "with one A register set, 128 weight rows and one wgmma per step (two with "
             "a8_register_weights), "
             f"mode W4A16, K a multiple of 128 and no column order (x_mma_order only with "
             f"a8_register_weights); got {schedule}, mode {mode}, K={k}, x_mma_order={x_mma_order}, "

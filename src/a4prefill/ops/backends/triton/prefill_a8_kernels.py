@@ -24,10 +24,11 @@ A step is one A8 block of 128 K columns. Per step a consumer (64 weight rows):
    with an item's last step). The ``2**-7`` matches the bf16 mainloop's accumulator, whose
    epilogues multiply by 128 (exact).
 
-:func:`mainloop_a8` runs these in sequence; :func:`mainloop_a8_ahead` (schedules with two A
-operand sets, ``schedules.A8_PREFILL_AHEAD``) converts the next step into a second buffer while
-the step's wgmma runs; :func:`mainloop_a8_wide` (256-route tiles, ``schedules.A8_PREFILL_WIDE``)
-runs two wgmmas of 128 routes on each step's converted weights.
+:func:`mainloop_a8` runs these in sequence; :func:`mainloop_a8_wide` (256-route tiles,
+``schedules.A8_PREFILL_WIDE``) runs two wgmmas of 128 routes on each step's converted weights.
+(A form that converted the next step into a second buffer while the step's wgmma ran was 2-5%
+slower than :func:`mainloop_a8` at every size on the H200, eighteenth and nineteenth rounds, and
+was removed.)
 
 Register weights (``A8 = A8_REGISTERS``, ``PrefillGemm.a8_register_weights``; :func:`mainloop_a8`
 and :func:`mainloop_a8_wide`; with ``wgmmas_per_step = 2`` the two groups of each lane converted
@@ -453,38 +454,6 @@ def mainloop_a8(
         partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
         acc = _promote(acc, partial, shift, rings, slot, step == steps - 1)
     return acc
-
-
-@gluon.jit
-def mainloop_a8_ahead(done, steps, last, HALF: gl.constexpr, rings, BT: gl.constexpr, shift):
-    """:func:`mainloop_a8` with the conversion one step ahead: each step's successor is
-    converted, into the consumer's other buffer, while the step's wgmma runs (two buffers per
-    consumer: ring step ``s`` in ``a_smem[2 * HALF + s % 2]``, ``a_smem [4, 64, 128]``). Step
-    ``done`` is converted before the call (``shift``: its promotion factors); per step ``s``:
-    issue its wgmma, convert ring step ``s + 1``, retire the wgmma, promote and release the slot.
-    A buffer is rewritten only after the wgmma that read it retired (one step later).
-
-    The ring steps run on across work items, so the next item's first step is converted during
-    this item's last wgmma; ``last``, the program's last ring step, stops that at the program's
-    end (its final step converts itself again, into the buffer no wgmma reads: no slot the
-    producer never fills is waited for). Returns ``(acc, shift)``: the accumulator as
-    :func:`mainloop_a8`'s with every slot of the item released, and the promotion factors of
-    ring step ``done + steps``."""
-    x_ring = rings[2]
-    a_smem = rings[6]
-    DEPTH: gl.constexpr = x_ring.shape[0]
-    acc = gl.zeros([64, BT], gl.float32, layout=fp8_acc_layout(BT, gl.num_warps()))
-    for step in range(steps):
-        s = done + step
-        slot = s % DEPTH
-        rows = x_ring.index(slot).permute((1, 0))
-        partial = warpgroup_mma(a_smem.index(2 * HALF + s % 2), rows, acc, use_acc=False, is_async=True)
-        following = gl.minimum(s + 1, last)
-        shift_next = convert_step(rings, following, HALF, a_smem.index(2 * HALF + (s + 1) % 2), BT)
-        partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
-        acc = _promote(acc, partial, shift, rings, slot, step == steps - 1)
-        shift = shift_next
-    return acc, shift
 
 
 @gluon.jit

@@ -83,10 +83,7 @@ from a4prefill.ops.backends.triton.prefill_a8_kernels import (
     A8_SHARED,
     A8_STEP,
     bytes_of_words,
-    convert_step,
-    fp8_acc_layout,
     mainloop_a8,
-    mainloop_a8_ahead,
     mainloop_a8_wide,
     weight_exponents,
 )
@@ -509,8 +506,7 @@ def _consume(
     both warpgroups with ``A_SETS = WGMMAS = 2``, all of them): for each of the program's work
     items in turn, every step's dequantization and wgmma (:func:`_mainloop`,
     :func:`_mainloop_halves` with ``WGMMAS = 2``, :func:`_mainloop_ahead` with ``A_SETS = 2`` and
-    one wgmma per step, or with ``A8`` :func:`prefill_a8_kernels.mainloop_a8`,
-    :func:`~prefill_a8_kernels.mainloop_a8_ahead` with ``A_SETS = 2`` or
+    one wgmma per step, or with ``A8`` (one A set) :func:`prefill_a8_kernels.mainloop_a8`, or
     :func:`~prefill_a8_kernels.mainloop_a8_wide` with ``BT`` 256, whose two halves take an
     epilogue each), then the epilogue of its rows, while the producer already copies the next
     item's first steps. ``tensors``: the kernel's ``out_ptr`` to ``limit`` arguments (those of
@@ -520,21 +516,16 @@ def _consume(
     ROWS: gl.constexpr = consumer_rows(rings[0].shape[1], gl.num_warps())
     ITEM_ROWS: gl.constexpr = rings[0].shape[1]
     n_blocks, works = _works(N, num_tiles_ptr, ITEM_ROWS)
-    AHEAD: gl.constexpr = A_SETS == 2 and WGMMAS == 1  # _mainloop_ahead, or mainloop_a8_ahead
-    if AHEAD:  # the program's last ring step, and its first step's A operand (A8: its factors)
+    AHEAD: gl.constexpr = A_SETS == 2 and WGMMAS == 1  # _mainloop_ahead (W4A16 only)
+    if AHEAD:  # the program's last ring step, and its first step's A operand
         items = (works - gl.program_id(0) + gl.num_programs(0) - 1) // gl.num_programs(0)
-        last = items * (K // (A8_STEP if A8 else STEP)) - 1
-        if A8:
-            shift = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, fp8_acc_layout(BT, gl.num_warps())))
-            if last >= 0:
-                shift = convert_step(rings, 0, HALF, rings[6].index(2 * HALF), BT)
-        else:
-            ACC: gl.constexpr = acc_layout(BT, gl.num_warps())
-            A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
-            a = gl.zeros([ROWS, STEP], gl.bfloat16, layout=A_LAYOUT)
-            if last >= 0:
-                first_codes, first_scales = _wait_for_weights(rings, 0, HALF, ROWS)
-                a = _dequant_fragment(first_codes, first_scales, A_LAYOUT, ROWS, False)
+        last = items * (K // STEP) - 1
+        ACC: gl.constexpr = acc_layout(BT, gl.num_warps())
+        A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
+        a = gl.zeros([ROWS, STEP], gl.bfloat16, layout=A_LAYOUT)
+        if last >= 0:
+            first_codes, first_scales = _wait_for_weights(rings, 0, HALF, ROWS)
+            a = _dequant_fragment(first_codes, first_scales, A_LAYOUT, ROWS, False)
     done = 0
     for work in range(gl.program_id(0), works, gl.num_programs(0)):
         steps, expert, row0, seg_end, n0, live_tile = _tile(
@@ -584,9 +575,7 @@ def _consume(
                 OUT_MMA_ORDER,
             )
         else:
-            if A8 and AHEAD:
-                acc, shift = mainloop_a8_ahead(done, steps, last, HALF, rings, BT, shift)
-            elif A8:
+            if A8:
                 acc = mainloop_a8(done, steps, HALF, rings, BT, A8, WGMMAS)
             elif AHEAD:
                 acc, a = _mainloop_ahead(done, steps, last, HALF, rings, BT, a)
@@ -657,8 +646,8 @@ def grouped_w4_gemm_ws_kernel(
     producer warps as workers (``PRODUCER_REGISTERS`` and ``CONSUMER_REGISTERS`` per thread,
     ``setmaxnreg``). ``WGMMAS = 2``: two wgmmas per step (not with ``A8``); with ``A_SETS = 2``
     too, launched with 8 warps, both consumer warpgroups, and the producer as the only worker
-    (``CONSUMER_REGISTERS`` not read). ``A_SETS = 2`` alone: the next step dequantized (with ``A8``:
-    converted, into a second buffer) while the step's wgmma runs. ``x_desc`` and ``codes_desc`` are
+    (``CONSUMER_REGISTERS`` not read). ``A_SETS = 2`` alone (not with ``A8``): the next step
+    dequantized while the step's wgmma runs. ``x_desc`` and ``codes_desc`` are
     :func:`tma_descriptors`' (the activation rows in sorted order: FC1's gathered by token before
     the launch; :func:`tma_descriptors` with the same ``item_rows``). ``DEPTH`` ring slots, each a
     step's code bytes (``ITEM_ROWS`` x 32), scale bytes (``ITEM_ROWS`` x 4) and activation rows
@@ -671,11 +660,11 @@ def grouped_w4_gemm_ws_kernel(
     weights; ``tma_descriptors(..., a8=True)``): every route A8, the
     consumers of :mod:`prefill_a8_kernels` on steps of one A8 block (code bytes 128 x 64, scale
     bytes 128 x 8, activation rows ``BT`` x 128 e4m3; with an item's last step the rows' scales,
-    ``xs_ptr`` fp32 ``[ROUTES]`` in sorted order), each consumer with ``A_SETS`` ``[64, 128]`` e4m3
-    buffers of its converted weights (``A8`` = ``prefill_a8_kernels.A8_SHARED``), or none, the
-    weights converted into the wgmma's A registers and the rows' columns in the A8 fragment order
-    (``A8_REGISTERS``, ``BT`` 128 or 256 with ``A_SETS = 1``; each row's block exponent computed
-    by the producer, :func:`_produce`)."""
+    ``xs_ptr`` fp32 ``[ROUTES]`` in sorted order; ``A_SETS = 1``), each consumer with a ``[64,
+    128]`` e4m3 buffer of its converted weights (``A8`` = ``prefill_a8_kernels.A8_SHARED``), or
+    none, the weights converted into the wgmma's A registers and the rows' columns in the A8
+    fragment order (``A8_REGISTERS``; each row's block exponent computed by the producer,
+    :func:`_produce`)."""
     PLAIN2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     ONE_PARTITION: gl.constexpr = A_SETS == 2 and WGMMAS == 2  # both consumer warpgroups, 8 warps
     CONSUMERS: gl.constexpr = 1 if ONE_PARTITION else 2  # consumer partitions
@@ -699,8 +688,8 @@ def grouped_w4_gemm_ws_kernel(
         if A8 == A8_SHARED:
             A8_ROWS: gl.constexpr = ITEM_ROWS // 2  # each of the two consumer warpgroups' rows
             A_LAYOUT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([A8_ROWS, A8_STEP], gl.float8e4nv)
-            # each consumer's converted weights: one buffer, or two (A_SETS = 2: mainloop_a8_ahead)
-            a_smem = gl.allocate_shared_memory(gl.float8e4nv, [2 * A_SETS, A8_ROWS, A8_STEP], A_LAYOUT)
+            # each consumer's converted weights, one buffer each
+            a_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, A8_ROWS, A8_STEP], A_LAYOUT)
             rings = (c_ring, s_ring, x_ring, ready, empty, xs_ring, a_smem)
         else:  # each row's block exponent, from the producer (_produce)
             p_ring = gl.allocate_shared_memory(gl.int32, [DEPTH, ITEM_ROWS], PLAIN1)

@@ -323,10 +323,9 @@ class PrefillGemm:
     step), each taking half of a work item's rows; launched with 4 warps plus its workers. There
     ``wgmmas_per_step = 2`` dequantizes each step's second half while the first half's wgmma
     runs, both retired at the step's end; ``a_register_sets = 2`` alone dequantizes the next step
-    while the step's wgmma runs (``prefill_ws_kernels._mainloop_ahead``; in A8 it converts the
-    next step's e4m3 weights into a second shared buffer,
-    ``prefill_a8_kernels.mainloop_a8_ahead``); both together keep one wgmma in flight across
-    steps, both consumer warpgroups then forming one 8-warp partition
+    while the step's wgmma runs (``prefill_ws_kernels._mainloop_ahead``; not in A8); both
+    together keep one wgmma in flight across steps, both consumer warpgroups then forming one
+    8-warp partition
     (``prefill_ws_kernels._mainloop_halves``). ``ctas_per_sm`` (1, 2 or 3; more than 1 only
     warp-specialized, with two consumer partitions and an accumulator of at most 64 or 32 routes:
     :data:`WS_SHARED_SM_MAX_ROUTES`): the CTAs that share an SM, each with its own producer and
@@ -664,14 +663,14 @@ class PrefillTiles:
 # 128-route tiles, 6 ring slots. An A8 slot holds one 128-column block (code bytes 8 KiB, scale
 # bytes 1 KiB, e4m3 rows 16 KiB and the routes' scales 0.5 KiB; ``shared_bytes`` counts bf16 slots
 # of 64 columns, 20.5 KiB) plus 16 KiB of converted weights: 169 KiB in all, 201 KiB with the
-# epilogue's scratch (what Triton 3.6 allocates for FC1). ``A8_PREFILL_AHEAD`` converts each
-# step's successor into a second buffer while the step's wgmma runs
-# (``prefill_a8_kernels.mainloop_a8_ahead``; 16 KiB more). ``A8_PREFILL_WIDE`` (seventeenth round)
+# epilogue's scratch (what Triton 3.6 allocates for FC1). ``A8_PREFILL_WIDE`` (seventeenth round)
 # runs 256-route tiles as two wgmmas of 128 routes on each step's converted weights
-# (``prefill_a8_kernels.mainloop_a8_wide``: half the conversion per FLOP), 4 slots of 42 KiB. None
-# of the three was timed on a GPU before the eighteenth round; :func:`choose_a8_schedule` gives
-# each size the faster of ``A8_PREFILL`` and ``A8_PREFILL_WIDE`` in its run (``A8_PREFILL_AHEAD``
-# was 2-5% slower than ``A8_PREFILL`` at every size). ``A8_PREFILL_RS`` and ``A8_PREFILL_WIDE_RS``
+# (``prefill_a8_kernels.mainloop_a8_wide``: half the conversion per FLOP), 4 slots of 42 KiB.
+# :func:`choose_a8_schedule` gives each size the faster of the two in the eighteenth round's run.
+# A third, ``A8_PREFILL_AHEAD`` (each step's successor converted into a second buffer while the
+# step's wgmma ran, 16 KiB more), was 2-5% slower than ``A8_PREFILL`` at every size in the
+# eighteenth and nineteenth rounds' runs and was removed in the twenty-first (its label ``a8_x2``
+# is in the results of those runs). ``A8_PREFILL_RS`` and ``A8_PREFILL_WIDE_RS``
 # (twentieth round, not timed yet, not chosen): the same tiles with each step's e4m3 weights
 # converted into the FP8 wgmma's A registers (``PrefillGemm.a8_register_weights``): no converted
 # weights stored to and read back from shared memory, no fence and no warpgroup barrier between
@@ -687,7 +686,6 @@ class PrefillTiles:
 # round). In all four register-weights schedules the producer stores each row's block exponent
 # in the slot (twenty-first round): their consumers' K loops exchange nothing between lanes.
 A8_PREFILL = _warp_specialized(128, 6)
-A8_PREFILL_AHEAD = _warp_specialized(128, 6, a_register_sets=2)
 A8_PREFILL_WIDE = _warp_specialized(256, 4)
 A8_PREFILL_RS = _warp_specialized(128, 6, a8_register_weights=True)
 A8_PREFILL_WIDE_RS = _warp_specialized(256, 4, a8_register_weights=True)
@@ -696,7 +694,6 @@ A8_PREFILL_WIDE_RS_H2 = _warp_specialized(256, 4, wgmmas_per_step=2, a8_register
 A8_SCHEDULES = MappingProxyType(
     {
         "a8": A8_PREFILL,
-        "a8_x2": A8_PREFILL_AHEAD,
         "a8_t256": A8_PREFILL_WIDE,
         "a8_rs": A8_PREFILL_RS,
         "a8_t256_rs": A8_PREFILL_WIDE_RS,
