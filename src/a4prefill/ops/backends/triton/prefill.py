@@ -250,14 +250,13 @@ def launch_prefill_gemm(
     A8 (``x_row_scales`` given; issue 28, docs/numerics.md section 8): every route A8, ``x``
     float8_e4m3fn codes and ``x_row_scales`` fp32 ``[rows]`` their scales, one per row
     (``fp8.quantize_rows``), rows indexed as ``x``'s; the weights converted to e4m3 in the kernel
-    (``prefill_a8_kernels``; with ``a_register_sets = 2`` each step's successor converted while
-    the step's wgmma runs; with 256 routes two wgmmas of 128 routes a step on the same converted
-    weights; with ``a8_register_weights`` the weights converted into the wgmma's A registers and
-    ``x``'s columns taken in :func:`a8_column_order`, by a copy of ``x`` unless ``x_mma_order``).
-    Needs a warp-specialized schedule of 128 routes (or 256 with one A register set),
-    128 weight rows and one wgmma per step (or two with ``a8_register_weights``: a step converted
-    in two K halves), ``mode`` W4A16 (the epilogues' W4A16 multipliers),
-    ``K`` a multiple of 128 and no ``out_mma_order``. The activation scales reach the kernel in
+    (``prefill_a8_kernels``; with 256 routes two wgmmas of 128 routes a step on the same
+    converted weights; with ``a8_register_weights`` the weights converted into the wgmma's A
+    registers and ``x``'s columns taken in :func:`a8_column_order`, by a copy of ``x`` unless
+    ``x_mma_order``). Needs a warp-specialized schedule of 128 or 256 routes with one A register
+    set, 128 weight rows and one wgmma per step (or two with ``a8_register_weights``: a step
+    converted in two K halves), ``mode`` W4A16 (the epilogues' W4A16 multipliers), ``K`` a
+    multiple of 128 and no ``out_mma_order``. The activation scales reach the kernel in
     sorted order (``[R]``). Without ``x_row_scales`` an ``a8_register_weights`` schedule is refused.
 
     ``kernel`` replaces the schedule's Gluon kernel (tests: the TTGIR interpreter); by default it is

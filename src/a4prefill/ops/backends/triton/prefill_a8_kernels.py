@@ -9,10 +9,9 @@ A step is one A8 block of 128 K columns. Per step a consumer (64 weight rows):
 1. reads its rows' 64 code bytes and 8 scale bytes per row from the ring slot and converts them
    to FP8 weights (:func:`weight_exponents`, :func:`e4m3_weights`): per row the block's exponent
    ``p`` (the smallest integer with ``6 * max|scale| <= 448 * 2**p``, from the scale bytes'
-   bits); per 16-column
-   group a table of the 8 e4m3 bytes ``e4m3(m * |scale| * 2**-p)`` of the e2m1 magnitudes ``m``
-   (the fp32 products are exact, then nearest even), from which each weight's byte is picked by
-   its nibble (:data:`A8_WEIGHT_ASM`, about 2 instructions a weight): the values of
+   bits); per 16-column group a table of the 8 e4m3 bytes ``e4m3(m * |scale| * 2**-p)`` of the
+   e2m1 magnitudes ``m`` (the fp32 products are exact, then nearest even), from which each
+   weight's byte is picked by its nibble (:data:`A8_WEIGHT_ASM`, about 2 instructions a weight): the values of
    ``fp8.weights`` bit for bit, in the K order of the activations (with ``A8_SHARED``: no
    column permutation; with ``A8_REGISTERS`` below);
 2. stores them into its own shared buffer (NVMMA-swizzled, K-major, what the FP8 wgmma reads),
@@ -437,9 +436,9 @@ def mainloop_a8(
     64], s_ring [DEPTH, 128, 8], x_ring [DEPTH, BT, 128] fp8, ready, empty, xs_ring [DEPTH, BT]
     fp32 (the routes' scales, in the slot of an item's last step), then a_smem [2, 64, 128] fp8
     (``A8_SHARED``) or p_ring [DEPTH, 128] int32 (the rows' block exponents, ``A8_REGISTERS``))``;
-    per step as the module docstring says, in sequence, the weights in
-    a shared buffer or in registers (``A8``), with ``WGMMAS = 2`` (registers only) converted in
-    two K halves, the second while the first's wgmmas run (:func:`_issue_in_halves`)."""
+    per step as the module docstring says, in sequence, the weights in a shared buffer or in
+    registers (``A8``), with ``WGMMAS = 2`` (registers only) converted in two K halves, the second
+    while the first's wgmmas run (:func:`_issue_in_halves`)."""
     x_ring = rings[2]
     DEPTH: gl.constexpr = x_ring.shape[0]
     acc = gl.zeros([64, BT], gl.float32, layout=fp8_acc_layout(BT, gl.num_warps()))
