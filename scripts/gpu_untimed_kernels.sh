@@ -1,36 +1,60 @@
 #!/usr/bin/env bash
-# The two H200 device calls that first checked and timed what the sixteenth and seventeenth
-# rounds of issues 23 and 28 built on the CPU only (run in the eighteenth round, 2026-12-05:
-# benchmarks/results/README.md, "eighteenth round", items 1 and 2). One device call per mode;
-# everything is tee'd into $OUT, so a call cut off by its time limit keeps its output.
+# The H200 device calls that check and time what rounds without a GPU built for issues 23 and 28
+# (the list as of the twenty-second round; docs/prefill-kernel-next.md, "Next on the H200"). One
+# device call per mode, each under the tool's 600 s; everything is tee'd into $OUT, so a call cut
+# off by its time limit keeps its output. No vLLM needed (no Marlin or Humming columns).
 #
-#   bash scripts/gpu_untimed_kernels.sh large   # about 270 s: the prefill and A8 GPU tests, then
-#                                               # the whole MoE at 4096-16384 tokens (W4A16, A4,
-#                                               # split, a8, a8_x2, a8_t256; no vLLM baselines)
-#   bash scripts/gpu_untimed_kernels.sh small   # about 300 s cold: the small warp-specialized
-#                                               # tiles (two or three CTAs per SM, dequantize-ahead)
-#                                               # at 512-2048 tokens against the defaults, W4A16
-#                                               # only (each schedule compiles its own kernels)
+#   bash scripts/gpu_untimed_kernels.sh check  # about 580 s cold: the GPU tests of the W4A16
+#                                              # schedules never run on a GPU and of every A8
+#                                              # schedule, then the whole MoE at 4096-16384 tokens
+#                                              # (W4A16 and every A8 schedule's column) with the
+#                                              # 256-row W4A16 candidates swept, W4A16 only
+#   bash scripts/gpu_untimed_kernels.sh small  # about 400 s cold: the 32-route W4A16 candidates
+#                                              # at 512 and 1024 tokens against the defaults, in
+#                                              # W4A16, A4 and split
+#   bash scripts/gpu_untimed_kernels.sh ncu    # about 360 s: Nsight Compute of the FC1 GEMM at the
+#                                              # sizes issue 23 lacks a profile for, and of the
+#                                              # 256-route register-weights A8 FC1; summarize the
+#                                              # CSV here with profile_prefill.py --ncu-summary
+#
+# The eighteenth round ran this script's earlier form (modes large and small, at 0249d09).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?OUT must name the folder the results go to (the device tool sets it)}"
 export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-SMALL_TILES=rs_w128_t32_d6_ws_c3,rs_w128_t64_d6_ws_c2,ws_t32_d6_c2,ws_t16_d8_c3,ws_t32_d6_x2_c2,ws_t32_d6,ws_t32_d6_x2
+UNTESTED_W4A16="rs_w256_t32_d6_ws_c2 or rs_w256_t128_d6_ws_x2_h2 or not_chosen"
+LARGE_TILES=rs_w256_t128_d6_ws_x2_h2,rs_w256_t128_d6_ws
+SMALL_TILES=rs_w128_t32_d6_ws_c3,rs_w256_t32_d6_ws_c2
+NCU_CASES=(--case 1024:default:w4a16 --case 2048:default:w4a16 --case 16384:default:w4a16 --case 8192:a8_t256_rs)
+began=$(date +%s)
+left() { echo $(($1 - ($(date +%s) - began))); }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv | tee "$OUT/gpu.txt"
 case "${1:-}" in
-large)
-    timeout 300 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py \
-        tests/test_triton_prefill_a8_gpu.py 2>&1 | tee "$OUT/prefill_gpu_tests.txt" | tail -15
-    timeout 250 python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 4096,8192,16384 \
-        --baselines "" --out "$OUT" 2>&1 | tee "$OUT/bench_moe.txt" | grep -v "^{" | tail -20
+check)
+    timeout 240 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py \
+        -k "$UNTESTED_W4A16" 2>&1 | tee "$OUT/prefill_gpu_tests.txt" | tail -15
+    timeout "$(left 510)" python -m pytest -q -p no:cacheprovider -rs -m gpu \
+        tests/test_triton_prefill_a8_gpu.py 2>&1 | tee "$OUT/a8_gpu_tests.txt" | tail -15
+    timeout "$(left 585)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 8192,4096,16384 \
+        --baselines "" --sweep prefill --sweep-modes "" --prefill-tiles "$LARGE_TILES" --out "$OUT" 2>&1 \
+        | tee "$OUT/bench_moe_large.txt" | grep -v "^{" | tail -20
     ;;
 small)
-    timeout 550 python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 512,1024,2048 \
-        --baselines "" --sweep prefill --prefill-tiles "$SMALL_TILES" --sweep-modes "" --out "$OUT" 2>&1 \
-        | tee "$OUT/bench_moe_small_tiles.txt" | grep -v "^{" | tail -30
+    timeout 585 python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 1024,512 \
+        --baselines "" --sweep prefill --prefill-tiles "$SMALL_TILES" --out "$OUT" 2>&1 \
+        | tee "$OUT/bench_moe_small.txt" | grep -v "^{" | tail -20
+    ;;
+ncu)
+    timeout 585 ncu --profile-from-start off -k regex:grouped_w4 --section SpeedOfLight \
+        --section Occupancy --section LaunchStats --section WarpStateStats \
+        --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SchedulerStats \
+        --page details --csv python benchmarks/profile_prefill.py "${NCU_CASES[@]}" >"$OUT/ncu.csv" \
+        2>"$OUT/ncu.err"
+    tail -5 "$OUT/ncu.err"
+    echo "then here: python benchmarks/profile_prefill.py ${NCU_CASES[*]} --ncu-summary ncu.csv --out DIR"
     ;;
 *)
-    echo "usage: bash scripts/gpu_untimed_kernels.sh large|small (on the H200, with OUT set)" >&2
+    echo "usage: bash scripts/gpu_untimed_kernels.sh check|small|ncu (on the H200, with OUT set)" >&2
     exit 2
     ;;
 esac
