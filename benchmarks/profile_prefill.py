@@ -179,6 +179,7 @@ def main() -> None:
     case_names = [":".join(str(field) for field in case if field is not None) for case in parsed]
     if len(set(case_names)) != len(case_names):
         raise SystemExit(f"--case: two cases run the same schedule at the same size: {case_names}")
+    os.makedirs(args.out, exist_ok=True)
     if args.ncu_source:
         kernels = source_summary(args.ncu_source)
         if len(kernels) != len(cases):
