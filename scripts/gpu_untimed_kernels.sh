@@ -16,8 +16,17 @@
 #                                              # sizes issue 23 lacks a profile for, and of the
 #                                              # 256-route register-weights A8 FC1; summarize the
 #                                              # CSV here with profile_prefill.py --ncu-summary
+#   bash scripts/gpu_untimed_kernels.sh again  # about 400 s cold: what the twenty-third round's
+#                                              # check and small left open: A4 and split of the
+#                                              # 128-route tiles at 4096 (256-row items as one or
+#                                              # two consumer partitions against 128-row ones),
+#                                              # the 32-route candidates at 512-1024 in all three
+#                                              # modes, and the A8 columns twice (sizes up, then
+#                                              # down) to tell the register-weights A8 schedules
+#                                              # from run-to-run noise
 #
-# The eighteenth round ran this script's earlier form (modes large and small, at 0249d09).
+# The eighteenth round ran this script's earlier form (modes large and small, at 0249d09); the
+# twenty-third ran check, small and ncu on an H100 (benchmarks/results/README.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?OUT must name the folder the results go to (the device tool sets it)}"
@@ -25,6 +34,7 @@ export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 UNTESTED_W4A16="rs_w256_t32_d6_ws_c2 or rs_w256_t128_d6_ws_x2_h2 or not_chosen"
 LARGE_TILES=rs_w256_t128_d6_ws_x2_h2,rs_w256_t128_d6_ws
 SMALL_TILES=rs_w128_t32_d6_ws_c3,rs_w256_t32_d6_ws_c2
+MID_TILES=rs_w128_t128_d6_ws,rs_w256_t128_d6_ws,rs_w256_t128_d6_ws_x2_h2
 NCU_CASES=(--case 1024:default:w4a16 --case 2048:default:w4a16 --case 16384:default:w4a16 --case 8192:a8_t256_rs)
 began=$(date +%s)
 left() { echo $(($1 - ($(date +%s) - began))); }
@@ -53,8 +63,21 @@ ncu)
     tail -5 "$OUT/ncu.err"
     echo "then here: python benchmarks/profile_prefill.py ${NCU_CASES[*]} --ncu-summary ncu.csv --out DIR"
     ;;
+again)
+    timeout 170 python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 4096 --baselines "" \
+        --sweep prefill --prefill-tiles "$MID_TILES" --out "$OUT/mid" 2>&1 | tee "$OUT/bench_moe_mid.txt" \
+        | grep -v "^{" | tail -5
+    timeout "$(left 330)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 512,768,1024 \
+        --baselines "" --sweep prefill --prefill-tiles "$SMALL_TILES" --out "$OUT/small" 2>&1 \
+        | tee "$OUT/bench_moe_small.txt" | grep -v "^{" | tail -5
+    for order in up:2048,4096,8192,16384 down:16384,8192,4096,2048; do
+        timeout "$(left 585)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens "${order#*:}" \
+            --baselines "" --out "$OUT/a8_${order%%:*}" 2>&1 | tee "$OUT/bench_moe_a8_${order%%:*}.txt" \
+            | grep -v "^{" | tail -5
+    done
+    ;;
 *)
-    echo "usage: bash scripts/gpu_untimed_kernels.sh check|small|ncu (on the H200, with OUT set)" >&2
+    echo "usage: bash scripts/gpu_untimed_kernels.sh check|small|ncu|again (on the H200, with OUT set)" >&2
     exit 2
     ;;
 esac
