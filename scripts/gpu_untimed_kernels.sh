@@ -21,9 +21,10 @@
 #                                              # 128-route tiles at 4096 (256-row items as one or
 #                                              # two consumer partitions against 128-row ones),
 #                                              # the 32-route candidates at 512-1024 in all three
-#                                              # modes, and the A8 columns twice (sizes up, then
-#                                              # down) to tell the register-weights A8 schedules
-#                                              # from run-to-run noise
+#                                              # modes, the time per kernel of the 4096-16384
+#                                              # calls (W4A16, A4), and the A8 columns twice
+#                                              # (sizes up, then down) to tell the
+#                                              # register-weights A8 schedules from noise
 #
 # The eighteenth round ran this script's earlier form (modes large and small, at 0249d09); the
 # twenty-third ran check, small and ncu on an H100 (benchmarks/results/README.md).
@@ -70,6 +71,8 @@ again)
     timeout "$(left 330)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 512,768,1024 \
         --baselines "" --sweep prefill --prefill-tiles "$SMALL_TILES" --out "$OUT/small" 2>&1 \
         | tee "$OUT/bench_moe_small.txt" | grep -v "^{" | tail -5
+    timeout 90 python benchmarks/profile_decode.py --tokens 4096,8192,16384 --a4 --out "$OUT/kernels" 2>&1 \
+        | tail -3
     for order in up:2048,4096,8192,16384 down:16384,8192,4096,2048; do
         timeout "$(left 585)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens "${order#*:}" \
             --baselines "" --out "$OUT/a8_${order%%:*}" 2>&1 | tee "$OUT/bench_moe_a8_${order%%:*}.txt" \
