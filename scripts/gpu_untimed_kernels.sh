@@ -20,7 +20,7 @@
 #                                              # check and small left open: A4 and split of the
 #                                              # 128-route tiles at 4096 (256-row items as one or
 #                                              # two consumer partitions against 128-row ones),
-#                                              # the 32-route candidates at 512-1024 in all three
+#                                              # the 32-route candidates at 384-1024 in all three
 #                                              # modes, the time per kernel of the 4096-16384
 #                                              # calls (W4A16, A4), and the A8 columns twice
 #                                              # (sizes up, then down) to tell the
@@ -68,7 +68,7 @@ again)
     timeout 170 python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 4096 --baselines "" \
         --sweep prefill --prefill-tiles "$MID_TILES" --out "$OUT/mid" 2>&1 | tee "$OUT/bench_moe_mid.txt" \
         | grep -v "^{" | tail -5
-    timeout "$(left 330)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 512,768,1024 \
+    timeout "$(left 330)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 384,512,768,1024 \
         --baselines "" --sweep prefill --prefill-tiles "$SMALL_TILES" --out "$OUT/small" 2>&1 \
         | tee "$OUT/bench_moe_small.txt" | grep -v "^{" | tail -5
     timeout 90 python benchmarks/profile_decode.py --tokens 4096,8192,16384 --a4 --out "$OUT/kernels" 2>&1 \
