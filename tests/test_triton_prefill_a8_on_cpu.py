@@ -422,15 +422,16 @@ def test_an_a8_call_matches_the_a8_reference_moe(a8_moe_on_cpu, tokens, limit, l
 def test_an_a8_call_without_a_schedule_runs_its_size_s_and_the_warm_up_compiles_each(
     a8_moe_on_cpu, monkeypatch
 ):
-    """``fused_moe_a8`` without ``schedule`` runs ``choose_a8_schedule``'s: 128-route tiles below
-    ``WIDE_TILE_MIN_ROWS_PER_EXPERT`` routes per expert (mean), 256-route tiles from there (both
+    """``fused_moe_a8`` without ``schedule`` runs ``choose_a8_schedule``'s: 128-route tiles with the
+    weights converted into registers below ``WIDE_TILE_MIN_ROWS_PER_EXPERT`` routes per expert
+    (mean), 256-route tiles from there (both
     GEMMs, routing in the schedule's tiles); the A8 warm-up's representatives of a GLM-like
     layer (64 experts, top-8) hold every size's schedule and routing launch, the wide one first
     at 1280 tokens, so that serving compiles neither."""
     from a4prefill.ops.backends.triton import fused_a8
     from a4prefill.ops.backends.triton.routing import routing_launch
     from a4prefill.ops.backends.triton.schedules import (
-        A8_PREFILL,
+        A8_PREFILL_RS,
         A8_PREFILL_WIDE,
         WIDE_TILE_MIN_ROWS_PER_EXPERT,
         choose_a8_schedule,
@@ -447,13 +448,13 @@ def test_an_a8_call_without_a_schedule_runs_its_size_s_and_the_warm_up_compiles_
     monkeypatch.setattr(fused_a8, "sort_routes", sorted_in_tiles)
     monkeypatch.setattr(fused_a8, "launch_prefill_gemm", lambda *args, **kwargs: launched.append(args[5]))
     wide_tokens = WIDE_TILE_MIN_ROWS_PER_EXPERT * 4 // 2  # 4 experts, top-2
-    for tokens, schedule in ((wide_tokens - 1, A8_PREFILL), (wide_tokens, A8_PREFILL_WIDE)):
+    for tokens, schedule in ((wide_tokens - 1, A8_PREFILL_RS), (wide_tokens, A8_PREFILL_WIDE)):
         layer, hidden, topk_weights, topk_ids = tiny_a8_layer(tokens, seed=3)
         fused_a8.fused_moe_a8(hidden, topk_weights, topk_ids, layer.experts, None)
         assert launched == [schedule.routes, schedule, schedule]
         launched.clear()
     representatives = a8_representatives(2048, 8, 64)
-    assert {schedule for schedule, _ in representatives} == {A8_PREFILL, A8_PREFILL_WIDE}
+    assert {schedule for schedule, _ in representatives} == {A8_PREFILL_RS, A8_PREFILL_WIDE}
     assert min(t for (s, _), t in representatives.items() if s == A8_PREFILL_WIDE) == 1280
     for tokens in range(1, 2049):
         schedule = choose_a8_schedule(tokens * 8, 64)

@@ -5,8 +5,9 @@ Hopper's FP8 tensor cores, with the numerics of docs/numerics.md section 8 (orac
 
 Per call (``T`` tokens, top-k ``k``, ``R = T * k`` routes, the one NVFP4 weight layout):
 
-1. routing sorted by expert in the schedule's route tiles (128 routes, or 256 with
-   ``schedules.A8_PREFILL_WIDE``, by size: :func:`schedules.choose_a8_schedule`;
+1. routing sorted by expert in the schedule's route tiles (128 routes with
+   ``schedules.A8_PREFILL_RS``, or 256 with ``schedules.A8_PREFILL_WIDE``, by size:
+   :func:`schedules.choose_a8_schedule`;
    :func:`routing.sort_routes`, no host sync);
 2. the hidden rows quantized once per token (:func:`quantize_rows`: ``fp8.quantize_rows`` bit
    for bit, one kernel; for a schedule with ``a8_register_weights`` the columns written in

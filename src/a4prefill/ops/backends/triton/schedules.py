@@ -666,12 +666,13 @@ class PrefillTiles:
 # epilogue's scratch (what Triton 3.6 allocates for FC1). ``A8_PREFILL_WIDE`` (seventeenth round)
 # runs 256-route tiles as two wgmmas of 128 routes on each step's converted weights
 # (``prefill_a8_kernels.mainloop_a8_wide``: half the conversion per FLOP), 4 slots of 42 KiB.
-# :func:`choose_a8_schedule` gives each size the faster of the two in the eighteenth round's run.
+# :func:`choose_a8_schedule` gives each size the faster of the two in the eighteenth round's run
+# (the 128-route size ``A8_PREFILL_RS`` since the twenty-third: see its docstring).
 # A third, ``A8_PREFILL_AHEAD`` (each step's successor converted into a second buffer while the
 # step's wgmma ran, 16 KiB more), was 2-5% slower than ``A8_PREFILL`` at every size in the
 # eighteenth and nineteenth rounds' runs and was removed in the twenty-first (its label ``a8_x2``
 # is in the results of those runs). ``A8_PREFILL_RS`` and ``A8_PREFILL_WIDE_RS``
-# (twentieth round, not timed yet, not chosen): the same tiles with each step's e4m3 weights
+# (twentieth round; timed in the twenty-third, ``A8_PREFILL_RS`` chosen): the same tiles with each step's e4m3 weights
 # converted into the FP8 wgmma's A registers (``PrefillGemm.a8_register_weights``): no converted
 # weights stored to and read back from shared memory, no fence and no warpgroup barrier between
 # the conversion and the wgmma. Per step and SM that is 48 of the 256-route tiles' about 160 KiB
@@ -705,15 +706,22 @@ A8_SCHEDULES = MappingProxyType(
 
 def choose_a8_schedule(routes: int, experts: int) -> PrefillGemm:
     """The :data:`A8_SCHEDULES` schedule of an A8 call (``fused_a8.fused_moe_a8``) of ``routes``
-    routes over ``experts`` experts: 256-route tiles from :data:`WIDE_TILE_MIN_ROWS_PER_EXPERT`
-    routes per expert (mean), as W4A16, else 128-route tiles. A speed choice only: both compute
-    the same numbers.
+    routes over ``experts`` experts: 256-route tiles (``A8_PREFILL_WIDE``) from
+    :data:`WIDE_TILE_MIN_ROWS_PER_EXPERT` routes per expert (mean), as W4A16, else 128-route tiles
+    with each step's weights converted into the wgmma's A registers (``A8_PREFILL_RS``). A speed
+    choice only: every A8 schedule computes the same numbers.
 
-    From the H200 run of ``benchmarks/bench_moe.py`` of 2026-12-05 (eighteenth round, GLM-5.3-Flash
-    TP2 shape, the whole MoE, us, ``A8_PREFILL`` / ``A8_PREFILL_WIDE``): 1703 / 2579 at 1024
-    tokens, 1778 / 2652 at 2048, 2037 / 2646 at 4096 (114 routes per expert), 3825 / 3019 at 8192
-    (228), 7560 / 6199 at 16384."""
-    return A8_PREFILL_WIDE if routes / max(1, experts) >= WIDE_TILE_MIN_ROWS_PER_EXPERT else A8_PREFILL
+    The whole MoE, GLM-5.3-Flash TP2 shape, us (``benchmarks/bench_moe.py``):
+
+    - 128 against 256 routes (H200, eighteenth round, 2026-12-05, ``A8_PREFILL`` /
+      ``A8_PREFILL_WIDE``): 1703 / 2579 at 1024 tokens, 1778 / 2652 at 2048, 2037 / 2646 at 4096
+      (114 routes per expert), 3825 / 3019 at 8192 (228), 7560 / 6199 at 16384;
+    - converted weights in registers against shared memory at 128 routes (H100, twenty-third
+      round, ``A8_PREFILL_RS`` / ``A8_PREFILL``): 1618 / 1675 at 512 tokens, 1648 / 1713 at 1024,
+      2096 / 2159 at 4096, 3760 / 3946 at 8192 (the 256-route pair there: 3048 / 3147 for
+      ``A8_PREFILL_WIDE_RS`` / ``A8_PREFILL_WIDE``, at 16384 6487 / 6246, the former at a
+      throttled clock; not changed on one run)."""
+    return A8_PREFILL_WIDE if routes / max(1, experts) >= WIDE_TILE_MIN_ROWS_PER_EXPERT else A8_PREFILL_RS
 
 
 def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: int) -> PrefillTiles | None:
