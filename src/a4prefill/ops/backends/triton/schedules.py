@@ -709,7 +709,8 @@ def choose_a8_schedule(routes: int, experts: int) -> PrefillGemm:
     routes over ``experts`` experts: 256-route tiles (``A8_PREFILL_WIDE``) from
     :data:`WIDE_TILE_MIN_ROWS_PER_EXPERT` routes per expert (mean), as W4A16, else 128-route tiles
     with each step's weights converted into the wgmma's A registers (``A8_PREFILL_RS``). A speed
-    choice only: every A8 schedule computes the same numbers.
+    choice only: every A8 schedule meets the same A8 contract (docs/numerics.md section 8; the
+    tensor cores' accumulation order within a block may differ between schedules).
 
     The whole MoE, GLM-5.3-Flash TP2 shape, us (``benchmarks/bench_moe.py``):
 
