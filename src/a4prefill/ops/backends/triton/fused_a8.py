@@ -119,7 +119,7 @@ def fused_moe_a8(
     bf16. ``topk_weights``/``topk_ids [T, k]`` as :func:`fused.fused_moe` takes them (out-of-range
     ids ignored). ``schedule``: the GEMMs' schedule, one of :data:`schedules.A8_SCHEDULES`
     (default: :func:`schedules.choose_a8_schedule` of the call's size; a speed choice only: every
-    schedule computes the same numbers). Raises ``ValueError`` with :func:`a8_refusal`'s reason
+    schedule meets the same A8 contract). Raises ``ValueError`` with :func:`a8_refusal`'s reason
     where it cannot run, or for another schedule."""
     if schedule is not None and schedule not in A8_SCHEDULES.values():
         raise ValueError(f"schedule must be one of A8_SCHEDULES {dict(A8_SCHEDULES)}, got {schedule}")
