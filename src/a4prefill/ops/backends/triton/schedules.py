@@ -671,9 +671,9 @@ class PrefillTiles:
 # A third, ``A8_PREFILL_AHEAD`` (each step's successor converted into a second buffer while the
 # step's wgmma ran, 16 KiB more), was 2-5% slower than ``A8_PREFILL`` at every size in the
 # eighteenth and nineteenth rounds' runs and was removed in the twenty-first (its label ``a8_x2``
-# is in the results of those runs). ``A8_PREFILL_RS`` and ``A8_PREFILL_WIDE_RS``
-# (twentieth round; timed in the twenty-third, ``A8_PREFILL_RS`` chosen): the same tiles with each step's e4m3 weights
-# converted into the FP8 wgmma's A registers (``PrefillGemm.a8_register_weights``): no converted
+# is in the results of those runs). ``A8_PREFILL_RS`` and ``A8_PREFILL_WIDE_RS`` (twentieth
+# round; timed in the twenty-third, ``A8_PREFILL_RS`` chosen): the same tiles with each step's
+# e4m3 weights converted into the FP8 wgmma's A registers (``PrefillGemm.a8_register_weights``): no converted
 # weights stored to and read back from shared memory, no fence and no warpgroup barrier between
 # the conversion and the wgmma. Per step and SM that is 48 of the 256-route tiles' about 160 KiB
 # of shared-memory traffic (16 KiB written, read by two wgmmas each) and 32 of the 128-route
