@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 
 import torch
 
 from bench_moe import time_graph
+from line_plot import save_result_and_plot
 
 EXPERTS, TOP_K = 288, 8
 TOKENS = [1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
@@ -54,26 +54,8 @@ def main() -> None:
         print(row, flush=True)
         rows.append(row)
     result = {"device": torch.cuda.get_device_name(), "experts": EXPERTS, "top_k": TOP_K, "rows": rows}
-    with open(os.path.join(args.out, "bench_routing.json"), "w") as handle:
-        json.dump(result, handle, indent=1)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(6, 4))
-    for key in [f"triton_{w}w_us" for w in WARPS] + [f"chunked_{w}w_us" for w in CHUNK_WARPS] + ["torch_us"]:
-        present = [row for row in rows if key in row]
-        axis.plot(
-            [r["routes"] for r in present],
-            [r[key] for r in present],
-            marker="o",
-            label=key.removesuffix("_us"),
-        )
-    axis.set(xscale="log", xlabel="routes", ylabel="us per call", title=result["device"])
-    axis.legend()
-    figure.tight_layout()
-    figure.savefig(os.path.join(args.out, "bench_routing.png"), dpi=120)
+    series = [f"triton_{w}w_us" for w in WARPS] + [f"chunked_{w}w_us" for w in CHUNK_WARPS] + ["torch_us"]
+    save_result_and_plot(args.out, "bench_routing", result, "routes", series, "routes", "us per call")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The H200 device calls that check and time what rounds without a GPU built for issues 23 and 28
-# (the list as of the twenty-second round; docs/prefill-kernel-next.md, "Next on the H200"). One
+# The Hopper device calls (H200 or H100) that check and time what rounds without a GPU built for
+# issues 23 and 28 (the list as of the twenty-third round; docs/prefill-kernel-next.md). One
 # device call per mode, each under the tool's 600 s; everything is tee'd into $OUT, so a call cut
 # off by its time limit keeps its output. No vLLM needed (no Marlin or Humming columns).
 #
@@ -25,6 +25,9 @@
 #                                              # calls (W4A16, A4), and the A8 columns twice
 #                                              # (sizes up, then down) to tell the
 #                                              # register-weights A8 schedules from noise
+#   bash scripts/gpu_untimed_kernels.sh gather # about 3 minutes: FC1's activation gather in both
+#                                              # program orders against a copy (bench_gather.py),
+#                                              # then the time per kernel at 4096-16384
 #
 # The eighteenth round ran this script's earlier form (modes large and small, at 0249d09); the
 # twenty-third ran check, small and ncu on an H100 (benchmarks/results/README.md).
@@ -79,8 +82,13 @@ again)
             | grep -v "^{" | tail -5
     done
     ;;
+gather)
+    timeout 240 python benchmarks/bench_gather.py --out "$OUT" 2>&1 | tee "$OUT/bench_gather.txt" | tail -5
+    timeout "$(left 330)" python benchmarks/profile_decode.py --tokens 4096,8192,16384 --a4 --out "$OUT" \
+        2>&1 | tee "$OUT/profile_decode.txt" | tail -6
+    ;;
 *)
-    echo "usage: bash scripts/gpu_untimed_kernels.sh check|small|ncu|again (on the H200, with OUT set)" >&2
+    echo "usage: bash scripts/gpu_untimed_kernels.sh check|small|ncu|again|gather (on a Hopper GPU, with OUT set)" >&2
     exit 2
     ;;
 esac

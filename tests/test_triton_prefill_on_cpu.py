@@ -665,17 +665,19 @@ def test_any_segment_lengths_and_scale_byte(interpreted, register_weights, count
     assert_rounded_product(out, expected(x, codes, scales, routing, 1))
 
 
-def test_w4a16_calls_of_128_route_tiles_run_256_row_items_and_a4_and_split_calls_128_rows():
+def test_calls_of_128_route_tiles_run_256_row_items_w4a16_as_two_partitions_a4_and_split_as_one():
     """Below 160 routes per expert (4096 tokens of the GLM TP2 shape) W4A16 calls run work items
-    of 256 weight rows (H200, fifteenth round: 2674 us against 3027 for 128 rows), A4 and split
-    calls 128 rows (on 256 rows they took 3452 and 3490 us against 2858 and 2913); all on the
-    routing's 128-route tiles. Where a GEMM's rows do not split into 256s (a hidden size of 384),
-    every mode runs 128 rows; above 160 routes per expert no W4A16 pair either."""
+    of 256 weight rows as two 4-warp consumer partitions (H200, fifteenth round: 2674 us against
+    3027 for 128 rows), A4 and split calls 256 rows as one 8-warp partition (H100, twenty-third
+    round: 2701 and 2635 us against 2733 and 2883 on 128 rows, 2995 and 2969 as two partitions);
+    all on the routing's 128-route tiles. Where a GEMM's rows do not split into 256s (a hidden
+    size of 384), every mode runs 128 rows; above 160 routes per expert no W4A16 pair either."""
     small, wide = PREFILL_SCHEDULES["rs_w128_t128_d6_ws"], PREFILL_SCHEDULES["rs_w256_t128_d6_ws"]
+    one = PREFILL_SCHEDULES["rs_w256_t128_d6_ws_x2_h2"]
     tiles = choose_prefill_tiles(4096 * 8, 288, 4096, 1024)
-    assert tiles == PrefillTiles(small, small, wide, wide)
+    assert tiles == PrefillTiles(one, one, wide, wide)
     assert tiles.for_mode(MODE_W4A16) == (wide, wide)
-    assert tiles.for_mode(MODE_A4) == tiles.for_mode(MODE_SPLIT) == (small, small)
+    assert tiles.for_mode(MODE_A4) == tiles.for_mode(MODE_SPLIT) == (one, one)
     assert choose_prefill_tiles(4096 * 8, 288, 384, 1024) == PrefillTiles(small, small)
     large = choose_prefill_tiles(8192 * 8, 288, 4096, 1024)
     assert large is not None and large.w4a16_fc1 is None
@@ -853,21 +855,23 @@ def test_the_moe_epilogues_apply_the_reference_math(interpreted, label, epilogue
     tokens=st.integers(1, 40),
     top_k=st.integers(1, 4),
     blocks=st.integers(1, 3),
+    blocks_first=st.booleans(),
     data=st.data(),
 )
 def test_the_row_gather_takes_each_routes_token_row_in_mma_column_order(
-    interpreted, tokens, top_k, blocks, data
+    interpreted, tokens, top_k, blocks, blocks_first, data
 ):
     """``prefill.gather_rows`` (one Triton kernel, here in Triton's CPU interpreter) is
     ``x.index_select(1, mma_column_order(K)).index_select(0, sorted_route // top_k)`` bit for bit
-    for any route order, route count (a partial last block of rows) and K of whole 64-column
-    blocks; every element of ``x`` distinct, so a misplaced one shows."""
+    for any route order, route count (a partial last block of rows), K of whole 64-column blocks
+    and either program order; every element of ``x`` distinct, so a misplaced one shows."""
     k = 64 * blocks
     routes = tokens * top_k
     sorted_route = torch.tensor(data.draw(st.permutations(range(routes))), dtype=torch.int32)
     x = torch.arange(tokens * k, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).reshape(tokens, k)
     expected = x.index_select(1, mma_column_order(k, x.device)).index_select(0, sorted_route.long() // top_k)
-    assert torch.equal(gather_rows(x, sorted_route, top_k).view(torch.int16), expected.view(torch.int16))
+    gathered = gather_rows(x, sorted_route, top_k, blocks_first)
+    assert torch.equal(gathered.view(torch.int16), expected.view(torch.int16))
 
 
 @pytest.mark.parametrize("label", ["rs_w128_t32_d4", "w64_t64_d6", "rs_w128_t64_d6_ws"])
@@ -1037,10 +1041,10 @@ def prefill_moe_on_cpu(interpreted):
 @pytest.mark.parametrize(
     ("tokens", "limit", "fc1", "fc2"),
     [
-        (48, None, "rs_w128_t32_d6_ws_c3", "rs_w128_t32_d6_ws_c3"),  # 24 routes per expert
+        (48, None, "rs_w256_t32_d6_ws_c2", "rs_w256_t32_d6_ws_c2"),  # 24 routes per expert
         (96, None, "rs_w128_t64_d6_ws_c2", "rs_w128_t64_d6_ws_c2"),  # 48 routes per expert
-        (160, None, "rs_w128_t128_d6_ws", "rs_w128_t128_d6_ws"),  # 80 routes per expert
-        (160, 2.5, "rs_w128_t128_d6_ws", "rs_w128_t128_d6_ws"),
+        (160, None, "rs_w256_t128_d6_ws_x2_h2", "rs_w256_t128_d6_ws_x2_h2"),  # 80 routes per expert
+        (160, 2.5, "rs_w256_t128_d6_ws_x2_h2", "rs_w256_t128_d6_ws_x2_h2"),
         (400, None, "rs_w128_t256_d4_ws_x2_h2", "rs_w128_t256_d4_ws_x2_h2"),  # 200 routes per expert
     ],
 )
@@ -1087,7 +1091,8 @@ def test_a4_and_split_prefill_calls_run_the_prefill_gemms_and_match_the_referenc
     prefill_moe_on_cpu, interpreted, tokens, limit, expected_kernel
 ):
     """A4 and split calls of a prefill size (80 routes per expert: the warp-specialized kernel's
-    128-route tiles; 24: its 32-route tiles, three CTAs per SM) take the same two prefill launches as
+    128-route tiles, 256-row items as one 8-warp partition; 24: its 32-route tiles, 256-row
+    items, two CTAs per SM) take the same two prefill launches as
     W4A16 (the A4 rows quantized first): all-A4 within the A4 bounds of the reference A4 MoE;
     split with every third token A4, its A4 rows within those bounds and its W4A16 rows within
     the W4A16 bounds of the reference W4A16 MoE."""
@@ -1115,9 +1120,12 @@ def test_a4_and_split_prefill_calls_run_the_prefill_gemms_and_match_the_referenc
     flags = (torch.arange(tokens) % 3 == 1).to(torch.uint8)
     split = fused_moe(*args, layer.a4_scales, limit, flags)
     assert {kind: len(kernel.launches) - before[kind] for kind, kernel in interpreted.items()} == wanted
-    # A4 and split calls run the plan's fc1 and fc2 (128 weight rows), not the W4A16 pair
+    # A4 and split calls run the plan's fc1 and fc2 (256 weight rows as one partition at 128
+    # routes), not the W4A16 pair
     assert prefill_moe_on_cpu[-4:] == [planned.prefill.fc1, planned.prefill.fc2] * 2
-    assert all(schedule.weight_rows == 128 for schedule in prefill_moe_on_cpu[-4:])
+    assert all(schedule.weight_rows == 256 for schedule in prefill_moe_on_cpu[-4:])
+    if planned.prefill.fc1.routes == 128:
+        assert prefill_moe_on_cpu[-1] == PREFILL_SCHEDULES["rs_w256_t128_d6_ws_x2_h2"]
     is_a4 = flags.bool()
     assert_close_to_reference(split[is_a4], a4[is_a4], "a4")
     assert_close_to_reference(split[~is_a4], w4a16[~is_a4], "w4a16")
@@ -1160,9 +1168,9 @@ def test_where_both_kernel_families_run_the_prefill_tiles_take_a_call_before_the
     monkeypatch.setattr(plan, "decode_kernels_run", lambda device: True)
     monkeypatch.setattr(plan, "grid_dependencies_run", lambda device: True)
     monkeypatch.setattr(plan, "prefill_kernels_run", lambda device: True)
-    first = PREFILL_MIN_ROWS_PER_EXPERT * experts // top_k  # 576 tokens
+    first = PREFILL_MIN_ROWS_PER_EXPERT * experts // top_k  # 432 tokens
     assert PREFILL_MIN_ROWS_PER_EXPERT < DECODE_MAX_ROWS_PER_EXPERT
-    for tokens, label in ((first, "rs_w128_t32_d6_ws_c3"), (1024, "rs_w128_t32_d6_ws_c3")):
+    for tokens, label in ((first, "rs_w256_t32_d6_ws_c2"), (1024, "rs_w256_t32_d6_ws_c2")):
         planned = plan.plan_call(tokens, top_k, experts, hidden_size, inter, torch.bfloat16, gpu)
         assert choose_config(tokens * top_k, experts, hidden_size, inter).decode is not None
         assert planned.decode is None
@@ -1181,7 +1189,7 @@ def test_an_explicit_config_runs_its_prefill_tiles_at_any_size_and_matches_the_r
     prefill_moe_on_cpu, interpreted
 ):
     """A ``GemmConfig`` with ``prefill`` tiles (what the benchmark's prefill sweep times) plans
-    those tiles on a call below ``PREFILL_MIN_ROWS_PER_EXPERT`` (12 routes per expert, where the
+    those tiles on a call below ``PREFILL_MIN_ROWS_PER_EXPERT`` (10 routes per expert, where the
     size's choice off the decode kernels is the tiled kernels), launches their kernels (32-route
     tiles, weights in registers: one FC1 and one FC2 launch) and stays within the W4A16 bounds of
     the reference."""
@@ -1192,7 +1200,7 @@ def test_an_explicit_config_runs_its_prefill_tiles_at_any_size_and_matches_the_r
     from a4prefill.tools.tiny_layer import make_tiny_layer, random_routing
     from helpers.layers import assert_close_to_reference
 
-    tokens, experts, hidden_size, inter, top_k = 24, 4, 256, 128, 2
+    tokens, experts, hidden_size, inter, top_k = 20, 4, 256, 128, 2
     tiles = PrefillTiles(PREFILL_SCHEDULES["rs_w128_t32_d4"], PREFILL_SCHEDULES["rs_w128_t32_d4"])
     default = choose_config(tokens * top_k, experts, hidden_size, inter)
     config = dataclasses.replace(default, decode=None, prefill=tiles)
@@ -1308,8 +1316,8 @@ def test_the_kernel_family_is_triton_prefill_for_prefill_calls_of_every_precisio
     assert backend.kernel_family(large, RowPlan.uniform(W4A16, 160)) == "triton-prefill"
     assert backend.kernel_family(large, RowPlan.uniform(A4, 160)) == "triton-prefill"
     assert backend.kernel_family(large, split) == "triton-prefill"
-    assert backend.kernel_family(call(32), RowPlan.uniform(W4A16, 32)) == "triton-prefill"  # 16 per expert
-    assert backend.kernel_family(call(30), RowPlan.uniform(W4A16, 30)) == "triton-tiled"  # 15 per expert
+    assert backend.kernel_family(call(24), RowPlan.uniform(W4A16, 24)) == "triton-prefill"  # 12 per expert
+    assert backend.kernel_family(call(22), RowPlan.uniform(W4A16, 22)) == "triton-tiled"  # 11 per expert
 
 
 @pytest.mark.parametrize(

@@ -69,17 +69,26 @@ register_state(__name__, a8_column_order.cache_clear, a8_column_order)
 
 
 GATHER_ROWS_PER_PROGRAM = 64  # rows of one program of shared_kernels.gather_rows_kernel (8 KiB)
+# The gather's program order (``gather_rows_kernel``'s ``BLOCKS_FIRST``): False, one 64-column
+# stripe of every row after the other, is what the GPU runs have timed (the twenty-third round's
+# H100: 761 us at 8192 tokens of the GLM TP2 shape, about 0.8 TB/s, a fifth of the call); True,
+# whole rows after the other, is a candidate not yet timed (``benchmarks/bench_gather.py``).
+GATHER_BLOCKS_FIRST = False
 
 
-def gather_rows(x: torch.Tensor, sorted_route: torch.Tensor, top_k: int) -> torch.Tensor:
+def gather_rows(
+    x: torch.Tensor, sorted_route: torch.Tensor, top_k: int, blocks_first: bool = GATHER_BLOCKS_FIRST
+) -> torch.Tensor:
     """bf16 ``[R, K]``: row ``p`` is ``x``'s row ``sorted_route[p] // top_k`` (``x [T, K]`` bf16,
     contiguous, ``K`` a multiple of 64) with its columns in :func:`mma_column_order`, by one
     kernel (``shared_kernels.gather_rows_kernel``; no host sync). What the warp-specialized FC1's
-    TMA copies read."""
+    TMA copies read. ``blocks_first``: the kernel's program order (its ``BLOCKS_FIRST``; the same
+    result either way)."""
     routes, k = sorted_route.numel(), x.shape[1]
     rows = torch.empty(routes, k, dtype=x.dtype, device=x.device)
     if routes:
-        grid = (cdiv(routes, GATHER_ROWS_PER_PROGRAM), k // 64)
+        row_programs, block_programs = cdiv(routes, GATHER_ROWS_PER_PROGRAM), k // 64
+        grid = (block_programs, row_programs) if blocks_first else (row_programs, block_programs)
         kernel_modules.shared().gather_rows_kernel[grid](
             x.view(torch.int32),
             sorted_route,
@@ -88,6 +97,7 @@ def gather_rows(x: torch.Tensor, sorted_route: torch.Tensor, top_k: int) -> torc
             k // 2,
             top_k,
             BR=GATHER_ROWS_PER_PROGRAM,
+            BLOCKS_FIRST=blocks_first,
             num_warps=4,
         )
     return rows

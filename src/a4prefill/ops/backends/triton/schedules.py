@@ -31,7 +31,7 @@ from types import MappingProxyType
 from a4prefill.ops.precision import MODE_SPLIT, MODE_W4A16
 
 DECODE_MAX_ROWS_PER_EXPERT = 32  # W4A16 calls with at most this many routes per active expert (mean)
-PREFILL_MIN_ROWS_PER_EXPERT = 16  # bf16 calls on sm_90 with at least this many (mean): prefill GEMMs
+PREFILL_MIN_ROWS_PER_EXPERT = 12  # bf16 calls on sm_90 with at least this many (mean): prefill GEMMs
 WIDE_TILE_MIN_ROWS_PER_EXPERT = 160  # prefill calls with at least this many (mean): 256-route tiles
 # What a prefill GEMM writes (the kernels' ``EPILOGUE`` constexpr): the raw product (benchmarks
 # and tests of the GEMM core), FC1's SwiGLU, FC2's alpha by route
@@ -564,15 +564,16 @@ def _warp_specialized(
 # in the eighteenth (H200, 2026-12-05: 16-, 32- and 64-route tiles, two or three CTAs, one or two
 # A register sets) the two that :func:`choose_prefill_tiles` takes stay, and the 16-route tiles
 # with three CTAs (slower, not chosen) so that the kernel keeps a 16-route schedule under test.
-# The 32-route tiles of 256 weight rows with two CTAs per SM (nineteenth round, not chosen yet):
-# the fastest of twelve small-tile schedules at 512 and 1024 tokens in W4A16 in one run, within
-# noise of the default in another, and 1.5-6% faster in A4 and split than the three-CTA 32-route
-# tiles (benchmarks/results/README.md, "nineteenth round", item 2); here so that the GPU tests
-# run its kernels in every mode. With the H200's Triton 3.6 its kernels spill nothing in any
-# mode; Triton 3.9 spills in its A4 and split FC2 (offline, sm_90a;
-# tests/test_triton_prefill_on_cpu.py).
+# The 32-route tiles of 256 weight rows with two CTAs per SM (nineteenth round; chosen from 12 to
+# 32 routes per expert since the twenty-third, after two H100 runs: ``choose_prefill_tiles``):
+# the fastest of twelve small-tile schedules at 512 and 1024 tokens in W4A16 in one H200 run,
+# within noise of the default in another, and 1.5-6% faster in A4 and split than the three-CTA
+# 32-route tiles (benchmarks/results/README.md, "nineteenth round", item 2). With the H200's
+# Triton 3.6 its kernels spill nothing in any mode; Triton 3.9 spills in its A4 and split FC2
+# (offline, sm_90a; tests/test_triton_prefill_on_cpu.py).
 # The 256-row work items of 128 routes as one 8-warp consumer partition (two A register sets, two
-# wgmmas per step; nineteenth round, not timed yet): the A4 FC1 of the two 4-warp partitions
+# wgmmas per step; nineteenth round; the A4 and split tiles from 64 to 160 routes per expert since
+# the twenty-third, after one H100 run): the A4 FC1 of the two 4-warp partitions
 # (``rs_w256_t128_d6_ws``) compiles to 10984 SASS instructions, two copies of the consumer, and
 # loses 14% of its warp samples to instruction fetch on the H200; one partition compiles to 5960
 # (Triton 3.6, sm_90a, no spill in the K loop), as few as the 128-row A4 FC1's 6160.
@@ -725,6 +726,16 @@ def choose_a8_schedule(routes: int, experts: int) -> PrefillGemm:
     return A8_PREFILL_WIDE if routes / max(1, experts) >= WIDE_TILE_MIN_ROWS_PER_EXPERT else A8_PREFILL_RS
 
 
+def _first_fitting(hidden: int, intermediate: int, *labels: str) -> PrefillTiles:
+    """Both GEMMs on the first of ``labels`` (:data:`PREFILL_SCHEDULES`) whose tiles fit the
+    shapes, else on the last (which :func:`choose_prefill_tiles` then finds not to fit)."""
+    for label in labels:
+        tiles = PrefillTiles(PREFILL_SCHEDULES[label], PREFILL_SCHEDULES[label])
+        if tiles.fits(hidden, intermediate):
+            break
+    return tiles
+
+
 def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: int) -> PrefillTiles | None:
     """The prefill GEMMs of a call with ``routes`` routes over ``experts`` experts (every precision
     mode), or None below :data:`PREFILL_MIN_ROWS_PER_EXPERT` routes per expert (mean) or where the
@@ -732,14 +743,21 @@ def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: i
     kernels (:func:`plan.plan_call <a4prefill.ops.backends.triton.plan.plan_call>`), which keep
     the smaller calls.
 
-    From the H200 runs of ``benchmarks/bench_moe.py --sweep prefill`` (the whole MoE,
-    GLM-5.3-Flash TP2 shape; ``benchmarks/results``):
+    From the runs of ``benchmarks/bench_moe.py --sweep prefill`` (the whole MoE, GLM-5.3-Flash
+    TP2 shape; ``benchmarks/results``; H200 unless they say H100):
 
-    - from 16 routes per expert, below 32, the warp-specialized kernel on 32-route tiles with
-      three CTAs per SM (eighteenth round, 2026-12-05, W4A16 / A4 / split in us: 768 tokens, 21
-      per expert, 1183 / 1209 / 1262 against the decode kernels' 1408 / 1485 / 1519; 1024
-      tokens 1429 / 1457 / 1510 against 1617 / 1712 / 1763; at 512 tokens, 14 per expert, the
-      decode kernels' 1115 beat its 1144 in W4A16);
+    - from 12 routes per expert, below 32, the warp-specialized kernel on 32-route tiles, work
+      items of 256 weight rows, two CTAs per SM (twenty-third round, 2026-12-05, two H100 runs,
+      W4A16 / A4 / split in us: 512 tokens, 14 per expert, 1177 / 1206 / 1230 against the decode
+      kernels' 1247 / 1269 / 1293 and 1171 / 1204 / 1228 against 1245 / 1267 / 1287; 768 tokens
+      1211 / 1242 / 1270 against 1237 / 1259 / 1303 for 128-row items with three CTAs per SM,
+      the choice from 16 per expert since the eighteenth round; 1024 tokens 1444 / 1481 / 1517
+      against 1463 / 1528 / 1547 and 1435 / 1470 / 1498 against 1430 / 1450 / 1501; at 384
+      tokens, 11 per expert, the decode kernels' 1163 / 1178 / 1193 against 1152 / 1183 / 1206;
+      on the H200 in the nineteenth round 1124 against the decode kernels' 1140 at 512 and 1384
+      against 1417 at 1024, W4A16; in the eighteenth the three-CTA tiles against the decode
+      kernels: 768 tokens 1183 / 1209 / 1262 against 1408 / 1485 / 1519, 512 tokens 1144 against
+      1115);
     - below 64, the warp-specialized kernel on 64-route tiles with two CTAs per SM (same run:
       1536 tokens 1463 / 1678 / 1526 against 1684 / 1755 / 1781 for 64-route tiles with weights
       in registers capped at 80 registers, the choice since 2026-12-03; 2048 tokens 1710 / 1964
@@ -747,7 +765,10 @@ def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: i
       128-route tiles below);
     - below 160, the warp-specialized kernel (TMA copies) on 128-route tiles, 6 ring slots (4096
       tokens, 114 per expert: 3160 us against 3243 for the register-weights kernel's 128-route
-      tiles and 3456 for 256-route ones; 2026-12-04, eleventh round);
+      tiles and 3456 for 256-route ones; 2026-12-04, eleventh round); A4 and split calls on work
+      items of 256 weight rows as one consumer partition of 8 warps (twenty-third round, H100,
+      4096 tokens: A4 2701 and split 2635 us against 2733 and 2883 for 128-row items, W4A16
+      2413 in the same run);
     - then the warp-specialized kernel on 256-route tiles, 4 ring slots (8192 tokens: 4073 us
       against 4839 for the register-weights FC1 with the shared-memory-weights FC2 on 256-route
       tiles and 5820 for 128-route warp-specialized tiles; 16384: 7843 against 8787; eleventh
@@ -757,20 +778,25 @@ def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: i
       5174-5185 at 8192, 8501 and 8466 against 10100-10173 at 16384). On 128-route tiles two
       wgmmas per step were slower (4096 tokens: 3107 against 3021 us, A4 3249 against 2861).
 
-    W4A16 calls below 160 routes per expert run work items of 256 weight rows instead (fifteenth
-    round, 2026-12-04: 2674 us against 3027 at 4096 tokens, each activation row read from L2 by
-    half as many work items), where both GEMMs' rows split into 256s; their A4 and split calls
-    stay on 128 rows (3452 and 3490 us on 256 rows against 2858 and 2913), within 10% of W4A16."""
+    W4A16 calls below 160 routes per expert run work items of 256 weight rows as two consumer
+    partitions of 4 warps (fifteenth round, 2026-12-04: 2674 us against 3027 at 4096 tokens,
+    each activation row read from L2 by half as many work items; twenty-third round, H100: 2425
+    against 2482 for one 8-warp partition), where both GEMMs' rows split into 256s; as two
+    partitions, A4 and split were slower (3452 and 3490 us against 2858 and 2913 on 128 rows in
+    the fifteenth round; 2995 and 2969 in the twenty-third), so those run the one-partition
+    form, and 128-row items where the rows do not split into 256s."""
     rows_per_expert = routes / max(1, experts)
     if rows_per_expert < PREFILL_MIN_ROWS_PER_EXPERT:
         return None
-    if rows_per_expert < 64:
-        label = "rs_w128_t32_d6_ws_c3" if rows_per_expert < 32 else "rs_w128_t64_d6_ws_c2"
-        tiles = PrefillTiles(PREFILL_SCHEDULES[label], PREFILL_SCHEDULES[label])
+    if rows_per_expert < 32:
+        tiles = _first_fitting(hidden, intermediate, "rs_w256_t32_d6_ws_c2", "rs_w128_t32_d6_ws_c3")
+    elif rows_per_expert < 64:
+        tiles = _first_fitting(hidden, intermediate, "rs_w128_t64_d6_ws_c2")
     elif rows_per_expert < WIDE_TILE_MIN_ROWS_PER_EXPERT:
-        small, wide = PREFILL_SCHEDULES["rs_w128_t128_d6_ws"], PREFILL_SCHEDULES["rs_w256_t128_d6_ws"]
-        tiles = PrefillTiles(small, small, wide, wide)
+        one, two = PREFILL_SCHEDULES["rs_w256_t128_d6_ws_x2_h2"], PREFILL_SCHEDULES["rs_w256_t128_d6_ws"]
+        tiles = PrefillTiles(one, one, two, two)
         if not tiles.fits(hidden, intermediate):
+            small = PREFILL_SCHEDULES["rs_w128_t128_d6_ws"]
             tiles = PrefillTiles(small, small)
     else:
         large = PREFILL_SCHEDULES["rs_w128_t256_d4_ws_x2_h2"]

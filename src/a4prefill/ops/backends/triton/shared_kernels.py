@@ -259,18 +259,24 @@ def combine_kernel(
 
 
 @triton.jit(do_not_specialize=["R"])  # one compile for every route count
-def gather_rows_kernel(x_ptr, sorted_route_ptr, out_ptr, R, K2, TOPK, BR: tl.constexpr):
+def gather_rows_kernel(
+    x_ptr, sorted_route_ptr, out_ptr, R, K2, TOPK, BR: tl.constexpr, BLOCKS_FIRST: tl.constexpr
+):
     """``out[p] = x[sorted_route[p] // TOPK]`` with each 64 columns in ``prefill.mma_column_order``
     (position ``8 b + 2 q + h`` takes column ``16 q + 2 b + h``), for ``p < R``. ``x [T, K]`` and
     ``out [R, K]`` bf16, seen as int32 column pairs (``K2 = K / 2``; a pair moves as one: the order
     keeps ``h`` within a pair, so pair ``4 b + q`` of a 64-column block takes pair ``8 q + b``).
-    Grid ``(cdiv(R, BR), K / 64)``: ``BR`` rows by one 64-column block a program, loads of 8
-    consecutive pairs, stores of 4. What ``x.index_select(1, mma_column_order(K)).index_select(0,
-    sorted_route // TOPK)`` gives, without the ``[T, K]`` copy between."""
-    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    ``BR`` rows by one 64-column block a program, loads of 8 consecutive pairs, stores of 4. Grid
+    ``(cdiv(R, BR), K / 64)``, or with ``BLOCKS_FIRST`` ``(K / 64, cdiv(R, BR))``: programs
+    launched one after the other then cover whole rows before the next rows (memory written in
+    order) instead of one 64-column stripe of every row. What ``x.index_select(1,
+    mma_column_order(K)).index_select(0, sorted_route // TOPK)`` gives, without the ``[T, K]`` copy
+    between."""
+    row_axis: tl.constexpr = 1 if BLOCKS_FIRST else 0
+    rows = tl.program_id(row_axis) * BR + tl.arange(0, BR)
     live = rows < R
     token = tl.load(sorted_route_ptr + rows, mask=live, other=0) // TOPK
-    block = tl.program_id(1) * 32  # the block's first pair
+    block = tl.program_id(1 - row_axis) * 32  # the block's first pair
     q = tl.arange(0, 4)
     b = tl.arange(0, 8)
     source = token.to(tl.int64)[:, None, None] * K2 + block + (8 * q)[None, :, None] + b[None, None, :]
