@@ -2,9 +2,12 @@
 script, CUDA GPU; Marlin needs CUDA vLLM).
 
 Usage: ``PYTHONPATH=src python benchmarks/profile_decode.py --out DIR [--shape glm53flash_tp2]
-[--tokens 1,16,64,256]`` writes ``profile_decode.json``: per implementation and token count, every
-GPU kernel of one call (name, launches, microseconds, from ``torch.profiler`` over 20 calls, L2
-not flushed) and the call's total. Under Nsight Compute, ``--ncu`` runs each call once between
+[--tokens 1,16,64,256] [--prefill-tiles FC1[:FC2],...]`` writes ``profile_decode.json``: per
+implementation and token count, every GPU kernel of one call (name, launches, microseconds, from
+``torch.profiler`` over 20 calls, L2 not flushed) and the call's total. ``--prefill-tiles`` adds
+the package's W4A16 (and with ``--a4`` A4) with each pair of prefill schedules
+(``PREFILL_SCHEDULES`` labels, as ``bench_moe.py --prefill-tiles``) instead of the call's
+default, named ``w4a16_prefill_<tiles>``. Under Nsight Compute, ``--ncu`` runs each call once between
 ``cudaProfilerStart``/``Stop`` so that ``ncu --profile-from-start off`` sees only those kernels
 (per token count: W4A16, then with ``--a4`` A4, then Marlin):
 
@@ -32,7 +35,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_moe import SHAPES, random_routing, random_weights
+from bench_moe import SHAPES, parse_prefill_tiles, prefill_configs, random_routing, random_weights
 from marlin_baseline import marlin_moe
 
 CALLS = 20
@@ -107,6 +110,25 @@ def implementations(shape: dict[str, int], a4: bool = False) -> dict[str, Callab
     return found
 
 
+def calls_with_tiles(
+    fns: dict[str, Callable[..., torch.Tensor]],
+    tokens: int,
+    shape: dict[str, int],
+    tiles: list[tuple[str, str]] | None,
+) -> dict[str, Callable[..., torch.Tensor]]:
+    """``<precision>_prefill_<tiles> -> fn`` for the package's ``"w4a16"`` and ``"a4"`` of ``fns``
+    (:func:`implementations`) with the config of ``tokens`` tokens of ``shape`` that runs each
+    ``(FC1, FC2)`` label pair of ``tiles`` (``bench_moe.prefill_configs``: the pairs the shape
+    fits); none without ``tiles``."""
+    routes, sizes = tokens * shape["top_k"], (shape["experts"], shape["hidden"], shape["intermediate"])
+    calls = {}
+    for label, config in prefill_configs(routes, *sizes, tiles or []).items():
+        for precision in ("w4a16", "a4"):
+            if precision in fns:
+                calls[f"{precision}_{label}"] = functools.partial(fns[precision], config=config)
+    return calls
+
+
 def kernel_breakdown(fn: Callable[[], Any]) -> dict[str, Any]:
     """Per GPU kernel of one call: launches and microseconds (averaged over :data:`CALLS`)."""
     from torch.profiler import ProfilerActivity, profile
@@ -138,6 +160,9 @@ def main() -> None:
     parser.add_argument("--ncu", action="store_true", help="one call each between profiler start/stop")
     parser.add_argument("--a4", action="store_true", help="also the package's A4 (every row A4)")
     parser.add_argument("--ncu-summary", help="summarize this ncu CSV into profile_decode_ncu.json")
+    parser.add_argument(
+        "--prefill-tiles", help="FC1[:FC2],... prefill schedules to profile besides the default"
+    )
     args = parser.parse_args()
     if args.ncu_summary:
         with open(os.path.join(args.out, "profile_decode_ncu.json"), "w") as handle:
@@ -158,9 +183,11 @@ def main() -> None:
                 torch.cuda.cudart().cudaProfilerStop()
         return
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "shape": shape, "rows": []}
+    tiles = parse_prefill_tiles(args.prefill_tiles)
     for tokens in tokens_list:
         x, w, ids = random_routing(tokens, shape["hidden"], shape["experts"], shape["top_k"])
-        for name, fn in fns.items():
+        calls = {**fns, **calls_with_tiles(fns, tokens, shape, tiles)}
+        for name, fn in calls.items():
             row = {
                 "implementation": name,
                 "tokens": tokens,

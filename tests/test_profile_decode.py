@@ -64,3 +64,24 @@ def test_the_summary_keeps_every_gemm_launch_in_launch_order(profile, tmp_path):
     ]
     assert [row["Duration (ns)"] for row in rows] == ["2,000,000", "1,000,000", "500,000", "900,000"]
     assert all("DRAM Frequency (hz)" not in row and row["grid"] == "(8, 2, 1)" for row in rows)
+
+
+def test_prefill_tiles_add_the_package_calls_with_those_tiles_in_place_of_the_default(profile):
+    """``--prefill-tiles``: each label pair the shape fits becomes a W4A16 and an A4 call (where
+    those are profiled) whose config runs that pair and no decode schedule; Marlin is not
+    repeated, and no pair adds nothing."""
+    from a4prefill.ops.backends.triton.schedules import PREFILL_SCHEDULES
+
+    def package(*args, config=None):
+        return config
+
+    fns = {"w4a16": package, "a4": package, "marlin": package}
+    shape = profile.SHAPES["glm53flash_tp2"]
+    tiles = [("rs_w128_t256_d4_ws_x2_h2_tok", "rs_w128_t256_d4_ws_x2_h2")]
+    calls = profile.calls_with_tiles(fns, 8192, shape, tiles)
+    fc1, fc2 = (PREFILL_SCHEDULES[label] for label in tiles[0])
+    assert sorted(calls) == sorted(f"{p}_prefill_fc1_{fc1}_fc2_{fc2}" for p in ("w4a16", "a4"))
+    for fn in calls.values():
+        config = fn()
+        assert config.decode is None and (config.prefill.fc1, config.prefill.fc2) == (fc1, fc2)
+    assert profile.calls_with_tiles(fns, 8192, shape, None) == {}

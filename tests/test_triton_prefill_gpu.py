@@ -107,12 +107,21 @@ def test_a4_and_split_prefill_moe_match_the_reference_eagerly_and_in_a_cuda_grap
     check_a4_and_split_moe(tokens, fc1, None)
 
 
-@pytest.mark.parametrize(("tokens", "label"), [(96, "rs_w128_t32_d6_ws_c3"), (512, "rs_w128_t128_d6_ws")])
+@pytest.mark.parametrize(
+    ("tokens", "label"),
+    [
+        (96, "rs_w128_t32_d6_ws_c3"),
+        (512, "rs_w128_t128_d6_ws"),
+        (512, "rs_w256_t128_d6_ws_x2_h2_tok"),
+        (1024, "rs_w128_t256_d4_ws_x2_h2_tok"),
+    ],
+)
 def test_a4_and_split_prefill_moe_on_a_schedule_not_chosen_match_the_reference(tokens, label):
-    """:func:`check_a4_and_split_moe` at 24 and 128 routes per expert with the call's config naming
-    ``label`` for both GEMMs: schedules whose A4 and split kernels no default runs, the defaults
-    of 16-32 and 64-160 routes per expert before the twenty-third round (128 weight rows: three
-    CTAs per SM; two 4-warp consumer partitions)."""
+    """:func:`check_a4_and_split_moe` at 24, 128 and 256 routes per expert with the call's config
+    naming ``label`` for both GEMMs: schedules whose A4 and split kernels no default runs, the
+    defaults of 16-32 and 64-160 routes per expert before the twenty-third round (128 weight
+    rows: three CTAs per SM; two 4-warp consumer partitions), and the FC1 that copies its rows by
+    token (``rows_by_token``, twenty-fourth round) on the 64-160 and 256-route defaults' tiles."""
     from a4prefill.ops.backends.triton.schedules import PrefillTiles, choose_config
 
     schedule = PREFILL_SCHEDULES[label]

@@ -170,8 +170,9 @@ def a_register_hazards(ptx: str) -> list[tuple[str, list[str]]]:
 
 def compile_prefill_kernel(schedule: PrefillGemm, a8: bool = False, **overrides: int) -> Any:
     """The schedule's prefill kernel compiled offline for sm_90a as the launcher specializes it
-    (16-byte aligned tensors, N and K multiples of 16): FC1 (rows gathered by token), no
-    epilogue, W4A16, unless ``overrides`` sets other constexprs; with ``a8`` (a warp-specialized
+    (16-byte aligned tensors, N and K multiples of 16): FC1 (rows gathered by token, by the
+    producer with ``rows_by_token``), no epilogue, W4A16, unless ``overrides`` sets other
+    constexprs (``GATHER=False``: FC2); with ``a8`` (a warp-specialized
     schedule) its A8 mainloop (e4m3 rows, their scales ``xs_ptr``, one per route)."""
     from helpers.gluon_on_cpu import compile_sm90
 
@@ -217,7 +218,10 @@ def compile_prefill_kernel(schedule: PrefillGemm, a8: bool = False, **overrides:
             del pointers[name]
             divisible.discard(name)
             pointers[name.replace("_ptr", "_desc")] = f"tensordesc<{element}{box},{layout!r}>"
-        del constexprs["GATHER"]
+        if constexprs.pop("GATHER") and schedule.rows_by_token and not a8:  # FC1 copies by token
+            pointers["x_rows_ptr"] = "*bf16"
+            divisible.add("x_rows_ptr")
+            constexprs["X_BY_TOKEN"] = True
         if a8:
             pointers["xs_ptr"] = "*fp32"
             divisible.add("xs_ptr")
@@ -281,9 +285,10 @@ def test_each_schedule_compiles_to_wgmma_for_sm90():
         ahead = schedule.warp_specialized and schedule.wgmmas_per_step == 1
         retired = schedule.a_register_sets == 1 or ahead
         in_flight = 0 if schedule.register_weights and retired else 1
-        if schedule.warp_specialized:  # codes and rows by TMA, scale bytes by cp.async
+        if schedule.warp_specialized:  # codes by TMA, scale bytes by cp.async, rows by TMA or
+            # (rows_by_token) by 16-byte cp.async
             assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::\w+\.global", ptx), schedule
-            assert "cp.async.cg.shared.global" not in ptx, schedule
+            assert ("cp.async.cg.shared.global" in ptx) is schedule.rows_by_token, schedule
         else:
             assert "cp.async.cg.shared.global" in ptx, schedule
         assert f"wgmma.wait_group.sync.aligned {in_flight};" in loop_body(ptx), schedule
@@ -410,6 +415,71 @@ def test_the_producer_copies_a_steps_code_rows_as_one_tma_box(label):
         ]
         copies = [sorted(re.findall(r"UTMALDG\.\dD", " ".join(body))) for body in producer]
         assert copies == [sorted([code_copy, "UTMALDG.2D"])], (label, copies)
+
+
+@pytest.mark.parametrize(
+    "label", ["rs_w128_t256_d4_ws_x2_h2_tok", "rs_w256_t128_d6_ws_tok", "rs_w256_t128_d6_ws_x2_h2_tok"]
+)
+def test_a_producer_that_copies_rows_by_token_issues_one_tma_box_and_16_byte_copies_a_step(label):
+    """``rows_by_token`` schedules, compiled for sm_90a: the FC1 producer's step loop issues one
+    TMA copy (the code rows' 5-D box) and ``routes * 8 / 128`` 16-byte ``cp.async`` copies per
+    thread (each of the 4 producer warps' 128 threads one 16-byte piece of ``routes / 16`` rows:
+    a route's 64 columns are 8 pieces), with no local memory in that loop (the pieces' addresses
+    are computed once per work item); FC2, whose rows come in sorted order, keeps its two TMA
+    boxes and no 16-byte ``cp.async``."""
+    from helpers.sass_loops import innermost_loops
+
+    schedule = PREFILL_SCHEDULES[label]
+    swiglu, alpha = PREFILL_EPILOGUES["swiglu"], PREFILL_EPILOGUES["alpha"]
+    fc1 = compile_prefill_kernel(schedule, EPILOGUE=swiglu, OUT_MMA_ORDER=True)
+    fc2 = compile_prefill_kernel(schedule, GATHER=False, EPILOGUE=alpha)
+    (producer,) = [body for body in innermost_loops(cuobjdump(fc1, "-sass")) if "UTMALDG" in " ".join(body)]
+    text = " ".join(producer)
+    assert re.findall(r"UTMALDG\.\dD", text) == ["UTMALDG.5D"]
+    assert len(re.findall(r"LDGSTS\.E\.BYPASS\.128\b", text)) == schedule.routes * 8 // 128
+    assert not re.search(r"\b(?:STL|LDL)\b", text)
+    fc2_sass = cuobjdump(fc2, "-sass")
+    (fc2_producer,) = [body for body in innermost_loops(fc2_sass) if "UTMALDG" in " ".join(body)]
+    assert sorted(re.findall(r"UTMALDG\.\dD", " ".join(fc2_producer))) == ["UTMALDG.2D", "UTMALDG.2D"]
+    assert "LDGSTS.E.BYPASS.128" not in fc2_sass
+
+
+def test_a_rows_by_token_fc1_launches_on_x_in_mma_column_order_without_the_row_gather(monkeypatch):
+    """A ``rows_by_token`` schedule's FC1 passes the kernel ``x`` itself with its columns in
+    ``mma_column_order`` (``x_rows_ptr``, and the TMA descriptor of the same ``[T, K]`` tensor)
+    and ``X_BY_TOKEN``, and never calls ``gather_rows``; its FC2 (rows in sorted order) and the
+    schedule without ``rows_by_token`` pass neither."""
+    from a4prefill.ops.backends.triton import prefill
+    from helpers.gluon_on_cpu import interpreted_row_gather
+
+    def no_gather(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("gather_rows called for a rows_by_token FC1")
+
+    schedule = PREFILL_SCHEDULES["rs_w256_t128_d6_ws_tok"]
+    experts, tokens, top_k, n, k = 2, 24, 2, 2 * schedule.weight_rows, 128
+    ids = torch.arange(tokens * top_k, dtype=torch.int32).remainder(experts).view(tokens, top_k)
+    routing = build_routing(ids, experts, schedule.routes, force_torch=True)
+    x = torch.randn(tokens, k).bfloat16()
+    codes = torch.zeros(experts, n, k // 2, dtype=torch.uint8)
+    scales = torch.zeros(experts, n, k // 16, dtype=torch.uint8)
+    fc1_out = torch.zeros(tokens * top_k, n // 2, dtype=torch.bfloat16)
+    swiglu = {"epilogue": "swiglu", "scale2": torch.ones(experts, 2)}
+    recorder = LaunchRecorder()
+    with monkeypatch.context() as patch:
+        patch.setattr(prefill, "gather_rows", no_gather)
+        launch_prefill_gemm(x, codes, scales, routing, fc1_out, schedule, top_k, kernel=recorder, **swiglu)
+    ((_, kwargs),) = recorder.launches
+    assert kwargs["X_BY_TOKEN"] is True
+    assert torch.equal(kwargs["x_rows_ptr"], x[:, mma_column_order(k, x.device)])
+    fc2_in = torch.zeros(tokens * top_k, k, dtype=torch.bfloat16)
+    fc2_out = torch.zeros(tokens * top_k, n, dtype=torch.bfloat16)
+    alpha = {"epilogue": "alpha", "scale2": torch.ones(experts)}
+    launch_prefill_gemm(fc2_in, codes, scales, routing, fc2_out, schedule, None, kernel=recorder, **alpha)
+    plain = PREFILL_SCHEDULES["rs_w256_t128_d6_ws"]
+    interpreted_row_gather(monkeypatch)  # its rows gathered first, here on the CPU
+    launch_prefill_gemm(x, codes, scales, routing, fc1_out, plain, top_k, kernel=recorder, **swiglu)
+    for _, later in recorder.launches[1:]:
+        assert "X_BY_TOKEN" not in later and "x_rows_ptr" not in later
 
 
 @pytest.mark.parametrize("label", ["rs_w128_t128_d6_ws", "rs_w256_t128_d6_ws"])
@@ -1239,7 +1309,14 @@ def test_an_explicit_config_with_prefill_tiles_the_shapes_cannot_take_or_with_de
 
 @pytest.mark.parametrize(
     "label",
-    ["rs_w128_t32_d4", "w64_t64_d6", "rs_w128_t64_d6_ws", "rs_w256_t32_d6_ws_c2", "rs_w256_t128_d6_ws_x2_h2"],
+    [
+        "rs_w128_t32_d4",
+        "w64_t64_d6",
+        "rs_w128_t64_d6_ws",
+        "rs_w256_t32_d6_ws_c2",
+        "rs_w256_t128_d6_ws_x2_h2",
+        "rs_w256_t128_d6_ws_x2_h2_tok",
+    ],
 )
 @pytest.mark.parametrize("epilogue", ["swiglu", "alpha"])
 @pytest.mark.parametrize("mode", ["a4", "split"])

@@ -256,7 +256,8 @@ def launch_prefill_gemm(
     ``x`` is first copied with its columns in :func:`mma_column_order` (one gather of ``x``, timed
     with the GEMM by the benchmark; a fused producer of ``x`` could write that order directly); a
     warp-specialized FC1 (bf16) takes its rows in sorted order and that column order from one
-    copy, :func:`gather_rows`.
+    copy, :func:`gather_rows`, or with ``schedule.rows_by_token`` copies them by token itself
+    from a copy of ``x`` in that column order (``[T, K]``).
     A8 (``x_row_scales`` given; issue 28, docs/numerics.md section 8): every route A8, ``x``
     float8_e4m3fn codes and ``x_row_scales`` fp32 ``[rows]`` their scales, one per row
     (``fp8.quantize_rows``), rows indexed as ``x``'s; the weights converted to e4m3 in the kernel
@@ -345,6 +346,7 @@ def launch_prefill_gemm(
         "OUT_MMA_ORDER": out_mma_order,
     }
     gather_in_order = schedule.warp_specialized and top_k is not None and not a8 and not x_mma_order
+    by_token = gather_in_order and schedule.rows_by_token  # FC1's producer copies rows by token
     if schedule.register_weights and not x_mma_order and not a8 and not gather_in_order:
         x = x.index_select(1, mma_column_order(k, x.device))
     if schedule.a8_register_weights and not x_mma_order:  # e4m3 as bytes: index_select has no float8
@@ -360,7 +362,9 @@ def launch_prefill_gemm(
         # bf16 rows in MMA column order in the same pass (e4m3 rows as bytes: index_select has no
         # float8 kernels)
         token = None if top_k is None or gather_in_order else routing.sorted_route // top_k
-        if gather_in_order and top_k is not None:
+        if by_token:  # x itself, its columns in MMA order; the descriptor gives the slots' layout
+            rows = x.index_select(1, mma_column_order(k, x.device))
+        elif gather_in_order and top_k is not None:
             rows = gather_rows(x, routing.sorted_route, top_k)
         elif token is not None:
             rows = x.view(torch.uint8).index_select(0, token).view(x.dtype)
@@ -369,7 +373,7 @@ def launch_prefill_gemm(
         operands = kernel_modules.prefill_ws().tma_descriptors(
             rows, codes, schedule.routes, epilogue == "swiglu", a8, schedule.weight_rows
         )
-        gather = {}
+        gather = {"x_rows_ptr": rows, "X_BY_TOKEN": True} if by_token else {}
         if x_row_scales is not None:
             row_scales = x_row_scales if token is None else x_row_scales.index_select(0, token)
             gather = {"xs_ptr": row_scales.contiguous(), "A8": schedule.a8_constexpr}

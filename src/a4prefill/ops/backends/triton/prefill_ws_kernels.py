@@ -24,7 +24,8 @@ mbarriers, never at a CTA barrier:
   block exponent itself, and one thread arrives once more after a barrier of the partition,
   :func:`_produce`). The activation rows are in sorted order: FC2's are, FC1's are gathered by
   token before the launch (``prefill.launch_prefill_gemm``: one ``[routes, K]`` copy), since
-  Hopper's TMA has no gather;
+  Hopper's TMA has no gather, or, with ``X_BY_TOKEN``, copied by token by the producer's threads
+  (``cp.async``, 16 bytes each) from ``x`` with its columns permuted (a ``[T, K]`` copy);
 - two **consumers** (but with ``A_SETS = WGMMAS = 2``), the default partition (the item's first
   half of the rows) and a worker (the second half), one warpgroup each (64 rows, one wgmma of
   M 64 per step, or 128 rows, two): per step each waits for ``ready``, reads its rows' code and
@@ -96,6 +97,7 @@ from a4prefill.ops.backends.triton.prefill_kernels import (
     acc_layout,
     fragment_code_rows_layout,
     fragment_codes_layout,
+    rows_layout,
     scale_copy_layout,
 )
 
@@ -181,7 +183,7 @@ def consumer_rows(item_rows: int, warps: int) -> int:
 
 
 @gluon.jit
-def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr):
+def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr, X_BY_TOKEN: gl.constexpr):
     """The producer partition: for each of the program's work items in turn, every step's copies into
     its ring slot, ``ready`` when all landed. One thread issues the step's two TMA boxes (the code
     bytes of the item's weight rows, :func:`code_box`; the ``BT`` activation rows from the tile's
@@ -196,9 +198,15 @@ def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr):
     the row's block exponent (``prefill_a8_kernels.weight_exponents``, ``p_ring [DEPTH,
     ITEM_ROWS]`` int32, ``rings[6]``) into the slot, and the partition arrives once more after
     its stores (the consumers' conversion then skips the exponent's reduction across lanes).
+    With ``X_BY_TOKEN`` the step's activation rows are not a TMA box: every thread
+    ``cp.async``-copies 16-byte pieces of the tile's rows from ``x_rows_ptr`` (``[T, K]`` bf16, the
+    columns in ``prefill.mma_column_order``) by token, ``sorted_route[p] // TOPK`` (the token
+    of position 0 for positions past ``ROUTES``, whose columns no epilogue writes), the pieces'
+    addresses computed once per work item; the same ``noinc`` arrival covers them.
     The ring runs on across work items:
     ``done`` counts the steps of the program's earlier items. ``tensors``: the kernel's ``x_desc``
-    to ``ROUTES`` arguments, ``xs_ptr`` and the rings and barriers."""
+    to ``ROUTES`` arguments, ``xs_ptr``, ``x_rows_ptr``, ``sorted_route_ptr``, ``TOPK`` and the
+    rings and barriers."""
     (
         x_desc,
         codes_desc,
@@ -212,6 +220,9 @@ def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr):
         K,
         ROUTES,
         xs_ptr,
+        x_rows_ptr,
+        sorted_route_ptr,
+        TOPK,
         rings,
     ) = tensors
     c_ring = rings[0]
@@ -224,7 +235,8 @@ def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr):
     ITEM_ROWS: gl.constexpr = c_ring.shape[1]
     X_STEP_BYTES: gl.constexpr = x_ring.shape[2] * x_ring.dtype.primitive_bitwidth // 8
     CODE_STEP: gl.constexpr = codes_desc.block_type.shape[-1]  # code bytes of a row per step
-    STEP_BYTES: gl.constexpr = ITEM_ROWS * CODE_STEP + BT * X_STEP_BYTES  # the TMA boxes'
+    # the TMA boxes' bytes: the code bytes and, unless X_BY_TOKEN, the activation rows
+    STEP_BYTES: gl.constexpr = ITEM_ROWS * CODE_STEP + (0 if X_BY_TOKEN else BT * X_STEP_BYTES)
     n_blocks, works = _works(N, num_tiles_ptr, ITEM_ROWS)
     SCALE_BYTES: gl.constexpr = scale_copy_layout(2 * CODE_STEP, gl.num_warps())  # a row's per thread
     if A8:
@@ -244,6 +256,12 @@ def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr):
             ITEM_ROWS,
             2 * CODE_STEP,
         )
+        if X_BY_TOKEN:  # the tile's rows by token: a 16-byte piece's address per thread and row
+            XL: gl.constexpr = rows_layout(2 * CODE_STEP, gl.num_warps())
+            pos = row0 + gl.arange(0, BT, layout=gl.SliceLayout(1, XL))
+            token = gl.load(sorted_route_ptr + pos, mask=pos < ROUTES, other=0) // TOPK
+            cols = gl.arange(0, 2 * CODE_STEP, layout=gl.SliceLayout(0, XL))
+            x_ptrs = x_rows_ptr + token.to(gl.int64)[:, None] * K + cols[None, :]
         if A8 == A8_REGISTERS:  # each row's scale bytes one step ahead, as two int32 words
             word_ptrs = _scale_pointers(scales_ptr, expert, n0, N, K, EPILOGUE, ITEM_ROWS, 2 * CODE_STEP, 4)
             next_words = gl.load(word_ptrs)
@@ -265,7 +283,10 @@ def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr):
                 )
             else:
                 _tma_load(codes_desc, [expert * N + n0, step * CODE_STEP], ready_slot, c_ring.index(slot))
-            _tma_load(x_desc, [row0, step * 2 * CODE_STEP], ready_slot, x_ring.index(slot))
+            if X_BY_TOKEN:
+                _async_load(x_ring.index(slot), x_ptrs + step * 2 * CODE_STEP)
+            else:
+                _tma_load(x_desc, [row0, step * 2 * CODE_STEP], ready_slot, x_ring.index(slot))
             if A8 == A8_REGISTERS:  # the scale bytes through registers, each row's exponent with them
                 step_scales = gl.convert_layout(bytes_of_words(next_words), SCALE_BYTES)
                 s_ring.index(slot).store(step_scales)
@@ -638,6 +659,8 @@ def grouped_w4_gemm_ws_kernel(
     A8: gl.constexpr = 0,
     WGMMAS: gl.constexpr = 1,
     A_SETS: gl.constexpr = 1,
+    x_rows_ptr=None,
+    X_BY_TOKEN: gl.constexpr = False,
 ):
     """``grouped_w4_gemm_rs_kernel``'s product and epilogues for work items of ``ITEM_ROWS`` (128,
     or 256 with ``BT`` at most 128) weight rows and ``BT`` routes, warp-specialized and persistent
@@ -664,7 +687,14 @@ def grouped_w4_gemm_ws_kernel(
     128]`` e4m3 buffer of its converted weights (``A8`` = ``prefill_a8_kernels.A8_SHARED``), or
     none, the weights converted into the wgmma's A registers and the rows' columns in the A8
     fragment order (``A8_REGISTERS``; each row's block exponent computed by the producer,
-    :func:`_produce`)."""
+    :func:`_produce`).
+
+    ``X_BY_TOKEN`` (FC1, bf16, not ``A8``; ``PrefillGemm.rows_by_token``): the producer copies each
+    tile's activation rows itself, by token, from ``x_rows_ptr`` (``[T, K]`` bf16, ``K`` a multiple
+    of 64, the columns in ``prefill.mma_column_order``), 16 bytes a ``cp.async``, into the same
+    swizzled slots the TMA box fills otherwise (no ``[routes, K]`` gather before the launch);
+    ``x_desc`` then only gives the slots' type and layout (a descriptor of ``x_rows_ptr``'s
+    tensor)."""
     PLAIN2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     ONE_PARTITION: gl.constexpr = A_SETS == 2 and WGMMAS == 2  # both consumer warpgroups, 8 warps
     CONSUMERS: gl.constexpr = 1 if ONE_PARTITION else 2  # consumer partitions
@@ -678,7 +708,8 @@ def grouped_w4_gemm_ws_kernel(
     ready = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], BARRIER)
     empty = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], BARRIER)
     for slot in gl.static_range(DEPTH):
-        # every producer thread (its scale copies) and the TMA boxes' expect
+        # every producer thread (its scale copies, with X_BY_TOKEN its row copies) and the TMA
+        # boxes' expect
         # (and with A8_REGISTERS the partition's arrival after its stores of the scale bytes)
         mbarrier.init(ready.index(slot), count=PRODUCER_WARPS * 32 + 1 + (A8 == A8_REGISTERS))
         mbarrier.init(empty.index(slot), count=CONSUMERS)  # each consumer partition once
@@ -728,13 +759,16 @@ def grouped_w4_gemm_ws_kernel(
         K,
         ROUTES,
         xs_ptr,
+        x_rows_ptr,
+        sorted_route_ptr,
+        TOPK,
         rings,
     )
     if ONE_PARTITION:  # both warpgroups in the default partition (8 warps), the producer a worker
         gl.warp_specialize(
             [
                 (_consume, (0, consumer, EPILOGUE, MODE, HAS_LIMIT, BT, OUT_MMA_ORDER, A8, WGMMAS, A_SETS)),
-                (_produce, (producer, EPILOGUE, A8)),
+                (_produce, (producer, EPILOGUE, A8, X_BY_TOKEN)),
             ],
             [PRODUCER_WARPS],
             [PRODUCER_REGISTERS],
@@ -744,7 +778,7 @@ def grouped_w4_gemm_ws_kernel(
             [
                 (_consume, (0, consumer, EPILOGUE, MODE, HAS_LIMIT, BT, OUT_MMA_ORDER, A8, WGMMAS, A_SETS)),
                 (_consume, (1, consumer, EPILOGUE, MODE, HAS_LIMIT, BT, OUT_MMA_ORDER, A8, WGMMAS, A_SETS)),
-                (_produce, (producer, EPILOGUE, A8)),
+                (_produce, (producer, EPILOGUE, A8, X_BY_TOKEN)),
             ],
             [4, PRODUCER_WARPS],
             [CONSUMER_REGISTERS, PRODUCER_REGISTERS],

@@ -338,7 +338,12 @@ class PrefillGemm:
     the FP8 wgmma's A registers instead of a shared buffer, the activation rows' columns in
     :func:`prefill.a8_column_order <a4prefill.ops.backends.triton.prefill.a8_column_order>`
     (``prefill_a8_kernels``, module docstring); there ``wgmmas_per_step = 2`` converts a step in
-    two K halves, the second while the first one's wgmmas run."""
+    two K halves, the second while the first one's wgmmas run.
+    ``rows_by_token`` (warp-specialized, not ``a8_register_weights``): a bf16 FC1 (rows gathered by
+    token) has the producer copy each tile's rows by token (``cp.async``, 16 bytes each) from
+    ``x`` with its columns permuted once (a ``[T, K]`` copy) instead of TMA boxes of rows gathered
+    before the launch (``prefill.gather_rows``, a ``[routes, K]`` copy); FC2 and A8 calls are
+    unchanged (the kernel's ``X_BY_TOKEN``)."""
 
     weight_rows: int = 128
     routes: int = 128
@@ -352,6 +357,7 @@ class PrefillGemm:
     warp_specialized: bool = False
     ctas_per_sm: int = 1
     a8_register_weights: bool = False
+    rows_by_token: bool = False
 
     def __post_init__(self) -> None:
         if self.weight_rows not in (64, 128, 256):
@@ -407,6 +413,10 @@ class PrefillGemm:
                 f"PrefillGemm {self} needs {self.shared_bytes} bytes of shared memory, over 227 KiB"
             )
         self._check_ctas_per_sm()
+        if self.rows_by_token and (not self.warp_specialized or self.a8_register_weights):
+            raise ValueError(
+                f"PrefillGemm.rows_by_token needs warp_specialized without a8_register_weights, got {self}"
+            )
         if self.a8_register_weights and not (
             self.warp_specialized
             and self.weight_rows == 128
@@ -520,6 +530,7 @@ class PrefillGemm:
         cap += "_ws" if self.warp_specialized else ""
         cap += f"_c{self.ctas_per_sm}" if self.ctas_per_sm > 1 else ""
         cap += "_a8rs" if self.a8_register_weights else ""
+        cap += "_tok" if self.rows_by_token else ""
         tile = f"w{self.weight_rows}_t{self.routes}_k{self.block_k}_d{self.depth}"
         return f"{kernel}{tile}{ahead}{sets}{halves}{cap}"
 
@@ -532,10 +543,11 @@ def _warp_specialized(
     weight_rows: int = 128,
     ctas_per_sm: int = 1,
     a8_register_weights: bool = False,
+    rows_by_token: bool = False,
 ) -> PrefillGemm:
     """The warp-specialized register-weights schedule of ``routes``-route tiles, ``depth`` ring
     slots, ``wgmmas_per_step`` wgmmas per step, ``a_register_sets``, ``weight_rows`` per work
-    item, ``ctas_per_sm`` and ``a8_register_weights``."""
+    item, ``ctas_per_sm``, ``a8_register_weights`` and ``rows_by_token``."""
     return PrefillGemm(
         weight_rows,
         routes,
@@ -546,6 +558,7 @@ def _warp_specialized(
         warp_specialized=True,
         ctas_per_sm=ctas_per_sm,
         a8_register_weights=a8_register_weights,
+        rows_by_token=rows_by_token,
     )
 
 
@@ -577,6 +590,10 @@ def _warp_specialized(
 # (``rs_w256_t128_d6_ws``) compiles to 10984 SASS instructions, two copies of the consumer, and
 # loses 14% of its warp samples to instruction fetch on the H200; one partition compiles to 5960
 # (Triton 3.6, sm_90a, no spill in the K loop), as few as the 128-row A4 FC1's 6160.
+# The ``_tok`` forms of the three large-tile defaults (twenty-fourth round, built without a GPU,
+# not timed, not chosen): FC1's producer copies its rows by token (``rows_by_token``) instead of
+# reading rows gathered before the launch, whose gather took 761 of the 4000 us of a W4A16 call
+# at 8192 tokens on the H100 (twenty-third round, ``profile_moe_round23_h100.json``).
 PREFILL_SCHEDULES = MappingProxyType(
     {
         "w64_t64_d6": PrefillGemm(64, 64, depth=6),
@@ -607,6 +624,9 @@ PREFILL_SCHEDULES = MappingProxyType(
         "rs_w128_t16_d8_ws_c3": _warp_specialized(16, 8, ctas_per_sm=3),
         "rs_w256_t32_d6_ws_c2": _warp_specialized(32, 6, weight_rows=256, ctas_per_sm=2),
         "rs_w256_t128_d6_ws_x2_h2": _warp_specialized(128, 6, 2, 2, weight_rows=256),
+        "rs_w128_t256_d4_ws_x2_h2_tok": _warp_specialized(256, 4, 2, 2, rows_by_token=True),
+        "rs_w256_t128_d6_ws_tok": _warp_specialized(128, 6, weight_rows=256, rows_by_token=True),
+        "rs_w256_t128_d6_ws_x2_h2_tok": _warp_specialized(128, 6, 2, 2, weight_rows=256, rows_by_token=True),
     }
 )
 
