@@ -15,6 +15,10 @@
 #                                              # at 4096 tokens against their plain forms in
 #                                              # W4A16, A4 and split, then the time per kernel at
 #                                              # 4096-16384 (W4A16, A4)
+#   bash scripts/gpu_untimed_kernels.sh small  # about 7 minutes cold: the 32- and 64-route _tok
+#                                              # tiles (two CTAs per SM) at 1024, 2048 and 512
+#                                              # tokens against the defaults, in W4A16, A4 and
+#                                              # split
 #   bash scripts/gpu_untimed_kernels.sh ncu    # about 360 s: Nsight Compute of the FC1 GEMM of
 #                                              # the W4A16 defaults at 1024, 2048 and 16384 tokens
 #                                              # and of the 256-route register-weights A8 FC1;
@@ -30,6 +34,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 LARGE_TOK=rs_w128_t256_d4_ws_x2_h2_tok
 MID_TILES=rs_w256_t128_d6_ws,rs_w256_t128_d6_ws_tok,rs_w256_t128_d6_ws_x2_h2,rs_w256_t128_d6_ws_x2_h2_tok
+SMALL_TOK=rs_w256_t32_d6_ws_c2_tok,rs_w128_t64_d6_ws_c2_tok
 NCU_CASES=(--case 1024:default:w4a16 --case 2048:default:w4a16 --case 16384:default:w4a16 --case 8192:a8_t256_rs)
 began=$(date +%s)
 left() { echo $(($1 - ($(date +%s) - began))); }
@@ -52,6 +57,11 @@ mid)
     timeout "$(left 585)" python benchmarks/profile_decode.py --tokens 4096,8192,16384 --a4 --out "$OUT/kernels" \
         2>&1 | tee "$OUT/profile_decode.txt" | tail -6
     ;;
+small)
+    timeout 585 python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 1024,2048,512 \
+        --baselines "" --sweep prefill --prefill-tiles "$SMALL_TOK" --out "$OUT/small" 2>&1 \
+        | tee "$OUT/bench_moe_small.txt" | grep -v "^{" | tail -8
+    ;;
 ncu)
     timeout 585 ncu --profile-from-start off -k regex:grouped_w4 --section SpeedOfLight \
         --section Occupancy --section LaunchStats --section WarpStateStats \
@@ -62,7 +72,7 @@ ncu)
     echo "then here: python benchmarks/profile_prefill.py ${NCU_CASES[*]} --ncu-summary ncu.csv --out DIR"
     ;;
 *)
-    echo "usage: bash scripts/gpu_untimed_kernels.sh gather|mid|ncu (on a Hopper GPU, with OUT set)" >&2
+    echo "usage: bash scripts/gpu_untimed_kernels.sh gather|mid|small|ncu (on a Hopper GPU, with OUT set)" >&2
     exit 2
     ;;
 esac

@@ -418,7 +418,13 @@ def test_the_producer_copies_a_steps_code_rows_as_one_tma_box(label):
 
 
 @pytest.mark.parametrize(
-    "label", ["rs_w128_t256_d4_ws_x2_h2_tok", "rs_w256_t128_d6_ws_tok", "rs_w256_t128_d6_ws_x2_h2_tok"]
+    "label",
+    [
+        "rs_w128_t256_d4_ws_x2_h2_tok",
+        "rs_w256_t128_d6_ws_tok",
+        "rs_w256_t128_d6_ws_x2_h2_tok",
+        "rs_w256_t32_d6_ws_c2_tok",
+    ],
 )
 def test_a_producer_that_copies_rows_by_token_issues_one_tma_box_and_16_byte_copies_a_step(label):
     """``rows_by_token`` schedules, compiled for sm_90a: the FC1 producer's step loop issues one

@@ -590,10 +590,11 @@ def _warp_specialized(
 # (``rs_w256_t128_d6_ws``) compiles to 10984 SASS instructions, two copies of the consumer, and
 # loses 14% of its warp samples to instruction fetch on the H200; one partition compiles to 5960
 # (Triton 3.6, sm_90a, no spill in the K loop), as few as the 128-row A4 FC1's 6160.
-# The ``_tok`` forms of the three large-tile defaults (twenty-fourth round, built without a GPU,
-# not timed, not chosen): FC1's producer copies its rows by token (``rows_by_token``) instead of
-# reading rows gathered before the launch, whose gather took 761 of the 4000 us of a W4A16 call
-# at 8192 tokens on the H100 (twenty-third round, ``profile_moe_round23_h100.json``).
+# The ``_tok`` forms of the defaults from 12 routes per expert (twenty-fourth round, built without
+# a GPU, not timed, not chosen): FC1's producer copies its rows by token (``rows_by_token``)
+# instead of reading rows gathered before the launch, whose gather took 761 of the 4000 us of a
+# W4A16 call at 8192 tokens on the H100 (twenty-third round, ``profile_moe_round23_h100.json``).
+# With the H200's Triton 3.6 none spills more than its plain form in any mode (offline, sm_90a).
 PREFILL_SCHEDULES = MappingProxyType(
     {
         "w64_t64_d6": PrefillGemm(64, 64, depth=6),
@@ -627,6 +628,10 @@ PREFILL_SCHEDULES = MappingProxyType(
         "rs_w128_t256_d4_ws_x2_h2_tok": _warp_specialized(256, 4, 2, 2, rows_by_token=True),
         "rs_w256_t128_d6_ws_tok": _warp_specialized(128, 6, weight_rows=256, rows_by_token=True),
         "rs_w256_t128_d6_ws_x2_h2_tok": _warp_specialized(128, 6, 2, 2, weight_rows=256, rows_by_token=True),
+        "rs_w128_t64_d6_ws_c2_tok": _warp_specialized(64, 6, ctas_per_sm=2, rows_by_token=True),
+        "rs_w256_t32_d6_ws_c2_tok": _warp_specialized(
+            32, 6, weight_rows=256, ctas_per_sm=2, rows_by_token=True
+        ),
     }
 )
 
