@@ -6,11 +6,13 @@
 #
 #   bash scripts/gpu_untimed_kernels.sh gather # about 9 minutes cold: the GPU tests of the FC1
 #                                              # that copies its rows by token (the _tok
-#                                              # schedules), FC1's activation gather in both
-#                                              # program orders against a copy (bench_gather.py),
-#                                              # the whole MoE at 8192 and 16384 tokens with the
-#                                              # 256-route _tok tiles swept (W4A16, split), then
-#                                              # the time per kernel at 8192
+#                                              # schedules, W4A16/A4/split and A8), FC1's
+#                                              # activation gather in both program orders against
+#                                              # a copy (bench_gather.py), the whole MoE at 8192
+#                                              # and 16384 tokens (every A8 schedule's column, the
+#                                              # _tok ones too) with the 256-route _tok tiles
+#                                              # swept (W4A16, split), then the time per kernel
+#                                              # at 8192
 #   bash scripts/gpu_untimed_kernels.sh mid    # about 6 minutes cold: the 128-route _tok tiles
 #                                              # at 4096 tokens against their plain forms in
 #                                              # W4A16, A4 and split, then the time per kernel at
@@ -41,8 +43,8 @@ left() { echo $(($1 - ($(date +%s) - began))); }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv | tee "$OUT/gpu.txt"
 case "${1:-}" in
 gather)
-    timeout 150 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py -k tok \
-        2>&1 | tee "$OUT/prefill_gpu_tests.txt" | tail -8
+    timeout 180 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py \
+        tests/test_triton_prefill_a8_gpu.py -k tok 2>&1 | tee "$OUT/prefill_gpu_tests.txt" | tail -8
     timeout 100 python benchmarks/bench_gather.py --out "$OUT" 2>&1 | tee "$OUT/bench_gather.txt" | tail -5
     timeout "$(left 520)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 8192,16384 \
         --baselines "" --sweep prefill --sweep-modes split --prefill-tiles "$LARGE_TOK" --out "$OUT/large" 2>&1 \

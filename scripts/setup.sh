@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 python_bin="${PYTHON:-python3.11}"
 command -v "$python_bin" >/dev/null 2>&1 || python_bin=python3
 [ -x .venv/bin/python ] || "$python_bin" -m venv .venv
-pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
+# no pip cache beside .venv (the venv takes about 4.2 GB; one CI run ran out of disk installing b12x)
+pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-cache-dir)
 if ! .venv/bin/python -c "import torch, hypothesis, depyf, ruff, mypy, matplotlib, importlinter, xdist" >/dev/null 2>&1 \
    || ! .venv/bin/python -c "import a4prefill" >/dev/null 2>&1; then
   "${pip[@]}" "torch==2.13.0" -e ".[dev]"

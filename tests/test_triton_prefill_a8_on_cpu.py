@@ -40,6 +40,9 @@ SCHEDULE_WIDE_RS = dataclasses.replace(SCHEDULE_WIDE, a8_register_weights=True)
 # and each step converted in two K halves, the second while the first half's wgmmas run
 SCHEDULE_RS_H2 = dataclasses.replace(SCHEDULE_RS, wgmmas_per_step=2)
 SCHEDULE_WIDE_RS_H2 = dataclasses.replace(SCHEDULE_WIDE_RS, wgmmas_per_step=2)
+# FC1's rows copied by token in the producer (``rows_by_token``)
+SCHEDULE_RS_TOK = dataclasses.replace(SCHEDULE_RS, rows_by_token=True)
+SCHEDULE_WIDE_TOK = dataclasses.replace(SCHEDULE_WIDE, rows_by_token=True)
 E4M3_ONE = 0x38  # the e4m3 byte of 1.0
 
 
@@ -136,6 +139,8 @@ def test_every_code_and_scale_byte_converts_to_the_oracles_e4m3_weight(interpret
         (False, SCHEDULE_WIDE_RS),
         (True, SCHEDULE_RS_H2),
         (False, SCHEDULE_WIDE_RS_H2),
+        (True, SCHEDULE_RS_TOK),
+        (True, SCHEDULE_WIDE_TOK),
     ],
     ids=[
         "fc1_gather",
@@ -148,6 +153,8 @@ def test_every_code_and_scale_byte_converts_to_the_oracles_e4m3_weight(interpret
         "fc2_sorted_wide_registers",
         "fc1_gather_registers_halves",
         "fc2_sorted_wide_registers_halves",
+        "fc1_by_token_registers",
+        "fc1_by_token_wide",
     ],
 )
 def test_a8_product_matches_the_block_product(interpreted, gather, schedule):
@@ -167,7 +174,9 @@ def test_a8_product_matches_the_block_product(interpreted, gather, schedule):
     ``a8_column_order``: a weight paired with another column than its activation's fails; with
     each step converted in two K halves (``SCHEDULE_RS_H2``, ``SCHEDULE_WIDE_RS_H2``) a half
     multiplied with the other half's rows, or a second half that replaced the first in the
-    partial, fails."""
+    partial, fails. With ``rows_by_token`` (``SCHEDULE_RS_TOK``, ``SCHEDULE_WIDE_TOK``) the
+    producer copies FC1's rows by token from the quantized ``[T, K]`` rows: a piece taken from
+    another token, row or step fails."""
     generator = torch.Generator().manual_seed(3)
     tokens = 300 if schedule.routes == 256 else 45
     experts, n, k, top_k = 3, 256, (SCHEDULE.depth + 2) * fp8.A8_BLOCK, 2
@@ -399,6 +408,8 @@ def tiny_a8_layer(tokens: int, seed: int):
         (600, 2.5, "a8_t256_rs"),
         (150, 2.5, "a8_rs_h2"),
         (600, 2.5, "a8_t256_rs_h2"),
+        (150, 2.5, "a8_rs_tok"),
+        (600, 2.5, "a8_t256_tok"),
     ],
 )
 def test_an_a8_call_matches_the_a8_reference_moe(a8_moe_on_cpu, tokens, limit, label):

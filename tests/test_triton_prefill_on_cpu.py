@@ -218,8 +218,8 @@ def compile_prefill_kernel(schedule: PrefillGemm, a8: bool = False, **overrides:
             del pointers[name]
             divisible.discard(name)
             pointers[name.replace("_ptr", "_desc")] = f"tensordesc<{element}{box},{layout!r}>"
-        if constexprs.pop("GATHER") and schedule.rows_by_token and not a8:  # FC1 copies by token
-            pointers["x_rows_ptr"] = "*bf16"
+        if constexprs.pop("GATHER") and schedule.rows_by_token:  # FC1 copies its rows by token
+            pointers["x_rows_ptr"] = f"*{x_element}"
             divisible.add("x_rows_ptr")
             constexprs["X_BY_TOKEN"] = True
         if a8:
@@ -430,7 +430,7 @@ def test_a_producer_that_copies_rows_by_token_issues_one_tma_box_and_16_byte_cop
     """``rows_by_token`` schedules, compiled for sm_90a: the FC1 producer's step loop issues one
     TMA copy (the code rows' 5-D box) and ``routes * 8 / 128`` 16-byte ``cp.async`` copies per
     thread (each of the 4 producer warps' 128 threads one 16-byte piece of ``routes / 16`` rows:
-    a route's 64 columns are 8 pieces), with no local memory in that loop (the pieces' addresses
+    a route's 64 columns are 8 pieces), with no local memory in that loop (the pieces' offsets
     are computed once per work item); FC2, whose rows come in sorted order, keeps its two TMA
     boxes and no 16-byte ``cp.async``."""
     from helpers.sass_loops import innermost_loops
@@ -454,7 +454,8 @@ def test_a_rows_by_token_fc1_launches_on_x_in_mma_column_order_without_the_row_g
     """A ``rows_by_token`` schedule's FC1 passes the kernel ``x`` itself with its columns in
     ``mma_column_order`` (``x_rows_ptr``, and the TMA descriptor of the same ``[T, K]`` tensor)
     and ``X_BY_TOKEN``, and never calls ``gather_rows``; its FC2 (rows in sorted order) and the
-    schedule without ``rows_by_token`` pass neither."""
+    schedule without ``rows_by_token`` pass neither; an ``x`` of ``2**31`` elements or more (the
+    kernel's int32 offsets) is refused."""
     from a4prefill.ops.backends.triton import prefill
     from helpers.gluon_on_cpu import interpreted_row_gather
 
@@ -486,6 +487,10 @@ def test_a_rows_by_token_fc1_launches_on_x_in_mma_column_order_without_the_row_g
     launch_prefill_gemm(x, codes, scales, routing, fc1_out, plain, top_k, kernel=recorder, **swiglu)
     for _, later in recorder.launches[1:]:
         assert "X_BY_TOKEN" not in later and "x_rows_ptr" not in later
+    # the kernel's int32 offsets into x: a larger x is refused (a meta tensor: no 4 GiB here)
+    huge = torch.empty(2**31 // k, k, dtype=torch.bfloat16, device="meta")
+    with pytest.raises(ValueError, match=r"rows_by_token.*fewer than 2\*\*31 elements"):
+        launch_prefill_gemm(huge, codes, scales, routing, fc1_out, schedule, top_k, kernel=recorder, **swiglu)
 
 
 @pytest.mark.parametrize("label", ["rs_w128_t128_d6_ws", "rs_w256_t128_d6_ws"])

@@ -257,7 +257,8 @@ def launch_prefill_gemm(
     with the GEMM by the benchmark; a fused producer of ``x`` could write that order directly); a
     warp-specialized FC1 (bf16) takes its rows in sorted order and that column order from one
     copy, :func:`gather_rows`, or with ``schedule.rows_by_token`` copies them by token itself
-    from a copy of ``x`` in that column order (``[T, K]``).
+    from ``x`` in that column order (a ``[T, K]`` copy unless ``x_mma_order``; A8 rows too, their
+    scales still gathered into sorted order).
     A8 (``x_row_scales`` given; issue 28, docs/numerics.md section 8): every route A8, ``x``
     float8_e4m3fn codes and ``x_row_scales`` fp32 ``[rows]`` their scales, one per row
     (``fp8.quantize_rows``), rows indexed as ``x``'s; the weights converted to e4m3 in the kernel
@@ -346,7 +347,13 @@ def launch_prefill_gemm(
         "OUT_MMA_ORDER": out_mma_order,
     }
     gather_in_order = schedule.warp_specialized and top_k is not None and not a8 and not x_mma_order
-    by_token = gather_in_order and schedule.rows_by_token  # FC1's producer copies rows by token
+    # FC1's producer copies its rows by token (from x in MMA column order), int32 element offsets
+    by_token = schedule.warp_specialized and schedule.rows_by_token and top_k is not None
+    if by_token and x.numel() >= 2**31:
+        raise ValueError(
+            f"schedule {schedule} (rows_by_token) addresses x by int32 offsets: x must have fewer than "
+            f"2**31 elements, got {tuple(x.shape)}"
+        )
     if schedule.register_weights and not x_mma_order and not a8 and not gather_in_order:
         x = x.index_select(1, mma_column_order(k, x.device))
     if schedule.a8_register_weights and not x_mma_order:  # e4m3 as bytes: index_select has no float8
@@ -363,7 +370,7 @@ def launch_prefill_gemm(
         # float8 kernels)
         token = None if top_k is None or gather_in_order else routing.sorted_route // top_k
         if by_token:  # x itself, its columns in MMA order; the descriptor gives the slots' layout
-            rows = x.index_select(1, mma_column_order(k, x.device))
+            rows = x if a8 or x_mma_order else x.index_select(1, mma_column_order(k, x.device))
         elif gather_in_order and top_k is not None:
             rows = gather_rows(x, routing.sorted_route, top_k)
         elif token is not None:
@@ -376,7 +383,7 @@ def launch_prefill_gemm(
         gather = {"x_rows_ptr": rows, "X_BY_TOKEN": True} if by_token else {}
         if x_row_scales is not None:
             row_scales = x_row_scales if token is None else x_row_scales.index_select(0, token)
-            gather = {"xs_ptr": row_scales.contiguous(), "A8": schedule.a8_constexpr}
+            gather |= {"xs_ptr": row_scales.contiguous(), "A8": schedule.a8_constexpr}
     kernel[grid](
         *operands,
         scales,

@@ -97,7 +97,6 @@ from a4prefill.ops.backends.triton.prefill_kernels import (
     acc_layout,
     fragment_code_rows_layout,
     fragment_codes_layout,
-    rows_layout,
     scale_copy_layout,
 )
 
@@ -165,6 +164,14 @@ def code_ring_layout(box_layout: gl.NVMMASharedLayout) -> gl.NVMMASharedLayout:
     return gl.NVMMASharedLayout(box_layout.swizzle_byte_width, 8)
 
 
+@gluon.constexpr_function
+def row_piece_layout(row_bytes: int, element_bits: int, warps: int) -> gl.BlockedLayout:
+    """``[rows, row_bytes * 8 / element_bits]`` activation rows of one step (128 bytes: 64 bf16 or
+    128 e4m3 columns) for ``cp.async``: 16 bytes a thread, a row's pieces on consecutive lanes."""
+    along = row_bytes // 16
+    return gl.BlockedLayout([1, 128 // element_bits], [32 // along, along], [warps, 1], [1, 0])
+
+
 @gluon.jit
 def _works(N, num_tiles_ptr, ITEM_ROWS: gl.constexpr):
     """``(n_blocks, works)``: a work item ``w`` is route tile ``w // n_blocks`` times weight-row
@@ -202,7 +209,9 @@ def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr, X_BY_TOKEN: gl.c
     ``cp.async``-copies 16-byte pieces of the tile's rows from ``x_rows_ptr`` (``[T, K]`` bf16, the
     columns in ``prefill.mma_column_order``) by token, ``sorted_route[p] // TOPK`` (the token
     of position 0 for positions past ``ROUTES``, whose columns no epilogue writes), the pieces'
-    addresses computed once per work item; the same ``noinc`` arrival covers them.
+    int32 element offsets computed once per work item (``T * K < 2**31``: the launcher checks;
+    64-bit addresses kept across the steps spilled in the 256-route A8 FC1 with Triton 3.6); the
+    same ``noinc`` arrival covers them.
     The ring runs on across work items:
     ``done`` counts the steps of the program's earlier items. ``tensors``: the kernel's ``x_desc``
     to ``ROUTES`` arguments, ``xs_ptr``, ``x_rows_ptr``, ``sorted_route_ptr``, ``TOPK`` and the
@@ -257,11 +266,11 @@ def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr, X_BY_TOKEN: gl.c
             2 * CODE_STEP,
         )
         if X_BY_TOKEN:  # the tile's rows by token: a 16-byte piece's address per thread and row
-            XL: gl.constexpr = rows_layout(2 * CODE_STEP, gl.num_warps())
-            pos = row0 + gl.arange(0, BT, layout=gl.SliceLayout(1, XL))
-            token = gl.load(sorted_route_ptr + pos, mask=pos < ROUTES, other=0) // TOPK
-            cols = gl.arange(0, 2 * CODE_STEP, layout=gl.SliceLayout(0, XL))
-            x_ptrs = x_rows_ptr + token.to(gl.int64)[:, None] * K + cols[None, :]
+            XL: gl.constexpr = row_piece_layout(X_STEP_BYTES, x_ring.dtype.primitive_bitwidth, gl.num_warps())
+            x_pos = row0 + gl.arange(0, BT, layout=gl.SliceLayout(1, XL))
+            x_token = gl.load(sorted_route_ptr + x_pos, mask=x_pos < ROUTES, other=0) // TOPK
+            x_cols = gl.arange(0, 2 * CODE_STEP, layout=gl.SliceLayout(0, XL))
+            x_offsets = x_token[:, None] * K + x_cols[None, :]  # int32: the launcher checks T * K
         if A8 == A8_REGISTERS:  # each row's scale bytes one step ahead, as two int32 words
             word_ptrs = _scale_pointers(scales_ptr, expert, n0, N, K, EPILOGUE, ITEM_ROWS, 2 * CODE_STEP, 4)
             next_words = gl.load(word_ptrs)
@@ -284,7 +293,7 @@ def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr, X_BY_TOKEN: gl.c
             else:
                 _tma_load(codes_desc, [expert * N + n0, step * CODE_STEP], ready_slot, c_ring.index(slot))
             if X_BY_TOKEN:
-                _async_load(x_ring.index(slot), x_ptrs + step * 2 * CODE_STEP)
+                _async_load(x_ring.index(slot), x_rows_ptr + (x_offsets + step * 2 * CODE_STEP))
             else:
                 _tma_load(x_desc, [row0, step * 2 * CODE_STEP], ready_slot, x_ring.index(slot))
             if A8 == A8_REGISTERS:  # the scale bytes through registers, each row's exponent with them
@@ -689,12 +698,12 @@ def grouped_w4_gemm_ws_kernel(
     fragment order (``A8_REGISTERS``; each row's block exponent computed by the producer,
     :func:`_produce`).
 
-    ``X_BY_TOKEN`` (FC1, bf16, not ``A8``; ``PrefillGemm.rows_by_token``): the producer copies each
-    tile's activation rows itself, by token, from ``x_rows_ptr`` (``[T, K]`` bf16, ``K`` a multiple
-    of 64, the columns in ``prefill.mma_column_order``), 16 bytes a ``cp.async``, into the same
-    swizzled slots the TMA box fills otherwise (no ``[routes, K]`` gather before the launch);
-    ``x_desc`` then only gives the slots' type and layout (a descriptor of ``x_rows_ptr``'s
-    tensor)."""
+    ``X_BY_TOKEN`` (FC1; ``PrefillGemm.rows_by_token``): the producer copies each tile's
+    activation rows itself, by token, from ``x_rows_ptr`` (``[T, K]``: bf16 with the columns in
+    ``prefill.mma_column_order``, or with ``A8`` e4m3 in the order its consumers read), 16 bytes
+    a ``cp.async``, into the same swizzled slots the TMA box fills otherwise (no ``[routes, K]``
+    gather before the launch); ``x_desc`` then only gives the slots' type and layout (a
+    descriptor of ``x_rows_ptr``'s tensor). ``xs_ptr`` stays in sorted order."""
     PLAIN2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     ONE_PARTITION: gl.constexpr = A_SETS == 2 and WGMMAS == 2  # both consumer warpgroups, 8 warps
     CONSUMERS: gl.constexpr = 1 if ONE_PARTITION else 2  # consumer partitions

@@ -339,11 +339,11 @@ class PrefillGemm:
     :func:`prefill.a8_column_order <a4prefill.ops.backends.triton.prefill.a8_column_order>`
     (``prefill_a8_kernels``, module docstring); there ``wgmmas_per_step = 2`` converts a step in
     two K halves, the second while the first one's wgmmas run.
-    ``rows_by_token`` (warp-specialized, not ``a8_register_weights``): a bf16 FC1 (rows gathered by
-    token) has the producer copy each tile's rows by token (``cp.async``, 16 bytes each) from
-    ``x`` with its columns permuted once (a ``[T, K]`` copy) instead of TMA boxes of rows gathered
-    before the launch (``prefill.gather_rows``, a ``[routes, K]`` copy); FC2 and A8 calls are
-    unchanged (the kernel's ``X_BY_TOKEN``)."""
+    ``rows_by_token`` (warp-specialized): an FC1 (rows gathered by token) has the producer copy
+    each tile's rows by token (``cp.async``, 16 bytes each) from ``x`` in the GEMM's column order
+    (bf16: permuted once, a ``[T, K]`` copy; A8: as quantized) instead of TMA boxes of rows
+    gathered before the launch (``prefill.gather_rows``, or for A8 an ``index_select``: a
+    ``[routes, K]`` copy); FC2 is unchanged (the kernel's ``X_BY_TOKEN``)."""
 
     weight_rows: int = 128
     routes: int = 128
@@ -413,10 +413,8 @@ class PrefillGemm:
                 f"PrefillGemm {self} needs {self.shared_bytes} bytes of shared memory, over 227 KiB"
             )
         self._check_ctas_per_sm()
-        if self.rows_by_token and (not self.warp_specialized or self.a8_register_weights):
-            raise ValueError(
-                f"PrefillGemm.rows_by_token needs warp_specialized without a8_register_weights, got {self}"
-            )
+        if self.rows_by_token and not self.warp_specialized:
+            raise ValueError(f"PrefillGemm.rows_by_token needs warp_specialized, got {self}")
         if self.a8_register_weights and not (
             self.warp_specialized
             and self.weight_rows == 128
@@ -718,6 +716,10 @@ A8_PREFILL_RS = _warp_specialized(128, 6, a8_register_weights=True)
 A8_PREFILL_WIDE_RS = _warp_specialized(256, 4, a8_register_weights=True)
 A8_PREFILL_RS_H2 = _warp_specialized(128, 6, wgmmas_per_step=2, a8_register_weights=True)
 A8_PREFILL_WIDE_RS_H2 = _warp_specialized(256, 4, wgmmas_per_step=2, a8_register_weights=True)
+# The chosen two with FC1's rows copied by token in the producer (``rows_by_token``; twenty-fourth
+# round, built without a GPU, not timed): no ``[routes, K]`` e4m3 gather before FC1.
+A8_PREFILL_RS_TOK = _warp_specialized(128, 6, a8_register_weights=True, rows_by_token=True)
+A8_PREFILL_WIDE_TOK = _warp_specialized(256, 4, rows_by_token=True)
 A8_SCHEDULES = MappingProxyType(
     {
         "a8": A8_PREFILL,
@@ -726,6 +728,8 @@ A8_SCHEDULES = MappingProxyType(
         "a8_t256_rs": A8_PREFILL_WIDE_RS,
         "a8_rs_h2": A8_PREFILL_RS_H2,
         "a8_t256_rs_h2": A8_PREFILL_WIDE_RS_H2,
+        "a8_rs_tok": A8_PREFILL_RS_TOK,
+        "a8_t256_tok": A8_PREFILL_WIDE_TOK,
     }
 )
 
