@@ -8,15 +8,17 @@
 #                                              # that copies its rows by token (the _tok
 #                                              # schedules, W4A16/A4/split and A8), FC1's
 #                                              # activation gather in both program orders against
-#                                              # a copy (bench_gather.py), the whole MoE at 8192
+#                                              # a copy and the _tok FC1's [T, K] column
+#                                              # permutation three ways (bench_gather.py), the
+#                                              # whole MoE at 8192
 #                                              # and 16384 tokens (every A8 schedule's column, the
 #                                              # _tok ones too) with the 256-route _tok tiles
 #                                              # swept (W4A16, split), then the time per kernel
-#                                              # at 8192
+#                                              # at 8192 (default and 256-route _tok tiles)
 #   bash scripts/gpu_untimed_kernels.sh mid    # about 6 minutes cold: the 128-route _tok tiles
 #                                              # at 4096 tokens against their plain forms in
 #                                              # W4A16, A4 and split, then the time per kernel at
-#                                              # 4096-16384 (W4A16, A4)
+#                                              # 4096 (W4A16, A4; default and _tok tiles)
 #   bash scripts/gpu_untimed_kernels.sh small  # about 7 minutes cold: the 32- and 64-route _tok
 #                                              # tiles (two CTAs per SM) at 1024, 2048 and 512
 #                                              # tokens against the defaults, in W4A16, A4 and
@@ -49,15 +51,16 @@ gather)
     timeout "$(left 520)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 8192,16384 \
         --baselines "" --sweep prefill --sweep-modes split --prefill-tiles "$LARGE_TOK" --out "$OUT/large" 2>&1 \
         | tee "$OUT/bench_moe_large.txt" | grep -v "^{" | tail -8
-    timeout "$(left 585)" python benchmarks/profile_decode.py --tokens 8192 --out "$OUT/kernels" 2>&1 \
-        | tee "$OUT/profile_decode.txt" | tail -4
+    timeout "$(left 585)" python benchmarks/profile_decode.py --tokens 8192 --prefill-tiles "$LARGE_TOK" \
+        --out "$OUT/kernels" 2>&1 | tee "$OUT/profile_decode.txt" | tail -4
     ;;
 mid)
     timeout 330 python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 4096 --baselines "" \
         --sweep prefill --prefill-tiles "$MID_TILES" --out "$OUT/mid" 2>&1 | tee "$OUT/bench_moe_mid.txt" \
         | grep -v "^{" | tail -8
-    timeout "$(left 585)" python benchmarks/profile_decode.py --tokens 4096,8192,16384 --a4 --out "$OUT/kernels" \
-        2>&1 | tee "$OUT/profile_decode.txt" | tail -6
+    timeout "$(left 585)" python benchmarks/profile_decode.py --tokens 4096 --a4 --out "$OUT/kernels" \
+        --prefill-tiles rs_w256_t128_d6_ws_tok,rs_w256_t128_d6_ws_x2_h2_tok 2>&1 | tee "$OUT/profile_decode.txt" \
+        | tail -6
     ;;
 small)
     timeout 585 python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 1024,2048,512 \
