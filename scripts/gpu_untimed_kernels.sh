@@ -4,21 +4,20 @@
 # device call per mode, each under the tool's 600 s; everything is tee'd into $OUT, so a call cut
 # off by its time limit keeps its output. No vLLM needed (no Marlin or Humming columns).
 #
-#   bash scripts/gpu_untimed_kernels.sh gather # about 9 minutes cold: the GPU tests of the FC1
-#                                              # that copies its rows by token (the _tok
-#                                              # schedules, W4A16/A4/split and A8), FC1's
-#                                              # activation gather in both program orders against
-#                                              # a copy and the _tok FC1's [T, K] column
-#                                              # permutation three ways (bench_gather.py), the
-#                                              # whole MoE at 8192
-#                                              # and 16384 tokens (every A8 schedule's column, the
+#   bash scripts/gpu_untimed_kernels.sh gather # about 9 minutes cold: FC1's activation gather
+#                                              # in both program orders against a copy, and the
+#                                              # _tok FC1's [T, K] column permutation three ways
+#                                              # (bench_gather.py); the whole MoE at 8192 and
+#                                              # 16384 tokens (every A8 schedule's column, the
 #                                              # _tok ones too) with the 256-route _tok tiles
-#                                              # swept (W4A16, split), then the time per kernel
-#                                              # at 8192 (default and 256-route _tok tiles)
-#   bash scripts/gpu_untimed_kernels.sh mid    # about 6 minutes cold: the 128-route _tok tiles
-#                                              # at 4096 tokens against their plain forms in
-#                                              # W4A16, A4 and split, then the time per kernel at
-#                                              # 4096 (W4A16, A4; default and _tok tiles)
+#                                              # swept (W4A16, split); the time per kernel at
+#                                              # 8192 (default and 256-route _tok tiles)
+#   bash scripts/gpu_untimed_kernels.sh mid    # about 9 minutes cold: the GPU tests of the _tok
+#                                              # schedules (FC1 rows copied by token; W4A16, A4,
+#                                              # split and A8); the 128-route _tok tiles at 4096
+#                                              # tokens against their plain forms in W4A16, A4
+#                                              # and split; the time per kernel at 4096 (W4A16,
+#                                              # A4; default and _tok tiles)
 #   bash scripts/gpu_untimed_kernels.sh small  # about 7 minutes cold: the 32- and 64-route _tok
 #                                              # tiles (two CTAs per SM) at 1024, 2048 and 512
 #                                              # tokens against the defaults, in W4A16, A4 and
@@ -45,17 +44,17 @@ left() { echo $(($1 - ($(date +%s) - began))); }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv | tee "$OUT/gpu.txt"
 case "${1:-}" in
 gather)
-    timeout 180 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py \
-        tests/test_triton_prefill_a8_gpu.py -k tok 2>&1 | tee "$OUT/prefill_gpu_tests.txt" | tail -8
-    timeout 100 python benchmarks/bench_gather.py --out "$OUT" 2>&1 | tee "$OUT/bench_gather.txt" | tail -5
-    timeout "$(left 520)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 8192,16384 \
+    timeout 120 python benchmarks/bench_gather.py --out "$OUT" 2>&1 | tee "$OUT/bench_gather.txt" | tail -5
+    timeout "$(left 500)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 8192,16384 \
         --baselines "" --sweep prefill --sweep-modes split --prefill-tiles "$LARGE_TOK" --out "$OUT/large" 2>&1 \
         | tee "$OUT/bench_moe_large.txt" | grep -v "^{" | tail -8
     timeout "$(left 585)" python benchmarks/profile_decode.py --tokens 8192 --prefill-tiles "$LARGE_TOK" \
         --out "$OUT/kernels" 2>&1 | tee "$OUT/profile_decode.txt" | tail -4
     ;;
 mid)
-    timeout 330 python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 4096 --baselines "" \
+    timeout 240 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py \
+        tests/test_triton_prefill_a8_gpu.py -k tok 2>&1 | tee "$OUT/prefill_gpu_tests.txt" | tail -8
+    timeout "$(left 480)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 4096 --baselines "" \
         --sweep prefill --prefill-tiles "$MID_TILES" --out "$OUT/mid" 2>&1 | tee "$OUT/bench_moe_mid.txt" \
         | grep -v "^{" | tail -8
     timeout "$(left 585)" python benchmarks/profile_decode.py --tokens 4096 --a4 --out "$OUT/kernels" \

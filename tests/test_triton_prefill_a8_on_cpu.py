@@ -743,3 +743,22 @@ def test_register_weights_a8_schedules_run_a8_only_and_one_register_set():
         launch_prefill_gemm(
             x8, codes, scales, routing, out, SCHEDULE, None, x_mma_order=True, x_row_scales=torch.ones(4)
         )
+
+
+@pytest.mark.parametrize(("label", "fenced"), [("a8_rs_tok", True), ("a8_t256_tok", True), ("a8_rs", False)])
+def test_an_a8_fc1_whose_rows_come_by_cp_async_fences_them_before_its_wgmma(label, fenced):
+    """The producer's copies by token (``rows_by_token``) write a slot's rows with ``cp.async``,
+    through the generic proxy, and the FP8 wgmma reads them through the async proxy: each
+    consumer step has a ``fence.proxy.async`` between the slot's wait and its first wgmma (the
+    register-weights consumer its own, ``FENCE_ROWS``; the shared-weights one that of its
+    converted weights). Without ``rows_by_token`` the TMA wrote them (the async proxy) and the
+    register-weights consumer has no fence, as before. Compiled for sm_90a (PTX of the K loop)."""
+    from a4prefill.ops.backends.triton.schedules import A8_SCHEDULES
+    from test_triton_prefill_on_cpu import compile_prefill_kernel, loop_body
+
+    kernel = compile_prefill_kernel(A8_SCHEDULES[label], a8=True, EPILOGUE=PREFILL_EPILOGUES["swiglu"])
+    body = loop_body(kernel.asm["ptx"])
+    wait, issue = body.find("mbarrier.try_wait"), body.find("wgmma.mma_async")
+    assert 0 <= wait < issue
+    fence = body.find("fence.proxy.async", wait)
+    assert (wait < fence < issue) is fenced, (label, wait, fence, issue)

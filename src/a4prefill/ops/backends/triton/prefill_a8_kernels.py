@@ -352,7 +352,7 @@ def _lane_groups(t):
 
 
 @gluon.jit
-def _issue_in_halves(rings, s, HALF: gl.constexpr, rows, acc, BT: gl.constexpr):
+def _issue_in_halves(rings, s, HALF: gl.constexpr, rows, acc, BT: gl.constexpr, FENCE_ROWS: gl.constexpr):
     """Ring step ``s``'s block product for the routes of ``rows`` (``[BT, 128]`` e4m3 of a ring
     slot) into a fresh partial, the weights converted into registers in two K halves
     (``PrefillGemm.wgmmas_per_step = 2`` with ``a8_register_weights``): each lane's first group
@@ -360,8 +360,11 @@ def _issue_in_halves(rings, s, HALF: gl.constexpr, rows, acc, BT: gl.constexpr):
     group (64-127) converted while those run, and its two wgmmas issued into the same partial.
     ``acc`` gives the partial's layout only. Returns ``(partial, a_first, a_second, shift)``: the
     partial with both wgmma groups in flight, the two A operands (another route tile of the same
-    weights may take them) and the rows' promotion factors (:func:`_row_factors`)."""
+    weights may take them) and the rows' promotion factors (:func:`_row_factors`).
+    ``FENCE_ROWS``: as :func:`mainloop_a8`'s."""
     codes, scale_bytes = _step_bytes(rings, s, HALF)
+    if FENCE_ROWS:  # rows written by cp.async (generic proxy), read by the wgmma (async proxy)
+        fence_async_shared()
     p = _exponents(rings, s, HALF, scale_bytes, A8_REGISTERS)
     first_scales, second_scales = _lane_groups(scale_bytes)
     a_first = _operand(e4m3_weights(_lane_groups(codes)[0], first_scales, p), BT)
@@ -414,12 +417,17 @@ def _promote(acc, partial, shift, rings, slot, last):
 
 
 @gluon.jit
-def _weight_operand(rings, s, HALF: gl.constexpr, BT: gl.constexpr, A8: gl.constexpr):
+def _weight_operand(
+    rings, s, HALF: gl.constexpr, BT: gl.constexpr, A8: gl.constexpr, FENCE_ROWS: gl.constexpr
+):
     """Ring step ``s``'s converted weights as a consumer's FP8 wgmma operand A of ``BT`` routes,
     and its rows' promotion factors: ``(a_smem[HALF], shift)`` after :func:`convert_step`
-    (``A8_SHARED``), or :func:`convert_step_to_registers` (``A8_REGISTERS``)."""
+    (``A8_SHARED``, whose fence covers the rows too), or :func:`convert_step_to_registers`
+    (``A8_REGISTERS``; with ``FENCE_ROWS`` then a proxy fence, :func:`mainloop_a8`)."""
     if A8 == A8_REGISTERS:
         a, shift = convert_step_to_registers(rings, s, HALF, BT)
+        if FENCE_ROWS:  # rows written by cp.async (generic proxy), read by the wgmma (async proxy)
+            fence_async_shared()
     else:
         a = rings[6].index(HALF)
         shift = convert_step(rings, s, HALF, a, BT)
@@ -428,7 +436,14 @@ def _weight_operand(rings, s, HALF: gl.constexpr, BT: gl.constexpr, A8: gl.const
 
 @gluon.jit
 def mainloop_a8(
-    done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr, A8: gl.constexpr, WGMMAS: gl.constexpr = 1
+    done,
+    steps,
+    HALF: gl.constexpr,
+    rings,
+    BT: gl.constexpr,
+    A8: gl.constexpr,
+    WGMMAS: gl.constexpr = 1,
+    FENCE_ROWS: gl.constexpr = False,
 ):
     """A consumer's ``steps`` A8 steps of one work item (weight rows ``64 * HALF`` on of the
     slot), ring steps ``done`` on: its rows' fp32 accumulator ``[64, BT]`` in
@@ -438,7 +453,10 @@ def mainloop_a8(
     (``A8_SHARED``) or p_ring [DEPTH, 128] int32 (the rows' block exponents, ``A8_REGISTERS``))``;
     per step as the module docstring says, in sequence, the weights in a shared buffer or in
     registers (``A8``), with ``WGMMAS = 2`` (registers only) converted in two K halves, the second
-    while the first's wgmmas run (:func:`_issue_in_halves`)."""
+    while the first's wgmmas run (:func:`_issue_in_halves`). ``FENCE_ROWS``: the slot's rows were
+    written by ``cp.async`` (the producer's copies by token), which the wgmma, reading through the
+    async proxy, sees only after a proxy fence that follows the slot's wait; TMA writes need none,
+    and a shared weights buffer's own fence (:func:`convert_step`) comes after the wait too."""
     x_ring = rings[2]
     DEPTH: gl.constexpr = x_ring.shape[0]
     acc = gl.zeros([64, BT], gl.float32, layout=fp8_acc_layout(BT, gl.num_warps()))
@@ -446,9 +464,9 @@ def mainloop_a8(
         s = done + step
         slot = s % DEPTH
         if WGMMAS == 2:
-            partial, _, _, shift = _issue_in_halves(rings, s, HALF, x_ring.index(slot), acc, BT)
+            partial, _, _, shift = _issue_in_halves(rings, s, HALF, x_ring.index(slot), acc, BT, FENCE_ROWS)
         else:
-            a, shift = _weight_operand(rings, s, HALF, BT, A8)
+            a, shift = _weight_operand(rings, s, HALF, BT, A8, FENCE_ROWS)
             partial = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), acc, use_acc=False, is_async=True)
         partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
         acc = _promote(acc, partial, shift, rings, slot, step == steps - 1)
@@ -457,7 +475,14 @@ def mainloop_a8(
 
 @gluon.jit
 def mainloop_a8_wide(
-    done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr, A8: gl.constexpr, WGMMAS: gl.constexpr = 1
+    done,
+    steps,
+    HALF: gl.constexpr,
+    rings,
+    BT: gl.constexpr,
+    A8: gl.constexpr,
+    WGMMAS: gl.constexpr = 1,
+    FENCE_ROWS: gl.constexpr = False,
 ):
     """:func:`mainloop_a8` on route tiles of ``BT`` = 256 routes as two halves of 128 that share
     each step's converted weights (``schedules.A8_PREFILL_WIDE``, ``A8_PREFILL_WIDE_RS``): per
@@ -468,7 +493,8 @@ def mainloop_a8_wide(
     accumulators and a partial: 192 fp32 registers a thread, where a 256-route partial and
     accumulator would take 256), then the slot released. Half the conversion per FLOP of
     128-route tiles, and half the step's other work. Returns the two halves' accumulators
-    ``[64, BT / 2]`` in :func:`fp8_acc_layout`, routes ``0..BT/2`` and ``BT/2..BT`` of the tile."""
+    ``[64, BT / 2]`` in :func:`fp8_acc_layout`, routes ``0..BT/2`` and ``BT/2..BT`` of the tile.
+    ``FENCE_ROWS``: as :func:`mainloop_a8`'s."""
     x_ring = rings[2]
     DEPTH: gl.constexpr = x_ring.shape[0]
     HALF_BT: gl.constexpr = BT // 2
@@ -482,10 +508,10 @@ def mainloop_a8_wide(
         rows = x_ring.index(slot)
         if WGMMAS == 2:
             partial, a_first, a_second, shift = _issue_in_halves(
-                rings, s, HALF, rows.slice(0, HALF_BT, dim=0), first, HALF_BT
+                rings, s, HALF, rows.slice(0, HALF_BT, dim=0), first, HALF_BT, FENCE_ROWS
             )
         else:
-            a, shift = _weight_operand(rings, s, HALF, HALF_BT, A8)
+            a, shift = _weight_operand(rings, s, HALF, HALF_BT, A8, FENCE_ROWS)
             partial = warpgroup_mma(
                 a, rows.slice(0, HALF_BT, dim=0).permute((1, 0)), first, use_acc=False, is_async=True
             )

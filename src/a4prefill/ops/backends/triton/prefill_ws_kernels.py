@@ -530,6 +530,7 @@ def _consume(
     A8: gl.constexpr,
     WGMMAS: gl.constexpr,
     A_SETS: gl.constexpr,
+    X_BY_TOKEN: gl.constexpr,
 ):
     """A consumer partition of ``R`` weight rows of each work item (:func:`consumer_rows`), rows
     ``R * HALF`` on (one warpgroup, half the item's rows, ``HALF`` 0 or 1; the 8-warp partition of
@@ -540,7 +541,9 @@ def _consume(
     :func:`~prefill_a8_kernels.mainloop_a8_wide` with ``BT`` 256, whose two halves take an
     epilogue each), then the epilogue of its rows, while the producer already copies the next
     item's first steps. ``tensors``: the kernel's ``out_ptr`` to ``limit`` arguments (those of
-    the epilogue go to :func:`_item_epilogue` as they are), then the rings and barriers."""
+    the epilogue go to :func:`_item_epilogue` as they are), then the rings and barriers.
+    ``X_BY_TOKEN``: the rows come by ``cp.async`` (the A8 mainloops' ``FENCE_ROWS``; the bf16
+    ones fence after every wait, :func:`_wait_for_weights`)."""
     tile_expert_ptr, tile_row_ptr, seg_start_ptr = tensors[6], tensors[7], tensors[8]
     seg_count_ptr, num_tiles_ptr, N, K, rings = tensors[9], tensors[10], tensors[11], tensors[12], tensors[16]
     ROWS: gl.constexpr = consumer_rows(rings[0].shape[1], gl.num_warps())
@@ -573,7 +576,7 @@ def _consume(
         rows = n0 + HALF * ROWS
         if A8 and BT == 256:  # two halves of 128 routes, an epilogue each
             HALF_BT: gl.constexpr = BT // 2
-            first, second = mainloop_a8_wide(done, steps, HALF, rings, BT, A8, WGMMAS)
+            first, second = mainloop_a8_wide(done, steps, HALF, rings, BT, A8, WGMMAS, X_BY_TOKEN)
             _item_epilogue(
                 first,
                 tensors,
@@ -606,7 +609,7 @@ def _consume(
             )
         else:
             if A8:
-                acc = mainloop_a8(done, steps, HALF, rings, BT, A8, WGMMAS)
+                acc = mainloop_a8(done, steps, HALF, rings, BT, A8, WGMMAS, X_BY_TOKEN)
             elif AHEAD:
                 acc, a = _mainloop_ahead(done, steps, last, HALF, rings, BT, a)
             elif WGMMAS == 2:
@@ -776,7 +779,22 @@ def grouped_w4_gemm_ws_kernel(
     if ONE_PARTITION:  # both warpgroups in the default partition (8 warps), the producer a worker
         gl.warp_specialize(
             [
-                (_consume, (0, consumer, EPILOGUE, MODE, HAS_LIMIT, BT, OUT_MMA_ORDER, A8, WGMMAS, A_SETS)),
+                (
+                    _consume,
+                    (
+                        0,
+                        consumer,
+                        EPILOGUE,
+                        MODE,
+                        HAS_LIMIT,
+                        BT,
+                        OUT_MMA_ORDER,
+                        A8,
+                        WGMMAS,
+                        A_SETS,
+                        X_BY_TOKEN,
+                    ),
+                ),
                 (_produce, (producer, EPILOGUE, A8, X_BY_TOKEN)),
             ],
             [PRODUCER_WARPS],
@@ -785,8 +803,38 @@ def grouped_w4_gemm_ws_kernel(
     else:
         gl.warp_specialize(
             [
-                (_consume, (0, consumer, EPILOGUE, MODE, HAS_LIMIT, BT, OUT_MMA_ORDER, A8, WGMMAS, A_SETS)),
-                (_consume, (1, consumer, EPILOGUE, MODE, HAS_LIMIT, BT, OUT_MMA_ORDER, A8, WGMMAS, A_SETS)),
+                (
+                    _consume,
+                    (
+                        0,
+                        consumer,
+                        EPILOGUE,
+                        MODE,
+                        HAS_LIMIT,
+                        BT,
+                        OUT_MMA_ORDER,
+                        A8,
+                        WGMMAS,
+                        A_SETS,
+                        X_BY_TOKEN,
+                    ),
+                ),
+                (
+                    _consume,
+                    (
+                        1,
+                        consumer,
+                        EPILOGUE,
+                        MODE,
+                        HAS_LIMIT,
+                        BT,
+                        OUT_MMA_ORDER,
+                        A8,
+                        WGMMAS,
+                        A_SETS,
+                        X_BY_TOKEN,
+                    ),
+                ),
                 (_produce, (producer, EPILOGUE, A8, X_BY_TOKEN)),
             ],
             [4, PRODUCER_WARPS],
