@@ -25,7 +25,8 @@ mbarriers, never at a CTA barrier:
   :func:`_produce`). The activation rows are in sorted order: FC2's are, FC1's are gathered by
   token before the launch (``prefill.launch_prefill_gemm``: one ``[routes, K]`` copy), since
   Hopper's TMA has no gather, or, with ``X_BY_TOKEN``, copied by token by the producer's threads
-  (``cp.async``, 16 bytes each) from ``x`` with its columns permuted (a ``[T, K]`` copy);
+  (``cp.async``, 16 bytes each) from ``x`` in the consumers' column order (bf16: a ``[T, K]``
+  copy);
 - two **consumers** (but with ``A_SETS = WGMMAS = 2``), the default partition (the item's first
   half of the rows) and a worker (the second half), one warpgroup each (64 rows, one wgmma of
   M 64 per step, or 128 rows, two): per step each waits for ``ready``, reads its rows' code and
@@ -206,8 +207,9 @@ def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr, X_BY_TOKEN: gl.c
     ITEM_ROWS]`` int32, ``rings[6]``) into the slot, and the partition arrives once more after
     its stores (the consumers' conversion then skips the exponent's reduction across lanes).
     With ``X_BY_TOKEN`` the step's activation rows are not a TMA box: every thread
-    ``cp.async``-copies 16-byte pieces of the tile's rows from ``x_rows_ptr`` (``[T, K]`` bf16, the
-    columns in ``prefill.mma_column_order``) by token, ``sorted_route[p] // TOPK`` (the token
+    ``cp.async``-copies 16-byte pieces of the tile's rows from ``x_rows_ptr`` (``[T, K]``, the
+    columns in the order the consumers read: the kernel's docstring) by token,
+    ``sorted_route[p] // TOPK`` (the token
     of position 0 for positions past ``ROUTES``, whose columns no epilogue writes), the pieces'
     int32 element offsets computed once per work item (``T * K < 2**31``: the launcher checks;
     64-bit addresses kept across the steps spilled in the 256-route A8 FC1 with Triton 3.6); the
