@@ -391,6 +391,19 @@ def parse_prefill_tiles(names: str | None) -> list[tuple[str, str]] | None:
     return pairs
 
 
+def parse_a8_schedules(labels: str | None) -> tuple[str, ...]:
+    """``--a8-schedules``' comma-separated :data:`A8_SCHEDULES` labels, in the order their columns
+    are timed (None or empty: every schedule, in the table's order). Raises SystemExit naming the
+    argument for a label it does not know."""
+    if not labels:
+        return A8_LABELS
+    chosen = tuple(labels.split(","))
+    unknown = [label for label in chosen if label not in A8_SCHEDULES]
+    if unknown:
+        raise SystemExit(f"--a8-schedules: unknown {unknown}; expected labels of {list(A8_LABELS)}")
+    return chosen
+
+
 def prefill_configs(
     routes: int, experts: int, hidden: int, inter: int, tiles: list[tuple[str, str]] | None = None
 ) -> dict[str, Any]:
@@ -477,6 +490,7 @@ def bench_shape(
     prefill_tiles: list[tuple[str, str]] | None = None,
     sweep_modes: tuple[str, ...] = ("a4", "split"),
     clocks: ClockSampler | None = None,
+    a8_labels: tuple[str, ...] = A8_LABELS,
 ) -> dict[str, Any]:
     from a4prefill.ops.backends.triton.fused import fused_moe
     from a4prefill.ops.backends.triton.fused_a8 import a8_refusal, fused_moe_a8
@@ -526,9 +540,9 @@ def bench_shape(
                 run, x, topk_w, topk_ids, a4_scales=None, config=tiled
             )
         if a8_runs:
-            for label, a8_schedule in A8_SCHEDULES.items():  # "a8", "a8_t256", "a8_rs", ...
+            for label in a8_labels:  # "a8", "a8_t256", "a8_rs", ..., timed in this order
                 variants[label] = functools.partial(
-                    fused_moe_a8, x, topk_w, topk_ids, weights.experts(), None, schedule=a8_schedule
+                    fused_moe_a8, x, topk_w, topk_ids, weights.experts(), None, schedule=A8_SCHEDULES[label]
                 )
         if marlin is not None:
             variants["marlin"] = functools.partial(marlin, x, topk_w, topk_ids)
@@ -889,6 +903,11 @@ def main() -> None:
         default="a4,split",
         help="comma-separated modes the sweep also times beside W4A16: a4, split (default both; '' none)",
     )
+    parser.add_argument(
+        "--a8-schedules",
+        help="comma-separated A8_SCHEDULES labels to time, in this order (default every one; on sm_90 "
+        "only): run twice in opposite orders to see whether the card's heating favours the first",
+    )
     parser.add_argument("--plot", help="only plot this JSON result next to it")
     parser.add_argument("--table", help="only print this JSON result as markdown tables")
     args = parser.parse_args()
@@ -904,6 +923,7 @@ def main() -> None:
             plot(json.load(handle), args.plot.removesuffix(".json") + ".png")
         return
     os.makedirs(args.out, exist_ok=True)
+    a8_labels = parse_a8_schedules(args.a8_schedules)
     tokens = [1, 64, 4096] if args.quick else TOKENS
     if args.tokens:
         tokens = [int(t) for t in args.tokens.split(",")]
@@ -931,6 +951,7 @@ def main() -> None:
                 parse_prefill_tiles(args.prefill_tiles),
                 tuple(filter(None, args.sweep_modes.split(","))),
                 clocks,
+                a8_labels,
             )
     results["seconds"] = time.time() - started
     path = os.path.join(args.out, "bench_moe.json")

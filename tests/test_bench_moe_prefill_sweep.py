@@ -102,3 +102,15 @@ def test_prefill_tiles_given_on_the_command_line_replace_the_sweep_list(bench):
         (bench.sweep_gemm(fc1), bench.sweep_gemm(fc2)) for fc1, fc2 in pairs
     ]
     assert configs["prefill_fc1_rs_w128_t32_k64_d8_ws_fc2_rs_w128_t32_k64_d8_ws"].prefill.fc1.routes == 32
+
+
+def test_a8_schedules_are_timed_in_the_order_given_and_an_unknown_label_is_named(bench):
+    """``--a8-schedules`` keeps the caller's order (so two runs in opposite orders show what the
+    card's heating does to the later columns), defaults to every A8 schedule, and exits naming
+    the argument and the label for one it does not know."""
+    from a4prefill.ops.backends.triton.schedules import A8_SCHEDULES
+
+    assert bench.parse_a8_schedules("a8_t256_tok,a8_rs") == ("a8_t256_tok", "a8_rs")
+    assert bench.parse_a8_schedules(None) == bench.parse_a8_schedules("") == tuple(A8_SCHEDULES)
+    with pytest.raises(SystemExit, match=r"--a8-schedules: unknown \['a8_wide'\]"):
+        bench.parse_a8_schedules("a8_rs,a8_wide")

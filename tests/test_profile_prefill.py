@@ -76,12 +76,12 @@ def test_a_default_case_names_the_schedule_the_moe_call_of_that_size_runs(profil
     default without its mode or with one after ``default_a8`` exit naming the case."""
     from a4prefill.ops.backends.triton.schedules import choose_prefill_tiles
 
-    assert profile.parse_case("1024:default:w4a16") == (1024, "rs_w256_t32_d6_ws_c2", "w4a16")
-    assert profile.parse_case("2048:default:split") == (2048, "rs_w128_t64_d6_ws_c2", "split")
+    assert profile.parse_case("1024:default:w4a16") == (1024, "rs_w256_t32_d6_ws_c2_tok", "w4a16")
+    assert profile.parse_case("2048:default:split") == (2048, "rs_w128_t64_d6_ws_c2_tok", "split")
     # 4096 tokens: W4A16 on 256-row work items as two partitions, A4 and split as one
-    assert profile.parse_case("4096:default:w4a16") == (4096, "rs_w256_t128_d6_ws", "w4a16")
-    assert profile.parse_case("4096:default:a4") == (4096, "rs_w256_t128_d6_ws_x2_h2", "a4")
-    assert profile.parse_case("16384:default:w4a16") == (16384, "rs_w128_t256_d4_ws_x2_h2", "w4a16")
+    assert profile.parse_case("4096:default:w4a16") == (4096, "rs_w256_t128_d6_ws_tok", "w4a16")
+    assert profile.parse_case("4096:default:a4") == (4096, "rs_w256_t128_d6_ws_x2_h2_tok", "a4")
+    assert profile.parse_case("16384:default:w4a16") == (16384, "rs_w128_t256_d4_ws_x2_h2_tok", "w4a16")
     assert profile.parse_case("8192:default_a8") == (8192, "a8_t256", None)
     assert profile.parse_case("1024:default_a8") == (1024, "a8_rs", None)
     assert choose_prefill_tiles(384 * 8, 288, 4096, 1024) is None

@@ -55,11 +55,11 @@ def test_matches_the_fp32_product_eagerly_and_in_a_cuda_graph(label, gather):
 @pytest.mark.parametrize(
     ("tokens", "fc1"),
     [
-        (96, "rs_w256_t32_d6_ws_c2"),
-        (192, "rs_w128_t64_d6_ws_c2"),
-        (512, "rs_w256_t128_d6_ws_x2_h2"),
-        (1024, "rs_w128_t256_d4_ws_x2_h2"),
-        (2048, "rs_w128_t256_d4_ws_x2_h2"),
+        (96, "rs_w256_t32_d6_ws_c2_tok"),
+        (192, "rs_w128_t64_d6_ws_c2_tok"),
+        (512, "rs_w256_t128_d6_ws_x2_h2_tok"),
+        (1024, "rs_w128_t256_d4_ws_x2_h2_tok"),
+        (2048, "rs_w128_t256_d4_ws_x2_h2_tok"),
     ],
 )
 def test_the_w4a16_prefill_moe_matches_the_reference_eagerly_and_in_a_cuda_graph(tokens, fc1):
@@ -93,17 +93,18 @@ def test_the_w4a16_prefill_moe_matches_the_reference_eagerly_and_in_a_cuda_graph
 @pytest.mark.parametrize(
     ("tokens", "fc1"),
     [
-        (96, "rs_w256_t32_d6_ws_c2"),
-        (192, "rs_w128_t64_d6_ws_c2"),
-        (512, "rs_w256_t128_d6_ws_x2_h2"),
-        (2048, "rs_w128_t256_d4_ws_x2_h2"),
+        (96, "rs_w256_t32_d6_ws_c2_tok"),
+        (192, "rs_w128_t64_d6_ws_c2_tok"),
+        (512, "rs_w256_t128_d6_ws_x2_h2_tok"),
+        (2048, "rs_w128_t256_d4_ws_x2_h2_tok"),
     ],
 )
 def test_a4_and_split_prefill_moe_match_the_reference_eagerly_and_in_a_cuda_graph(tokens, fc1):
     """A4 and split calls of 24, 48, 128 and 512 routes per expert through the prefill GEMMs (the
     warp-specialized kernel on 32-route tiles of 256-row items with two CTAs per SM at 24,
     64-route tiles with two at 48, 128-route tiles of 256-row items as one partition at 128,
-    256-route tiles above): :func:`check_a4_and_split_moe` on the plan's own choice."""
+    256-route tiles above; every FC1 copying its rows by token): :func:`check_a4_and_split_moe`
+    on the plan's own choice."""
     check_a4_and_split_moe(tokens, fc1, None)
 
 
@@ -112,16 +113,17 @@ def test_a4_and_split_prefill_moe_match_the_reference_eagerly_and_in_a_cuda_grap
     [
         (96, "rs_w128_t32_d6_ws_c3"),
         (512, "rs_w128_t128_d6_ws"),
-        (512, "rs_w256_t128_d6_ws_x2_h2_tok"),
-        (1024, "rs_w128_t256_d4_ws_x2_h2_tok"),
+        (512, "rs_w256_t128_d6_ws_x2_h2"),
+        (1024, "rs_w128_t256_d4_ws_x2_h2"),
     ],
 )
 def test_a4_and_split_prefill_moe_on_a_schedule_not_chosen_match_the_reference(tokens, label):
     """:func:`check_a4_and_split_moe` at 24, 128 and 256 routes per expert with the call's config
     naming ``label`` for both GEMMs: schedules whose A4 and split kernels no default runs, the
     defaults of 16-32 and 64-160 routes per expert before the twenty-third round (128 weight
-    rows: three CTAs per SM; two 4-warp consumer partitions), and the FC1 that copies its rows by
-    token (``rows_by_token``, twenty-fourth round) on the 64-160 and 256-route defaults' tiles."""
+    rows: three CTAs per SM; two 4-warp consumer partitions), and the 64-160 and 256-route
+    defaults' tiles with FC1's rows gathered before the launch (the defaults until the
+    twenty-fifth round; calls too large for ``rows_by_token``'s int32 offsets still run them)."""
     from a4prefill.ops.backends.triton.schedules import PrefillTiles, choose_config
 
     schedule = PREFILL_SCHEDULES[label]

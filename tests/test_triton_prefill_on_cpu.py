@@ -753,8 +753,8 @@ def test_calls_of_128_route_tiles_run_256_row_items_w4a16_as_two_partitions_a4_a
     round: 2701 and 2635 us against 2733 and 2883 on 128 rows, 2995 and 2969 as two partitions);
     all on the routing's 128-route tiles. Where a GEMM's rows do not split into 256s (a hidden
     size of 384), every mode runs 128 rows; above 160 routes per expert no W4A16 pair either."""
-    small, wide = PREFILL_SCHEDULES["rs_w128_t128_d6_ws"], PREFILL_SCHEDULES["rs_w256_t128_d6_ws"]
-    one = PREFILL_SCHEDULES["rs_w256_t128_d6_ws_x2_h2"]
+    small, wide = PREFILL_SCHEDULES["rs_w128_t128_d6_ws"], PREFILL_SCHEDULES["rs_w256_t128_d6_ws_tok"]
+    one = PREFILL_SCHEDULES["rs_w256_t128_d6_ws_x2_h2_tok"]
     tiles = choose_prefill_tiles(4096 * 8, 288, 4096, 1024)
     assert tiles == PrefillTiles(one, one, wide, wide)
     assert tiles.for_mode(MODE_W4A16) == (wide, wide)
@@ -768,6 +768,26 @@ def test_calls_of_128_route_tiles_run_256_row_items_w4a16_as_two_partitions_a4_a
         PrefillTiles(small, small, wide_tiles, wide_tiles)
     with pytest.raises(ValueError, match="given together or not at all"):
         PrefillTiles(small, small, wide)
+
+
+def test_every_size_copies_fc1_rows_by_token_unless_x_may_outgrow_int32_offsets():
+    """From 12 routes per expert every chosen FC1 copies its activation rows by token
+    (``rows_by_token``; twenty-fifth round, H200: 2-11% faster than gathering them first at
+    512-16384 tokens), in every mode; where ``routes * hidden`` reaches 2**31 the call might have
+    an ``x`` past the copy's int32 offsets (its launcher refuses one), so those calls gather."""
+    for tokens in (512, 1024, 2048, 4096, 8192, 16384):
+        tiles = choose_prefill_tiles(tokens * 8, 288, 4096, 1024)
+        assert tiles is not None, tokens
+        for mode in (MODE_W4A16, MODE_A4, MODE_SPLIT):
+            assert all(gemm.rows_by_token for gemm in tiles.for_mode(mode)), (tokens, mode)
+    largest = 2**31 // 4096 - 1  # routes: the last call whose routes * hidden stays below 2**31
+    assert choose_prefill_tiles(largest, 288, 4096, 1024) == PrefillTiles(
+        PREFILL_SCHEDULES["rs_w128_t256_d4_ws_x2_h2_tok"], PREFILL_SCHEDULES["rs_w128_t256_d4_ws_x2_h2_tok"]
+    )
+    plain = PREFILL_SCHEDULES["rs_w128_t256_d4_ws_x2_h2"]
+    assert choose_prefill_tiles(largest + 1, 288, 4096, 1024) == PrefillTiles(plain, plain)
+    few_experts = choose_prefill_tiles(largest + 1, 2**31 // 4096 // 20, 4096, 1024)  # 20 a expert
+    assert few_experts is not None and not few_experts.fc1.rows_by_token
 
 
 def test_schedules_refuse_what_the_kernel_cannot_run():

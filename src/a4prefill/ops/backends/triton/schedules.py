@@ -588,11 +588,14 @@ def _warp_specialized(
 # (``rs_w256_t128_d6_ws``) compiles to 10984 SASS instructions, two copies of the consumer, and
 # loses 14% of its warp samples to instruction fetch on the H200; one partition compiles to 5960
 # (Triton 3.6, sm_90a, no spill in the K loop), as few as the 128-row A4 FC1's 6160.
-# The ``_tok`` forms of the defaults from 12 routes per expert (twenty-fourth round, built without
-# a GPU, not timed, not chosen): FC1's producer copies its rows by token (``rows_by_token``)
-# instead of reading rows gathered before the launch, whose gather took 761 of the 4000 us of a
-# W4A16 call at 8192 tokens on the H100 (twenty-third round, ``profile_moe_round23_h100.json``).
-# With the H200's Triton 3.6 none spills more than its plain form in any mode (offline, sm_90a).
+# The ``_tok`` forms of the defaults from 12 routes per expert (twenty-fourth round; chosen at
+# every size since the twenty-fifth, after one H200 run: 2-11% faster in every mode from 512 to
+# 16384 tokens, ``choose_prefill_tiles``): FC1's producer copies its rows by token
+# (``rows_by_token``) instead of reading rows gathered before the launch, whose gather took 761
+# of the 4000 us of a W4A16 call at 8192 tokens on the H100 (twenty-third round,
+# ``profile_moe_round23_h100.json``). With the H200's Triton 3.6 none spills more than its plain
+# form in any mode (offline, sm_90a). The plain forms stay: the benchmarks' baseline, and the
+# calls too large for the copy's int32 offsets.
 PREFILL_SCHEDULES = MappingProxyType(
     {
         "w64_t64_d6": PrefillGemm(64, 64, depth=6),
@@ -807,6 +810,17 @@ def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: i
       5174-5185 at 8192, 8501 and 8466 against 10100-10173 at 16384). On 128-route tiles two
       wgmmas per step were slower (4096 tokens: 3107 against 3021 us, A4 3249 against 2861).
 
+    Every size's FC1 copies its activation rows by token in the producer (the ``_tok`` forms,
+    ``PrefillGemm.rows_by_token``; twenty-fifth round, H200, 2026-12-05, one run of each size,
+    W4A16 / A4 / split in us, the form that gathers the rows before the launch against the
+    ``_tok`` one): 512 tokens 1134 / 1169 / 1214 against 1099 / 1141 / 1149, 1024 1382 / 1423 /
+    1458 against 1316 / 1343 / 1387, 2048 1717 / 1941 / 1840 against 1618 / 1867 / 1706, 4096
+    2263 / 2599 / 2525 against 2024 / 2479 / 2337, 8192 3729 (W4A16) and 3945 (split) against
+    3484 and 3526, 16384 7465 and 8256 against 7108 and 7701. At 8192 tokens the two GEMMs took
+    3199 us against 2865, the gather's 603 us became a 100 us column permutation of ``x``. Where
+    ``routes * hidden`` reaches 2**31 (``x`` might not fit the copy's int32 offsets) the calls
+    gather as before.
+
     W4A16 calls below 160 routes per expert run work items of 256 weight rows as two consumer
     partitions of 4 warps (fifteenth round, 2026-12-04: 2674 us against 3027 at 4096 tokens,
     each activation row read from L2 by half as many work items; twenty-third round, H100: 2425
@@ -817,17 +831,20 @@ def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: i
     rows_per_expert = routes / max(1, experts)
     if rows_per_expert < PREFILL_MIN_ROWS_PER_EXPERT:
         return None
+    # the _tok forms address x ([tokens, hidden], tokens <= routes) by int32 offsets
+    tok = "_tok" if routes * hidden < 2**31 else ""
     if rows_per_expert < 32:
-        tiles = _first_fitting(hidden, intermediate, "rs_w256_t32_d6_ws_c2", "rs_w128_t32_d6_ws_c3")
+        tiles = _first_fitting(hidden, intermediate, f"rs_w256_t32_d6_ws_c2{tok}", "rs_w128_t32_d6_ws_c3")
     elif rows_per_expert < 64:
-        tiles = _first_fitting(hidden, intermediate, "rs_w128_t64_d6_ws_c2")
+        tiles = _first_fitting(hidden, intermediate, f"rs_w128_t64_d6_ws_c2{tok}")
     elif rows_per_expert < WIDE_TILE_MIN_ROWS_PER_EXPERT:
-        one, two = PREFILL_SCHEDULES["rs_w256_t128_d6_ws_x2_h2"], PREFILL_SCHEDULES["rs_w256_t128_d6_ws"]
+        one = PREFILL_SCHEDULES[f"rs_w256_t128_d6_ws_x2_h2{tok}"]
+        two = PREFILL_SCHEDULES[f"rs_w256_t128_d6_ws{tok}"]
         tiles = PrefillTiles(one, one, two, two)
         if not tiles.fits(hidden, intermediate):
             small = PREFILL_SCHEDULES["rs_w128_t128_d6_ws"]
             tiles = PrefillTiles(small, small)
     else:
-        large = PREFILL_SCHEDULES["rs_w128_t256_d4_ws_x2_h2"]
+        large = PREFILL_SCHEDULES[f"rs_w128_t256_d4_ws_x2_h2{tok}"]
         tiles = PrefillTiles(large, large)
     return tiles if tiles.fits(hidden, intermediate) else None
