@@ -1142,11 +1142,11 @@ def prefill_moe_on_cpu(interpreted):
 @pytest.mark.parametrize(
     ("tokens", "limit", "fc1", "fc2"),
     [
-        (48, None, "rs_w256_t32_d6_ws_c2", "rs_w256_t32_d6_ws_c2"),  # 24 routes per expert
-        (96, None, "rs_w128_t64_d6_ws_c2", "rs_w128_t64_d6_ws_c2"),  # 48 routes per expert
-        (160, None, "rs_w256_t128_d6_ws_x2_h2", "rs_w256_t128_d6_ws_x2_h2"),  # 80 routes per expert
-        (160, 2.5, "rs_w256_t128_d6_ws_x2_h2", "rs_w256_t128_d6_ws_x2_h2"),
-        (400, None, "rs_w128_t256_d4_ws_x2_h2", "rs_w128_t256_d4_ws_x2_h2"),  # 200 routes per expert
+        (48, None, "rs_w256_t32_d6_ws_c2_tok", "rs_w256_t32_d6_ws_c2_tok"),  # 24 routes per expert
+        (96, None, "rs_w128_t64_d6_ws_c2_tok", "rs_w128_t64_d6_ws_c2_tok"),  # 48 routes per expert
+        (160, None, "rs_w256_t128_d6_ws_x2_h2_tok", "rs_w256_t128_d6_ws_x2_h2_tok"),  # 80 per expert
+        (160, 2.5, "rs_w256_t128_d6_ws_x2_h2_tok", "rs_w256_t128_d6_ws_x2_h2_tok"),
+        (400, None, "rs_w128_t256_d4_ws_x2_h2_tok", "rs_w128_t256_d4_ws_x2_h2_tok"),  # 200 per expert
     ],
 )
 def test_a_w4a16_prefill_call_runs_the_prefill_gemms_and_matches_the_reference(
@@ -1179,7 +1179,7 @@ def test_a_w4a16_prefill_call_runs_the_prefill_gemms_and_matches_the_reference(
     # W4A16 calls of 128-route tiles run 256-row work items where the rows split into 256s
     assert prefill_moe_on_cpu[-2:] == list(plan.prefill.for_mode(MODE_W4A16))
     if plan.prefill.fc1.routes == 128:
-        assert prefill_moe_on_cpu[-2:] == [PREFILL_SCHEDULES["rs_w256_t128_d6_ws"]] * 2
+        assert prefill_moe_on_cpu[-2:] == [PREFILL_SCHEDULES["rs_w256_t128_d6_ws_tok"]] * 2
     expected = moe_reference(hidden, topk_weights, topk_ids, layer.experts, None, limit)
     assert_close_to_reference(result, expected, "w4a16")
 
@@ -1226,7 +1226,7 @@ def test_a4_and_split_prefill_calls_run_the_prefill_gemms_and_match_the_referenc
     assert prefill_moe_on_cpu[-4:] == [planned.prefill.fc1, planned.prefill.fc2] * 2
     assert all(schedule.weight_rows == 256 for schedule in prefill_moe_on_cpu[-4:])
     if planned.prefill.fc1.routes == 128:
-        assert prefill_moe_on_cpu[-1] == PREFILL_SCHEDULES["rs_w256_t128_d6_ws_x2_h2"]
+        assert prefill_moe_on_cpu[-1] == PREFILL_SCHEDULES["rs_w256_t128_d6_ws_x2_h2_tok"]
     is_a4 = flags.bool()
     assert_close_to_reference(split[is_a4], a4[is_a4], "a4")
     assert_close_to_reference(split[~is_a4], w4a16[~is_a4], "w4a16")
@@ -1271,7 +1271,7 @@ def test_where_both_kernel_families_run_the_prefill_tiles_take_a_call_before_the
     monkeypatch.setattr(plan, "prefill_kernels_run", lambda device: True)
     first = PREFILL_MIN_ROWS_PER_EXPERT * experts // top_k  # 432 tokens
     assert PREFILL_MIN_ROWS_PER_EXPERT < DECODE_MAX_ROWS_PER_EXPERT
-    for tokens, label in ((first, "rs_w256_t32_d6_ws_c2"), (1024, "rs_w256_t32_d6_ws_c2")):
+    for tokens, label in ((first, "rs_w256_t32_d6_ws_c2_tok"), (1024, "rs_w256_t32_d6_ws_c2_tok")):
         planned = plan.plan_call(tokens, top_k, experts, hidden_size, inter, torch.bfloat16, gpu)
         assert choose_config(tokens * top_k, experts, hidden_size, inter).decode is not None
         assert planned.decode is None
