@@ -153,15 +153,16 @@ def test_every_tiled_kernel_reaches_a_post_compile_hook_serialized(device, confi
         (512, None, "grouped_w4_gemm_ws_kernel"),  # 64 (4096 routes: the chunked routing)
         (256, "rs_w128_t64_d4_r80", "grouped_w4_gemm_rs_kernel"),  # 2048 routes: the one-program routing
         (1280, None, "grouped_w4_gemm_ws_kernel"),  # 160: 256-route tiles, the chunked routing
+        (1280, "rs_w128_t256_d4_ws_x2_h2", "grouped_w4_gemm_ws_kernel"),  # FC1's rows gathered first
         (512, "w128_t256_d4", "grouped_w4_gemm_kernel"),  # weights in shared memory: explicit only
     ],
 )
 def test_every_prefill_kernel_reaches_a_post_compile_hook_serialized(device, tokens, tiles, kernel):
     """A W4A16 call of prefill size (on sm_90) runs the routing (one program up to
     ``SMALL_ROUTING_MAX`` routes, the chunked kernels above), the two prefill GEMMs (the size's
-    default tiles, or ``tiles`` for both GEMMs by an explicit config; the warp-specialized FC1
-    after its row gather) and the combine; each
-    compiles and Triton serializes its specialization for the hook."""
+    default tiles, whose FC1 copies its rows by token, or ``tiles`` for both GEMMs by an explicit
+    config; a warp-specialized FC1 without ``rows_by_token`` after its row gather) and the
+    combine; each compiles and Triton serializes its specialization for the hook."""
     if device == "cuda" and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the prefill kernels run on sm_90 (Hopper) only")
     config = None
@@ -172,8 +173,10 @@ def test_every_prefill_kernel_reaches_a_post_compile_hook_serialized(device, tok
         call(device, tokens, MODE_W4A16, config)
     compiled = {event.kernel for event in compiles}
     assert {kernel, "combine_kernel"} <= compiled
-    # the warp-specialized FC1 reads its rows gathered by one kernel (bf16: in MMA column order)
-    assert ("gather_rows_kernel" in compiled) is (kernel == "grouped_w4_gemm_ws_kernel")
+    # a warp-specialized FC1 without rows_by_token reads its rows gathered by one kernel (bf16:
+    # in MMA column order); the defaults' FC1 copies them by token
+    gathered = tiles is not None and kernel == "grouped_w4_gemm_ws_kernel"
+    assert ("gather_rows_kernel" in compiled) is gathered
     chunked = {"route_count_kernel", "route_offsets_kernel", "route_place_kernel"}
     if tokens * TOP_K > SMALL_ROUTING_MAX:
         assert chunked <= compiled and "route_prep_kernel" not in compiled
