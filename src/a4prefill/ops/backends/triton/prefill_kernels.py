@@ -104,10 +104,12 @@ def scale_copy_layout(bk: int, warps: int) -> gl.BlockedLayout:
 
 
 @gluon.constexpr_function
-def rows_layout(bk: int, warps: int) -> gl.BlockedLayout:
-    """``[rows, BK]`` bf16 activations: 8 per thread (16 bytes)."""
-    along_k = bk // 8
-    return gl.BlockedLayout([1, 8], [32 // along_k, along_k], [warps, 1], [1, 0])
+def row_piece_layout(row_bytes: int, element_bits: int, warps: int) -> gl.BlockedLayout:
+    """``[rows, row_bytes * 8 / element_bits]`` activation rows of one step (a multiple of 16
+    bytes a row, at most 512): 16 bytes a thread (8 bf16 or 16 e4m3 elements), a row's pieces on
+    consecutive lanes; the layout of each step's row loads and ``cp.async`` copies."""
+    along = row_bytes // 16
+    return gl.BlockedLayout([1, 128 // element_bits], [32 // along, along], [warps, 1], [1, 0])
 
 
 @gluon.constexpr_function
@@ -266,7 +268,7 @@ def _tile_operands(
     ``num_tiles`` (a step's copies are at ``+ k // 2``, ``+ k // 16`` and ``+ k``)."""
     num_warps: gl.constexpr = gl.num_warps()
     CL: gl.constexpr = codes_layout(BW, BK, num_warps)
-    XL: gl.constexpr = rows_layout(BK, num_warps)
+    XL: gl.constexpr = row_piece_layout(BK * 2, 16, num_warps)
     G: gl.constexpr = BK // 16
 
     steps, expert, row0, seg_end, n0, live_tile = _tile(

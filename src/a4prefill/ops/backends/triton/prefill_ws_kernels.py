@@ -98,6 +98,7 @@ from a4prefill.ops.backends.triton.prefill_kernels import (
     acc_layout,
     fragment_code_rows_layout,
     fragment_codes_layout,
+    row_piece_layout,
     scale_copy_layout,
 )
 
@@ -163,14 +164,6 @@ def code_ring_layout(box_layout: gl.NVMMASharedLayout) -> gl.NVMMASharedLayout:
     swizzle in two dimensions. TMA swizzles by shared-memory address, so a box of any rank lands
     as this layout says when its rows are the slot's rows in order (:func:`code_box`)."""
     return gl.NVMMASharedLayout(box_layout.swizzle_byte_width, 8)
-
-
-@gluon.constexpr_function
-def row_piece_layout(row_bytes: int, element_bits: int, warps: int) -> gl.BlockedLayout:
-    """``[rows, row_bytes * 8 / element_bits]`` activation rows of one step (128 bytes: 64 bf16 or
-    128 e4m3 columns) for ``cp.async``: 16 bytes a thread, a row's pieces on consecutive lanes."""
-    along = row_bytes // 16
-    return gl.BlockedLayout([1, 128 // element_bits], [32 // along, along], [warps, 1], [1, 0])
 
 
 @gluon.jit
