@@ -119,7 +119,7 @@ def default_label(tokens: int, mode_name: str | None) -> str | None:
 
     routes = tokens * TOP_K
     if mode_name is None:
-        chosen = choose_a8_schedule(routes, EXPERTS)
+        chosen = choose_a8_schedule(routes, EXPERTS, HIDDEN)
         return next(label for label, schedule in A8_SCHEDULES.items() if schedule == chosen)
     tiles = choose_prefill_tiles(routes, EXPERTS, HIDDEN, INTERMEDIATE)
     if tiles is None:

@@ -82,8 +82,8 @@ def test_a_default_case_names_the_schedule_the_moe_call_of_that_size_runs(profil
     assert profile.parse_case("4096:default:w4a16") == (4096, "rs_w256_t128_d6_ws_tok", "w4a16")
     assert profile.parse_case("4096:default:a4") == (4096, "rs_w256_t128_d6_ws_x2_h2_tok", "a4")
     assert profile.parse_case("16384:default:w4a16") == (16384, "rs_w128_t256_d4_ws_x2_h2_tok", "w4a16")
-    assert profile.parse_case("8192:default_a8") == (8192, "a8_t256", None)
-    assert profile.parse_case("1024:default_a8") == (1024, "a8_rs", None)
+    assert profile.parse_case("8192:default_a8") == (8192, "a8_t256_tok", None)
+    assert profile.parse_case("1024:default_a8") == (1024, "a8_rs_tok", None)
     assert choose_prefill_tiles(384 * 8, 288, 4096, 1024) is None
     for case in (
         "384:default:w4a16",

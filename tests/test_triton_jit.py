@@ -27,8 +27,8 @@ from a4prefill.ops.backends.triton import fused_a8, plan
 from a4prefill.ops.backends.triton.fused import fused_moe
 from a4prefill.ops.backends.triton.routing import SMALL_ROUTING_MAX
 from a4prefill.ops.backends.triton.schedules import (
-    A8_PREFILL_RS,
-    A8_PREFILL_WIDE,
+    A8_PREFILL_RS_TOK,
+    A8_PREFILL_WIDE_TOK,
     DECODE_SCHEDULES,
     PREFILL_SCHEDULES,
     DecodeGemm,
@@ -282,8 +282,8 @@ def test_after_an_a8_warm_up_no_a8_call_of_any_size_compiles(device):
         assert a8_kernels | {"route_prep_kernel"} <= compiled
         shapes = (TOP_K, EXPERTS, HIDDEN, INTERMEDIATE, torch.bfloat16, torch.device(device))
         w4a16_plans = len(plan_representatives(A8_MAX_TOKENS, *shapes))
-        a8_launches = a8_representatives(A8_MAX_TOKENS, TOP_K, EXPERTS)
-        assert {schedule for schedule, _ in a8_launches} == {A8_PREFILL_RS, A8_PREFILL_WIDE}
+        a8_launches = a8_representatives(A8_MAX_TOKENS, TOP_K, EXPERTS, HIDDEN)
+        assert {schedule for schedule, _ in a8_launches} == {A8_PREFILL_RS_TOK, A8_PREFILL_WIDE_TOK}
         assert report.calls == report.plans == w4a16_plans + len(a8_launches)
         for tokens in [*range(1, 70), *range(70, A8_MAX_TOKENS + 1, 53), 1279, 1280, A8_MAX_TOKENS]:
             x = torch.zeros(tokens, HIDDEN, dtype=torch.bfloat16, device=device)

@@ -89,9 +89,10 @@ def test_the_a8_moe_and_a_split_a8_plan_match_the_references(tokens, register_we
     """``fused_moe_a8`` (16 experts, H 1024, I 512, top-4; a call of 16 and of 375 routes per
     expert) within the tensor cores' A8 bounds of ``moe_reference_a8`` and at most a fifth of
     A8's own error against W4A16 away from it, the same when replayed from a CUDA graph, with
-    the size's schedule (``choose_a8_schedule``) or its register-weights twin (both GEMMs' rows
-    quantized in ``a8_column_order``); the triton backend under a split A8 plan (its own
-    schedule: once): prefill rows A8, decode rows W4A16."""
+    the size's schedule (``choose_a8_schedule``: FC1's rows copied by token) and the same tiles
+    with the other weight placement (the form that gathers FC1's rows; with the weights in
+    registers both GEMMs' rows quantized in ``a8_column_order``); the triton backend under a
+    split A8 plan (its own schedule: once): prefill rows A8, decode rows W4A16."""
     import dataclasses
 
     from a4prefill.ops.backends.triton.backend import TritonBackend
@@ -112,8 +113,10 @@ def test_the_a8_moe_and_a_split_a8_plan_match_the_references(tokens, register_we
     gpu = [t.cuda() for t in (hidden, topk_weights, topk_ids)]
     args = (hidden, topk_weights, topk_ids, layer.experts)
     a8, w4a16 = moe_reference_a8(*args, 4.0), moe_reference(*args, None, 4.0)
-    schedule = choose_a8_schedule(tokens * top_k, experts)
-    schedule = dataclasses.replace(schedule, a8_register_weights=register_weights)
+    chosen = choose_a8_schedule(tokens * top_k, experts, hidden_size)
+    schedule = chosen
+    if chosen.a8_register_weights != register_weights:  # the other placement's gathering form
+        schedule = dataclasses.replace(chosen, a8_register_weights=register_weights, rows_by_token=False)
     assert schedule in A8_SCHEDULES.values()
     result = fused_moe_a8(*gpu, cuda_experts, 4.0, schedule=schedule)
     assert_close_to_reference(result, a8, "a8_tensor_cores")
@@ -124,7 +127,7 @@ def test_the_a8_moe_and_a_split_a8_plan_match_the_references(tokens, register_we
         replayed = fused_moe_a8(*gpu, cuda_experts, 4.0, schedule=schedule)
     graph.replay()
     assert torch.equal(replayed, result)
-    if register_weights:  # the split plan runs the backend's own schedule, the same either way
+    if schedule != chosen:  # the split plan runs the backend's own schedule: once per size
         return
     decode = tokens // 4
     row_types = RowTypes(tokens, decode=((0, decode),), prefill=((decode, tokens),), padding=())

@@ -435,15 +435,15 @@ def test_an_a8_call_without_a_schedule_runs_its_size_s_and_the_warm_up_compiles_
 ):
     """``fused_moe_a8`` without ``schedule`` runs ``choose_a8_schedule``'s: 128-route tiles with the
     weights converted into registers below ``WIDE_TILE_MIN_ROWS_PER_EXPERT`` routes per expert
-    (mean), 256-route tiles from there (both
-    GEMMs, routing in the schedule's tiles); the A8 warm-up's representatives of a GLM-like
-    layer (64 experts, top-8) hold every size's schedule and routing launch, the wide one first
-    at 1280 tokens, so that serving compiles neither."""
+    (mean), 256-route tiles from there, both with FC1's rows copied by token (both GEMMs, routing
+    in the schedule's tiles); the A8 warm-up's representatives of a GLM-like layer (64 experts,
+    top-8) hold every size's schedule and routing launch, the wide one first at 1280 tokens, so
+    that serving compiles neither."""
     from a4prefill.ops.backends.triton import fused_a8
     from a4prefill.ops.backends.triton.routing import routing_launch
     from a4prefill.ops.backends.triton.schedules import (
-        A8_PREFILL_RS,
-        A8_PREFILL_WIDE,
+        A8_PREFILL_RS_TOK,
+        A8_PREFILL_WIDE_TOK,
         WIDE_TILE_MIN_ROWS_PER_EXPERT,
         choose_a8_schedule,
     )
@@ -459,17 +459,49 @@ def test_an_a8_call_without_a_schedule_runs_its_size_s_and_the_warm_up_compiles_
     monkeypatch.setattr(fused_a8, "sort_routes", sorted_in_tiles)
     monkeypatch.setattr(fused_a8, "launch_prefill_gemm", lambda *args, **kwargs: launched.append(args[5]))
     wide_tokens = WIDE_TILE_MIN_ROWS_PER_EXPERT * 4 // 2  # 4 experts, top-2
-    for tokens, schedule in ((wide_tokens - 1, A8_PREFILL_RS), (wide_tokens, A8_PREFILL_WIDE)):
+    for tokens, schedule in ((wide_tokens - 1, A8_PREFILL_RS_TOK), (wide_tokens, A8_PREFILL_WIDE_TOK)):
         layer, hidden, topk_weights, topk_ids = tiny_a8_layer(tokens, seed=3)
         fused_a8.fused_moe_a8(hidden, topk_weights, topk_ids, layer.experts, None)
         assert launched == [schedule.routes, schedule, schedule]
         launched.clear()
-    representatives = a8_representatives(2048, 8, 64)
-    assert {schedule for schedule, _ in representatives} == {A8_PREFILL_RS, A8_PREFILL_WIDE}
-    assert min(t for (s, _), t in representatives.items() if s == A8_PREFILL_WIDE) == 1280
+    representatives = a8_representatives(2048, 8, 64, 4096)
+    assert {schedule for schedule, _ in representatives} == {A8_PREFILL_RS_TOK, A8_PREFILL_WIDE_TOK}
+    assert min(t for (s, _), t in representatives.items() if s == A8_PREFILL_WIDE_TOK) == 1280
     for tokens in range(1, 2049):
-        schedule = choose_a8_schedule(tokens * 8, 64)
+        schedule = choose_a8_schedule(tokens * 8, 64, 4096)
         assert (schedule, routing_launch(tokens * 8, schedule.routes)) in representatives
+
+
+def test_a8_calls_copy_fc1_rows_by_token_unless_x_may_outgrow_int32_offsets():
+    """``choose_a8_schedule`` takes the ``_tok`` forms (``rows_by_token``) wherever ``routes *
+    hidden`` stays below 2**31, the bound of the launcher's int32 offsets into ``x``; from there
+    the same tiles gathering their rows first, at both tile sizes, so that the default never
+    meets the launcher's refusal. The warm-up's representatives follow the same switch."""
+    from a4prefill.ops.backends.triton.schedules import (
+        A8_PREFILL_RS,
+        A8_PREFILL_RS_TOK,
+        A8_PREFILL_WIDE,
+        A8_PREFILL_WIDE_TOK,
+        choose_a8_schedule,
+    )
+    from a4prefill.ops.backends.triton.warmup import a8_representatives
+
+    hidden = 2**16
+    largest_by_token = (2**31 - 1) // hidden  # 32767 routes
+    for experts, small, large in (
+        (1024, A8_PREFILL_RS_TOK, A8_PREFILL_RS),
+        (16, A8_PREFILL_WIDE_TOK, A8_PREFILL_WIDE),
+    ):
+        assert choose_a8_schedule(largest_by_token, experts, hidden) == small
+        assert choose_a8_schedule(largest_by_token + 1, experts, hidden) == large
+    assert all(choose_a8_schedule(routes, 288, 6144).rows_by_token for routes in (8, 4096, 2**17, 2**18))
+    top_k = 8
+    representatives = a8_representatives(largest_by_token // top_k + 1, top_k, 16, hidden)
+    assert {schedule for schedule, _ in representatives} >= {A8_PREFILL_WIDE_TOK, A8_PREFILL_WIDE}
+    assert (
+        min(t for (s, _), t in representatives.items() if s == A8_PREFILL_WIDE)
+        == largest_by_token // top_k + 1
+    )
 
 
 def test_an_a8_call_refuses_a_schedule_that_is_not_an_a8_schedule():

@@ -135,7 +135,7 @@ def fused_moe_a8(
     top_k = topk_ids.shape[1]
     routes = tokens * top_k
     if schedule is None:
-        schedule = choose_a8_schedule(routes, fc1.experts)
+        schedule = choose_a8_schedule(routes, fc1.experts, hidden)
     topk_weights = _aligned(topk_weights.to(torch.float32))
     topk_ids = _aligned(topk_ids.to(torch.int32))
     launch = routing_launch(routes, schedule.routes)

@@ -694,7 +694,8 @@ class PrefillTiles:
 # runs 256-route tiles as two wgmmas of 128 routes on each step's converted weights
 # (``prefill_a8_kernels.mainloop_a8_wide``: half the conversion per FLOP), 4 slots of 42 KiB.
 # :func:`choose_a8_schedule` gives each size the faster of the two in the eighteenth round's run
-# (the 128-route size ``A8_PREFILL_RS`` since the twenty-third: see its docstring).
+# (the 128-route size ``A8_PREFILL_RS`` since the twenty-third, both sizes' ``_tok`` forms since the
+# twenty-sixth: see its docstring).
 # A third, ``A8_PREFILL_AHEAD`` (each step's successor converted into a second buffer while the
 # step's wgmma ran, 16 KiB more), was 2-5% slower than ``A8_PREFILL`` at every size in the
 # eighteenth and nineteenth rounds' runs and was removed in the twenty-first (its label ``a8_x2``
@@ -719,8 +720,9 @@ A8_PREFILL_RS = _warp_specialized(128, 6, a8_register_weights=True)
 A8_PREFILL_WIDE_RS = _warp_specialized(256, 4, a8_register_weights=True)
 A8_PREFILL_RS_H2 = _warp_specialized(128, 6, wgmmas_per_step=2, a8_register_weights=True)
 A8_PREFILL_WIDE_RS_H2 = _warp_specialized(256, 4, wgmmas_per_step=2, a8_register_weights=True)
-# The chosen two with FC1's rows copied by token in the producer (``rows_by_token``; twenty-fourth
-# round, built without a GPU, not timed): no ``[routes, K]`` e4m3 gather before FC1.
+# The two with FC1's rows copied by token in the producer (``rows_by_token``; twenty-fourth
+# round, timed in the twenty-fifth, chosen in the twenty-sixth): no ``[routes, K]`` e4m3 gather
+# before FC1.
 A8_PREFILL_RS_TOK = _warp_specialized(128, 6, a8_register_weights=True, rows_by_token=True)
 A8_PREFILL_WIDE_TOK = _warp_specialized(256, 4, rows_by_token=True)
 A8_SCHEDULES = MappingProxyType(
@@ -737,13 +739,17 @@ A8_SCHEDULES = MappingProxyType(
 )
 
 
-def choose_a8_schedule(routes: int, experts: int) -> PrefillGemm:
+def choose_a8_schedule(routes: int, experts: int, hidden: int) -> PrefillGemm:
     """The :data:`A8_SCHEDULES` schedule of an A8 call (``fused_a8.fused_moe_a8``) of ``routes``
-    routes over ``experts`` experts: 256-route tiles (``A8_PREFILL_WIDE``) from
-    :data:`WIDE_TILE_MIN_ROWS_PER_EXPERT` routes per expert (mean), as W4A16, else 128-route tiles
-    with each step's weights converted into the wgmma's A registers (``A8_PREFILL_RS``). A speed
-    choice only: every A8 schedule meets the same A8 contract (docs/numerics.md section 8; the
-    tensor cores' accumulation order within a block may differ between schedules).
+    routes over ``experts`` experts whose activation rows have ``hidden`` columns: 256-route tiles
+    (``A8_PREFILL_WIDE_TOK``) from :data:`WIDE_TILE_MIN_ROWS_PER_EXPERT` routes per expert (mean),
+    as W4A16, else 128-route tiles with each step's weights converted into the wgmma's A registers
+    (``A8_PREFILL_RS_TOK``). Both copy FC1's rows by token in the producer (``rows_by_token``), as
+    the W4A16 defaults do, except where ``routes * hidden`` reaches 2**31 (the copy's offsets are
+    int32, the launcher refuses such an ``x``): there the forms that gather the rows first
+    (``A8_PREFILL_WIDE``, ``A8_PREFILL_RS``). A speed choice only: every A8 schedule meets the
+    same A8 contract (docs/numerics.md section 8; the tensor cores' accumulation order within a
+    block may differ between schedules).
 
     The whole MoE, GLM-5.3-Flash TP2 shape, us (``benchmarks/bench_moe.py``):
 
@@ -754,8 +760,22 @@ def choose_a8_schedule(routes: int, experts: int) -> PrefillGemm:
       round, ``A8_PREFILL_RS`` / ``A8_PREFILL``): 1618 / 1675 at 512 tokens, 1648 / 1713 at 1024,
       2096 / 2159 at 4096, 3760 / 3946 at 8192 (the 256-route pair there: 3048 / 3147 for
       ``A8_PREFILL_WIDE_RS`` / ``A8_PREFILL_WIDE``, at 16384 6487 / 6246, the former at a
-      throttled clock; not changed on one run)."""
-    return A8_PREFILL_WIDE if routes / max(1, experts) >= WIDE_TILE_MIN_ROWS_PER_EXPERT else A8_PREFILL_RS
+      throttled clock; not changed on one run);
+    - rows copied by token against gathered (twenty-fifth round): on the H100 in two runs with the
+      columns in opposite orders, ``A8_PREFILL_RS`` / ``A8_PREFILL_RS_TOK`` 1643 / 1615 and 1623 /
+      1638 at 1024 tokens, 2025 / 1994 and 2039 / 1997 at 4096, ``A8_PREFILL_WIDE`` /
+      ``A8_PREFILL_WIDE_TOK`` 3197 / 3090 and 3190 / 3167 at 8192; on the H200 in one run (the
+      ``_tok`` columns timed last) 128 routes 1586 / 1648 at 512 tokens (the ``_tok`` column at
+      1785 MHz against 1935), 1639 / 1676 at 1024, 1921 / 1710 at 2048, 1992 / 1964 at 4096, 256
+      routes 3031 / 2945 at 8192, 6070 / 6302 at 16384 (power-capped, the ``_tok`` column's clock
+      lower). In the H100's two runs the ``_tok`` forms win or tie at every size timed; in the
+      H200's one run (``_tok`` timed last, the card's heating against it) they are 2-4% behind at
+      512, 1024 and 16384 tokens and 1-11% ahead at 2048-8192."""
+    # the _tok forms address x ([tokens, hidden] e4m3, tokens <= routes) by int32 offsets
+    by_token = routes * hidden < 2**31
+    if routes / max(1, experts) >= WIDE_TILE_MIN_ROWS_PER_EXPERT:
+        return A8_PREFILL_WIDE_TOK if by_token else A8_PREFILL_WIDE
+    return A8_PREFILL_RS_TOK if by_token else A8_PREFILL_RS
 
 
 def _first_fitting(hidden: int, intermediate: int, *labels: str) -> PrefillTiles:

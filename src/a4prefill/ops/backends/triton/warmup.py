@@ -54,15 +54,16 @@ def plan_representatives(
 
 
 def a8_representatives(
-    max_tokens: int, top_k: int, experts: int
+    max_tokens: int, top_k: int, experts: int, hidden: int
 ) -> dict[tuple[PrefillGemm, RoutingLaunch], int]:
     """The smallest token count of each distinct schedule and routing launch of A8 calls
     (:func:`fused_a8.fused_moe_a8`, :func:`schedules.choose_a8_schedule`) of ``1 .. max_tokens``
-    tokens on a layer of ``experts`` experts: the rest of such a call launches the same kernels at
-    every size (its GEMMs take the route count unspecialized). Host arithmetic only."""
+    tokens on a layer of ``experts`` experts and ``hidden`` activation columns: the rest of such a
+    call launches the same kernels at every size (its GEMMs take the route count unspecialized).
+    Host arithmetic only."""
     representatives: dict[tuple[PrefillGemm, RoutingLaunch], int] = {}
     for tokens in range(1, max_tokens + 1):
-        schedule = choose_a8_schedule(tokens * top_k, experts)
+        schedule = choose_a8_schedule(tokens * top_k, experts, hidden)
         representatives.setdefault((schedule, routing_launch(tokens * top_k, schedule.routes)), tokens)
     return representatives
 
@@ -106,7 +107,7 @@ def warm_up(
             fused_moe(x, weights, ids, experts, a4_scales, swiglu_limit)
             fused_moe(x, weights, ids, experts, a4_scales, swiglu_limit, flags)
             calls += 2
-    a8_launches = a8_representatives(max_tokens, top_k, num_experts) if a8 else {}
+    a8_launches = a8_representatives(max_tokens, top_k, num_experts, hidden) if a8 else {}
     for tokens in a8_launches.values():
         fused_moe_a8(*inputs(tokens), experts, swiglu_limit)
         calls += 1
