@@ -160,9 +160,10 @@ def test_every_tiled_kernel_reaches_a_post_compile_hook_serialized(device, confi
 def test_every_prefill_kernel_reaches_a_post_compile_hook_serialized(device, tokens, tiles, kernel):
     """A W4A16 call of prefill size (on sm_90) runs the routing (one program up to
     ``SMALL_ROUTING_MAX`` routes, the chunked kernels above), the two prefill GEMMs (the size's
-    default tiles, whose FC1 copies its rows by token, or ``tiles`` for both GEMMs by an explicit
-    config; a warp-specialized FC1 without ``rows_by_token`` after its row gather) and the
-    combine; each compiles and Triton serializes its specialization for the hook."""
+    default tiles, whose FC1 copies its rows by token from ``x`` with its columns permuted, or
+    ``tiles`` for both GEMMs by an explicit config; a warp-specialized FC1 without
+    ``rows_by_token`` after its row gather) and the combine; each compiles and Triton serializes
+    its specialization for the hook."""
     if device == "cuda" and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the prefill kernels run on sm_90 (Hopper) only")
     config = None
@@ -173,10 +174,9 @@ def test_every_prefill_kernel_reaches_a_post_compile_hook_serialized(device, tok
         call(device, tokens, MODE_W4A16, config)
     compiled = {event.kernel for event in compiles}
     assert {kernel, "combine_kernel"} <= compiled
-    # a warp-specialized FC1 without rows_by_token reads its rows gathered by one kernel (bf16:
-    # in MMA column order); the defaults' FC1 copies them by token
-    gathered = tiles is not None and kernel == "grouped_w4_gemm_ws_kernel"
-    assert ("gather_rows_kernel" in compiled) is gathered
+    # a warp-specialized FC1 reads its bf16 rows in MMA column order from one gather_rows_kernel
+    # copy: its routes' rows in sorted order, or (rows_by_token, the defaults) x's own rows
+    assert ("gather_rows_kernel" in compiled) is (kernel == "grouped_w4_gemm_ws_kernel")
     chunked = {"route_count_kernel", "route_offsets_kernel", "route_place_kernel"}
     if tokens * TOP_K > SMALL_ROUTING_MAX:
         assert chunked <= compiled and "route_prep_kernel" not in compiled

@@ -453,14 +453,20 @@ def test_a_producer_that_copies_rows_by_token_issues_one_tma_box_and_16_byte_cop
 def test_a_rows_by_token_fc1_launches_on_x_in_mma_column_order_without_the_row_gather(monkeypatch):
     """A ``rows_by_token`` schedule's FC1 passes the kernel ``x`` itself with its columns in
     ``mma_column_order`` (``x_rows_ptr``, and the TMA descriptor of the same ``[T, K]`` tensor)
-    and ``X_BY_TOKEN``, and never calls ``gather_rows``; its FC2 (rows in sorted order) and the
-    schedule without ``rows_by_token`` pass neither; an ``x`` of ``2**31`` elements or more (the
-    kernel's int32 offsets) is refused."""
+    and ``X_BY_TOKEN``; its one ``gather_rows`` call is that permutation (each token its own
+    route: ``[T, K]``, no route gathered); its FC2 (rows in sorted order) and the schedule without
+    ``rows_by_token`` pass neither; an ``x`` of ``2**31`` elements or more (the kernel's int32
+    offsets) is refused."""
     from a4prefill.ops.backends.triton import prefill
     from helpers.gluon_on_cpu import interpreted_row_gather
 
-    def no_gather(*args: Any, **kwargs: Any) -> None:
-        raise AssertionError("gather_rows called for a rows_by_token FC1")
+    interpreted_row_gather(monkeypatch)  # x's columns permuted and the plain FC1's rows gathered
+    gathers: list[tuple[torch.Tensor, int]] = []
+    gather_rows_on_cpu = prefill.gather_rows
+
+    def recorded_gather(x: torch.Tensor, sorted_route: torch.Tensor, top_k: int) -> torch.Tensor:
+        gathers.append((sorted_route, top_k))
+        return gather_rows_on_cpu(x, sorted_route, top_k)
 
     schedule = PREFILL_SCHEDULES["rs_w256_t128_d6_ws_tok"]
     experts, tokens, top_k, n, k = 2, 24, 2, 2 * schedule.weight_rows, 128
@@ -473,8 +479,10 @@ def test_a_rows_by_token_fc1_launches_on_x_in_mma_column_order_without_the_row_g
     swiglu = {"epilogue": "swiglu", "scale2": torch.ones(experts, 2)}
     recorder = LaunchRecorder()
     with monkeypatch.context() as patch:
-        patch.setattr(prefill, "gather_rows", no_gather)
+        patch.setattr(prefill, "gather_rows", recorded_gather)
         launch_prefill_gemm(x, codes, scales, routing, fc1_out, schedule, top_k, kernel=recorder, **swiglu)
+    ((identity, one),) = gathers
+    assert one == 1 and torch.equal(identity, torch.arange(tokens, dtype=torch.int32))
     ((_, kwargs),) = recorder.launches
     assert kwargs["X_BY_TOKEN"] is True
     assert torch.equal(kwargs["x_rows_ptr"], x[:, mma_column_order(k, x.device)])
@@ -483,7 +491,6 @@ def test_a_rows_by_token_fc1_launches_on_x_in_mma_column_order_without_the_row_g
     alpha = {"epilogue": "alpha", "scale2": torch.ones(experts)}
     launch_prefill_gemm(fc2_in, codes, scales, routing, fc2_out, schedule, None, kernel=recorder, **alpha)
     plain = PREFILL_SCHEDULES["rs_w256_t128_d6_ws"]
-    interpreted_row_gather(monkeypatch)  # its rows gathered first, here on the CPU
     launch_prefill_gemm(x, codes, scales, routing, fc1_out, plain, top_k, kernel=recorder, **swiglu)
     for _, later in recorder.launches[1:]:
         assert "X_BY_TOKEN" not in later and "x_rows_ptr" not in later

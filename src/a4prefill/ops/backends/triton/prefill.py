@@ -69,11 +69,13 @@ register_state(__name__, a8_column_order.cache_clear, a8_column_order)
 
 
 GATHER_ROWS_PER_PROGRAM = 64  # rows of one program of shared_kernels.gather_rows_kernel (8 KiB)
-# The gather's program order (``gather_rows_kernel``'s ``BLOCKS_FIRST``): False, one 64-column
-# stripe of every row after the other, is what the GPU runs have timed (the twenty-third round's
-# H100: 761 us at 8192 tokens of the GLM TP2 shape, about 0.8 TB/s, a fifth of the call); True,
-# whole rows after the other, is a candidate not yet timed (``benchmarks/bench_gather.py``).
-GATHER_BLOCKS_FIRST = False
+# The gather's program order (``gather_rows_kernel``'s ``BLOCKS_FIRST``): True, whole rows after
+# the other, was the faster in ``benchmarks/bench_gather.py``'s one run (twenty-fifth round, H200,
+# hidden 4096, top-8): the gather 541 us at 8192 tokens against 615 for False (one 64-column stripe
+# of every row after the other, the order of the earlier rounds), 1085 against 1214 at 16384; the
+# ``[T, K]`` column permutation (one route per token) 76.5 against 93.6 us at 8192, 143 against
+# 180 at 16384, 42.5 against 51.9 at 4096 (``index_select``: 97, 186, 53).
+GATHER_BLOCKS_FIRST = True
 
 
 def gather_rows(
@@ -101,6 +103,17 @@ def gather_rows(
             num_warps=4,
         )
     return rows
+
+
+def mma_ordered_rows(x: torch.Tensor) -> torch.Tensor:
+    """bf16 ``[T, K]``: ``x [T, K]`` (bf16, contiguous, ``K`` a multiple of 64) with its columns in
+    :func:`mma_column_order`, by :func:`gather_rows` with each row its own route: the copy a
+    ``rows_by_token`` FC1 reads its rows from. Chosen over ``x.index_select(1,
+    mma_column_order(K))`` (the same bytes) by ``benchmarks/bench_gather.py`` (twenty-fifth round,
+    H200, hidden 4096, :data:`GATHER_BLOCKS_FIRST`'s order: 76.5 against 97 us at 8192 tokens,
+    143 against 186 at 16384). No host sync; allocates (the identity routes and the copy)."""
+    identity = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
+    return gather_rows(x, identity, 1)
 
 
 def ws_partitions(
@@ -370,7 +383,7 @@ def launch_prefill_gemm(
         # float8 kernels)
         token = None if top_k is None or gather_in_order else routing.sorted_route // top_k
         if by_token:  # x itself, its columns in MMA order; the descriptor gives the slots' layout
-            rows = x if a8 or x_mma_order else x.index_select(1, mma_column_order(k, x.device))
+            rows = x if a8 or x_mma_order else mma_ordered_rows(x)
         elif gather_in_order and top_k is not None:
             rows = gather_rows(x, routing.sorted_route, top_k)
         elif token is not None:
