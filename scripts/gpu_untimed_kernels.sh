@@ -16,6 +16,10 @@
 #                                              # warm-up); then the whole MoE at 512-16384 tokens
 #                                              # on the defaults with the two A8 defaults' columns
 #                                              # (not yet run)
+#   bash scripts/gpu_untimed_kernels.sh a4     # A4 and split at 4096 tokens on the 128-route
+#                                              # tiles as one 8-warp partition (their default)
+#                                              # and as two (W4A16's), after the twenty-sixth
+#                                              # round's cheaper e2m1 rounding (not yet run)
 #   bash scripts/gpu_untimed_kernels.sh anchors # issue 23's one-run table on the defaults with
 #                                              # the Marlin and Humming columns (512-16384
 #                                              # tokens); needs vLLM (../shared/gpu-vllm: its
@@ -44,7 +48,9 @@
 #   bash scripts/gpu_untimed_kernels.sh ncu    # Nsight Compute of the FC1 GEMM at 8192 tokens:
 #                                              # the W4A16 default (rows copied by token) against
 #                                              # its gathering form (why the copies cost the GEMMs
-#                                              # 334 us), and the A8 default; summarize the CSV
+#                                              # 334 us), the A8 default, and at 4096 tokens
+#                                              # W4A16 against A4 (A4's GEMMs took 17% longer in
+#                                              # the twenty-fifth round); summarize the CSV
 #                                              # here with profile_prefill.py --ncu-summary (the
 #                                              # form with 1024, 2048, 16384 and a8_t256_rs took
 #                                              # about 360 s)
@@ -60,7 +66,8 @@ export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 LARGE_GATHER=rs_w128_t256_d4_ws_x2_h2
 MID_TILES=rs_w256_t128_d6_ws,rs_w256_t128_d6_ws_tok,rs_w256_t128_d6_ws_x2_h2,rs_w256_t128_d6_ws_x2_h2_tok
 SMALL_GATHER=rs_w256_t32_d6_ws_c2,rs_w128_t64_d6_ws_c2
-NCU_CASES=(--case 8192:default:w4a16 --case "8192:$LARGE_GATHER:w4a16" --case 8192:default_a8)
+NCU_CASES=(--case 8192:default:w4a16 --case "8192:$LARGE_GATHER:w4a16" --case 8192:default_a8
+    --case 4096:default:w4a16 --case 4096:default:a4)
 began=$(date +%s)
 left() { echo $(($1 - ($(date +%s) - began))); }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv | tee "$OUT/gpu.txt"
@@ -72,6 +79,11 @@ verify)
     timeout "$(left 585)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 \
         --tokens 512,1024,2048,4096,8192,16384 --baselines "" --a8-schedules a8_rs_tok,a8_t256_tok \
         --out "$OUT/defaults" 2>&1 | tee "$OUT/bench_moe_defaults.txt" | grep -v "^{" | tail -10
+    ;;
+a4)
+    timeout 585 python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 4096 --baselines "" \
+        --sweep prefill --prefill-tiles rs_w256_t128_d6_ws_x2_h2_tok,rs_w256_t128_d6_ws_tok \
+        --a8-schedules a8_rs_tok --out "$OUT/a4" 2>&1 | tee "$OUT/bench_moe_a4.txt" | grep -v "^{" | tail -8
     ;;
 anchors)
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/hsite \
@@ -115,7 +127,7 @@ ncu)
     echo "then here: python benchmarks/profile_prefill.py ${NCU_CASES[*]} --ncu-summary ncu.csv --out DIR"
     ;;
 *)
-    echo "usage: bash scripts/gpu_untimed_kernels.sh verify|anchors|gather|mid|small|ncu (on a Hopper GPU, with OUT set)" >&2
+    echo "usage: bash scripts/gpu_untimed_kernels.sh verify|a4|anchors|gather|mid|small|ncu (on a Hopper GPU, with OUT set)" >&2
     exit 2
     ;;
 esac

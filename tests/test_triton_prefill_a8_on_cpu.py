@@ -364,11 +364,11 @@ def a8_moe_on_cpu(interpreted, interpreted_quantizer):
         prefill_kernels,
         prefill_ws_kernels,
     )
-    from helpers.gluon_on_cpu import InterpretedKernel, interpreted_row_gather
+    from helpers.gluon_on_cpu import InterpretedKernel, interpreted_shared_kernel
     from test_triton_decode_on_cpu import _combine_contract
 
     with pytest.MonkeyPatch.context() as patch:
-        interpreted_row_gather(patch)
+        interpreted_shared_kernel(patch)
         patch.setattr(prefill_ws_kernels, "grouped_w4_gemm_ws_kernel", interpreted)
         for name, kernel in interpreted_quantizer.items():
             patch.setattr(kernel_modules.prefill_a8(), name, kernel)

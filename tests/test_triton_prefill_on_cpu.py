@@ -53,11 +53,11 @@ def interpreted():
     """The three GEMM kernels under the TTGIR interpreter, by :func:`kernel_of`; while the module's
     tests run, the warp-specialized FC1's row gather runs in Triton's CPU interpreter."""
     from a4prefill.ops.backends.triton import kernel_modules
-    from helpers.gluon_on_cpu import InterpretedKernel, interpreted_row_gather
+    from helpers.gluon_on_cpu import InterpretedKernel, interpreted_shared_kernel
 
     kernels = kernel_modules.prefill()
     with pytest.MonkeyPatch.context() as patch:
-        interpreted_row_gather(patch)
+        interpreted_shared_kernel(patch)
         yield {
             "shared": InterpretedKernel(kernels.grouped_w4_gemm_kernel),
             "registers": InterpretedKernel(kernels.grouped_w4_gemm_rs_kernel),
@@ -458,9 +458,9 @@ def test_a_rows_by_token_fc1_launches_on_x_in_mma_column_order_without_the_row_g
     ``rows_by_token`` pass neither; an ``x`` of ``2**31`` elements or more (the kernel's int32
     offsets) is refused."""
     from a4prefill.ops.backends.triton import prefill
-    from helpers.gluon_on_cpu import interpreted_row_gather
+    from helpers.gluon_on_cpu import interpreted_shared_kernel
 
-    interpreted_row_gather(monkeypatch)  # x's columns permuted and the plain FC1's rows gathered
+    interpreted_shared_kernel(monkeypatch)  # x's columns permuted and the plain FC1's rows gathered
     gathers: list[tuple[torch.Tensor, int]] = []
     gather_rows_on_cpu = prefill.gather_rows
 

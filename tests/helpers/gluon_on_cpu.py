@@ -36,10 +36,10 @@ def compile_sm90(
     divisible: set[str],
     maxnreg: int | None = None,
 ) -> Any:
-    """Compile Gluon kernel ``fn`` for sm_90a offline: ``signature`` maps its runtime arguments to
-    Triton types, ``divisible`` names those known divisible by 16, ``maxnreg`` caps the registers
-    per thread (launch option, as on the GPU). Returns the compiled kernel (``.asm`` has
-    ``ttgir``, ``ptx``, ``cubin``)."""
+    """Compile Gluon (or plain Triton) kernel ``fn`` for sm_90a offline: ``signature`` maps its
+    runtime arguments to Triton types, ``divisible`` names those known divisible by 16,
+    ``maxnreg`` caps the registers per thread (launch option, as on the GPU). Returns the
+    compiled kernel (``.asm`` has ``ttgir``, ``ptx``, ``cubin``)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental import gluon
@@ -53,7 +53,11 @@ def compile_sm90(
         if param.has_default and param.name not in signature and param.name not in constexprs
     }
     constexprs = {**constexprs, **defaults}
-    source = gluon._runtime.GluonASTSource(
+    # a plain Triton kernel (@triton.jit) compiles through Triton's own front end
+    source_type = gluon._runtime.GluonASTSource
+    if not isinstance(fn, gluon._runtime.GluonJITFunction):
+        source_type = triton.compiler.ASTSource
+    source = source_type(
         fn=fn,
         signature={**signature, **dict.fromkeys(constexprs, "constexpr")},
         constexprs=constexprs,
@@ -143,14 +147,13 @@ class InterpretedKernel:
         )
 
 
-def interpreted_row_gather(patch: Any) -> None:
-    """Have ``patch`` (a ``pytest.MonkeyPatch``) replace ``shared_kernels.gather_rows_kernel``, the
-    plain Triton kernel that gathers the warp-specialized FC1's rows, by Triton's own CPU
-    interpreter, for tests that run that kernel's launcher on CPU tensors."""
+def interpreted_shared_kernel(patch: Any, name: str = "gather_rows_kernel") -> None:
+    """Have ``patch`` (a ``pytest.MonkeyPatch``) replace the plain Triton kernel ``name`` of
+    ``shared_kernels`` (by default ``gather_rows_kernel``, which gathers the warp-specialized
+    FC1's rows) by Triton's own CPU interpreter, for tests that run that kernel's launcher on CPU
+    tensors."""
     from triton.runtime.interpreter import InterpretedFunction
 
     from a4prefill.ops.backends.triton import shared_kernels
 
-    patch.setattr(
-        shared_kernels, "gather_rows_kernel", InterpretedFunction(shared_kernels.gather_rows_kernel.fn)
-    )
+    patch.setattr(shared_kernels, name, InterpretedFunction(getattr(shared_kernels, name).fn))

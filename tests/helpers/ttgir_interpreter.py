@@ -802,6 +802,15 @@ class _Program:
         value, dtype = self._convert(op)
         return value.to(dtype)
 
+    def _op_arith_fptosi(self, op: Op) -> torch.Tensor:
+        """Float to signed integer, rounding toward zero (``cvt.rzi``); a value outside the
+        integer's range (LLVM's poison; sm_90 saturates) is refused rather than guessed."""
+        value, dtype = self._convert(op)
+        limits = torch.iinfo(dtype)
+        if bool(((value < limits.min) | (value > limits.max) | value.isnan()).any()):
+            raise NotImplementedError(f"arith.fptosi of a value outside {dtype}: {op.text[:120]}")
+        return value.to(dtype)
+
     # -- memory -----------------------------------------------------------------------------
     def _op_tt_addptr(self, op: Op) -> Pointer:
         pointer, offset = self._args(op)

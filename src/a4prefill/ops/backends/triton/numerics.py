@@ -105,23 +105,20 @@ def _rne_e4m3(s):
 
 @triton.jit
 def _e2m1_round(scaled):
-    """e2m1 magnitude (fp32) and code (int32, 0..7) of ``|scaled|`` <= 6, ties to even code."""
+    """e2m1 magnitude (fp32) and code (int32, 0..7) of ``|scaled|`` <= 6, ties to the even code.
+
+    The magnitude by one rounding addition: ``(m + c) - c`` with ``c`` 2**22, 2**23 or 2**24 where
+    e2m1's step is 0.5 (``m`` < 2), 1 (< 4) or 2 (up to 6): fp32's spacing at ``c`` is that step,
+    so the addition rounds ``m`` to the nearest multiple of it, ties to the even multiple, which
+    is the even code (0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4); the
+    subtraction is exact. The code from the magnitude: ``2 m`` below 1, else the fp32 exponent and
+    top mantissa bit (1.0 -> 2, ..., 6.0 -> 7)."""
     m = tl.abs(scaled)
-    code = (
-        (m > 0.25).to(tl.int32)
-        + (m >= 0.75).to(tl.int32)
-        + (m > 1.25).to(tl.int32)
-        + (m >= 1.75).to(tl.int32)
-        + (m > 2.5).to(tl.int32)
-        + (m >= 3.5).to(tl.int32)
-        + (m > 5.0).to(tl.int32)
-    )
-    value = tl.where(
-        code < 4,
-        code.to(tl.float32) * 0.5,
-        tl.where(code == 4, 2.0, tl.where(code == 5, 3.0, tl.where(code == 6, 4.0, 6.0))),
-    )
-    return value, code
+    c = tl.where(m < 2.0, 4194304.0, tl.where(m < 4.0, 8388608.0, 16777216.0))
+    magnitude = (m + c) - c
+    top_bits = magnitude.to(tl.int32, bitcast=True) >> 22
+    code = tl.where(magnitude < 1.0, (magnitude * 2.0).to(tl.int32), top_bits - 252)
+    return magnitude, code
 
 
 @triton.jit
@@ -141,7 +138,7 @@ def _quantize_groups(v, gs, inv_gs, ROWS: tl.constexpr, COLS: tl.constexpr):
     scaled = g * multiplier[:, :, None]
     scaled = tl.minimum(tl.maximum(scaled, -6.0), 6.0)
     magnitude, code = _e2m1_round(scaled)
-    negative = (scaled < 0.0) & (code > 0)
+    negative = (scaled < 0.0) & (magnitude > 0.0)
     code = code | tl.where(negative, 8, 0)
     value = tl.where(negative, -magnitude, magnitude) * scale[:, :, None]
     return tl.reshape(value, [ROWS, COLS]), tl.reshape(code, [ROWS, COLS]), scale
