@@ -10,9 +10,11 @@ rows after the other (``True``), and a plain device copy of the same ``[routes, 
 bytes (which reads every route's row, so the gather should take at most its time). GB/s counts
 the gather's bytes in every column: the rows written plus the token rows read once. Then the
 ``[T, K]`` column permutation that the FC1 of a ``rows_by_token`` schedule reads instead
-(``launch_prefill_gemm`` writes it by ``index_select``): ``permute_index_select`` against
-``gather_rows`` with each token its own route (``permute_stripes``, ``permute_rows``: both
-program orders), GB/s of ``x`` read and written once. Saves
+(``launch_prefill_gemm`` wrote it by ``index_select`` until the twenty-sixth round, since by
+``prefill.mma_ordered_rows``: ``gather_rows`` in ``GATHER_BLOCKS_FIRST``'s order):
+``permute_index_select`` against ``gather_rows`` with each token its own route
+(``permute_stripes``, ``permute_rows``: both program orders), GB/s of ``x`` read and written
+once. Saves
 ``bench_gather.json`` and ``bench_gather.png``; the faster order is what
 ``prefill.GATHER_BLOCKS_FIRST`` should say.
 """
