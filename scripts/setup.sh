@@ -13,6 +13,7 @@ command -v "$python_bin" >/dev/null 2>&1 || python_bin=python3
 # no pip cache beside .venv (the venv takes about 4.2 GB; one CI run ran out of disk installing b12x)
 pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-cache-dir)
 if ! .venv/bin/python -c "import torch, hypothesis, depyf, ruff, mypy, matplotlib, importlinter, xdist" >/dev/null 2>&1 \
+   || ! .venv/bin/python -c "import pytest, sys; sys.exit(tuple(map(int, pytest.__version__.split('.')[:2])) >= (9, 2))" >/dev/null 2>&1 \
    || ! .venv/bin/python -c "import a4prefill" >/dev/null 2>&1; then
   "${pip[@]}" "torch==2.13.0" -e ".[dev]"
 fi

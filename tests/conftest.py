@@ -43,6 +43,7 @@ ENGINE_TEST_GROUPS = {
 }
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the marker into the node id
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         group = ENGINE_TEST_GROUPS.get(item.path.name)

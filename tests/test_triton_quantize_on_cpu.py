@@ -15,6 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from a4prefill.ops import nvfp4
+from a4prefill.ops.backends.triton import shared_kernels
+from a4prefill.ops.backends.triton.quantize import quantize_rows
 from helpers.gluon_on_cpu import InterpretedKernel
 
 # e2m1's decision points (ties: 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5), its values, and a bf16 step
@@ -23,13 +25,8 @@ E2M1_TIES = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
-def _interpreted_quantizer() -> InterpretedKernel:
-    from a4prefill.ops.backends.triton import shared_kernels
-
-    return InterpretedKernel(shared_kernels.quantize_rows_kernel)
-
-
-QUANTIZER = _interpreted_quantizer()  # one compile per argument types for the whole module
+# one compile per argument types for the whole module
+QUANTIZER = InterpretedKernel(shared_kernels.quantize_rows_kernel)
 
 
 def bf16_neighbours(values: tuple[float, ...]) -> list[float]:
@@ -44,9 +41,6 @@ def bf16_neighbours(values: tuple[float, ...]) -> list[float]:
 def assert_quantized_as_the_reference(x: torch.Tensor, encode_scale: float) -> None:
     """``quantize_rows(x, write_codes=True)`` (interpreted) equals ``nvfp4.quantize`` and
     ``quantize_dequantize_blocks`` of ``x`` bit for bit."""
-    from a4prefill.ops.backends.triton import shared_kernels
-    from a4prefill.ops.backends.triton.quantize import quantize_rows
-
     encode = torch.tensor([encode_scale], dtype=torch.float32)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(shared_kernels, "quantize_rows_kernel", QUANTIZER)

@@ -1,0 +1,30 @@
+"""The suite's own scheduling: the test files that start a vLLM engine run in the two groups of
+``conftest.ENGINE_TEST_GROUPS``, one worker per group, when ``scripts/test.sh`` runs pytest-xdist
+with ``--dist loadgroup``.
+
+pytest-xdist reads the group from each item's ``xdist_group`` marker in its own
+``pytest_collection_modifyitems`` and appends ``@<group>`` to the node id; items without the
+suffix are scheduled one by one, so a module's engine fixtures (module-scoped, one engine start
+each, 75-165 s on 2 cores) were started again on each worker and after every switch to another
+module's test.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import ENGINE_TEST_GROUPS
+
+
+def test_every_engine_test_carries_its_group_and_xdist_schedules_by_it(request: pytest.FixtureRequest):
+    engine_items = [item for item in request.session.items if item.path.name in ENGINE_TEST_GROUPS]
+    if not engine_items:
+        pytest.skip("needs an engine test file in the same run (the whole suite has them)")
+    on_a_worker = hasattr(request.config, "workerinput")  # pytest-xdist sets loadgroup there
+    loadgroup = on_a_worker and bool(request.config.getvalue("loadgroup"))
+    for item in engine_items:
+        group = ENGINE_TEST_GROUPS[item.path.name]
+        markers = [marker.args for marker in item.iter_markers("xdist_group")]
+        assert markers == [(group,)], item.nodeid
+        if loadgroup:
+            assert item.nodeid.endswith(f"@{group}"), f"{item.nodeid} is not in xdist's group {group}"
