@@ -13,11 +13,19 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 from hypothesis import settings
 
 from a4prefill.ops import reset_process_state
 from a4prefill.tools.tiny_layer import TinyMoELayer, make_tiny_layer
 from helpers.layers import A8_HIDDEN, A8_INTERMEDIATE, EXPERTS, HIDDEN, INTERMEDIATE, TOP_K
+
+# Under pytest-xdist each worker takes its share of the cores for torch's intra-op threads (one
+# each for scripts/test.sh's two workers on 2 cores): the interpreted kernels' many small
+# operations gain nothing from a second thread, and two workers' thread pools on 2 cores spin
+# against each other. Engine subprocesses set their own threads.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 settings.register_profile("dev", deadline=None, max_examples=40)
 settings.register_profile("ci", deadline=None, max_examples=40, derandomize=True)

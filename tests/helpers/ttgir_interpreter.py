@@ -66,7 +66,7 @@ import functools
 import re
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -331,7 +331,9 @@ class Accesses:
     @staticmethod
     def mark(marks: dict[int, torch.Tensor], buffer: torch.Tensor, offsets: torch.Tensor) -> None:
         key = buffer.untyped_storage().data_ptr()
-        marks.setdefault(key, torch.zeros(buffer.numel(), dtype=torch.bool))[offsets] = True
+        if key not in marks:  # not setdefault: its default would be allocated on every call
+            marks[key] = torch.zeros(buffer.numel(), dtype=torch.bool)
+        marks[key][offsets] = True
 
 
 def _statements(asm: str) -> list[str]:
@@ -503,6 +505,8 @@ class _Scheduler:
 
 
 class _Program:
+    handlers: ClassVar[dict[str, Callable[..., Any]]] = {}  # op name -> its ``_op_`` method
+
     def __init__(
         self,
         kernel: Kernel,
@@ -571,10 +575,13 @@ class _Program:
             label = target
 
     def _execute(self, op: Op) -> None:
-        handler = getattr(self, "_op_" + op.name.replace(".", "_"), None)
+        handler = _Program.handlers.get(op.name)
         if handler is None:
-            raise NotImplementedError(f"the TTGIR interpreter does not implement {op.name}")
-        result = handler(op)
+            handler = getattr(_Program, "_op_" + op.name.replace(".", "_"), None)
+            if handler is None:
+                raise NotImplementedError(f"the TTGIR interpreter does not implement {op.name}")
+            _Program.handlers[op.name] = handler
+        result = handler(self, op)
         if op.results:
             results = result if len(op.results) > 1 else [result]
             for name, value in zip(op.results, results, strict=True):
@@ -873,7 +880,9 @@ class _Program:
         key = buffer.untyped_storage().data_ptr()
         if not self.waited and offsets.numel():
             self.accesses.stored_before_wait.add(key)
-        writer = self.writers.setdefault(key, torch.full((buffer.numel(),), -1, dtype=torch.int64))
+        if key not in self.writers:
+            self.writers[key] = torch.full((buffer.numel(),), -1, dtype=torch.int64)
+        writer = self.writers[key]
         me = (self.program_id[2] * 65536 + self.program_id[1]) * 65536 + self.program_id[0]
         earlier = writer[offsets]
         if bool(((earlier >= 0) & (earlier != me)).any()):
