@@ -28,20 +28,9 @@ POINTER_TYPES = {
 }
 
 
-def compile_sm90(
-    fn: Any,
-    signature: dict[str, str],
-    constexprs: dict[str, Any],
-    num_warps: int,
-    divisible: set[str],
-    maxnreg: int | None = None,
-) -> Any:
-    """Compile Gluon (or plain Triton) kernel ``fn`` for sm_90a offline: ``signature`` maps its
-    runtime arguments to Triton types, ``divisible`` names those known divisible by 16,
-    ``maxnreg`` caps the registers per thread (launch option, as on the GPU). Returns the
-    compiled kernel (``.asm`` has ``ttgir``, ``ptx``, ``cubin``)."""
+def _source(fn: Any, signature: dict[str, str], constexprs: dict[str, Any], divisible: set[str]) -> Any:
+    """Triton's compile source for ``fn`` (Gluon or plain Triton) with these argument types."""
     import triton
-    from triton.backends.compiler import GPUTarget
     from triton.experimental import gluon
 
     names = list(fn.arg_names)
@@ -57,14 +46,66 @@ def compile_sm90(
     source_type = gluon._runtime.GluonASTSource
     if not isinstance(fn, gluon._runtime.GluonJITFunction):
         source_type = triton.compiler.ASTSource
-    source = source_type(
+    return source_type(
         fn=fn,
         signature={**signature, **dict.fromkeys(constexprs, "constexpr")},
         constexprs=constexprs,
         attrs=attrs,
     )
+
+
+def compile_sm90(
+    fn: Any,
+    signature: dict[str, str],
+    constexprs: dict[str, Any],
+    num_warps: int,
+    divisible: set[str],
+    maxnreg: int | None = None,
+) -> Any:
+    """Compile Gluon (or plain Triton) kernel ``fn`` for sm_90a offline: ``signature`` maps its
+    runtime arguments to Triton types, ``divisible`` names those known divisible by 16,
+    ``maxnreg`` caps the registers per thread (launch option, as on the GPU). Returns the
+    compiled kernel (``.asm`` has ``ttgir``, ``ptx``, ``cubin``)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
     options = {"num_warps": num_warps, **({"maxnreg": maxnreg} if maxnreg else {})}
+    source = _source(fn, signature, constexprs, divisible)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def compile_ttgir_sm90(
+    fn: Any,
+    signature: dict[str, str],
+    constexprs: dict[str, Any],
+    num_warps: int,
+    divisible: set[str],
+    maxnreg: int | None = None,
+) -> str:
+    """The TTGIR :func:`compile_sm90` would produce (its ``.asm["ttgir"]``, the same passes),
+    without the stages after it (LLVM IR, PTX, ptxas: about three quarters of a cold compile)
+    and without Triton's disk cache: what the interpreter runs."""
+    from triton._C.libtriton import ir
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    source = _source(fn, signature, constexprs, divisible)
+    launch = {"num_warps": num_warps, **({"maxnreg": maxnreg} if maxnreg else {})}
+    options = backend.parse_options({**launch, **source.parse_options()})
+    stages: dict[str, Any] = {}
+    backend.add_stages(stages, options, source.language)
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    codegen = backend.get_codegen_implementation(options)
+    module = source.make_ir(target, options, codegen, backend.get_module_map(), context)
+    metadata: dict[str, Any] = {"target": target, **options.__dict__}
+    names = list(stages)
+    for name in names[names.index(source.ext) : names.index("ttgir") + 1]:
+        module = stages[name](module, metadata)
+    return str(module)
 
 
 class InterpretedKernel:
@@ -119,8 +160,8 @@ class InterpretedKernel:
             (sorted(constexprs.items()), sorted(signature.items()), sorted(divisible), num_warps, maxnreg)
         )
         if key not in self._kernels:
-            compiled = compile_sm90(self.fn, signature, constexprs, num_warps, divisible, maxnreg)
-            self._kernels[key] = Kernel.from_ttgir(compiled.asm["ttgir"])
+            ttgir = compile_ttgir_sm90(self.fn, signature, constexprs, num_warps, divisible, maxnreg)
+            self._kernels[key] = Kernel.from_ttgir(ttgir)
         self.launches.append(grid)
         accesses = self._kernels[key].launch(grid, runtime)
         tensors = {name: value for name, value in bound.items() if isinstance(value, torch.Tensor)}
