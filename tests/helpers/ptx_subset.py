@@ -52,6 +52,11 @@ def _exact_fp32_bits(values: np.ndarray, what: str) -> np.ndarray:
     return single.view(np.uint32).astype(np.int64)
 
 
+with np.errstate(invalid="ignore"):  # the NaN patterns among the 65536
+    BF16_VALUES = (np.arange(1 << 16, dtype=np.uint32) << 16).view(np.float32).astype(np.float64)
+"""The value of every bf16 bit pattern (index), as float64."""
+
+
 def _fma_bf16x2(a: Any, b: Any, c: Any) -> Any:
     if not any(isinstance(v, np.ndarray) for v in (a, b, c)):
         halves = []
@@ -59,15 +64,12 @@ def _fma_bf16x2(a: Any, b: Any, c: Any) -> Any:
             x, y, z = ((v >> shift) & 0xFFFF for v in (a, b, c))
             halves.append(float_to_bf16(bf16_to_float(x) * bf16_to_float(y) + bf16_to_float(z)))
         return halves[0] | (halves[1] << 16)
-    # both halves at once: axis 0 is (low, high); bf16 bits << 16 are the fp32 bits
-    x, y, z = (
-        (np.stack(np.broadcast_arrays(v << 16, v)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
-        for v in np.broadcast_arrays(a, b, c)
-    )
-    exact = "fma.rn.bf16x2 (the bf16 rounding would round twice)"
-    bits = _exact_fp32_bits(x.astype(np.float64) * y + z, exact)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
-    return rounded[0] | (rounded[1] << 16)
+    result = 0
+    for shift in (0, 16):  # the low half, then the high one
+        x, y, z = (BF16_VALUES[(v >> shift) & 0xFFFF] for v in (a, b, c))
+        bits = _exact_fp32_bits(x * y + z, "fma.rn.bf16x2 (the bf16 rounding would round twice)")
+        result = result | ((((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF) << shift)
+    return result
 
 
 def _mul_hi(a: Any, b: Any) -> Any:
