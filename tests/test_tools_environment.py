@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 import torch._inductor.config
@@ -42,17 +41,16 @@ def test_an_in_process_engine_without_caches_turns_every_cache_off(monkeypatch):
     assert "VLLM_DISABLE_COMPILE_CACHE" not in cached["defaults"] and "inductor" not in cached
 
 
-def test_an_in_process_engine_without_caches_keeps_vllms_cache_root(monkeypatch, tmp_path):
+def test_an_in_process_engine_keeps_vllms_cache_root(monkeypatch, tmp_path):
     """Nothing compiled goes there with the caches off, and vLLM's model-info cache there spares
-    each engine start a subprocess that imports vLLM; with the compile cache on, a fresh folder
-    stands in unless the user named one."""
-    monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
-    settings = in_process_engine(compile_cache=False)
-    assert "VLLM_CACHE_ROOT" not in settings["defaults"] | settings["environment"]
-    with scoped_settings(**settings):
-        assert "VLLM_CACHE_ROOT" not in os.environ
-    fresh = Path(in_process_engine(compile_cache=True)["defaults"]["VLLM_CACHE_ROOT"])
-    assert fresh.is_dir() and not any(fresh.iterdir())
-    fresh.rmdir()
-    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
-    assert in_process_engine(compile_cache=True)["defaults"]["VLLM_CACHE_ROOT"] == str(tmp_path)
+    each engine start a subprocess that imports vLLM; with the compile cache on, it is the cache
+    users' vLLM runs share."""
+    for compile_cache in (False, True):
+        monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
+        settings = in_process_engine(compile_cache=compile_cache)
+        assert "VLLM_CACHE_ROOT" not in settings["defaults"] | settings["environment"]
+        with scoped_settings(**settings):
+            assert "VLLM_CACHE_ROOT" not in os.environ
+        monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+        with scoped_settings(**in_process_engine(compile_cache=compile_cache)):
+            assert os.environ["VLLM_CACHE_ROOT"] == str(tmp_path)

