@@ -10,10 +10,10 @@ cd "$(dirname "$0")/.."
 python_bin="${PYTHON:-python3.11}"
 command -v "$python_bin" >/dev/null 2>&1 || python_bin=python3
 [ -x .venv/bin/python ] || "$python_bin" -m venv .venv
-# no pip cache beside .venv (the venv takes about 4.2 GB; one CI run ran out of disk installing b12x);
-# no byte-compiling of every installed module (a fresh setup 4m39s -> 3m03s on 2 cores): Python
-# writes the .pyc of what is imported at its first import, about 10 s for vLLM, Inductor and b12x
-pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-cache-dir --no-compile)
+# no pip cache beside .venv (the venv takes about 4.2 GB; one CI run ran out of disk installing b12x)
+# pip byte-compiles what it installs: keep it (with PYTHONDONTWRITEBYTECODE=1, as on these machines,
+# nothing else writes .pyc files, and every process then compiles vLLM again: import vllm 11 -> 19 s)
+pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-cache-dir)
 if ! .venv/bin/python -c "import torch, hypothesis, depyf, ruff, mypy, matplotlib, importlinter, xdist" >/dev/null 2>&1 \
    || ! .venv/bin/python -c "import pytest, sys; sys.exit(tuple(map(int, pytest.__version__.split('.')[:2])) >= (9, 2))" >/dev/null 2>&1 \
    || ! .venv/bin/python -c "import a4prefill" >/dev/null 2>&1; then
