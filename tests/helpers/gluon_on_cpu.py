@@ -54,6 +54,11 @@ def _source(fn: Any, signature: dict[str, str], constexprs: dict[str, Any], divi
     )
 
 
+def _launch_options(num_warps: int, maxnreg: int | None) -> dict[str, Any]:
+    """The launch options both compile paths pass to Triton's backend."""
+    return {"num_warps": num_warps, **({"maxnreg": maxnreg} if maxnreg else {})}
+
+
 def compile_sm90(
     fn: Any,
     signature: dict[str, str],
@@ -69,9 +74,10 @@ def compile_sm90(
     import triton
     from triton.backends.compiler import GPUTarget
 
-    options = {"num_warps": num_warps, **({"maxnreg": maxnreg} if maxnreg else {})}
     source = _source(fn, signature, constexprs, divisible)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    return triton.compile(
+        source, target=GPUTarget("cuda", 90, 32), options=_launch_options(num_warps, maxnreg)
+    )
 
 
 def compile_ttgir_sm90(
@@ -92,8 +98,7 @@ def compile_ttgir_sm90(
     target = GPUTarget("cuda", 90, 32)
     backend = make_backend(target)
     source = _source(fn, signature, constexprs, divisible)
-    launch = {"num_warps": num_warps, **({"maxnreg": maxnreg} if maxnreg else {})}
-    options = backend.parse_options({**launch, **source.parse_options()})
+    options = backend.parse_options({**_launch_options(num_warps, maxnreg), **source.parse_options()})
     stages: dict[str, Any] = {}
     backend.add_stages(stages, options, source.language)
     context = ir.context()
