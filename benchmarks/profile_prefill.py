@@ -106,16 +106,15 @@ def source_summary(csv_path: str) -> list[dict[str, Any]]:
 
 def default_label(tokens: int, mode_name: str | None) -> str | None:
     """The label of the FC1 schedule that a MoE call of ``tokens`` tokens of this shape runs in
-    ``mode_name`` (:data:`MODE_NAMES`; None: A8) on sm_90: ``schedules.choose_prefill_tiles``'
-    (``choose_a8_schedule``'s for A8), or None where no prefill schedule runs (the decode
-    kernels' sizes)."""
+    ``mode_name`` (:data:`MODE_NAMES`, all three the same schedule; None: A8) on sm_90:
+    ``schedules.choose_prefill_tiles``' (``choose_a8_schedule``'s for A8), or None where no
+    prefill schedule runs (the decode kernels' sizes)."""
     from a4prefill.ops.backends.triton.schedules import (
         A8_SCHEDULES,
         PREFILL_SCHEDULES,
         choose_a8_schedule,
         choose_prefill_tiles,
     )
-    from a4prefill.ops.precision import MODE_A4, MODE_SPLIT, MODE_W4A16
 
     routes = tokens * TOP_K
     if mode_name is None:
@@ -124,9 +123,7 @@ def default_label(tokens: int, mode_name: str | None) -> str | None:
     tiles = choose_prefill_tiles(routes, EXPERTS, HIDDEN, INTERMEDIATE)
     if tiles is None:
         return None
-    mode = {"w4a16": MODE_W4A16, "a4": MODE_A4, "split": MODE_SPLIT}[mode_name]
-    fc1 = tiles.for_mode(mode)[0]
-    return next(label for label, schedule in PREFILL_SCHEDULES.items() if schedule == fc1)
+    return next(label for label, schedule in PREFILL_SCHEDULES.items() if schedule == tiles.fc1)
 
 
 def parse_case(case: str) -> tuple[int, str, str | None]:

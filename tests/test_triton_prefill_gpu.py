@@ -57,7 +57,7 @@ def test_matches_the_fp32_product_eagerly_and_in_a_cuda_graph(label, gather):
     [
         (96, "rs_w256_t32_d6_ws_c2_tok"),
         (192, "rs_w128_t64_d6_ws_c2_tok"),
-        (512, "rs_w256_t128_d6_ws_x2_h2_tok"),
+        (512, "rs_w256_t128_d6_ws_tok"),
         (1024, "rs_w128_t256_d4_ws_x2_h2_tok"),
         (2048, "rs_w128_t256_d4_ws_x2_h2_tok"),
     ],
@@ -95,14 +95,14 @@ def test_the_w4a16_prefill_moe_matches_the_reference_eagerly_and_in_a_cuda_graph
     [
         (96, "rs_w256_t32_d6_ws_c2_tok"),
         (192, "rs_w128_t64_d6_ws_c2_tok"),
-        (512, "rs_w256_t128_d6_ws_x2_h2_tok"),
+        (512, "rs_w256_t128_d6_ws_tok"),
         (2048, "rs_w128_t256_d4_ws_x2_h2_tok"),
     ],
 )
 def test_a4_and_split_prefill_moe_match_the_reference_eagerly_and_in_a_cuda_graph(tokens, fc1):
     """A4 and split calls of 24, 48, 128 and 512 routes per expert through the prefill GEMMs (the
     warp-specialized kernel on 32-route tiles of 256-row items with two CTAs per SM at 24,
-    64-route tiles with two at 48, 128-route tiles of 256-row items as one partition at 128,
+    64-route tiles with two at 48, 128-route tiles of 256-row items as two partitions at 128,
     256-route tiles above; every FC1 copying its rows by token): :func:`check_a4_and_split_moe`
     on the plan's own choice."""
     check_a4_and_split_moe(tokens, fc1, None)
@@ -113,17 +113,20 @@ def test_a4_and_split_prefill_moe_match_the_reference_eagerly_and_in_a_cuda_grap
     [
         (96, "rs_w128_t32_d6_ws_c3"),
         (512, "rs_w128_t128_d6_ws"),
-        (512, "rs_w256_t128_d6_ws_x2_h2"),
+        (512, "rs_w256_t128_d6_ws"),
+        (512, "rs_w256_t128_d6_ws_x2_h2_tok"),
         (1024, "rs_w128_t256_d4_ws_x2_h2"),
     ],
 )
 def test_a4_and_split_prefill_moe_on_a_schedule_not_chosen_match_the_reference(tokens, label):
     """:func:`check_a4_and_split_moe` at 24, 128 and 256 routes per expert with the call's config
-    naming ``label`` for both GEMMs: schedules whose A4 and split kernels no default runs, the
-    defaults of 16-32 and 64-160 routes per expert before the twenty-third round (128 weight
-    rows: three CTAs per SM; two 4-warp consumer partitions), and the 64-160 and 256-route
-    defaults' tiles with FC1's rows gathered before the launch (the defaults until the
-    twenty-fifth round; calls too large for ``rows_by_token``'s int32 offsets still run them)."""
+    naming ``label`` for both GEMMs: schedules whose A4 and split kernels no default of a
+    ``rows_by_token`` size runs, the defaults of 16-32 and 64-160 routes per expert before the
+    twenty-third round (128 weight rows: three CTAs per SM; 128-row items), the 64-160 default
+    of A4 and split before the twenty-ninth (256-row items as one 8-warp partition), and the
+    64-160 and 256-route defaults' tiles with FC1's rows gathered before the launch (the
+    defaults until the twenty-fifth round; calls too large for ``rows_by_token``'s int32
+    offsets still run them)."""
     from a4prefill.ops.backends.triton.schedules import PrefillTiles, choose_config
 
     schedule = PREFILL_SCHEDULES[label]

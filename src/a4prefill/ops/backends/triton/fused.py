@@ -257,7 +257,7 @@ def _fused_moe_prefill(
     modes: dict[str, Any] = {"mode": mode, "row_flags": row_flags, "routes_per_token": top_k}
     if mode != MODE_W4A16:
         modes["encode_scales"] = encode_scales
-    fc1_gemm, fc2_gemm = plan.prefill.for_mode(mode)
+    fc1_gemm, fc2_gemm = plan.prefill.fc1, plan.prefill.fc2
     h = torch.empty(routes, fc1.rows // 2, dtype=torch.bfloat16, device=device)
     # FC1 writes h in the register-weights FC2's column order: no gather of h between the two
     h_mma_order = fc2_gemm.register_weights

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from a4prefill.ops.precision import MODE_SPLIT, MODE_W4A16
+from a4prefill.ops.precision import MODE_SPLIT
 
 DECODE_MAX_ROWS_PER_EXPERT = 32  # W4A16 calls with at most this many routes per active expert (mean)
 PREFILL_MIN_ROWS_PER_EXPERT = 12  # bf16 calls on sm_90 with at least this many (mean): prefill GEMMs
@@ -639,32 +639,19 @@ PREFILL_SCHEDULES = MappingProxyType(
 
 @dataclass(frozen=True)
 class PrefillTiles:
-    """The two Hopper prefill GEMMs of one call: FC1 (SwiGLU epilogue) and FC2 (alpha epilogue),
-    and optionally (``w4a16_fc1``, ``w4a16_fc2``) another pair that W4A16 calls run instead
-    (:meth:`for_mode`; A4 and split calls run ``fc1``, ``fc2``). Every GEMM of the call shares the
-    routing's route tiles. A schedule is a speed choice only: every pair computes the same
-    precision of every row."""
+    """The two Hopper prefill GEMMs of one call, in every precision mode: FC1 (SwiGLU epilogue)
+    and FC2 (alpha epilogue). Both share the routing's route tiles. A schedule is a speed choice
+    only: every pair computes the same precision of every row."""
 
     fc1: PrefillGemm
     fc2: PrefillGemm
-    w4a16_fc1: PrefillGemm | None = None
-    w4a16_fc2: PrefillGemm | None = None
 
     def __post_init__(self) -> None:
-        gemms = [self.fc1, self.fc2, *(g for g in (self.w4a16_fc1, self.w4a16_fc2) if g is not None)]
-        if len({gemm.routes for gemm in gemms}) != 1:
+        if self.fc1.routes != self.fc2.routes:
             raise ValueError(
-                "PrefillTiles: every GEMM of a call shares the routing's tiles, "
-                f"got {[gemm.routes for gemm in gemms]} routes"
+                "PrefillTiles: both GEMMs of a call share the routing's tiles, "
+                f"got {self.fc1.routes} and {self.fc2.routes} routes"
             )
-        if (self.w4a16_fc1 is None) != (self.w4a16_fc2 is None):
-            raise ValueError("PrefillTiles: w4a16_fc1 and w4a16_fc2 are given together or not at all")
-
-    def for_mode(self, mode: int) -> tuple[PrefillGemm, PrefillGemm]:
-        """``(fc1, fc2)`` of a call in precision mode ``mode`` (``precision.MODE_*``)."""
-        if mode == MODE_W4A16 and self.w4a16_fc1 is not None and self.w4a16_fc2 is not None:
-            return self.w4a16_fc1, self.w4a16_fc2
-        return self.fc1, self.fc2
 
     @property
     def routes(self) -> int:
@@ -672,18 +659,12 @@ class PrefillTiles:
         return self.fc1.routes
 
     def __str__(self) -> str:
-        w4a16 = "" if self.w4a16_fc1 is None else f"_w4a16_fc1_{self.w4a16_fc1}_fc2_{self.w4a16_fc2}"
-        return f"fc1_{self.fc1}_fc2_{self.fc2}{w4a16}"
+        return f"fc1_{self.fc1}_fc2_{self.fc2}"
 
     def fits(self, hidden: int, intermediate: int) -> bool:
         """Whether FC1 (``K = hidden``, ``2 * intermediate`` rows) and FC2 (``K = intermediate``,
-        ``hidden`` rows) of every pair split into the schedules' steps and CTAs."""
-        pairs = [(self.fc1, self.fc2)]
-        if self.w4a16_fc1 is not None and self.w4a16_fc2 is not None:
-            pairs.append((self.w4a16_fc1, self.w4a16_fc2))
-        return all(
-            fc1.fits(hidden, 2 * intermediate) and fc2.fits(intermediate, hidden) for fc1, fc2 in pairs
-        )
+        ``hidden`` rows) split into the schedules' steps and CTAs."""
+        return self.fc1.fits(hidden, 2 * intermediate) and self.fc2.fits(intermediate, hidden)
 
 
 # The A8 rows' GEMMs (``fused_a8``, issue 28): the warp-specialized kernel's A8 mainloop on
@@ -817,10 +798,7 @@ def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: i
       128-route tiles below);
     - below 160, the warp-specialized kernel (TMA copies) on 128-route tiles, 6 ring slots (4096
       tokens, 114 per expert: 3160 us against 3243 for the register-weights kernel's 128-route
-      tiles and 3456 for 256-route ones; 2026-12-04, eleventh round); A4 and split calls on work
-      items of 256 weight rows as one consumer partition of 8 warps (twenty-third round, H100,
-      4096 tokens: A4 2701 and split 2635 us against 2733 and 2883 for 128-row items, W4A16
-      2413 in the same run);
+      tiles and 3456 for 256-route ones; 2026-12-04, eleventh round);
     - then the warp-specialized kernel on 256-route tiles, 4 ring slots (8192 tokens: 4073 us
       against 4839 for the register-weights FC1 with the shared-memory-weights FC2 on 256-route
       tiles and 5820 for 128-route warp-specialized tiles; 16384: 7843 against 8787; eleventh
@@ -841,13 +819,15 @@ def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: i
     ``routes * hidden`` reaches 2**31 (``x`` might not fit the copy's int32 offsets) the calls
     gather as before.
 
-    W4A16 calls below 160 routes per expert run work items of 256 weight rows as two consumer
-    partitions of 4 warps (fifteenth round, 2026-12-04: 2674 us against 3027 at 4096 tokens,
-    each activation row read from L2 by half as many work items; twenty-third round, H100: 2425
-    against 2482 for one 8-warp partition), where both GEMMs' rows split into 256s; as two
-    partitions, A4 and split were slower (3452 and 3490 us against 2858 and 2913 on 128 rows in
-    the fifteenth round; 2995 and 2969 in the twenty-third), so those run the one-partition
-    form, and 128-row items where the rows do not split into 256s."""
+    Every mode's calls below 160 routes per expert run work items of 256 weight rows as two
+    consumer partitions of 4 warps where both GEMMs' rows split into 256s (each activation row
+    read from L2 by half as many work items as with 128 rows), and 128-row items where they do
+    not. W4A16 since the fifteenth round (2026-12-04: 2674 us against 3027 at 4096 tokens;
+    twenty-third round, H100: 2425 against 2482 for one 8-warp partition); A4 and split since
+    the twenty-ninth (2026-12-06), once every A4 epilogue rounded to e2m1 in one addition
+    (twenty-sixth round): at 4096 tokens on an H100 (twenty-eighth round, one run) A4 took 2242
+    us and split 2212 as two partitions against 2530 and 2309 as one (W4A16 2159), where until
+    then they had been slower as two (twenty-third round: 2995 and 2969 against 2701 and 2635)."""
     rows_per_expert = routes / max(1, experts)
     if rows_per_expert < PREFILL_MIN_ROWS_PER_EXPERT:
         return None
@@ -858,9 +838,8 @@ def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: i
     elif rows_per_expert < 64:
         tiles = _first_fitting(hidden, intermediate, f"rs_w128_t64_d6_ws_c2{tok}")
     elif rows_per_expert < WIDE_TILE_MIN_ROWS_PER_EXPERT:
-        one = PREFILL_SCHEDULES[f"rs_w256_t128_d6_ws_x2_h2{tok}"]
         two = PREFILL_SCHEDULES[f"rs_w256_t128_d6_ws{tok}"]
-        tiles = PrefillTiles(one, one, two, two)
+        tiles = PrefillTiles(two, two)
         if not tiles.fits(hidden, intermediate):
             small = PREFILL_SCHEDULES["rs_w128_t128_d6_ws"]
             tiles = PrefillTiles(small, small)
