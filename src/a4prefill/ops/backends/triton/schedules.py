@@ -593,9 +593,9 @@ def _warp_specialized(
 # 16384 tokens, ``choose_prefill_tiles``): FC1's producer copies its rows by token
 # (``rows_by_token``) instead of reading rows gathered before the launch, whose gather took 761
 # of the 4000 us of a W4A16 call at 8192 tokens on the H100 (twenty-third round,
-# ``profile_moe_round23_h100.json``). With the H200's Triton 3.6 none spills more than its plain
-# form in any mode (offline, sm_90a). The plain forms stay: the benchmarks' baseline, and the
-# calls too large for the copy's int32 offsets.
+# ``benchmarks/results/archive/profile_moe_round23_h100.json``). With the H200's Triton 3.6 none
+# spills more than its plain form in any mode (offline, sm_90a). The plain forms stay: the
+# benchmarks' baseline, and the calls too large for the copy's int32 offsets.
 PREFILL_SCHEDULES = MappingProxyType(
     {
         "w64_t64_d6": PrefillGemm(64, 64, depth=6),
