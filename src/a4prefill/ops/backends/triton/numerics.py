@@ -104,17 +104,17 @@ def _rne_e4m3(s):
 
 
 @triton.jit
-def _e2m1_round(scaled):
-    """e2m1 magnitude (fp32) and code (int32, 0..7) of ``|scaled|`` <= 6, ties to the even code.
+def _e2m1_round(m):
+    """e2m1 magnitude (fp32) and code (int32, 0..7) of ``m`` in [0, 6], ties to the even code.
 
     The magnitude by one rounding addition: ``(m + c) - c`` with ``c`` 2**22, 2**23 or 2**24 where
     e2m1's step is 0.5 (``m`` < 2), 1 (< 4) or 2 (up to 6): fp32's spacing at ``c`` is that step,
     so the addition rounds ``m`` to the nearest multiple of it, ties to the even multiple, which
     is the even code (0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4); the
-    subtraction is exact. The code from the magnitude: ``2 m`` below 1, else the fp32 exponent and
-    top mantissa bit (1.0 -> 2, ..., 6.0 -> 7)."""
-    m = tl.abs(scaled)
-    c = tl.where(m < 2.0, 4194304.0, tl.where(m < 4.0, 8388608.0, 16777216.0))
+    subtraction is exact. ``c`` is ``max(m, 1)``'s power of two (its exponent bits alone) times
+    2**22. The code from the magnitude: ``2 m`` below 1, else the fp32 exponent and top mantissa
+    bit (1.0 -> 2, ..., 6.0 -> 7)."""
+    c = (tl.maximum(m, 1.0).to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True) * 4194304.0
     magnitude = (m + c) - c
     top_bits = magnitude.to(tl.int32, bitcast=True) >> 22
     code = tl.where(magnitude < 1.0, (magnitude * 2.0).to(tl.int32), top_bits - 252)
@@ -136,11 +136,15 @@ def _quantize_groups(v, gs, inv_gs, ROWS: tl.constexpr, COLS: tl.constexpr):
     # make a tensor without a layout
     multiplier = tl.where(denom == 0.0, 0.0, tl.math.div_rn(denom * 0.0 + 1.0, denom))
     scaled = g * multiplier[:, :, None]
-    scaled = tl.minimum(tl.maximum(scaled, -6.0), 6.0)
-    magnitude, code = _e2m1_round(scaled)
-    negative = (scaled < 0.0) & (magnitude > 0.0)
+    # |clamp(scaled, -6, 6)|; the sign is scaled's
+    magnitude, code = _e2m1_round(tl.minimum(tl.abs(scaled), 6.0))
+    sign = scaled.to(tl.int32, bitcast=True) & -2147483648
+    negative = (sign != 0) & (magnitude > 0.0)
     code = code | tl.where(negative, 8, 0)
-    value = tl.where(negative, -magnitude, magnitude) * scale[:, :, None]
+    # the magnitude with scaled's sign, times the scale; + 0.0 turns the -0.0 of a negative value
+    # that rounds to 0 into the reference's +0.0 and changes nothing else
+    signed = (magnitude.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+    value = signed * scale[:, :, None] + 0.0
     return tl.reshape(value, [ROWS, COLS]), tl.reshape(code, [ROWS, COLS]), scale
 
 
