@@ -6,6 +6,12 @@
 # of earlier rounds (verify, a4, gather, mid, small: the twenty-third to twenty-eighth rounds,
 # benchmarks/results/README.md) are in this file's history (git log -p on it).
 #
+#   bash scripts/gpu_untimed_kernels.sh quant   # the twenty-ninth round's CPU-only change
+#                                               # (numerics._quantize_groups in fewer
+#                                               # instructions, every A4 path): the A4 and split
+#                                               # GPU tests of the quantizer, the tiled, decode
+#                                               # and prefill kernels, then the whole MoE at
+#                                               # 4096, 3072 and 8192 tokens (not yet run)
 #   bash scripts/gpu_untimed_kernels.sh tiles   # the twenty-ninth round's change first: the
 #                                               # prefill MoE GPU tests (A4 and split now on
 #                                               # W4A16's two-partition 256-row tiles at 64-160
@@ -42,6 +48,14 @@ began=$(date +%s)
 left() { echo $(($1 - ($(date +%s) - began))); }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv | tee "$OUT/gpu.txt"
 case "${1:-}" in
+quant)
+    timeout 330 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_backend.py \
+        tests/test_triton_decode_gpu.py tests/test_triton_prefill_gpu.py -k "a4 or split or quantiz" 2>&1 \
+        | tee "$OUT/gpu_tests.txt" | tail -8
+    timeout "$(left 585)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 4096,3072,8192 \
+        --baselines "" --a8-schedules a8_rs_tok --out "$OUT/quant" 2>&1 | tee "$OUT/bench_moe_quant.txt" \
+        | grep -v "^{" | tail -6
+    ;;
 tiles)
     timeout 240 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py \
         -k prefill_moe 2>&1 | tee "$OUT/gpu_tests.txt" | tail -8
@@ -80,7 +94,7 @@ ncu)
     echo "then here: python benchmarks/profile_prefill.py ${NCU_CASES[*]} --ncu-summary ncu.csv --out DIR"
     ;;
 *)
-    echo "usage: bash scripts/gpu_untimed_kernels.sh tiles|sizes|anchors|ncu (on a Hopper GPU, with OUT set)" >&2
+    echo "usage: bash scripts/gpu_untimed_kernels.sh quant|tiles|sizes|anchors|ncu (on a Hopper GPU, with OUT set)" >&2
     exit 2
     ;;
 esac
