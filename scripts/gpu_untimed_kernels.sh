@@ -12,7 +12,7 @@
 #                                               # GPU tests of the quantizer, the tiled, decode
 #                                               # and prefill kernels, then the whole MoE at
 #                                               # 4096, 3072 and 8192 tokens (not yet run)
-#   bash scripts/gpu_untimed_kernels.sh tiles   # the twenty-ninth round's change first: the
+#   bash scripts/gpu_untimed_kernels.sh tiles   # (ran in the twenty-ninth round) the
 #                                               # prefill MoE GPU tests (A4 and split now on
 #                                               # W4A16's two-partition 256-row tiles at 64-160
 #                                               # routes per expert), then the whole MoE at 4096,
