@@ -583,11 +583,13 @@ def _warp_specialized(
 # Triton 3.6 its kernels spill nothing in any mode; Triton 3.9 spills in its A4 and split FC2
 # (offline, sm_90a; tests/test_triton_prefill_on_cpu.py).
 # The 256-row work items of 128 routes as one 8-warp consumer partition (two A register sets, two
-# wgmmas per step; nineteenth round; the A4 and split tiles from 64 to 160 routes per expert since
-# the twenty-third, after one H100 run): the A4 FC1 of the two 4-warp partitions
-# (``rs_w256_t128_d6_ws``) compiles to 10984 SASS instructions, two copies of the consumer, and
-# loses 14% of its warp samples to instruction fetch on the H200; one partition compiles to 5960
-# (Triton 3.6, sm_90a, no spill in the K loop), as few as the 128-row A4 FC1's 6160.
+# wgmmas per step; nineteenth round; the A4 and split tiles from 64 to 160 routes per expert from
+# the twenty-third round to the twenty-eighth, after one H100 run): the A4 FC1 of the two 4-warp
+# partitions (``rs_w256_t128_d6_ws``) compiled to 10984 SASS instructions, two copies of the
+# consumer, and lost 14% of its warp samples to instruction fetch on the H200; one partition
+# compiled to 5960 (Triton 3.6, sm_90a, no spill in the K loop), as few as the 128-row A4 FC1's
+# 6160. Since the twenty-sixth round's one-addition e2m1 rounding the two partitions are the
+# faster form for A4 and split too (``choose_prefill_tiles``).
 # The ``_tok`` forms of the defaults from 12 routes per expert (twenty-fourth round; chosen at
 # every size since the twenty-fifth, after one H200 run: 2-11% faster in every mode from 512 to
 # 16384 tokens, ``choose_prefill_tiles``): FC1's producer copies its rows by token
