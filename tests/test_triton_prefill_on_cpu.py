@@ -1376,6 +1376,7 @@ def test_an_explicit_config_with_prefill_tiles_the_shapes_cannot_take_or_with_de
         "rs_w256_t32_d6_ws_c2",
         "rs_w256_t128_d6_ws_x2_h2",
         "rs_w256_t128_d6_ws_x2_h2_tok",
+        "rs_w256_t128_d6_ws_tok",
     ],
 )
 @pytest.mark.parametrize("epilogue", ["swiglu", "alpha"])

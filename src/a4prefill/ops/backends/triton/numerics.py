@@ -2,8 +2,8 @@
 the kernels' ``MODE`` constexprs, e4m3 and e2m1 rounding, per-16 quantization
 (:func:`_quantize_groups`), weight dequantization in Triton ops or inline PTX
 (:func:`_dequant_tile`, :func:`_dequant_tile_ptx`) and SwiGLU (:func:`swiglu`). Used by
-:mod:`shared_kernels` and :mod:`tiled_kernels`; the Gluon :mod:`decode_kernels` use the
-quantization and SwiGLU.
+:mod:`shared_kernels` and :mod:`tiled_kernels`; the Gluon :mod:`decode_kernels` and
+:mod:`prefill_kernels` use the quantization and SwiGLU.
 
 Numerics (docs/numerics.md, sections 2 and 4; reference: :mod:`a4prefill.ops.reference`):
 
@@ -127,7 +127,11 @@ def _quantize_groups(v, gs, inv_gs, ROWS: tl.constexpr, COLS: tl.constexpr):
 
     Returns the dequantized blocks ``e2m1 * block_scale`` (fp32 [ROWS, COLS], no global scale),
     the signed codes (int32 [ROWS, COLS], 0..15) and the block scales (fp32 [ROWS, COLS // 16]).
-    """
+    Bit-exact with :func:`a4prefill.ops.nvfp4.quantize_codes` for finite ``v`` and an encode
+    scale whose reciprocal and the multipliers ``1 / (block_scale / gs)`` are finite (``gs``
+    roughly within 2**-100 to 2**100: ModelOpt encode scales are ``448 * 6 / amax``). Outside
+    that a multiplier may overflow to inf, ``0 * inf`` is NaN and such a block's values are not
+    the reference's (nor were they with this function's earlier form)."""
     g = tl.reshape(v, [ROWS, COLS // 16, 16])
     amax = tl.max(tl.abs(g), axis=2)
     scale = _rne_e4m3(tl.minimum(gs * (amax * 0.16666666666666666), 448.0))

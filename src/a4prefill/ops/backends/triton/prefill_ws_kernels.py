@@ -5,12 +5,12 @@ what MoE calls of 64 or more routes per expert run, ``schedules.choose_prefill_t
 
 A work item is ``ITEM_ROWS`` (128 or 256) weight rows of one expert times ``BT`` sorted routes
 of it (one route tile of the routing times one row block: :func:`_works`). An activation row is
-read from L2 once per work item of its tile, so 256-row items halve that traffic (W4A16 calls of
-128-route tiles run them: ``schedules.choose_prefill_tiles``). The kernel is persistent:
-program ``p`` of ``P`` (one per SM, or two or three per SM at small route tiles:
-``PrefillGemm.ctas_per_sm``) takes items ``p, p + P, ...`` of the routing's live tiles, read
-on the device (no host sync), as three partitions (``gl.warp_specialize``) that meet only at
-mbarriers, never at a CTA barrier:
+read from L2 once per work item of its tile, so 256-row items halve that traffic (calls of every
+precision mode on 32-route and 128-route tiles run them: ``schedules.choose_prefill_tiles``).
+The kernel is persistent: program ``p`` of ``P`` (one per SM, or two or three per SM at small
+route tiles: ``PrefillGemm.ctas_per_sm``) takes items ``p, p + P, ...`` of the routing's live
+tiles, read on the device (no host sync), as three partitions (``gl.warp_specialize``) that meet
+only at mbarriers, never at a CTA barrier:
 
 - a **producer** (``PRODUCER_WARPS`` warps, few registers; ``prefill.ws_partitions``): per K
   step of 64 columns it waits until ring slot ``s % DEPTH`` is free (``empty``), then one thread

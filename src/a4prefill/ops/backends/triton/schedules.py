@@ -643,7 +643,7 @@ PREFILL_SCHEDULES = MappingProxyType(
 class PrefillTiles:
     """The two Hopper prefill GEMMs of one call, in every precision mode: FC1 (SwiGLU epilogue)
     and FC2 (alpha epilogue). Both share the routing's route tiles. A schedule is a speed choice
-    only: every pair computes the same precision of every row."""
+    only: whatever the schedules, every row runs the precision of its call's mode."""
 
     fc1: PrefillGemm
     fc2: PrefillGemm
@@ -821,7 +821,7 @@ def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: i
     ``routes * hidden`` reaches 2**31 (``x`` might not fit the copy's int32 offsets) the calls
     gather as before.
 
-    Every mode's calls below 160 routes per expert run work items of 256 weight rows as two
+    Every mode's calls from 64 to 160 routes per expert run work items of 256 weight rows as two
     consumer partitions of 4 warps where both GEMMs' rows split into 256s (each activation row
     read from L2 by half as many work items as with 128 rows), and 128-row items where they do
     not. W4A16 since the fifteenth round (2026-12-04: 2674 us against 3027 at 4096 tokens;
