@@ -303,18 +303,31 @@ def test_routes_to_another_ranks_experts_contribute_nothing(layer, op, remote):
 
 @pytest.mark.parametrize("op", [ops.moe_a4, ops.moe_split])
 @pytest.mark.parametrize(
-    ("which", "bad"), [("fc1", math.nan), ("fc1", 0.0), ("fc1", -2.0), ("fc2", math.inf), ("fc2", 0.0)]
+    ("which", "bad"),
+    [
+        ("fc1", math.nan),
+        ("fc1", 0.0),
+        ("fc1", -2.0),
+        ("fc2", math.inf),
+        ("fc2", 0.0),
+        ("fc1", 2.0**110),
+        ("fc2", 2.0**-110),
+    ],
 )
-def test_hand_made_encode_scales_must_be_finite_and_positive(layer, op, which, bad):
+def test_hand_made_encode_scales_must_be_finite_positive_and_in_range(layer, op, which, bad):
     """Issue 27: the ops took a zero, negative or non-finite encode scale and returned zeros or
-    NaNs; on the CPU they now refuse it, naming the argument."""
+    NaNs; on the CPU they now refuse it, naming the argument. Twenty-ninth round: also finite
+    ones outside ``[2**-100, 2**100]``, where the kernels' per-block multipliers overflow."""
     hidden, topk_weights, topk_ids = make_inputs(4)
     fc1 = layer.a4_scales.fc1_encode_scale.clone()
     fc2 = layer.a4_scales.fc2_encode_scales.clone()
     (fc1 if which == "fc1" else fc2)[0] = bad
     name = "a4_fc1_encode_scale" if which == "fc1" else "a4_fc2_encode_scales"
     rows = ops.row_types_from_query_lens([4], 1)  # one prefill request: every row A4
-    with ops.step_row_types(rows), pytest.raises(ValueError, match=f"{name} must be finite and > 0"):
+    with (
+        ops.step_row_types(rows),
+        pytest.raises(ValueError, match=rf"{name} must lie within \[2\*\*-100, 2\*\*100\]"),
+    ):
         run(op, hidden, topk_weights, topk_ids, layer, scales=ops.A4Scales(fc1, fc2))
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from a4prefill.ops import a4_calibration, derive_a4_scales, nvfp4
-from a4prefill.ops.scales import FC1_EXPERT_SPREAD, FC1_INPUT_SCALE_MAX
+from a4prefill.ops.scales import ENCODE_SCALE_LIMIT, FC1_EXPERT_SPREAD, FC1_INPUT_SCALE_MAX
 
 EXPERTS = 5
 # within FC1_EXPERT_SPREAD of each other (2**13 < 448 * 64) and at most FC1_INPUT_SCALE_MAX
@@ -48,6 +48,17 @@ def test_scales_follow_the_contract_bit_for_bit(fc1_input, fc1_up, fc2_input):
         ("w13", math.inf, "w13_input_scale has non-finite entries"),
         # 1 / 1e-45 overflows fp32: the expert's FC2 output would be silently zeroed in A4.
         ("w2", 1e-45, r"w2_input_scale\[2\]=1.4e-45 is so small that its FC2 encode scale is not finite"),
+        # finite encode scales the kernels' fp32 multipliers cannot take (ENCODE_SCALE_LIMIT)
+        (
+            "w2",
+            2.0**-110,
+            r"w2_input_scale\[2\]=7.7e-34 gives the FC2 encode scale 1.3e\+33, outside .*overflow",
+        ),
+        (
+            "w2",
+            2.0**110,
+            r"w2_input_scale\[2\]=1.3e\+33 gives the FC2 encode scale 7.7e-34, outside .*overflow",
+        ),
     ],
 )
 def test_an_invalid_calibration_gives_no_scales_and_says_why(which, bad, reason):
@@ -66,6 +77,21 @@ def test_an_invalid_calibration_gives_no_scales_and_says_why(which, bad, reason)
 def test_a_tiny_fc1_scale_everywhere_is_invalid_too():
     calibration = a4_calibration(torch.full((EXPERTS, 2), 1e-45), torch.full((EXPERTS,), 0.02))
     assert calibration.scales is None and "FC1 encode scale is not finite" in calibration.reason
+    calibration = a4_calibration(torch.full((EXPERTS, 2), 2.0**-110), torch.full((EXPERTS,), 0.02))
+    assert calibration.scales is None
+    assert calibration.reason == (
+        "w13_input_scale gives the FC1 encode scale 1.3e+33, outside 2**-100 to 2**100, where the "
+        "kernels' per-block multipliers overflow"
+    )
+
+
+def test_encode_scales_at_the_limit_are_kept():
+    """Input scales of ``2**-100`` and ``2**100`` give encode scales exactly at
+    ``ENCODE_SCALE_LIMIT`` and its reciprocal: kept."""
+    calibration = a4_calibration(torch.full((EXPERTS, 2), 2.0**-100), torch.full((EXPERTS,), 2.0**100))
+    assert calibration.scales is not None, calibration.reason
+    assert float(calibration.scales.fc1_encode_scale) == ENCODE_SCALE_LIMIT
+    assert calibration.scales.fc2_encode_scales.tolist() == [1.0 / ENCODE_SCALE_LIMIT] * EXPERTS
 
 
 @pytest.mark.parametrize(

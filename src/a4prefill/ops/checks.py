@@ -14,7 +14,7 @@ import torch
 from a4prefill.ops.fp8 import a8_shape_reason
 from a4prefill.ops.nvfp4 import BLOCK_SIZE
 from a4prefill.ops.precision import A8, MoECall, check_prefill_precision
-from a4prefill.ops.scales import A4Scales
+from a4prefill.ops.scales import ENCODE_SCALE_LIMIT, A4Scales
 
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
 ROUTER_WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -135,14 +135,18 @@ def a4_scales_argument(
 
 
 def check_encode_scale_values(scales: A4Scales) -> None:
-    """Raise if an A4 encode scale is not finite and > 0, naming the argument. Reads the values
-    (one host sync on a GPU)."""
+    """Raise if an A4 encode scale lies outside ``[2**-100, 2**100]`` (``scales.ENCODE_SCALE_LIMIT``:
+    so it is finite and > 0, and the kernels' per-block multipliers stay finite), naming the
+    argument. Reads the values (one host sync on a GPU)."""
     for name, values in (
         ("a4_fc1_encode_scale", scales.fc1_encode_scale),
         ("a4_fc2_encode_scales", scales.fc2_encode_scales),
     ):
-        if not bool((torch.isfinite(values) & (values > 0)).all()):
-            raise ValueError(f"{name} must be finite and > 0 everywhere, got {values.tolist()[:8]}")
+        if not bool(((values >= 1.0 / ENCODE_SCALE_LIMIT) & (values <= ENCODE_SCALE_LIMIT)).all()):
+            raise ValueError(
+                f"{name} must lie within [2**-100, 2**100] everywhere (finite, > 0, and small enough "
+                f"for the kernels' per-block multipliers), got {values.tolist()[:8]}"
+            )
 
 
 NOT_LOCAL = -1

@@ -6,8 +6,8 @@
 This module is one of the three places that decide precision: *whether a layer has A4 scales*.
 A layer has them only when every input scale is finite and > 0 and every encode scale derived from
 them is finite (a tiny positive ``w2_input_scale`` would give an infinite ``gs2`` and silently zero
-that expert's A4 output). Anything else is "no calibration": the layer carries no
-:class:`A4Scales` and every op runs it W4A16.
+that expert's A4 output) and within :data:`ENCODE_SCALE_LIMIT`. Anything else is "no
+calibration": the layer carries no :class:`A4Scales` and every op runs it W4A16.
 
 Who may call: weight processing (the vLLM MoE method's ``process_weights_after_loading``), plain
 torch users preparing a layer, tests. Reads the scales on the host: never call it per step.
@@ -30,6 +30,16 @@ section 5). All experts share the FC1 encode scale ``1 / max_e(w13_input_scale[e
 expert e's calibrated amax then gets the e4m3 block scale ``448 * s_e / max(s)``, which stays a
 normal e4m3 value (>= 2**-6) only while the ratio is at most ``448 * 2**6``. Beyond that, that
 expert's typical blocks get subnormal or zero block scales: its A4 rows flush to zero."""
+
+
+ENCODE_SCALE_LIMIT = 2.0**100
+"""Every A4 encode scale (``gs1``, each ``gs2[e]``) must lie within ``[1 / ENCODE_SCALE_LIMIT,
+ENCODE_SCALE_LIMIT]`` (docs/numerics.md, section 5). The kernels quantize a block with the
+multiplier ``gs / block_scale`` and the reciprocal ``1 / gs`` in fp32 (``numerics._quantize_groups``);
+with a block scale down to e4m3's ``2**-9`` the multiplier overflows from ``gs`` near ``2**119``,
+and ``1 / gs`` from ``gs`` below ``2**-126``: then ``0 * inf`` gives NaN and the block's values
+are not the reference's. ``2**100`` keeps both far inside fp32 (input scales of ``2**-100`` to
+``2**100``; calibrated ones are of order ``amax / 2688``)."""
 
 
 FC1_INPUT_SCALE_MAX = 2.0**9 / 6
@@ -133,6 +143,17 @@ def a4_calibration(w13_input_scale: torch.Tensor, w2_input_scale: torch.Tensor) 
             None,
             f"w2_input_scale[{expert}]={float(fc2_input[expert]):.3g} is so small that its FC2 encode "
             "scale is not finite",
+        )
+    bounds = "outside 2**-100 to 2**100, where the kernels' per-block multipliers overflow"
+    if not 1.0 / ENCODE_SCALE_LIMIT <= float(fc1) <= ENCODE_SCALE_LIMIT:
+        return A4Calibration(None, f"w13_input_scale gives the FC1 encode scale {float(fc1):.3g}, {bounds}")
+    outside = ((fc2 < 1.0 / ENCODE_SCALE_LIMIT) | (fc2 > ENCODE_SCALE_LIMIT)).cpu()
+    if bool(outside.any()):
+        expert = int(outside.nonzero()[0])
+        return A4Calibration(
+            None,
+            f"w2_input_scale[{expert}]={float(fc2_input[expert]):.3g} gives the FC2 encode scale "
+            f"{float(fc2[expert]):.3g}, {bounds}",
         )
     return A4Calibration(A4Scales(fc1.contiguous(), fc2.contiguous()), None)
 
