@@ -692,16 +692,16 @@ def test_the_a4_fc1_epilogue_adds_under_20_instructions_per_element_of_h():
     folds the clamp into the magnitude), 25.9 before. At 4096 tokens those consumers are the A4
     FC1's bottleneck on the GPU (Nsight Compute, twenty-ninth round), where W4A16's wait for the
     producer. A guard for this suite's compiler, not a count for the H200's."""
+    from helpers.sass_loops import instructions
+
     schedule = PREFILL_SCHEDULES["rs_w256_t128_d6_ws_tok"]
     swiglu = PREFILL_EPILOGUES["swiglu"]
     counts = {
         mode: len(
-            re.findall(
-                r"^\s+/\*[0-9a-f]{4,}\*/",
+            instructions(
                 cuobjdump(
                     compile_prefill_kernel(schedule, EPILOGUE=swiglu, MODE=mode, OUT_MMA_ORDER=True), "-sass"
-                ),
-                re.MULTILINE,
+                )
             )
         )
         for mode in (MODE_W4A16, MODE_A4)
