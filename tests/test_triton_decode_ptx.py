@@ -1,6 +1,7 @@
-"""The decode kernels' inline PTX, interpreted bit for bit on the CPU (``ptx_subset``): every
-e4m3 scale byte and every e2m1 code in every nibble position against the format tables, and the
-nibble order the K relabelling (``logical_to_physical``) is built on.
+"""The decode kernels' inline PTX and the scale factors' PTX they share with the prefill kernels,
+interpreted bit for bit on the CPU (``ptx_subset``): every e4m3 scale byte and every e2m1 code in
+every nibble position against the format tables, and the nibble order the K relabelling
+(``logical_to_physical``) is built on.
 
 Expected values come from torch's float8_e4m3fn decoding and the e2m1 table below, not from the
 package."""
@@ -27,10 +28,10 @@ def e4m3(byte: int) -> float:
 
 
 def factor_of(byte: int) -> int:
-    """The bf16 factor FACTOR_ASM decodes from ``byte`` (as the low byte of a pair)."""
-    from a4prefill.ops.backends.triton.decode_asm import FACTOR_ASM
+    """The bf16 factor SCALE_PAIR_FACTORS_ASM decodes from ``byte`` (as the low byte of a pair)."""
+    from a4prefill.ops.backends.triton.numerics import SCALE_PAIR_FACTORS_ASM
 
-    return run(FACTOR_ASM.value, {2: byte})[0]
+    return run(SCALE_PAIR_FACTORS_ASM.value, {2: byte})[0]
 
 
 def _expected_factor_bits(byte: int) -> int:
@@ -41,13 +42,33 @@ def _expected_factor_bits(byte: int) -> int:
 
 def test_every_pair_of_scale_bytes_decodes_to_the_e4m3_values_times_2_119():
     """All 65536 pairs ``(low, high)`` of a uint16 at once: each half is its own byte's factor."""
-    from a4prefill.ops.backends.triton.decode_asm import FACTOR_ASM
+    from a4prefill.ops.backends.triton.numerics import SCALE_PAIR_FACTORS_ASM
 
     pairs = torch.arange(65536, dtype=torch.int64)
-    out = run(FACTOR_ASM.value, {2: pairs})
+    out = run(SCALE_PAIR_FACTORS_ASM.value, {2: pairs})
     table = torch.tensor([_expected_factor_bits(b) for b in range(256)], dtype=torch.int64)
     assert torch.equal(out[0], table[pairs & 0xFF])
     assert torch.equal(out[1], table[pairs >> 8])
+
+
+@pytest.mark.parametrize("extension", ["zero", "sign"])
+def test_every_two_scale_bytes_in_two_registers_decode_to_one_bf16x2_of_their_factors(extension):
+    """The prefill kernels' form (``SCALE_BYTES_FACTORS_ASM``): all 65536 pairs of bytes, each in
+    the low byte of its own 32-bit register, zero- or sign-extended (the kernels load them as
+    uint8 or int8): the low half of the result is the first byte's factor, the high half the
+    second's, and the extension bits change nothing."""
+    from a4prefill.ops.backends.triton.numerics import SCALE_BYTES_FACTORS_ASM
+
+    pairs = torch.arange(65536, dtype=torch.int64)
+    first, second = pairs & 0xFF, pairs >> 8
+
+    def extended(byte: torch.Tensor) -> torch.Tensor:
+        return byte if extension == "zero" else torch.where(byte >= 0x80, byte | 0xFFFFFF00, byte)
+
+    out = run(SCALE_BYTES_FACTORS_ASM.value, {1: extended(first), 2: extended(second)})[0]
+    table = torch.tensor([_expected_factor_bits(b) for b in range(256)], dtype=torch.int64)
+    assert torch.equal(out & 0xFFFF, table[first])
+    assert torch.equal(out >> 16, table[second])
 
 
 def _codes_outputs(word: int, factor: int) -> list[int]:

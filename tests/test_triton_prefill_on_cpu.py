@@ -500,24 +500,36 @@ def test_a_rows_by_token_fc1_launches_on_x_in_mma_column_order_without_the_row_g
         launch_prefill_gemm(huge, codes, scales, routing, fc1_out, schedule, top_k, kernel=recorder, **swiglu)
 
 
-@pytest.mark.parametrize("label", ["rs_w128_t128_d6_ws", "rs_w256_t128_d6_ws"])
+@pytest.mark.parametrize("label", ["rs_w128_t128_d6_ws", "rs_w256_t128_d6_ws", "rs_w256_t32_d6_ws_c2_tok"])
 def test_the_dequantization_writes_the_a_registers_without_regrouping(label):
     """Each code byte's two nibbles leave the dequantization's PTX in one register, the column
-    pair an A register of the wgmma holds (``numerics.BYTE_PAIR_DEQUANT_ASM``): in each consumer
-    K loop of FC1 and FC2 (W4A16, compiled for sm_90a) one ``PRMT`` per ``HMUL2`` (the byte's
-    placement; one ``HMUL2`` per two weights). The pairs of two bytes of the earlier PTX needed
-    one more ``PRMT`` per register to be regrouped (24 per 16 ``HMUL2`` at 128 rows)."""
+    pair an A register of the wgmma holds (``numerics.BYTE_PAIR_DEQUANT_ASM``), and each two
+    scale bytes' factors leave theirs as one bf16x2 (``numerics.SCALE_BYTES_FACTORS_ASM``): in
+    each consumer K loop of FC1 and FC2 (W4A16, compiled for sm_90a) one ``PRMT`` and one
+    ``HMUL2`` per two weights (the byte's placement, its product), one ``PRMT`` and two ``HMUL2``
+    per two factors (a consumer thread's rows ``r`` and ``r + 8`` of each 64, one 16-column
+    group), and no fp32 arithmetic or conversion. The pairs of two bytes of the earlier PTX
+    needed one more ``PRMT`` per register to be regrouped (24 per 16 ``HMUL2`` at 128 rows); the
+    factors were decoded through fp16 and fp32 until the thirtieth round (``HADD2.F32``, two
+    ``FMUL`` per byte, one ``F2FP`` per two: 7.5 instructions a byte against 3.5). The 32-route
+    tiles are 512-1024 tokens' of the GLM TP2 shape, where the consumers' dequantization bounds
+    the call."""
     from helpers.sass_loops import innermost_loops
 
     schedule = PREFILL_SCHEDULES[label]
     swiglu, alpha = PREFILL_EPILOGUES["swiglu"], PREFILL_EPILOGUES["alpha"]
     fc1 = compile_prefill_kernel(schedule, EPILOGUE=swiglu, OUT_MMA_ORDER=True)
     fc2 = compile_prefill_kernel(schedule, GATHER=False, EPILOGUE=alpha)
+    consumer_rows = schedule.weight_rows // 2
+    weight_pairs = consumer_rows * 64 // 128 // 2  # a consumer thread's, a step
+    factor_pairs = consumer_rows // 64
     for kernel in (fc1, fc2):
         loops = [body for body in innermost_loops(cuobjdump(kernel, "-sass")) if "HGMMA" in " ".join(body)]
         counts = [(" ".join(body).count("PRMT"), " ".join(body).count("HMUL2")) for body in loops]
-        per_step = schedule.weight_rows * 64 // 256 // 2  # HMUL2 a consumer thread issues a step
-        assert counts == [(per_step, per_step)] * 2, (label, counts)
+        expected = (weight_pairs + factor_pairs, weight_pairs + 2 * factor_pairs)
+        assert counts == [expected] * 2, (label, counts)
+        for body in loops:
+            assert not [text for text in body if re.search(r"\b(?:FMUL|HADD2\.F32|F2FP)", text)], body
 
 
 def dequantized_while_in_flight(compiled: Any) -> list[int]:
@@ -552,15 +564,16 @@ def test_the_dequantize_ahead_consumers_dequantize_while_their_wgmma_runs():
     wgmma wait when nothing after the wait needs it (the first cut: 0 ``HMUL2`` before the wait,
     the wgmma and the dequantization in sequence again; this test fails there); a second wait on
     the step's ``ready`` barrier (already complete) between the two makes a block boundary that
-    keeps it above. Both consumer loops of FC1 and FC2, W4A16: all 16 ``HMUL2`` of a step (32
-    weights a thread) before the wait, and no serialization (one ``0x0`` wait per group)."""
+    keeps it above. Both consumer loops of FC1 and FC2, W4A16: all 18 ``HMUL2`` of a step (16 for
+    a thread's 32 weights, 2 for their two factors) before the wait, and no serialization (one
+    ``0x0`` wait per group)."""
     schedule = PREFILL_SCHEDULES["rs_w128_t128_d6_ws_x2"]
     swiglu, alpha = PREFILL_EPILOGUES["swiglu"], PREFILL_EPILOGUES["alpha"]
     fc1 = compile_prefill_kernel(schedule, EPILOGUE=swiglu, OUT_MMA_ORDER=True)
     fc2 = compile_prefill_kernel(schedule, GATHER=False, EPILOGUE=alpha)
     for kernel in (fc1, fc2):
         overlapped = [count for count in dequantized_while_in_flight(kernel) if count]
-        assert overlapped == [16, 16], dequantized_while_in_flight(kernel)
+        assert overlapped == [18, 18], dequantized_while_in_flight(kernel)
         events = wgmma_waits(kernel)
         assert events.count("issue") == events.count("wait 0x0") and "wait 0x1" not in events, events
 

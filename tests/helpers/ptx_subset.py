@@ -1,18 +1,18 @@
 """A tiny interpreter for the PTX subset of the kernels' inline assembly (tests only).
 
-Runs ``decode_asm.FACTOR_ASM``, ``CODES_ASM``, ``WORD_CODES_ASM``, ``numerics.BYTE_DEQUANT_ASM``
-and ``prefill_a8_kernels.A8_WEIGHT_ASM`` bit for bit on the CPU: 32-bit integer ops (``mov``,
-``and``, ``or``, ``shl``, ``shr``, ``mul.hi``/``mul.lo``/``mad.lo`` ``.u32``), ``prmt.b32``
-(default mode: selector nibble ``i`` picks byte ``nibble & 7`` of ``{b, a}`` for output byte
-``i``, or with the nibble's bit 3 set that byte's sign bit replicated over all 8 bits), the
-unpacking ``mov.b32 {lo, hi}, x`` and packing ``mov.b32 x, {lo, hi}`` (two 16-bit halves),
-``fma.rn.bf16x2`` (each half: the exact product plus addend, rounded to nearest even bf16,
-subnormals kept), ``mov.f32`` and ``mul.rn.f32`` (refused where the fp32 product is not exact:
-the subset meets only exact ones) and ``cvt.rn.satfinite.e4m3x2.f32 d, a, b`` (``a`` to the high
-byte of the 16-bit ``d``, ``b`` to the low one; nearest even, saturating to +-448). Float
-immediates are PTX's ``0fXXXXXXXX`` (fp32 bits). Operands
-``$N`` are the asm's inputs and outputs as uint32 (16-bit outputs of the unpacking: uint16), either
-Python ints or int64 torch tensors of one shape (every element one execution of the asm).
+Runs ``numerics.SCALE_PAIR_FACTORS_ASM``, ``SCALE_BYTES_FACTORS_ASM``, ``BYTE_DEQUANT_ASM``,
+``decode_asm.CODES_ASM``, ``WORD_CODES_ASM`` and ``prefill_a8_kernels.A8_WEIGHT_ASM`` bit for bit
+on the CPU: 32-bit integer ops (``mov``, ``and``, ``or``, ``shl``, ``shr``,
+``mul.hi``/``mul.lo``/``mad.lo`` ``.u32``), ``prmt.b32`` (default mode: selector nibble ``i`` picks
+byte ``nibble & 7`` of ``{b, a}`` for output byte ``i``, or with the nibble's bit 3 set that byte's
+sign bit replicated over all 8 bits), the unpacking ``mov.b32 {lo, hi}, x`` and packing ``mov.b32
+x, {lo, hi}`` (two 16-bit halves), ``fma.rn.bf16x2`` (each half: the exact product plus addend,
+rounded to nearest even bf16, subnormals kept), ``mov.f32`` and ``mul.rn.f32`` (refused where the
+fp32 product is not exact: the subset meets only exact ones) and ``cvt.rn.satfinite.e4m3x2.f32 d,
+a, b`` (``a`` to the high byte of the 16-bit ``d``, ``b`` to the low one; nearest even, saturating
+to +-448). Float immediates are PTX's ``0fXXXXXXXX`` (fp32 bits). Operands ``$N`` are the asm's
+inputs and outputs as uint32 (16-bit outputs of the unpacking: uint16), either Python ints or int64
+torch tensors of one shape (every element one execution of the asm).
 
 Tensors run as numpy int64 arrays inside (the interpreter calls this once per asm and program,
 on a few hundred elements: per-operation overhead is what costs), and each asm is parsed once.

@@ -1,10 +1,10 @@
 """Inline PTX of the ``triton`` backend's decode kernels (Gluon: imported lazily, with
 :mod:`decode_kernels`): the asm strings and the ``gluon.jit`` functions that run them.
 
-- :data:`FACTOR_ASM` and :data:`CODES_ASM` (:data:`WORD_CODES_ASM`: its eight-output form): e4m3
-  scale bytes and e2m1 code bytes to the exact bf16 weights ``e2m1 * scale * 2**-7``
-  (:func:`_factors`, :func:`_dequant_words`); ``tests/helpers/ptx_subset.py`` runs them bit for
-  bit on the CPU;
+- :data:`CODES_ASM` (:data:`WORD_CODES_ASM`: its eight-output form), with the scale pairs'
+  factors of :data:`numerics.SCALE_PAIR_FACTORS_ASM`: e4m3 scale bytes and e2m1 code bytes to the
+  exact bf16 weights ``e2m1 * scale * 2**-7`` (:func:`_factors`, :func:`_dequant_words`);
+  ``tests/helpers/ptx_subset.py`` runs them bit for bit on the CPU;
 - :data:`L2_PREFETCH_ASM` (:func:`_l2_prefetch_rows`), :data:`LAUNCH_DEPENDENTS_ASM` and
   :data:`WAIT_FOR_PREREQUISITES_ASM` (:func:`_grid_dependency`): FC2 overlapping FC1
   (``DecodeTiles.overlap``, sm_90+).
@@ -20,33 +20,13 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-# $2: two e4m3 scale bytes (a zero-extended uint16, byte 0 in bits 7..0). $0, $1: bf16
-# ``scale * 2**119`` of byte 0 and byte 1, exact. One ``prmt`` puts the bytes at bits 15..8 of
-# the two halves; a byte's sign is then bf16 bit 15
-# and its other bits go to bits 10..4: that bf16 is exactly ``e4m3 * 2**-120`` (subnormal scales
-# included); two bf16x2 products by 2**120 and 2**119 follow, for both bytes at once.
-FACTOR_ASM = gl.constexpr("""
-{
-.reg .b32 w, m, c120, c119, nz;
-mov.b32 c120, 0x7B807B80;
-mov.b32 c119, 0x7B007B00;
-mov.b32 nz, 0x80008000;
-prmt.b32 w, $2, $2, 0x1202;
-shr.b32 m, w, 4;
-and.b32 m, m, 0x07F007F0;
-and.b32 w, w, 0x80008000;
-or.b32 w, w, m;
-fma.rn.bf16x2 w, w, c120, nz;
-fma.rn.bf16x2 w, w, c119, nz;
-mov.b32 {$0, $1}, w;
-}
-""")
+from a4prefill.ops.backends.triton.numerics import SCALE_PAIR_FACTORS_ASM
 
 # $4: four code bytes (eight e2m1 nibbles n0..n7, n0 in bits 0..3). $5: the bf16 factor of
-# their block (:data:`FACTOR_ASM`), used in both halves (``mov.b32 f, {$5, $5}`` costs nothing:
-# ptxas reads the factor's half through the multiply's operand swizzle). $0, $1: half s=0,
-# elements (n0, n4), (n1, n5); $2, $3: half s=1, (n2, n6), (n3, n7). Each bf16 is
-# ``e2m1 * scale * 2**-7``, exact: a nibble's magnitude bits go to bf16 bits 8..6
+# their block (:data:`numerics.SCALE_PAIR_FACTORS_ASM`), used in both halves (``mov.b32 f, {$5,
+# $5}`` costs nothing: ptxas reads the factor's half through the multiply's operand swizzle).
+# $0, $1: half s=0, elements (n0, n4), (n1, n5); $2, $3: half s=1, (n2, n6), (n3, n7). Each
+# bf16 is ``e2m1 * scale * 2**-7``, exact: a nibble's magnitude bits go to bf16 bits 8..6
 # (``e2m1 * 2**-126``) and its sign to bit 15, then one fma by the factor.
 # ``mul.hi`` by 2**30 is ``>> 2`` on the FMA pipe.
 CODES_ASM = gl.constexpr("""
@@ -72,12 +52,12 @@ fma.rn.bf16x2 $3, s, f, nz;
 
 @gluon.jit
 def _factors(scale_pairs, WORDS: gl.constexpr):
-    """Scale byte pairs ``[W, M, G / 2]`` (uint16, :func:`scale_layout`) -> the :data:`FACTOR_ASM`
-    factors (bf16) of the ``G`` bytes, each repeated for its block's 2 code words: ``[W, M, 2 G]``
-    in the ``WORDS`` layout (register copies only)."""
+    """Scale byte pairs ``[W, M, G / 2]`` (uint16, :func:`scale_layout`) -> the
+    :data:`numerics.SCALE_PAIR_FACTORS_ASM` factors (bf16) of the ``G`` bytes, each repeated for
+    its block's 2 code words: ``[W, M, 2 G]`` in the ``WORDS`` layout (register copies only)."""
     shape: gl.constexpr = scale_pairs.shape
     low, high = gl.inline_asm_elementwise(
-        FACTOR_ASM,
+        SCALE_PAIR_FACTORS_ASM,
         "=h,=h,r",
         [scale_pairs.to(gl.int32)],
         dtype=(gl.bfloat16, gl.bfloat16),

@@ -16,9 +16,9 @@ bf16 io and few routes per active expert (decode sizes), and any call whose
 - **Codes go from global memory straight into MMA registers.** Each thread loads 16
   consecutive code bytes (one 128-bit load) of two weight rows per 128-column step and turns
   them into bf16 in registers (:data:`decode_asm.CODES_ASM`; the scale bytes two at a time,
-  :data:`decode_asm.FACTOR_ASM`): no layout conversion. The MMA operand layout (``k_width=4``)
-  is reached by *relabelling K*: the thread's 32 physical columns become its logical K slots in
-  the order of :func:`decode_layouts.logical_to_physical`. With ``STAGES``
+  :data:`numerics.SCALE_PAIR_FACTORS_ASM`): no layout conversion. The MMA operand layout
+  (``k_width=4``) is reached by *relabelling K*: the thread's 32 physical columns become its
+  logical K slots in the order of :func:`decode_layouts.logical_to_physical`. With ``STAGES``
   (``DecodeGemm.stages``) the same 16-byte chunks go through shared memory first: each thread
   ``cp.async``-copies its own chunks ``STAGES - 1`` K steps ahead and loads them back when their
   group is done, so the bytes in flight cost shared memory instead of registers; else

@@ -91,6 +91,38 @@ shl.b32 w4, $4, 4;
 )
 
 
+def _scale_factors_asm(pack_bytes: str, write_results: str) -> str:
+    """The inline PTX that turns two e4m3 scale bytes into their bf16 factors ``scale * 2**119``
+    (exact, subnormal scales included; ``0x7f``/``0xff`` -> +-480 like :func:`e4m3_bytes_f32`),
+    both bytes at once in one bf16x2 register ``w``. ``pack_bytes`` must leave the first byte in
+    bits 15..8 of ``w`` and the second in bits 31..24 (the other bits are not read);
+    ``write_results`` moves ``w`` into the outputs. Then a byte's sign is bf16 bit 15 of its
+    half and its other bits go to bits 10..4: that bf16 is exactly ``e4m3 * 2**-120``; two bf16x2
+    products by 2**120 and 2**119 follow. ``tests/helpers/ptx_subset.py`` runs both forms
+    (``tests/test_triton_decode_ptx.py``)."""
+    return (
+        "{\n.reg .b32 w, m, c120, c119, nz;\nmov.b32 c120, 0x7B807B80;\nmov.b32 c119, 0x7B007B00;\n"
+        "mov.b32 nz, 0x80008000;\n"
+        + pack_bytes
+        + "shr.b32 m, w, 4;\nand.b32 m, m, 0x07F007F0;\nand.b32 w, w, 0x80008000;\nor.b32 w, w, m;\n"
+        "fma.rn.bf16x2 w, w, c120, nz;\nfma.rn.bf16x2 w, w, c119, nz;\n" + write_results + "}\n"
+    )
+
+
+# ``$2``: two e4m3 scale bytes as a zero-extended uint16 (byte 0 in bits 7..0) -> ``$0``, ``$1``:
+# the bf16 factors of byte 0 and byte 1 (the decode kernels' scale pairs, ``decode_asm._factors``).
+SCALE_PAIR_FACTORS_ASM = tl.constexpr(
+    _scale_factors_asm("prmt.b32 w, $2, $2, 0x1202;\n", "mov.b32 {$0, $1}, w;\n")
+)
+
+# ``$1``, ``$2``: one e4m3 scale byte each, in bits 7..0 (bits 31..8 not read: zero or sign
+# extension alike) -> ``$0``: their bf16 factors as one bf16x2 (``$1``'s in the low half). Launched
+# with ``pack=2`` over int32 scale bytes by the prefill kernels (``prefill_kernels.scale_factors``).
+SCALE_BYTES_FACTORS_ASM = tl.constexpr(
+    _scale_factors_asm("prmt.b32 w, $1, $2, 0x4000;\n", "mov.b32 $0, w;\n")
+)
+
+
 @triton.jit
 def _rne_e4m3(s):
     """Round fp32 ``s`` in [0, 448] to the nearest e4m3 value (ties to even), as fp32."""
