@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # The Hopper device calls (H200 or H100) that check and time what rounds without a GPU, or
-# without enough of it, built for issues 23 and 28 (the list as of the twenty-ninth round;
+# without enough of it, built for issues 23 and 28 (the list as of the thirtieth round;
 # docs/prefill-kernel-next.md). One device call per mode, each under the tool's 600 s;
 # everything is tee'd into $OUT, so a call cut off by its time limit keeps its output. The modes
 # of earlier rounds (verify, a4, gather, mid, small: the twenty-third to twenty-eighth rounds,
 # benchmarks/results/README.md) are in this file's history (git log -p on it).
 #
-#   bash scripts/gpu_untimed_kernels.sh quant   # the twenty-ninth round's CPU-only change
+#   bash scripts/gpu_untimed_kernels.sh quant   # (ran in the thirtieth round) the
+#                                               # twenty-ninth round's CPU-only change
 #                                               # (numerics._quantize_groups in fewer
 #                                               # instructions, every A4 path): the A4 and split
 #                                               # GPU tests of the quantizer, the tiled, decode
 #                                               # and prefill kernels, then the whole MoE at
-#                                               # 4096, 3072 and 8192 tokens (not yet run)
+#                                               # 4096, 3072 and 8192 tokens
 #   bash scripts/gpu_untimed_kernels.sh tiles   # (ran in the twenty-ninth round) the
 #                                               # prefill MoE GPU tests (A4 and split now on
 #                                               # W4A16's two-partition 256-row tiles at 64-160
