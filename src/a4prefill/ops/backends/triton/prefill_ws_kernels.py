@@ -60,7 +60,12 @@ switches at every mbarrier wait and after every arrival): slot ``s % DEPTH`` is 
 ring step ``s + DEPTH`` only after both consumers released it, which each does after the wgmma
 that read its rows retired; a consumer reads a slot only after its ``ready`` phase completed,
 which needs every producer thread's scale copies (or, A8 with register weights, stores) and all
-TMA bytes of that step to have landed.
+TMA bytes of that step to have landed. Proxies: the wgmma reads the rows in the async proxy;
+where the producer's threads wrote them (``X_BY_TOKEN``'s ``cp.async``, generic proxy) each
+consumer fences the proxies after its ``ready`` wait (A8's weights converted into shared memory:
+after its own stores, :mod:`prefill_a8_kernels`). Nothing else is fenced: what a TMA wrote is
+visible to the consumers' loads and wgmmas once the phase completed, and the scale bytes (and
+the A8 register-weights producer's stores) are read by generic loads only.
 """
 
 from __future__ import annotations
@@ -312,19 +317,23 @@ def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr, X_BY_TOKEN: gl.c
 
 
 @gluon.jit
-def _wait_for_weights(rings, s, HALF: gl.constexpr, ROWS: gl.constexpr):
-    """Ring step ``s`` for a consumer of ``ROWS`` weight rows (rows ``ROWS * HALF`` on of the
-    slot): waits until the slot's copies landed, then loads its rows' code bytes ``[ROWS, 4, 8]``
-    in :func:`~prefill_kernels.fragment_codes_layout` (the code rows as the TMA wrote them, in
-    :func:`~prefill_kernels.fragment_code_rows_layout`, then reshaped: registers unchanged) and
-    scale bytes ``[ROWS, 4]``. Returns ``(codes, scales)``."""
+def _wait_for_weights(rings, s, HALF: gl.constexpr, ROWS: gl.constexpr, FENCE_ROWS: gl.constexpr):
+    """Ring step ``s`` for a consumer of ``ROWS`` weight rows (rows ``ROWS * HALF`` on of the slot): waits
+    until the slot's copies landed (with ``FENCE_ROWS``, the slot's activation rows written by
+    ``cp.async``, then a proxy fence: those generic-proxy writes before the wgmma's async-proxy reads;
+    rows and code bytes a TMA wrote, and the scale bytes this consumer reads itself, need none, as in
+    :func:`prefill_a8_kernels.mainloop_a8`), then loads its rows' code bytes ``[ROWS, 4, 8]`` in
+    :func:`~prefill_kernels.fragment_codes_layout` (the code rows as the TMA wrote them, in
+    :func:`~prefill_kernels.fragment_code_rows_layout`, then reshaped: registers unchanged) and scale
+    bytes ``[ROWS, 4]``. Returns ``(codes, scales)``."""
     c_ring, s_ring, x_ring, ready = rings[0], rings[1], rings[2], rings[3]
     DEPTH: gl.constexpr = x_ring.shape[0]
     FL: gl.constexpr = fragment_codes_layout(ROWS, gl.num_warps(), 8)
     FL_ROWS: gl.constexpr = fragment_code_rows_layout(ROWS, gl.num_warps())
     slot = s % DEPTH
     mbarrier.wait(ready.index(slot), (s // DEPTH) & 1)
-    fence_async_shared()  # the rows the copies wrote, before the wgmma reads them (async proxy)
+    if FENCE_ROWS:  # rows written by cp.async (generic proxy), read by the wgmma (async proxy)
+        fence_async_shared()
     code_rows = c_ring.index(slot).slice(HALF * ROWS, ROWS, dim=0).load(FL_ROWS)
     codes = gl.convert_layout(gl.reshape(code_rows, [ROWS, 4, 8]), FL)
     scales = s_ring.index(slot).slice(HALF * ROWS, ROWS, dim=0).load(gl.SliceLayout(2, FL))
@@ -332,11 +341,12 @@ def _wait_for_weights(rings, s, HALF: gl.constexpr, ROWS: gl.constexpr):
 
 
 @gluon.jit
-def _mainloop(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr):
+def _mainloop(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr, FENCE_ROWS: gl.constexpr):
     """A consumer's ``steps`` steps of one work item, ring steps ``done`` on: its rows' fp32
-    accumulator ``[ROWS, BT]`` (:func:`consumer_rows`). Per step: wait for the slot's copies, dequantize its
-    rows' weights into the A registers, issue the wgmma, retire it (the next step's
-    dequantization writes the same registers) and release the slot.
+    accumulator ``[ROWS, BT]`` (:func:`consumer_rows`). Per step: wait for the slot's copies
+    (:func:`_wait_for_weights` with ``FENCE_ROWS``), dequantize its rows' weights into the A
+    registers, issue the wgmma, retire it (the next step's dequantization writes the same
+    registers) and release the slot.
 
     (Two sets of A registers with one wgmma left in flight while the next one is issued, as
     ``grouped_w4_gemm_rs_kernel``'s ``A_SETS = 2``, were tried in the tenth round with one
@@ -352,7 +362,7 @@ def _mainloop(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr):
     for step in range(steps):
         s = done + step
         slot = s % DEPTH
-        codes, scales = _wait_for_weights(rings, s, HALF, ROWS)
+        codes, scales = _wait_for_weights(rings, s, HALF, ROWS, FENCE_ROWS)
         a = _dequant_fragment(codes, scales, A_LAYOUT, ROWS)
         acc = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), acc, is_async=True)
         acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
@@ -361,14 +371,16 @@ def _mainloop(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr):
 
 
 @gluon.jit
-def _mainloop_ahead(done, steps, last, HALF: gl.constexpr, rings, BT: gl.constexpr, a):
-    """:func:`_mainloop` with two A register sets: each step's successor is dequantized while the
-    step's wgmma runs. ``a`` holds step ``done``'s A operand (dequantized before the call); per
-    step ``s``: wait for ring step ``s + 1``'s copies and dequantize them into the other set, wait
-    on ``ready`` of step ``s + 1`` once more, retire step ``s``'s wgmma, release its slot, then
-    issue step ``s + 1``'s wgmma. One wgmma is in flight across the loop's back edge and retired
-    before the next is issued (ptxas keeps that in a worker partition, unlike two in flight).
-    The second ``ready`` wait (already complete) is a block boundary: without it ptxas sinks the
+def _mainloop_ahead(
+    done, steps, last, HALF: gl.constexpr, rings, BT: gl.constexpr, a, FENCE_ROWS: gl.constexpr
+):
+    """:func:`_mainloop` with two A register sets (``FENCE_ROWS`` as there): each step's successor is
+    dequantized while the step's wgmma runs. ``a`` holds step ``done``'s A operand (dequantized before
+    the call); per step ``s``: wait for ring step ``s + 1``'s copies and dequantize them into the other
+    set, wait on ``ready`` of step ``s + 1`` once more, retire step ``s``'s wgmma, release its slot,
+    then issue step ``s + 1``'s wgmma. One wgmma is in flight across the loop's back edge and retired
+    before the next is issued (ptxas keeps that in a worker partition, unlike two in flight). The
+    second ``ready`` wait (already complete) is a block boundary: without it ptxas sinks the
     dequantization below the wgmma wait, which nothing after it needs
     (``tests/test_triton_prefill_on_cpu.py`` checks the SASS).
 
@@ -386,7 +398,7 @@ def _mainloop_ahead(done, steps, last, HALF: gl.constexpr, rings, BT: gl.constex
     acc = warpgroup_mma(a, x_ring.index(done % DEPTH).permute((1, 0)), acc, is_async=True)
     for step in range(1, steps):
         s = done + step
-        codes, scales = _wait_for_weights(rings, s, HALF, ROWS)
+        codes, scales = _wait_for_weights(rings, s, HALF, ROWS, FENCE_ROWS)
         a_next = _dequant_fragment(codes, scales, A_LAYOUT, ROWS, False)
         mbarrier.wait(rings[3].index(s % DEPTH), (s // DEPTH) & 1)
         acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
@@ -394,7 +406,7 @@ def _mainloop_ahead(done, steps, last, HALF: gl.constexpr, rings, BT: gl.constex
         a = a_next
         acc = warpgroup_mma(a, x_ring.index(s % DEPTH).permute((1, 0)), acc, is_async=True)
     s = gl.minimum(done + steps, last)
-    codes, scales = _wait_for_weights(rings, s, HALF, ROWS)
+    codes, scales = _wait_for_weights(rings, s, HALF, ROWS, FENCE_ROWS)
     a_next = _dequant_fragment(codes, scales, A_LAYOUT, ROWS, False)
     mbarrier.wait(rings[3].index(s % DEPTH), (s // DEPTH) & 1)
     acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
@@ -415,9 +427,12 @@ def _byte_halves(codes, HALF_LAYOUT: gl.constexpr):
 
 
 @gluon.jit
-def _mainloop_halves(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr, A_SETS: gl.constexpr):
-    """:func:`_mainloop` with each step's 64 columns as two wgmmas of 32, each half's A operand in
-    registers of its own, the second half dequantized while the first half's wgmma runs.
+def _mainloop_halves(
+    done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr, A_SETS: gl.constexpr, FENCE_ROWS: gl.constexpr
+):
+    """:func:`_mainloop` (``FENCE_ROWS`` as there) with each step's 64 columns as two wgmmas of 32, each
+    half's A operand in registers of its own, the second half dequantized while the first half's wgmma
+    runs.
 
     - ``A_SETS = 1``: each step's wait retires both halves before the slot is released and the
       next step begins (nothing in flight across steps): the two consumer partitions still
@@ -443,7 +458,7 @@ def _mainloop_halves(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr, A
     for step in range(steps):
         s = done + step
         slot = s % DEPTH
-        codes, scales = _wait_for_weights(rings, s, HALF, ROWS)
+        codes, scales = _wait_for_weights(rings, s, HALF, ROWS, FENCE_ROWS)
         first_codes, second_codes = _byte_halves(codes, FL_HALF)
         scales = gl.convert_layout(scales, gl.SliceLayout(2, FL_HALF))  # the same registers
         x_slot = x_ring.index(slot)
@@ -537,8 +552,8 @@ def _consume(
     epilogue each), then the epilogue of its rows, while the producer already copies the next
     item's first steps. ``tensors``: the kernel's ``out_ptr`` to ``limit`` arguments (those of
     the epilogue go to :func:`_item_epilogue` as they are), then the rings and barriers.
-    ``X_BY_TOKEN``: the rows come by ``cp.async`` (the A8 mainloops' ``FENCE_ROWS``; the bf16
-    ones fence after every wait, :func:`_wait_for_weights`)."""
+    ``X_BY_TOKEN``: the rows come by ``cp.async``, and every mainloop's ``FENCE_ROWS`` (a proxy
+    fence after each ``ready`` wait, none where a TMA wrote the rows)."""
     tile_expert_ptr, tile_row_ptr, seg_start_ptr = tensors[6], tensors[7], tensors[8]
     seg_count_ptr, num_tiles_ptr, N, K, rings = tensors[9], tensors[10], tensors[11], tensors[12], tensors[16]
     ROWS: gl.constexpr = consumer_rows(rings[0].shape[1], gl.num_warps())
@@ -552,7 +567,7 @@ def _consume(
         A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
         a = gl.zeros([ROWS, STEP], gl.bfloat16, layout=A_LAYOUT)
         if last >= 0:
-            first_codes, first_scales = _wait_for_weights(rings, 0, HALF, ROWS)
+            first_codes, first_scales = _wait_for_weights(rings, 0, HALF, ROWS, X_BY_TOKEN)
             a = _dequant_fragment(first_codes, first_scales, A_LAYOUT, ROWS, False)
     done = 0
     for work in range(gl.program_id(0), works, gl.num_programs(0)):
@@ -606,11 +621,11 @@ def _consume(
             if A8:
                 acc = mainloop_a8(done, steps, HALF, rings, BT, A8, WGMMAS, X_BY_TOKEN)
             elif AHEAD:
-                acc, a = _mainloop_ahead(done, steps, last, HALF, rings, BT, a)
+                acc, a = _mainloop_ahead(done, steps, last, HALF, rings, BT, a, X_BY_TOKEN)
             elif WGMMAS == 2:
-                acc = _mainloop_halves(done, steps, HALF, rings, BT, A_SETS)
+                acc = _mainloop_halves(done, steps, HALF, rings, BT, A_SETS, X_BY_TOKEN)
             else:
-                acc = _mainloop(done, steps, HALF, rings, BT)
+                acc = _mainloop(done, steps, HALF, rings, BT, X_BY_TOKEN)
             _item_epilogue(
                 acc,
                 tensors,
