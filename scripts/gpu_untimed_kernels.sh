@@ -6,6 +6,11 @@
 # of earlier rounds (verify, a4, gather, mid, small: the twenty-third to twenty-eighth rounds,
 # benchmarks/results/README.md) are in this file's history (git log -p on it).
 #
+#   bash scripts/gpu_untimed_kernels.sh fence   # the thirtieth round's CPU-only change (the
+#                                               # consumers' proxy fence only where FC1's rows
+#                                               # come by cp.async): every prefill GPU test, then
+#                                               # the whole MoE at 512, 1024, 2048 and 8192
+#                                               # tokens (not yet run)
 #   bash scripts/gpu_untimed_kernels.sh quant   # (ran in the thirtieth round) the
 #                                               # twenty-ninth round's CPU-only change
 #                                               # (numerics._quantize_groups in fewer
@@ -49,6 +54,13 @@ began=$(date +%s)
 left() { echo $(($1 - ($(date +%s) - began))); }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv | tee "$OUT/gpu.txt"
 case "${1:-}" in
+fence)
+    timeout 330 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py 2>&1 \
+        | tee "$OUT/gpu_tests.txt" | tail -4
+    timeout "$(left 585)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 512,1024,2048,8192 \
+        --baselines "" --a8-schedules a8_rs_tok --out "$OUT/fence" 2>&1 | tee "$OUT/bench_moe_fence.txt" \
+        | grep -v "^{" | tail -6
+    ;;
 quant)
     timeout 330 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_backend.py \
         tests/test_triton_decode_gpu.py tests/test_triton_prefill_gpu.py -k "a4 or split or quantiz" 2>&1 \
@@ -95,7 +107,7 @@ ncu)
     echo "then here: python benchmarks/profile_prefill.py ${NCU_CASES[*]} --ncu-summary ncu.csv --out DIR"
     ;;
 *)
-    echo "usage: bash scripts/gpu_untimed_kernels.sh quant|tiles|sizes|anchors|ncu (on a Hopper GPU, with OUT set)" >&2
+    echo "usage: bash scripts/gpu_untimed_kernels.sh fence|quant|tiles|sizes|anchors|ncu (on a Hopper GPU, with OUT set)" >&2
     exit 2
     ;;
 esac
