@@ -513,7 +513,13 @@ def test_the_dequantization_writes_the_a_registers_without_regrouping(label):
     factors were decoded through fp16 and fp32 until the thirtieth round (``HADD2.F32``, two
     ``FMUL`` per byte, one ``F2FP`` per two: 7.5 instructions a byte against 3.5). The 32-route
     tiles are 512-1024 tokens' of the GLM TP2 shape, where the consumers' dequantization bounds
-    the call."""
+    the call.
+
+    The same loops fence the proxies (``FENCE.VIEW.ASYNC.S``, generic-proxy writes before the
+    wgmma's async-proxy reads) once a step where FC1's rows came by ``cp.async`` (``_tok``) and
+    nowhere else: FC2's rows, FC1's gathered rows and the code bytes come by TMA, the scale bytes
+    are read by the consumers' own loads (until the thirtieth round every step fenced, 4% of the
+    warp-state samples of FC1 at 512 tokens)."""
     from helpers.sass_loops import innermost_loops
 
     schedule = PREFILL_SCHEDULES[label]
@@ -523,11 +529,12 @@ def test_the_dequantization_writes_the_a_registers_without_regrouping(label):
     consumer_rows = schedule.weight_rows // 2
     weight_pairs = consumer_rows * 64 // 128 // 2  # a consumer thread's, a step
     factor_pairs = consumer_rows // 64
-    for kernel in (fc1, fc2):
+    for kernel, fenced in ((fc1, schedule.rows_by_token), (fc2, False)):
         loops = [body for body in innermost_loops(cuobjdump(kernel, "-sass")) if "HGMMA" in " ".join(body)]
         counts = [(" ".join(body).count("PRMT"), " ".join(body).count("HMUL2")) for body in loops]
         expected = (weight_pairs + factor_pairs, weight_pairs + 2 * factor_pairs)
         assert counts == [expected] * 2, (label, counts)
+        assert [" ".join(body).count("FENCE.VIEW.ASYNC") for body in loops] == [int(fenced)] * 2
         for body in loops:
             assert not [text for text in body if re.search(r"\b(?:FMUL|HADD2\.F32|F2FP)", text)], body
 
@@ -557,27 +564,6 @@ def dequantized_while_in_flight(compiled: Any) -> list[int]:
     return counts
 
 
-@pytest.mark.parametrize("label", ["rs_w256_t32_d6_ws_c2_tok", "rs_w128_t128_d6_ws_x2"])
-def test_the_consumers_fence_the_proxies_only_where_the_rows_came_by_cp_async(label):
-    """A proxy fence (``FENCE.VIEW.ASYNC.S``) orders generic-proxy writes before the wgmma's
-    async-proxy reads: FC1's rows copied by token (``cp.async``, ``X_BY_TOKEN``) need it in every
-    step of every consumer K loop; FC2's rows, FC1's gathered rows and the code bytes come by TMA
-    and the scale bytes are read by the consumers' own loads, so those K loops have none (until
-    the thirtieth round every warp-specialized consumer fenced after every ``ready`` wait, 4% of
-    the warp-state samples of FC1 at 512 tokens; the A8 mainloops fenced only by-token rows
-    before). W4A16, offline for sm_90a; the 128-route two-A-set tiles keep their block boundary
-    (the dequantize-ahead test)."""
-    from helpers.sass_loops import innermost_loops
-
-    schedule = PREFILL_SCHEDULES[label]
-    fc1 = compile_prefill_kernel(schedule, EPILOGUE=PREFILL_EPILOGUES["swiglu"], OUT_MMA_ORDER=True)
-    fc2 = compile_prefill_kernel(schedule, GATHER=False, EPILOGUE=PREFILL_EPILOGUES["alpha"])
-    for kernel, fenced in ((fc1, schedule.rows_by_token), (fc2, False)):
-        loops = [body for body in innermost_loops(cuobjdump(kernel, "-sass")) if "HGMMA" in " ".join(body)]
-        assert len(loops) == 2, loops  # the two consumer partitions
-        assert [" ".join(body).count("FENCE.VIEW.ASYNC") for body in loops] == [int(fenced)] * 2
-
-
 def test_the_dequantize_ahead_consumers_dequantize_while_their_wgmma_runs():
     """Two A register sets with one wgmma per step (``rs_w128_t128_d6_ws_x2``): each consumer
     issues a step's wgmma, then waits for the next step's copies and dequantizes them into its
@@ -587,7 +573,10 @@ def test_the_dequantize_ahead_consumers_dequantize_while_their_wgmma_runs():
     the step's ``ready`` barrier (already complete) between the two makes a block boundary that
     keeps it above. Both consumer loops of FC1 and FC2, W4A16: all 18 ``HMUL2`` of a step (16 for
     a thread's 32 weights, 2 for their two factors) before the wait, and no serialization (one
-    ``0x0`` wait per group)."""
+    ``0x0`` wait per group), and no proxy fence in those loops (the rows came by TMA: the
+    dequantization test above)."""
+    from helpers.sass_loops import innermost_loops
+
     schedule = PREFILL_SCHEDULES["rs_w128_t128_d6_ws_x2"]
     swiglu, alpha = PREFILL_EPILOGUES["swiglu"], PREFILL_EPILOGUES["alpha"]
     fc1 = compile_prefill_kernel(schedule, EPILOGUE=swiglu, OUT_MMA_ORDER=True)
@@ -595,6 +584,8 @@ def test_the_dequantize_ahead_consumers_dequantize_while_their_wgmma_runs():
     for kernel in (fc1, fc2):
         overlapped = [count for count in dequantized_while_in_flight(kernel) if count]
         assert overlapped == [18, 18], dequantized_while_in_flight(kernel)
+        loops = [body for body in innermost_loops(cuobjdump(kernel, "-sass")) if "HGMMA" in " ".join(body)]
+        assert loops and not [body for body in loops if "FENCE.VIEW.ASYNC" in " ".join(body)]
         events = wgmma_waits(kernel)
         assert events.count("issue") == events.count("wait 0x0") and "wait 0x1" not in events, events
 
