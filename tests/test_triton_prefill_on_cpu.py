@@ -252,19 +252,20 @@ def registers_per_thread(compiled: Any) -> int:
     return int(re.search(r"REG:(\d+)", cuobjdump(compiled, "-res-usage")).group(1))  # type: ignore[union-attr]
 
 
-def local_memory_in_k_loop(compiled: Any) -> list[str]:
-    """The SASS instructions of a kernel compiled offline that load or store local memory
-    (``LDL``/``STL``: register spills) inside a K loop: an innermost loop with wgmmas
-    (``HGMMA``). (Until the sixteenth round this looked between the kernel's first and last
-    wgmma, which missed a reload at the top of a warp-specialized consumer's loop.)"""
+def k_loops(compiled: Any) -> list[list[str]]:
+    """The K loops of a kernel compiled offline: its innermost SASS loops with wgmmas
+    (``HGMMA``), each as its instructions (``helpers.sass_loops.innermost_loops``)."""
     from helpers.sass_loops import innermost_loops
 
-    loops = [
-        body
-        for body in innermost_loops(cuobjdump(compiled, "-sass"))
-        if any("HGMMA" in line for line in body)
-    ]
-    return [line.strip() for body in loops for line in body if re.search(r"\b(LDL|STL)\b", line)]
+    return [body for body in innermost_loops(cuobjdump(compiled, "-sass")) if "HGMMA" in " ".join(body)]
+
+
+def local_memory_in_k_loop(compiled: Any) -> list[str]:
+    """The SASS instructions of a kernel compiled offline that load or store local memory
+    (``LDL``/``STL``: register spills) inside a K loop (:func:`k_loops`). (Until the sixteenth
+    round this looked between the kernel's first and last wgmma, which missed a reload at the top
+    of a warp-specialized consumer's loop.)"""
+    return [line.strip() for body in k_loops(compiled) for line in body if re.search(r"\b(LDL|STL)\b", line)]
 
 
 def test_each_schedule_compiles_to_wgmma_for_sm90():
@@ -520,8 +521,6 @@ def test_the_dequantization_writes_the_a_registers_without_regrouping(label):
     nowhere else: FC2's rows, FC1's gathered rows and the code bytes come by TMA, the scale bytes
     are read by the consumers' own loads (until the thirtieth round every step fenced, 4% of the
     warp-state samples of FC1 at 512 tokens)."""
-    from helpers.sass_loops import innermost_loops
-
     schedule = PREFILL_SCHEDULES[label]
     swiglu, alpha = PREFILL_EPILOGUES["swiglu"], PREFILL_EPILOGUES["alpha"]
     fc1 = compile_prefill_kernel(schedule, EPILOGUE=swiglu, OUT_MMA_ORDER=True)
@@ -530,7 +529,7 @@ def test_the_dequantization_writes_the_a_registers_without_regrouping(label):
     weight_pairs = consumer_rows * 64 // 128 // 2  # a consumer thread's, a step
     factor_pairs = consumer_rows // 64
     for kernel, fenced in ((fc1, schedule.rows_by_token), (fc2, False)):
-        loops = [body for body in innermost_loops(cuobjdump(kernel, "-sass")) if "HGMMA" in " ".join(body)]
+        loops = k_loops(kernel)
         counts = [(" ".join(body).count("PRMT"), " ".join(body).count("HMUL2")) for body in loops]
         expected = (weight_pairs + factor_pairs, weight_pairs + 2 * factor_pairs)
         assert counts == [expected] * 2, (label, counts)
@@ -545,10 +544,9 @@ def dequantized_while_in_flight(compiled: Any) -> list[int]:
     loop's top to its first wgmma wait (``WARPGROUP.DEPBAR``) while a wgmma group issued at the
     end of the previous iteration is still in flight (0 where the loop retires its last group
     before the back edge)."""
-    sass = [
-        (int(match[1], 16), match[2])
-        for match in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", cuobjdump(compiled, "-sass"))
-    ]
+    from helpers.sass_loops import instructions
+
+    sass = instructions(cuobjdump(compiled, "-sass"))
     counts = []
     for address, text in sass:
         branch = re.search(r"BRA (0x[0-9a-f]+)", text)
@@ -575,8 +573,6 @@ def test_the_dequantize_ahead_consumers_dequantize_while_their_wgmma_runs():
     a thread's 32 weights, 2 for their two factors) before the wait, and no serialization (one
     ``0x0`` wait per group), and no proxy fence in those loops (the rows came by TMA: the
     dequantization test above)."""
-    from helpers.sass_loops import innermost_loops
-
     schedule = PREFILL_SCHEDULES["rs_w128_t128_d6_ws_x2"]
     swiglu, alpha = PREFILL_EPILOGUES["swiglu"], PREFILL_EPILOGUES["alpha"]
     fc1 = compile_prefill_kernel(schedule, EPILOGUE=swiglu, OUT_MMA_ORDER=True)
@@ -584,7 +580,7 @@ def test_the_dequantize_ahead_consumers_dequantize_while_their_wgmma_runs():
     for kernel in (fc1, fc2):
         overlapped = [count for count in dequantized_while_in_flight(kernel) if count]
         assert overlapped == [18, 18], dequantized_while_in_flight(kernel)
-        loops = [body for body in innermost_loops(cuobjdump(kernel, "-sass")) if "HGMMA" in " ".join(body)]
+        loops = k_loops(kernel)
         assert loops and not [body for body in loops if "FENCE.VIEW.ASYNC" in " ".join(body)]
         events = wgmma_waits(kernel)
         assert events.count("issue") == events.count("wait 0x0") and "wait 0x1" not in events, events
