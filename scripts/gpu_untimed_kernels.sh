@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # The Hopper device calls (H200 or H100) that check and time what rounds without a GPU, or
-# without enough of it, built for issues 23 and 28 (the list as of the thirtieth round;
+# without enough of it, built for issues 23 and 28 (the list as of the thirty-first round;
 # docs/prefill-kernel-next.md). One device call per mode, each under the tool's 600 s;
 # everything is tee'd into $OUT, so a call cut off by its time limit keeps its output. The modes
 # of earlier rounds (verify, a4, gather, mid, small: the twenty-third to twenty-eighth rounds,
 # benchmarks/results/README.md) are in this file's history (git log -p on it).
 #
-#   bash scripts/gpu_untimed_kernels.sh fence   # the thirtieth round's CPU-only change (the
-#                                               # consumers' proxy fence only where FC1's rows
-#                                               # come by cp.async): every prefill GPU test, then
-#                                               # the whole MoE at 512, 1024, 2048 and 8192
-#                                               # tokens (not yet run)
+#   bash scripts/gpu_untimed_kernels.sh ahead   # the thirty-first round's committed loads-ahead
+#                                               # schedules (_la; their loop ran on the GPU in a
+#                                               # tree where every _mainloop ran it): every
+#                                               # prefill GPU test, then the whole MoE at 512,
+#                                               # 1024, 4096 and 2048 tokens (not yet run)
+#   bash scripts/gpu_untimed_kernels.sh fence   # (ran in the thirty-first round) the thirtieth
+#                                               # round's consumers' proxy fence: every prefill
+#                                               # GPU test, then the MoE at 512-8192 tokens
 #   bash scripts/gpu_untimed_kernels.sh quant   # (ran in the thirtieth round) the
 #                                               # twenty-ninth round's CPU-only change
 #                                               # (numerics._quantize_groups in fewer
@@ -54,6 +57,13 @@ began=$(date +%s)
 left() { echo $(($1 - ($(date +%s) - began))); }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv | tee "$OUT/gpu.txt"
 case "${1:-}" in
+ahead)
+    timeout 330 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py 2>&1 \
+        | tee "$OUT/gpu_tests.txt" | tail -4
+    timeout "$(left 585)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 512,1024,4096,2048 \
+        --baselines "" --a8-schedules a8_rs_tok --out "$OUT/ahead" 2>&1 | tee "$OUT/bench_moe_ahead.txt" \
+        | grep -v "^{" | tail -6
+    ;;
 fence)
     timeout 330 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py 2>&1 \
         | tee "$OUT/gpu_tests.txt" | tail -4
@@ -107,7 +117,7 @@ ncu)
     echo "then here: python benchmarks/profile_prefill.py ${NCU_CASES[*]} --ncu-summary ncu.csv --out DIR"
     ;;
 *)
-    echo "usage: bash scripts/gpu_untimed_kernels.sh fence|quant|tiles|sizes|anchors|ncu (on a Hopper GPU, with OUT set)" >&2
+    echo "usage: bash scripts/gpu_untimed_kernels.sh ahead|fence|quant|tiles|sizes|anchors|ncu (on a Hopper GPU, with OUT set)" >&2
     exit 2
     ;;
 esac

@@ -55,9 +55,9 @@ def test_matches_the_fp32_product_eagerly_and_in_a_cuda_graph(label, gather):
 @pytest.mark.parametrize(
     ("tokens", "fc1"),
     [
-        (96, "rs_w256_t32_d6_ws_c2_tok"),
+        (96, "rs_w256_t32_d6_ws_c2_tok_la"),
         (192, "rs_w128_t64_d6_ws_c2_tok"),
-        (512, "rs_w256_t128_d6_ws_tok"),
+        (512, "rs_w256_t128_d6_ws_tok_la"),
         (1024, "rs_w128_t256_d4_ws_x2_h2_tok"),
         (2048, "rs_w128_t256_d4_ws_x2_h2_tok"),
     ],
@@ -93,9 +93,9 @@ def test_the_w4a16_prefill_moe_matches_the_reference_eagerly_and_in_a_cuda_graph
 @pytest.mark.parametrize(
     ("tokens", "fc1"),
     [
-        (96, "rs_w256_t32_d6_ws_c2_tok"),
+        (96, "rs_w256_t32_d6_ws_c2_tok_la"),
         (192, "rs_w128_t64_d6_ws_c2_tok"),
-        (512, "rs_w256_t128_d6_ws_tok"),
+        (512, "rs_w256_t128_d6_ws_tok_la"),
         (2048, "rs_w128_t256_d4_ws_x2_h2_tok"),
     ],
 )

@@ -538,6 +538,47 @@ def test_the_dequantization_writes_the_a_registers_without_regrouping(label):
             assert not [text for text in body if re.search(r"\b(?:FMUL|HADD2\.F32|F2FP)", text)], body
 
 
+def test_the_loads_ahead_consumers_load_the_next_step_while_their_wgmma_runs():
+    """``loads_ahead`` (the 32-route tiles of 512-1024 tokens, ``rs_w256_t32_d6_ws_c2_tok_la``):
+    in both consumer K loops of FC1 and FC2 (W4A16, sm_90a) every shared-memory load of code
+    words and scale bytes (``LDS``, 8 a step: a thread's 4 rows, 8 code bytes and a scale byte
+    each) lies between the step's last wgmma and its wait (``WARPGROUP.DEPBAR``), so the loads'
+    latency runs under the tensor core's work, where the same tiles without it load everything
+    before their first wgmma. The words carried across the back edge add no spill, and the loop
+    keeps one ``PRMT`` per two weights and one per two scale factors (the code bytes stay in the
+    words' registers) with at most 3 more (the carried scale bytes' packing). Fails on the code
+    before the thirty-first round (no such schedule; with ``loads_ahead`` ignored, every load
+    before the first wgmma)."""
+    swiglu, alpha = PREFILL_EPILOGUES["swiglu"], PREFILL_EPILOGUES["alpha"]
+    weight_pairs = 128 * 64 // 128 // 2  # a consumer thread's, a step (128 rows a consumer)
+
+    def loads_around_the_wgmmas(label: str) -> list[tuple[int, int, int]]:
+        """Per K loop of FC1 and FC2: loads before the first wgmma, loads between the last wgmma
+        and its wait, ``PRMT``s."""
+        schedule = PREFILL_SCHEDULES[label]
+        kernels = (
+            compile_prefill_kernel(schedule, EPILOGUE=swiglu, OUT_MMA_ORDER=True),
+            compile_prefill_kernel(schedule, GATHER=False, EPILOGUE=alpha),
+        )
+        found = []
+        for kernel in kernels:
+            assert not local_memory_in_k_loop(kernel), label
+            for body in k_loops(kernel):
+                loads = [i for i, text in enumerate(body) if re.match(r"LDS(\.U8|\.64)? R", text.strip())]
+                wgmmas = [i for i, text in enumerate(body) if "HGMMA" in text]
+                wait = next(i for i, text in enumerate(body) if "WARPGROUP.DEPBAR" in text)
+                before = sum(i < wgmmas[0] for i in loads)
+                under = sum(wgmmas[-1] < i < wait for i in loads)
+                found.append((before, under, " ".join(body).count("PRMT")))
+        return found
+
+    ahead = loads_around_the_wgmmas("rs_w256_t32_d6_ws_c2_tok_la")
+    assert [(before, under) for before, under, _ in ahead] == [(0, 8)] * 4, ahead
+    assert all(weight_pairs + 2 <= prmt <= weight_pairs + 5 for _, _, prmt in ahead), ahead
+    plain = loads_around_the_wgmmas("rs_w256_t32_d6_ws_c2_tok")
+    assert [(before, under) for before, under, _ in plain] == [(8, 0)] * 4, plain
+
+
 def dequantized_while_in_flight(compiled: Any) -> list[int]:
     """Per K loop of a kernel compiled offline (a backward branch over a region with ``HGMMA``s):
     how many ``HMUL2`` (the dequantization's last instruction, one per two weights) run from the
@@ -684,7 +725,7 @@ def test_schedules_sharing_an_sm_launch_that_many_programs_per_sm_under_their_re
     ],
 )
 def test_the_256_row_work_items_spill_at_most_a_reload_in_the_k_loop(mode, fc1_reloads):
-    """FC1 and FC2 of the 256-row work items (``rs_w256_t128_d6_ws_tok``: calls of 128-route
+    """FC1 and FC2 of the 256-row work items (``rs_w256_t128_d6_ws_tok_la``: calls of 128-route
     tiles in every mode; a consumer's accumulator is 128 fp32 registers, as on 256-route tiles)
     with the launcher's partitions (producer 56 registers, consumers 224) compile within the
     schedule's ``shared_bytes`` and with no local memory in the K loop, but for the split FC1's
@@ -693,7 +734,7 @@ def test_the_256_row_work_items_spill_at_most_a_reload_in_the_k_loop(mode, fc1_r
     loop, and in the split FC1 reloads one value a step inside it (``LDL``; the A4 FC1 did as
     well in the sixteenth round, not since the twenty-ninth looked again). A guard against
     more, not proof for the H200's compiler."""
-    schedule = PREFILL_SCHEDULES["rs_w256_t128_d6_ws_tok"]
+    schedule = PREFILL_SCHEDULES["rs_w256_t128_d6_ws_tok_la"]
     swiglu, alpha = PREFILL_EPILOGUES["swiglu"], PREFILL_EPILOGUES["alpha"]
     fc1 = compile_prefill_kernel(schedule, EPILOGUE=swiglu, MODE=mode, OUT_MMA_ORDER=True)
     fc2 = compile_prefill_kernel(schedule, GATHER=False, EPILOGUE=alpha, MODE=mode)
@@ -715,7 +756,7 @@ def test_the_a4_fc1_epilogue_adds_under_20_instructions_per_element_of_h():
     producer. A guard for this suite's compiler, not a count for the H200's."""
     from helpers.sass_loops import instructions
 
-    schedule = PREFILL_SCHEDULES["rs_w256_t128_d6_ws_tok"]
+    schedule = PREFILL_SCHEDULES["rs_w256_t128_d6_ws_tok_la"]
     swiglu = PREFILL_EPILOGUES["swiglu"]
     counts = {
         mode: len(
@@ -817,7 +858,7 @@ def test_calls_of_128_route_tiles_run_256_row_items_as_two_partitions_in_every_m
     twenty-eighth round, 2242 and 2212 us against 2530 and 2309 as one 8-warp partition). Where
     a GEMM's rows do not split into 256s (a hidden size of 384) they run 128 rows; both GEMMs
     of a call share its route tiles."""
-    small, wide = PREFILL_SCHEDULES["rs_w128_t128_d6_ws"], PREFILL_SCHEDULES["rs_w256_t128_d6_ws_tok"]
+    small, wide = PREFILL_SCHEDULES["rs_w128_t128_d6_ws"], PREFILL_SCHEDULES["rs_w256_t128_d6_ws_tok_la"]
     tiles = choose_prefill_tiles(4096 * 8, 288, 4096, 1024)
     assert tiles == PrefillTiles(wide, wide)
     assert not wide.one_consumer_partition and wide.weight_rows == 256
@@ -904,6 +945,13 @@ def test_schedules_refuse_what_the_kernel_cannot_run():
             PrefillGemm(**{"depth": 6, **ws, **too_wide})
     with pytest.raises(ValueError, match="needs warp_specialized with two consumer partitions"):
         PrefillGemm(128, 32, depth=6, register_weights=True, ctas_per_sm=2)
+    for not_loading_ahead in (
+        {"routes": 128, "register_weights": True},  # not warp-specialized
+        {"routes": 128, **ws, "a_register_sets": 2},  # _mainloop_ahead
+        {"routes": 128, **ws, "wgmmas_per_step": 2},  # _mainloop_halves
+    ):
+        with pytest.raises(ValueError, match="loads_ahead needs warp_specialized, one A register set"):
+            PrefillGemm(**not_loading_ahead, loads_ahead=True)
     # 7 slots of 64 routes: one CTA's 120 KiB fit its 227 KiB, two of them (with 1 KiB reserved
     # each) not an SM's 228 KiB
     with pytest.raises(ValueError, match="2 CTAs need 247040 bytes of an SM's shared memory"):
@@ -1196,10 +1244,10 @@ def prefill_moe_on_cpu(interpreted):
 @pytest.mark.parametrize(
     ("tokens", "limit", "fc1", "fc2"),
     [
-        (48, None, "rs_w256_t32_d6_ws_c2_tok", "rs_w256_t32_d6_ws_c2_tok"),  # 24 routes per expert
+        (48, None, "rs_w256_t32_d6_ws_c2_tok_la", "rs_w256_t32_d6_ws_c2_tok_la"),  # 24 routes per expert
         (96, None, "rs_w128_t64_d6_ws_c2_tok", "rs_w128_t64_d6_ws_c2_tok"),  # 48 routes per expert
-        (160, None, "rs_w256_t128_d6_ws_tok", "rs_w256_t128_d6_ws_tok"),  # 80 per expert
-        (160, 2.5, "rs_w256_t128_d6_ws_tok", "rs_w256_t128_d6_ws_tok"),
+        (160, None, "rs_w256_t128_d6_ws_tok_la", "rs_w256_t128_d6_ws_tok_la"),  # 80 per expert
+        (160, 2.5, "rs_w256_t128_d6_ws_tok_la", "rs_w256_t128_d6_ws_tok_la"),
         (400, None, "rs_w128_t256_d4_ws_x2_h2_tok", "rs_w128_t256_d4_ws_x2_h2_tok"),  # 200 per expert
     ],
 )
@@ -1276,7 +1324,7 @@ def test_a4_and_split_prefill_calls_run_the_prefill_gemms_and_match_the_referenc
     assert prefill_moe_on_cpu[-4:] == [planned.prefill.fc1, planned.prefill.fc2] * 2
     assert all(schedule.weight_rows == 256 for schedule in prefill_moe_on_cpu[-4:])
     if planned.prefill.fc1.routes == 128:
-        assert prefill_moe_on_cpu[-1] == PREFILL_SCHEDULES["rs_w256_t128_d6_ws_tok"]
+        assert prefill_moe_on_cpu[-1] == PREFILL_SCHEDULES["rs_w256_t128_d6_ws_tok_la"]
     is_a4 = flags.bool()
     assert_close_to_reference(split[is_a4], a4[is_a4], "a4")
     assert_close_to_reference(split[~is_a4], w4a16[~is_a4], "w4a16")
@@ -1321,7 +1369,7 @@ def test_where_both_kernel_families_run_the_prefill_tiles_take_a_call_before_the
     monkeypatch.setattr(plan, "prefill_kernels_run", lambda device: True)
     first = PREFILL_MIN_ROWS_PER_EXPERT * experts // top_k  # 432 tokens
     assert PREFILL_MIN_ROWS_PER_EXPERT < DECODE_MAX_ROWS_PER_EXPERT
-    for tokens, label in ((first, "rs_w256_t32_d6_ws_c2_tok"), (1024, "rs_w256_t32_d6_ws_c2_tok")):
+    for tokens, label in ((first, "rs_w256_t32_d6_ws_c2_tok_la"), (1024, "rs_w256_t32_d6_ws_c2_tok_la")):
         planned = plan.plan_call(tokens, top_k, experts, hidden_size, inter, torch.bfloat16, gpu)
         assert choose_config(tokens * top_k, experts, hidden_size, inter).decode is not None
         assert planned.decode is None

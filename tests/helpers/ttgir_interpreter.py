@@ -922,6 +922,18 @@ class _Program:
         shape = re.search(r"-> !ttg\.memdesc<((?:\d+x)+)", op.text).group(1).rstrip("x").split("x")  # type: ignore[union-attr]
         return memory.view([int(d) for d in shape])
 
+    def _op_ttg_memdesc_reinterpret(self, op: Op) -> torch.Tensor:
+        """``memdesc_reinterpret``: the same bytes as the result's element type and shape (little
+        endian, row-major), a view (copies into the allocation show through). On a GPU the
+        swizzle of both layouts follows the byte address, so element ``i`` of the result holds
+        the bytes it holds here."""
+        (memory,) = self._args(op)
+        match = re.search(r"-> !ttg\.memdesc<((?:\d+x)+)(\w+)", op.text)
+        if match is None or not memory.is_contiguous():
+            raise NotImplementedError(f"ttg.memdesc_reinterpret of {op.text[:120]}")
+        shape = [int(d) for d in match.group(1).rstrip("x").split("x")]
+        return memory.view(TORCH_TYPES[match.group(2)]).view(shape)
+
     def _op_ttg_async_copy_global_to_local(self, op: Op) -> None:
         pointer, memory, *mask = self._args(op)
         element = re.search(r"!tt\.ptr<(\w+)>", op.text).group(1)  # type: ignore[union-attr]

@@ -192,8 +192,8 @@ def schedule_constexprs(schedule: PrefillGemm, mode: int = MODE_W4A16) -> dict[s
     """The constexprs that ``schedule`` sets on :func:`schedule_kernel` in precision mode ``mode``:
     the tile (``BT``, ``DEPTH`` and, but for the warp-specialized kernel, ``BW``), then per kernel
     ``WEIGHT_AHEAD``, ``A_SETS``, ``WGMMAS`` (register weights), :func:`ws_partitions`,
-    ``WGMMAS``, ``A_SETS`` and ``ITEM_ROWS`` (warp-specialized) or ``BK``. What :func:`launch_prefill_gemm`
-    compiles; the tests compile the same offline."""
+    ``WGMMAS``, ``A_SETS``, ``ITEM_ROWS`` and ``LOADS_AHEAD`` (warp-specialized) or ``BK``. What
+    :func:`launch_prefill_gemm` compiles; the tests compile the same offline."""
     constexprs: dict[str, int | bool] = {"BT": schedule.routes, "DEPTH": schedule.depth}
     if schedule.warp_specialized:
         constexprs.update(
@@ -204,6 +204,7 @@ def schedule_constexprs(schedule: PrefillGemm, mode: int = MODE_W4A16) -> dict[s
         constexprs["ITEM_ROWS"] = schedule.weight_rows
         constexprs["WGMMAS"] = schedule.wgmmas_per_step
         constexprs["A_SETS"] = schedule.a_register_sets
+        constexprs["LOADS_AHEAD"] = schedule.loads_ahead
     elif schedule.register_weights:
         constexprs["BW"] = schedule.weight_rows
         constexprs["WEIGHT_AHEAD"] = schedule.weights_ahead

@@ -53,7 +53,9 @@ producer as the only worker. Why one partition: ptxas serializes every wgmma of 
 flight across the K loop's steps in a worker partition (Triton 3.6 and 3.9;
 ``tests/test_triton_prefill_on_cpu.py`` checks the SASS). ``A_SETS = 2`` with one wgmma per step
 keeps the two consumer partitions: each dequantizes the next step while its step's wgmma runs,
-one group in flight (:func:`_mainloop_ahead`).
+one group in flight (:func:`_mainloop_ahead`). ``LOADS_AHEAD`` (``PrefillGemm.loads_ahead``) keeps
+one A register set and moves only the next step's shared-memory loads under the step's wgmma
+(:func:`_steps_loading_ahead`).
 
 Ordering (checked on the CPU by the TTGIR interpreter, which runs the partitions one at a time and
 switches at every mbarrier wait and after every arrival): slot ``s % DEPTH`` is refilled for
@@ -113,6 +115,9 @@ _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_g
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 STEP: gl.constexpr = gl.constexpr(64)  # K columns per step
+# a shared-memory view as another element type: ``reinterpret`` in Triton 3.9 (the CPU test
+# machines), ``_reinterpret`` in 3.6 (the H200's and H100's; same arguments)
+_PUBLIC_REINTERPRET: gl.constexpr = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
 
 
 def code_box(swiglu: bool, item_rows: int, step_bytes: int) -> list[int]:
@@ -160,6 +165,26 @@ def tma_descriptors(
     return (
         TensorDescriptor.from_tensor(x, x_box, x_layout),
         TensorDescriptor.from_tensor(code_view(codes, swiglu), codes_box, code_layout),
+    )
+
+
+@gluon.constexpr_function
+def code_words_layout(rows: int, warps: int) -> gl.DistributedLinearLayout:
+    """:func:`~prefill_kernels.fragment_code_rows_layout` over the same bytes as int32 words
+    ``[rows, 8]`` (word ``w`` of a row is its bytes ``4 w`` to ``4 w + 3``, little endian): a
+    thread holds 8 consecutive bytes of a row there, so each of its words whole, in the same
+    registers, lanes and warps."""
+    rows_layout = fragment_code_rows_layout(rows, warps)
+
+    def words(bases: list[list[int]]) -> list[list[int]]:  # the byte bases inside a word dropped
+        return [[row, byte // 4] for row, byte in bases if byte % 4 == 0]
+
+    return gl.DistributedLinearLayout(
+        reg_bases=words(rows_layout.reg_bases),
+        lane_bases=words(rows_layout.lane_bases),
+        warp_bases=words(rows_layout.warp_bases),
+        block_bases=[],
+        shape=[rows, 8],
     )
 
 
@@ -317,36 +342,66 @@ def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr, X_BY_TOKEN: gl.c
 
 
 @gluon.jit
-def _wait_for_weights(rings, s, HALF: gl.constexpr, ROWS: gl.constexpr, FENCE_ROWS: gl.constexpr):
+def _wait_for_weights(
+    rings, s, HALF: gl.constexpr, ROWS: gl.constexpr, FENCE_ROWS: gl.constexpr, AS_WORDS: gl.constexpr = False
+):
     """Ring step ``s`` for a consumer of ``ROWS`` weight rows (rows ``ROWS * HALF`` on of the slot): waits
     until the slot's copies landed (with ``FENCE_ROWS``, the slot's activation rows written by
     ``cp.async``, then a proxy fence: those generic-proxy writes before the wgmma's async-proxy reads;
     rows and code bytes a TMA wrote, and the scale bytes this consumer reads itself, need none, as in
     :func:`prefill_a8_kernels.mainloop_a8`), then loads its rows' code bytes ``[ROWS, 4, 8]`` in
     :func:`~prefill_kernels.fragment_codes_layout` (the code rows as the TMA wrote them, in
-    :func:`~prefill_kernels.fragment_code_rows_layout`, then reshaped: registers unchanged) and scale
-    bytes ``[ROWS, 4]``. Returns ``(codes, scales)``."""
+    :func:`~prefill_kernels.fragment_code_rows_layout`, then reshaped: registers unchanged), or with
+    ``AS_WORDS`` the same bytes as int32 words ``[ROWS, 8]`` in :func:`code_words_layout` (a value
+    carried across a loop's back edge as words stays in 32-bit registers: :func:`_code_bytes`), and
+    scale bytes ``[ROWS, 4]``. Returns ``(codes, scales)``."""
     c_ring, s_ring, x_ring, ready = rings[0], rings[1], rings[2], rings[3]
     DEPTH: gl.constexpr = x_ring.shape[0]
     FL: gl.constexpr = fragment_codes_layout(ROWS, gl.num_warps(), 8)
-    FL_ROWS: gl.constexpr = fragment_code_rows_layout(ROWS, gl.num_warps())
     slot = s % DEPTH
     mbarrier.wait(ready.index(slot), (s // DEPTH) & 1)
     if FENCE_ROWS:  # rows written by cp.async (generic proxy), read by the wgmma (async proxy)
         fence_async_shared()
-    code_rows = c_ring.index(slot).slice(HALF * ROWS, ROWS, dim=0).load(FL_ROWS)
-    codes = gl.convert_layout(gl.reshape(code_rows, [ROWS, 4, 8]), FL)
+    if AS_WORDS:  # the slot's bytes viewed as int32 (the swizzle follows the byte address either way)
+        ITEM_ROWS: gl.constexpr = c_ring.shape[1]
+        WORDS: gl.constexpr = gl.NVMMASharedLayout(c_ring.layout.swizzle_byte_width, 32)
+        if _PUBLIC_REINTERPRET:
+            word_ring = c_ring.reinterpret(gl.int32, [DEPTH, ITEM_ROWS, 8], WORDS)
+        else:
+            word_ring = c_ring._reinterpret(gl.int32, [DEPTH, ITEM_ROWS, 8], WORDS)
+        codes = (
+            word_ring.index(slot)
+            .slice(HALF * ROWS, ROWS, dim=0)
+            .load(code_words_layout(ROWS, gl.num_warps()))
+        )
+    else:
+        code_rows = (
+            c_ring.index(slot)
+            .slice(HALF * ROWS, ROWS, dim=0)
+            .load(fragment_code_rows_layout(ROWS, gl.num_warps()))
+        )
+        codes = gl.convert_layout(gl.reshape(code_rows, [ROWS, 4, 8]), FL)
     scales = s_ring.index(slot).slice(HALF * ROWS, ROWS, dim=0).load(gl.SliceLayout(2, FL))
     return codes, scales
 
 
 @gluon.jit
-def _mainloop(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr, FENCE_ROWS: gl.constexpr):
+def _mainloop(
+    done,
+    steps,
+    HALF: gl.constexpr,
+    rings,
+    BT: gl.constexpr,
+    FENCE_ROWS: gl.constexpr,
+    LOADS_AHEAD: gl.constexpr,
+):
     """A consumer's ``steps`` steps of one work item, ring steps ``done`` on: its rows' fp32
     accumulator ``[ROWS, BT]`` (:func:`consumer_rows`). Per step: wait for the slot's copies
     (:func:`_wait_for_weights` with ``FENCE_ROWS``), dequantize its rows' weights into the A
     registers, issue the wgmma, retire it (the next step's dequantization writes the same
-    registers) and release the slot.
+    registers) and release the slot. With ``LOADS_AHEAD`` (``PrefillGemm.loads_ahead``) the same
+    steps with each step's bytes loaded while the step before runs its wgmma
+    (:func:`_steps_loading_ahead`).
 
     (Two sets of A registers with one wgmma left in flight while the next one is issued, as
     ``grouped_w4_gemm_rs_kernel``'s ``A_SETS = 2``, were tried in the tenth round with one
@@ -359,14 +414,71 @@ def _mainloop(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr, FENCE_RO
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
     ROWS: gl.constexpr = consumer_rows(rings[0].shape[1], gl.num_warps())
     acc = gl.zeros([ROWS, BT], gl.float32, layout=ACC)
-    for step in range(steps):
+    if LOADS_AHEAD:
+        acc = _steps_loading_ahead(acc, done, steps, HALF, rings, FENCE_ROWS, A_LAYOUT)
+    else:
+        for step in range(steps):
+            s = done + step
+            slot = s % DEPTH
+            codes, scales = _wait_for_weights(rings, s, HALF, ROWS, FENCE_ROWS)
+            a = _dequant_fragment(codes, scales, A_LAYOUT, ROWS)
+            acc = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), acc, is_async=True)
+            acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
+            mbarrier.arrive(empty.index(slot))
+    return acc
+
+
+@gluon.jit
+def _code_bytes(words, ROWS: gl.constexpr):
+    """Code words ``[ROWS, 8]`` int32 in :func:`code_words_layout` -> the code bytes ``[ROWS, 4, 8]``
+    uint8 in :func:`~prefill_kernels.fragment_codes_layout` that :func:`_wait_for_weights` loads
+    without ``AS_WORDS``: the same bytes in the same threads (ptxas keeps them in the words'
+    registers; ``tests/test_triton_prefill_on_cpu.py`` checks the K loop's SASS)."""
+    FL: gl.constexpr = fragment_codes_layout(ROWS, gl.num_warps(), 8)
+    return gl.convert_layout(gl.reshape(bytes_of_words(words), [ROWS, 4, 8]), FL)
+
+
+@gluon.jit
+def _issue_step(words, scales, x_slot, acc, A_LAYOUT: gl.constexpr):
+    """Dequantize one step's code words and scale bytes (:func:`_wait_for_weights` with
+    ``AS_WORDS``) into the A registers and issue the step's wgmma on the activation rows
+    ``x_slot``; returns ``(acc, a)``, the wgmma in flight."""
+    ROWS: gl.constexpr = words.shape[0]
+    a = _dequant_fragment(_code_bytes(words, ROWS), scales, A_LAYOUT, ROWS)
+    return warpgroup_mma(a, x_slot.permute((1, 0)), acc, is_async=True), a
+
+
+@gluon.jit
+def _steps_loading_ahead(
+    acc, done, steps, HALF: gl.constexpr, rings, FENCE_ROWS: gl.constexpr, A_LAYOUT: gl.constexpr
+):
+    """:func:`_mainloop`'s steps with ``LOADS_AHEAD``, into ``acc``: per step ``s``, dequantize the
+    bytes loaded before, issue the wgmma, wait for ring step ``s + 1``'s copies and load its code
+    words and scale bytes (:func:`_wait_for_weights` with ``AS_WORDS``; ptxas keeps the
+    shared-memory loads between the wgmma and its wait, so their latency runs under the tensor
+    core's work), retire the wgmma and release step ``s``'s slot. The item's first step is loaded
+    before the loop and its last step loads nothing ahead (the next item's steps are the next
+    call's), so no slot is waited for that the item does not consume. One A register set; the
+    words carried across the back edge add 2 registers per row of a thread. Returns ``acc`` with
+    every wgmma retired and every slot of the item released.
+
+    Timed against the plain steps on an H100 (thirty-first round, ``benchmarks/results``): 6-7%
+    faster at 512 tokens (32-route tiles), 4-5% at 1024 and 4096 (128-route tiles of 256 rows),
+    2-4% slower at 2048 (64-route tiles of 128 rows, which keep the plain steps)."""
+    x_ring, empty = rings[2], rings[4]
+    DEPTH: gl.constexpr = x_ring.shape[0]
+    ROWS: gl.constexpr = acc.shape[0]
+    words, scales = _wait_for_weights(rings, done, HALF, ROWS, FENCE_ROWS, True)
+    for step in range(steps - 1):
         s = done + step
-        slot = s % DEPTH
-        codes, scales = _wait_for_weights(rings, s, HALF, ROWS, FENCE_ROWS)
-        a = _dequant_fragment(codes, scales, A_LAYOUT, ROWS)
-        acc = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), acc, is_async=True)
+        acc, a = _issue_step(words, scales, x_ring.index(s % DEPTH), acc, A_LAYOUT)
+        words, scales = _wait_for_weights(rings, s + 1, HALF, ROWS, FENCE_ROWS, True)
         acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
-        mbarrier.arrive(empty.index(slot))
+        mbarrier.arrive(empty.index(s % DEPTH))
+    last = done + steps - 1
+    acc, a = _issue_step(words, scales, x_ring.index(last % DEPTH), acc, A_LAYOUT)
+    acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
+    mbarrier.arrive(empty.index(last % DEPTH))
     return acc
 
 
@@ -541,6 +653,7 @@ def _consume(
     WGMMAS: gl.constexpr,
     A_SETS: gl.constexpr,
     X_BY_TOKEN: gl.constexpr,
+    LOADS_AHEAD: gl.constexpr,
 ):
     """A consumer partition of ``R`` weight rows of each work item (:func:`consumer_rows`), rows
     ``R * HALF`` on (one warpgroup, half the item's rows, ``HALF`` 0 or 1; the 8-warp partition of
@@ -553,7 +666,9 @@ def _consume(
     item's first steps. ``tensors``: the kernel's ``out_ptr`` to ``limit`` arguments (those of
     the epilogue go to :func:`_item_epilogue` as they are), then the rings and barriers.
     ``X_BY_TOKEN``: the rows come by ``cp.async``, and every mainloop's ``FENCE_ROWS`` (a proxy
-    fence after each ``ready`` wait, none where a TMA wrote the rows)."""
+    fence after each ``ready`` wait, none where a TMA wrote the rows). ``LOADS_AHEAD`` (one A set,
+    one wgmma per step, not ``A8``): :func:`_mainloop` loads each step ahead
+    (:func:`_steps_loading_ahead`)."""
     tile_expert_ptr, tile_row_ptr, seg_start_ptr = tensors[6], tensors[7], tensors[8]
     seg_count_ptr, num_tiles_ptr, N, K, rings = tensors[9], tensors[10], tensors[11], tensors[12], tensors[16]
     ROWS: gl.constexpr = consumer_rows(rings[0].shape[1], gl.num_warps())
@@ -625,7 +740,7 @@ def _consume(
             elif WGMMAS == 2:
                 acc = _mainloop_halves(done, steps, HALF, rings, BT, A_SETS, X_BY_TOKEN)
             else:
-                acc = _mainloop(done, steps, HALF, rings, BT, X_BY_TOKEN)
+                acc = _mainloop(done, steps, HALF, rings, BT, X_BY_TOKEN, LOADS_AHEAD)
             _item_epilogue(
                 acc,
                 tensors,
@@ -683,6 +798,7 @@ def grouped_w4_gemm_ws_kernel(
     A_SETS: gl.constexpr = 1,
     x_rows_ptr=None,
     X_BY_TOKEN: gl.constexpr = False,
+    LOADS_AHEAD: gl.constexpr = False,
 ):
     """``grouped_w4_gemm_rs_kernel``'s product and epilogues for work items of ``ITEM_ROWS`` (128,
     or 256 with ``BT`` at most 128) weight rows and ``BT`` routes, warp-specialized and persistent
@@ -716,7 +832,10 @@ def grouped_w4_gemm_ws_kernel(
     ``prefill.mma_column_order``, or with ``A8`` e4m3 in the order its consumers read), 16 bytes
     a ``cp.async``, into the same swizzled slots the TMA box fills otherwise (no ``[routes, K]``
     gather before the launch); ``x_desc`` then only gives the slots' type and layout (a
-    descriptor of ``x_rows_ptr``'s tensor). ``xs_ptr`` stays in sorted order."""
+    descriptor of ``x_rows_ptr``'s tensor). ``xs_ptr`` stays in sorted order.
+
+    ``LOADS_AHEAD`` (``A_SETS = WGMMAS = 1``, not ``A8``): each consumer loads the next step's code
+    and scale bytes while the step's wgmma runs (:func:`_steps_loading_ahead`)."""
     PLAIN2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     ONE_PARTITION: gl.constexpr = A_SETS == 2 and WGMMAS == 2  # both consumer warpgroups, 8 warps
     CONSUMERS: gl.constexpr = 1 if ONE_PARTITION else 2  # consumer partitions
@@ -803,6 +922,7 @@ def grouped_w4_gemm_ws_kernel(
                         WGMMAS,
                         A_SETS,
                         X_BY_TOKEN,
+                        LOADS_AHEAD,
                     ),
                 ),
                 (_produce, (producer, EPILOGUE, A8, X_BY_TOKEN)),
@@ -827,6 +947,7 @@ def grouped_w4_gemm_ws_kernel(
                         WGMMAS,
                         A_SETS,
                         X_BY_TOKEN,
+                        LOADS_AHEAD,
                     ),
                 ),
                 (
@@ -843,6 +964,7 @@ def grouped_w4_gemm_ws_kernel(
                         WGMMAS,
                         A_SETS,
                         X_BY_TOKEN,
+                        LOADS_AHEAD,
                     ),
                 ),
                 (_produce, (producer, EPILOGUE, A8, X_BY_TOKEN)),

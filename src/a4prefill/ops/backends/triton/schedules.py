@@ -343,7 +343,11 @@ class PrefillGemm:
     each tile's rows by token (``cp.async``, 16 bytes each) from ``x`` in the GEMM's column order
     (bf16: permuted once, a ``[T, K]`` copy; A8: as quantized) instead of TMA boxes of rows
     gathered before the launch (``prefill.gather_rows``, or for A8 an ``index_select``: a
-    ``[routes, K]`` copy); FC2 is unchanged (the kernel's ``X_BY_TOKEN``)."""
+    ``[routes, K]`` copy); FC2 is unchanged (the kernel's ``X_BY_TOKEN``).
+    ``loads_ahead`` (warp-specialized, one A register set, one wgmma per step, W4A16 mainloop):
+    each consumer loads the next step's code and scale bytes between issuing a step's wgmma and
+    waiting for it, so that their shared-memory latency runs under the tensor core's work
+    (``prefill_ws_kernels._steps_loading_ahead``)."""
 
     weight_rows: int = 128
     routes: int = 128
@@ -358,6 +362,7 @@ class PrefillGemm:
     ctas_per_sm: int = 1
     a8_register_weights: bool = False
     rows_by_token: bool = False
+    loads_ahead: bool = False
 
     def __post_init__(self) -> None:
         if self.weight_rows not in (64, 128, 256):
@@ -415,6 +420,13 @@ class PrefillGemm:
         self._check_ctas_per_sm()
         if self.rows_by_token and not self.warp_specialized:
             raise ValueError(f"PrefillGemm.rows_by_token needs warp_specialized, got {self}")
+        if self.loads_ahead and not (
+            self.warp_specialized and self.a_register_sets == 1 and self.wgmmas_per_step == 1
+        ):
+            raise ValueError(
+                "PrefillGemm.loads_ahead needs warp_specialized, one A register set and one wgmma "
+                f"per step, got {self}"
+            )
         if self.a8_register_weights and not (
             self.warp_specialized
             and self.weight_rows == 128
@@ -529,6 +541,7 @@ class PrefillGemm:
         cap += f"_c{self.ctas_per_sm}" if self.ctas_per_sm > 1 else ""
         cap += "_a8rs" if self.a8_register_weights else ""
         cap += "_tok" if self.rows_by_token else ""
+        cap += "_la" if self.loads_ahead else ""
         tile = f"w{self.weight_rows}_t{self.routes}_k{self.block_k}_d{self.depth}"
         return f"{kernel}{tile}{ahead}{sets}{halves}{cap}"
 
@@ -542,10 +555,11 @@ def _warp_specialized(
     ctas_per_sm: int = 1,
     a8_register_weights: bool = False,
     rows_by_token: bool = False,
+    loads_ahead: bool = False,
 ) -> PrefillGemm:
     """The warp-specialized register-weights schedule of ``routes``-route tiles, ``depth`` ring
     slots, ``wgmmas_per_step`` wgmmas per step, ``a_register_sets``, ``weight_rows`` per work
-    item, ``ctas_per_sm``, ``a8_register_weights`` and ``rows_by_token``."""
+    item, ``ctas_per_sm``, ``a8_register_weights``, ``rows_by_token`` and ``loads_ahead``."""
     return PrefillGemm(
         weight_rows,
         routes,
@@ -557,6 +571,7 @@ def _warp_specialized(
         ctas_per_sm=ctas_per_sm,
         a8_register_weights=a8_register_weights,
         rows_by_token=rows_by_token,
+        loads_ahead=loads_ahead,
     )
 
 
@@ -598,6 +613,9 @@ def _warp_specialized(
 # ``benchmarks/results/archive/profile_moe_round23_h100.json``). With the H200's Triton 3.6 none
 # spills more than its plain form in any mode (offline, sm_90a). The plain forms stay: the
 # benchmarks' baseline, and the calls too large for the copy's int32 offsets.
+# The ``_la`` forms (thirty-first round; chosen where they won on an H100, see
+# ``choose_prefill_tiles``): the ``_tok`` tiles of 32 routes and of 128 routes on 256-row items
+# with ``loads_ahead``. The ``_tok`` forms stay beside them as the benchmarks' baseline.
 PREFILL_SCHEDULES = MappingProxyType(
     {
         "w64_t64_d6": PrefillGemm(64, 64, depth=6),
@@ -634,6 +652,12 @@ PREFILL_SCHEDULES = MappingProxyType(
         "rs_w128_t64_d6_ws_c2_tok": _warp_specialized(64, 6, ctas_per_sm=2, rows_by_token=True),
         "rs_w256_t32_d6_ws_c2_tok": _warp_specialized(
             32, 6, weight_rows=256, ctas_per_sm=2, rows_by_token=True
+        ),
+        "rs_w256_t32_d6_ws_c2_tok_la": _warp_specialized(
+            32, 6, weight_rows=256, ctas_per_sm=2, rows_by_token=True, loads_ahead=True
+        ),
+        "rs_w256_t128_d6_ws_tok_la": _warp_specialized(
+            128, 6, weight_rows=256, rows_by_token=True, loads_ahead=True
         ),
     }
 )
@@ -821,6 +845,14 @@ def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: i
     ``routes * hidden`` reaches 2**31 (``x`` might not fit the copy's int32 offsets) the calls
     gather as before.
 
+    The 32-route tiles and the 256-row items of 128-route tiles load each step's code and scale
+    bytes while the step before runs its wgmma (``loads_ahead``, the ``_la`` forms; thirty-first
+    round, H100, 2026-12-06, one call per pair of sizes, each tree timed two or three times in
+    alternating order, W4A16 us, the ``_tok`` form against the ``_la`` one): 512 tokens 1182-1192
+    against 1104-1157, 1024 1387-1395 against 1323-1338, 4096 2083-2149 against 1975-2061 (A4
+    2244-2367 against 2068-2231); at 2048 tokens the 64-route tiles of 128 rows took 1531-1648
+    against 1600-1719 with loads ahead, so they keep the plain loop.
+
     Every mode's calls from 64 to 160 routes per expert run work items of 256 weight rows as two
     consumer partitions of 4 warps where both GEMMs' rows split into 256s (each activation row
     read from L2 by half as many work items as with 128 rows), and 128-row items where they do
@@ -835,12 +867,15 @@ def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: i
         return None
     # the _tok forms address x ([tokens, hidden], tokens <= routes) by int32 offsets
     tok = "_tok" if routes * hidden < 2**31 else ""
+    ahead = "_la" if tok else ""  # loads_ahead: timed on the _tok forms only
     if rows_per_expert < 32:
-        tiles = _first_fitting(hidden, intermediate, f"rs_w256_t32_d6_ws_c2{tok}", "rs_w128_t32_d6_ws_c3")
+        tiles = _first_fitting(
+            hidden, intermediate, f"rs_w256_t32_d6_ws_c2{tok}{ahead}", "rs_w128_t32_d6_ws_c3"
+        )
     elif rows_per_expert < 64:
         tiles = _first_fitting(hidden, intermediate, f"rs_w128_t64_d6_ws_c2{tok}")
     elif rows_per_expert < WIDE_TILE_MIN_ROWS_PER_EXPERT:
-        two = PREFILL_SCHEDULES[f"rs_w256_t128_d6_ws{tok}"]
+        two = PREFILL_SCHEDULES[f"rs_w256_t128_d6_ws{tok}{ahead}"]
         tiles = PrefillTiles(two, two)
         if not tiles.fits(hidden, intermediate):
             small = PREFILL_SCHEDULES["rs_w128_t128_d6_ws"]
