@@ -10,7 +10,8 @@
 #                                               # schedules (_la; their loop ran on the GPU in a
 #                                               # tree where every _mainloop ran it): every
 #                                               # prefill GPU test, then the whole MoE at 512,
-#                                               # 1024, 4096 and 2048 tokens (not yet run)
+#                                               # 1024 and 4096 tokens with each _la schedule
+#                                               # beside its _tok form (not yet run)
 #   bash scripts/gpu_untimed_kernels.sh fence   # (ran in the thirty-first round) the thirtieth
 #                                               # round's consumers' proxy fence: every prefill
 #                                               # GPU test, then the MoE at 512-8192 tokens
@@ -60,9 +61,14 @@ case "${1:-}" in
 ahead)
     timeout 330 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py 2>&1 \
         | tee "$OUT/gpu_tests.txt" | tail -4
-    timeout "$(left 585)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 512,1024,4096,2048 \
-        --baselines "" --a8-schedules a8_rs_tok --out "$OUT/ahead" 2>&1 | tee "$OUT/bench_moe_ahead.txt" \
-        | grep -v "^{" | tail -6
+    # the defaults (now _la at 512, 1024 and 4096) with each _la schedule beside its plain _tok
+    # form in the same run (W4A16 sweep columns prefill_<tiles>)
+    for sizes in 512,1024:rs_w256_t32_d6_ws_c2_tok 4096:rs_w256_t128_d6_ws_tok; do
+        timeout "$(left 585)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens "${sizes%%:*}" \
+            --baselines "" --a8-schedules a8_rs_tok --sweep prefill --sweep-modes "" \
+            --prefill-tiles "${sizes#*:},${sizes#*:}_la" --out "$OUT/ahead_${sizes%%[,:]*}" 2>&1 \
+            | tee "$OUT/bench_moe_ahead_${sizes%%[,:]*}.txt" | grep -v "^{" | tail -6
+    done
     ;;
 fence)
     timeout 330 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py 2>&1 \
