@@ -6,12 +6,21 @@
 # of earlier rounds (verify, a4, gather, mid, small: the twenty-third to twenty-eighth rounds,
 # benchmarks/results/README.md) are in this file's history (git log -p on it).
 #
-#   bash scripts/gpu_untimed_kernels.sh ahead   # the thirty-first round's committed loads-ahead
-#                                               # schedules (_la; their loop ran on the GPU in a
-#                                               # tree where every _mainloop ran it): every
-#                                               # prefill GPU test, then the whole MoE at 512,
-#                                               # 1024 and 4096 tokens with each _la schedule
-#                                               # beside its _tok form (not yet run)
+#   bash scripts/gpu_untimed_kernels.sh halves  # the thirty-second round's 32-route candidates
+#                                               # of 512-1024 tokens (not yet run): two wgmmas a
+#                                               # step in the two consumer partitions (_h2), with
+#                                               # loads ahead (_h2_la): their GEMM GPU tests and
+#                                               # the A4/split MoE tests the thirty-second
+#                                               # round's first call did not reach, then the
+#                                               # whole MoE at 512 and 1024 tokens with _tok,
+#                                               # _la, _h2 and _h2_la in one run, then again in
+#                                               # the opposite order
+#   bash scripts/gpu_untimed_kernels.sh ahead   # (ran in the thirty-second round, its tests cut
+#                                               # off at 77 of 84 by the 330 s then given them)
+#                                               # the committed loads-ahead schedules (_la):
+#                                               # every prefill GPU test, then the whole MoE at
+#                                               # 512, 1024 and 4096 tokens with each _la
+#                                               # schedule beside its _tok form
 #   bash scripts/gpu_untimed_kernels.sh fence   # (ran in the thirty-first round) the thirtieth
 #                                               # round's consumers' proxy fence: every prefill
 #                                               # GPU test, then the MoE at 512-8192 tokens
@@ -58,8 +67,21 @@ began=$(date +%s)
 left() { echo $(($1 - ($(date +%s) - began))); }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv | tee "$OUT/gpu.txt"
 case "${1:-}" in
+halves)
+    timeout 200 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py \
+        -k "c2_tok_h2 or not_chosen or (a4_and_split and (512-rs_w256_t128_d6_ws_tok_la or x2_h2_tok))" \
+        --durations=20 2>&1 | tee "$OUT/gpu_tests.txt" | tail -4
+    small=rs_w256_t32_d6_ws_c2_tok
+    for order in "$small,${small}_la,${small}_h2,${small}_h2_la" "${small}_h2_la,${small}_h2,${small}_la,$small"; do
+        n=$((${n:-0} + 1))
+        timeout "$(left 585)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 512,1024 \
+            --baselines "" --a8-schedules a8_rs_tok --sweep prefill --sweep-modes "" \
+            --prefill-tiles "$order" --out "$OUT/halves_$n" 2>&1 | tee "$OUT/bench_moe_halves_$n.txt" \
+            | grep -o '"sweep_w4a16_us": {[^}]*}'
+    done
+    ;;
 ahead)
-    timeout 330 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py 2>&1 \
+    timeout 450 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py 2>&1 \
         | tee "$OUT/gpu_tests.txt" | tail -4
     # the defaults (now _la at 512, 1024 and 4096) with each _la schedule beside its plain _tok
     # form in the same run (W4A16 sweep columns prefill_<tiles>)

@@ -577,6 +577,37 @@ def test_the_loads_ahead_consumers_load_the_next_step_while_their_wgmma_runs():
     assert all(weight_pairs + 2 <= prmt <= weight_pairs + 5 for _, _, prmt in ahead), ahead
     plain = loads_around_the_wgmmas("rs_w256_t32_d6_ws_c2_tok")
     assert [(before, under) for before, under, _ in plain] == [(8, 0)] * 4, plain
+    # with two wgmmas a step: the loads under the second half's wgmma, the code bytes still in the
+    # words' registers
+    halves = loads_around_the_wgmmas("rs_w256_t32_d6_ws_c2_tok_h2_la")
+    assert [(before, under) for before, under, _ in halves] == [(0, 8)] * 4, halves
+    assert all(weight_pairs + 2 <= prmt <= weight_pairs + 5 for _, _, prmt in halves), halves
+
+
+def test_two_wgmmas_a_step_loading_ahead_dequantize_the_second_half_under_the_first():
+    """``rs_w256_t32_d6_ws_c2_tok_h2_la`` (two wgmmas of 32 columns a step, ``loads_ahead``, one A
+    register set): in both consumer K loops of FC1 and FC2 (W4A16, sm_90a) the first half's
+    wgmmas (4: two of 64 rows, two of 16 columns) are issued before the second half's
+    dequantization ends, so that at least half of a step's ``HMUL2`` (the dequantization's last
+    instruction, one per two weights: 32 a step) run after the first ``HGMMA``; both halves are
+    retired by one wait (one ``WARPGROUP.DEPBAR`` a step), and the K loop spills nothing. Fails on
+    the code before the thirty-second round (``loads_ahead`` refused with two wgmmas a step)."""
+    swiglu, alpha = PREFILL_EPILOGUES["swiglu"], PREFILL_EPILOGUES["alpha"]
+    schedule = PREFILL_SCHEDULES["rs_w256_t32_d6_ws_c2_tok_h2_la"]
+    kernels = (
+        compile_prefill_kernel(schedule, EPILOGUE=swiglu, OUT_MMA_ORDER=True),
+        compile_prefill_kernel(schedule, GATHER=False, EPILOGUE=alpha),
+    )
+    for kernel in kernels:
+        assert not local_memory_in_k_loop(kernel)
+        loops = k_loops(kernel)
+        assert len(loops) == 2
+        for body in loops:
+            products = [i for i, text in enumerate(body) if "HMUL2" in text]
+            wgmmas = [i for i, text in enumerate(body) if "HGMMA" in text]
+            assert len(wgmmas) == 8 and len(products) == 32 + 4, (len(wgmmas), len(products))
+            assert sum(i > wgmmas[0] for i in products) >= 16, body
+            assert sum("WARPGROUP.DEPBAR" in text for text in body) == 1
 
 
 def dequantized_while_in_flight(compiled: Any) -> list[int]:
@@ -948,10 +979,12 @@ def test_schedules_refuse_what_the_kernel_cannot_run():
     for not_loading_ahead in (
         {"routes": 128, "register_weights": True},  # not warp-specialized
         {"routes": 128, **ws, "a_register_sets": 2},  # _mainloop_ahead
-        {"routes": 128, **ws, "wgmmas_per_step": 2},  # _mainloop_halves
+        {"routes": 128, **ws, "a_register_sets": 2, "wgmmas_per_step": 2},  # _mainloop_halves
     ):
-        with pytest.raises(ValueError, match="loads_ahead needs warp_specialized, one A register set"):
+        with pytest.raises(ValueError, match="loads_ahead needs warp_specialized and one A register set"):
             PrefillGemm(**not_loading_ahead, loads_ahead=True)
+    # two wgmmas a step with one A set load ahead too (both halves issued before the loads)
+    assert PrefillGemm(128, 128, depth=6, **ws, wgmmas_per_step=2, loads_ahead=True).loads_ahead
     # 7 slots of 64 routes: one CTA's 120 KiB fit its 227 KiB, two of them (with 1 KiB reserved
     # each) not an SM's 228 KiB
     with pytest.raises(ValueError, match="2 CTAs need 247040 bytes of an SM's shared memory"):

@@ -55,7 +55,7 @@ flight across the K loop's steps in a worker partition (Triton 3.6 and 3.9;
 keeps the two consumer partitions: each dequantizes the next step while its step's wgmma runs,
 one group in flight (:func:`_mainloop_ahead`). ``LOADS_AHEAD`` (``PrefillGemm.loads_ahead``) keeps
 one A register set and moves only the next step's shared-memory loads under the step's wgmma
-(:func:`_steps_loading_ahead`).
+(:func:`_steps_loading_ahead`), with one or two wgmmas a step.
 
 Ordering (checked on the CPU by the TTGIR interpreter, which runs the partitions one at a time and
 switches at every mbarrier wait and after every arrival): slot ``s % DEPTH`` is refilled for
@@ -394,6 +394,7 @@ def _mainloop(
     BT: gl.constexpr,
     FENCE_ROWS: gl.constexpr,
     LOADS_AHEAD: gl.constexpr,
+    WGMMAS: gl.constexpr = 1,
 ):
     """A consumer's ``steps`` steps of one work item, ring steps ``done`` on: its rows' fp32
     accumulator ``[ROWS, BT]`` (:func:`consumer_rows`). Per step: wait for the slot's copies
@@ -401,7 +402,8 @@ def _mainloop(
     registers, issue the wgmma, retire it (the next step's dequantization writes the same
     registers) and release the slot. With ``LOADS_AHEAD`` (``PrefillGemm.loads_ahead``) the same
     steps with each step's bytes loaded while the step before runs its wgmma
-    (:func:`_steps_loading_ahead`).
+    (:func:`_steps_loading_ahead`), each step as ``WGMMAS`` wgmmas (:func:`_issue_step`; without
+    ``LOADS_AHEAD`` two a step are :func:`_mainloop_halves`'s).
 
     (Two sets of A registers with one wgmma left in flight while the next one is issued, as
     ``grouped_w4_gemm_rs_kernel``'s ``A_SETS = 2``, were tried in the tenth round with one
@@ -415,7 +417,7 @@ def _mainloop(
     ROWS: gl.constexpr = consumer_rows(rings[0].shape[1], gl.num_warps())
     acc = gl.zeros([ROWS, BT], gl.float32, layout=ACC)
     if LOADS_AHEAD:
-        acc = _steps_loading_ahead(acc, done, steps, HALF, rings, FENCE_ROWS, A_LAYOUT)
+        acc = _steps_loading_ahead(acc, done, steps, HALF, rings, FENCE_ROWS, A_LAYOUT, WGMMAS)
     else:
         for step in range(steps):
             s = done + step
@@ -439,21 +441,48 @@ def _code_bytes(words, ROWS: gl.constexpr):
 
 
 @gluon.jit
-def _issue_step(words, scales, x_slot, acc, A_LAYOUT: gl.constexpr):
+def _issue_step(words, scales, x_slot, acc, A_LAYOUT: gl.constexpr, WGMMAS: gl.constexpr):
     """Dequantize one step's code words and scale bytes (:func:`_wait_for_weights` with
-    ``AS_WORDS``) into the A registers and issue the step's wgmma on the activation rows
-    ``x_slot``; returns ``(acc, a)``, the wgmma in flight."""
+    ``AS_WORDS``) into the A registers and issue the step's wgmmas on the activation rows
+    ``x_slot``: one over the step's 64 columns, or with ``WGMMAS = 2`` two of 32, each half's A
+    operand in registers of its own (:func:`_byte_halves`), the second half dequantized while the
+    first half's wgmma runs. Returns ``(acc, first, second)``: the wgmmas in flight and their A
+    operands (with one wgmma both are its A operand), every one a dependency of the wait that
+    retires them."""
     ROWS: gl.constexpr = words.shape[0]
-    a = _dequant_fragment(_code_bytes(words, ROWS), scales, A_LAYOUT, ROWS)
-    return warpgroup_mma(a, x_slot.permute((1, 0)), acc, is_async=True), a
+    codes = _code_bytes(words, ROWS)
+    if WGMMAS == 1:
+        a = _dequant_fragment(codes, scales, A_LAYOUT, ROWS)
+        return warpgroup_mma(a, x_slot.permute((1, 0)), acc, is_async=True), a, a
+    else:
+        HALF_STEP: gl.constexpr = STEP // 2
+        FL_HALF: gl.constexpr = fragment_codes_layout(ROWS, gl.num_warps(), 4)
+        first_codes, second_codes = _byte_halves(codes, FL_HALF)
+        scales = gl.convert_layout(scales, gl.SliceLayout(2, FL_HALF))  # the same registers
+        first = _dequant_fragment(first_codes, scales, A_LAYOUT, ROWS)
+        acc = warpgroup_mma(first, x_slot.slice(0, HALF_STEP, dim=1).permute((1, 0)), acc, is_async=True)
+        second = _dequant_fragment(second_codes, scales, A_LAYOUT, ROWS)
+        acc = warpgroup_mma(
+            second, x_slot.slice(HALF_STEP, HALF_STEP, dim=1).permute((1, 0)), acc, is_async=True
+        )
+        return acc, first, second
 
 
 @gluon.jit
 def _steps_loading_ahead(
-    acc, done, steps, HALF: gl.constexpr, rings, FENCE_ROWS: gl.constexpr, A_LAYOUT: gl.constexpr
+    acc,
+    done,
+    steps,
+    HALF: gl.constexpr,
+    rings,
+    FENCE_ROWS: gl.constexpr,
+    A_LAYOUT: gl.constexpr,
+    WGMMAS: gl.constexpr,
 ):
     """:func:`_mainloop`'s steps with ``LOADS_AHEAD``, into ``acc``: per step ``s``, dequantize the
-    bytes loaded before, issue the wgmma, wait for ring step ``s + 1``'s copies and load its code
+    bytes loaded before, issue the step's ``WGMMAS`` wgmmas (:func:`_issue_step`; with two, both
+    retired together, as :func:`_mainloop_halves` with one A set does), wait for ring step
+    ``s + 1``'s copies and load its code
     words and scale bytes (:func:`_wait_for_weights` with ``AS_WORDS``; ptxas keeps the
     shared-memory loads between the wgmma and its wait, so their latency runs under the tensor
     core's work), retire the wgmma and release step ``s``'s slot. The item's first step is loaded
@@ -471,13 +500,13 @@ def _steps_loading_ahead(
     words, scales = _wait_for_weights(rings, done, HALF, ROWS, FENCE_ROWS, True)
     for step in range(steps - 1):
         s = done + step
-        acc, a = _issue_step(words, scales, x_ring.index(s % DEPTH), acc, A_LAYOUT)
+        acc, first, second = _issue_step(words, scales, x_ring.index(s % DEPTH), acc, A_LAYOUT, WGMMAS)
         words, scales = _wait_for_weights(rings, s + 1, HALF, ROWS, FENCE_ROWS, True)
-        acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
+        acc, first, second = warpgroup_mma_wait(num_outstanding=0, deps=(acc, first, second))
         mbarrier.arrive(empty.index(s % DEPTH))
     last = done + steps - 1
-    acc, a = _issue_step(words, scales, x_ring.index(last % DEPTH), acc, A_LAYOUT)
-    acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
+    acc, first, second = _issue_step(words, scales, x_ring.index(last % DEPTH), acc, A_LAYOUT, WGMMAS)
+    acc, first, second = warpgroup_mma_wait(num_outstanding=0, deps=(acc, first, second))
     mbarrier.arrive(empty.index(last % DEPTH))
     return acc
 
@@ -667,8 +696,8 @@ def _consume(
     the epilogue go to :func:`_item_epilogue` as they are), then the rings and barriers.
     ``X_BY_TOKEN``: the rows come by ``cp.async``, and every mainloop's ``FENCE_ROWS`` (a proxy
     fence after each ``ready`` wait, none where a TMA wrote the rows). ``LOADS_AHEAD`` (one A set,
-    one wgmma per step, not ``A8``): :func:`_mainloop` loads each step ahead
-    (:func:`_steps_loading_ahead`)."""
+    not ``A8``): :func:`_mainloop` loads each step ahead
+    (:func:`_steps_loading_ahead`), with ``WGMMAS`` 1 or 2."""
     tile_expert_ptr, tile_row_ptr, seg_start_ptr = tensors[6], tensors[7], tensors[8]
     seg_count_ptr, num_tiles_ptr, N, K, rings = tensors[9], tensors[10], tensors[11], tensors[12], tensors[16]
     ROWS: gl.constexpr = consumer_rows(rings[0].shape[1], gl.num_warps())
@@ -737,10 +766,10 @@ def _consume(
                 acc = mainloop_a8(done, steps, HALF, rings, BT, A8, WGMMAS, X_BY_TOKEN)
             elif AHEAD:
                 acc, a = _mainloop_ahead(done, steps, last, HALF, rings, BT, a, X_BY_TOKEN)
-            elif WGMMAS == 2:
+            elif WGMMAS == 2 and not LOADS_AHEAD:
                 acc = _mainloop_halves(done, steps, HALF, rings, BT, A_SETS, X_BY_TOKEN)
             else:
-                acc = _mainloop(done, steps, HALF, rings, BT, X_BY_TOKEN, LOADS_AHEAD)
+                acc = _mainloop(done, steps, HALF, rings, BT, X_BY_TOKEN, LOADS_AHEAD, WGMMAS)
             _item_epilogue(
                 acc,
                 tensors,
@@ -834,8 +863,8 @@ def grouped_w4_gemm_ws_kernel(
     gather before the launch); ``x_desc`` then only gives the slots' type and layout (a
     descriptor of ``x_rows_ptr``'s tensor). ``xs_ptr`` stays in sorted order.
 
-    ``LOADS_AHEAD`` (``A_SETS = WGMMAS = 1``, not ``A8``): each consumer loads the next step's code
-    and scale bytes while the step's wgmma runs (:func:`_steps_loading_ahead`)."""
+    ``LOADS_AHEAD`` (``A_SETS = 1``, not ``A8``): each consumer loads the next step's code and
+    scale bytes while the step's wgmmas run (:func:`_steps_loading_ahead`)."""
     PLAIN2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     ONE_PARTITION: gl.constexpr = A_SETS == 2 and WGMMAS == 2  # both consumer warpgroups, 8 warps
     CONSUMERS: gl.constexpr = 1 if ONE_PARTITION else 2  # consumer partitions

@@ -344,10 +344,11 @@ class PrefillGemm:
     (bf16: permuted once, a ``[T, K]`` copy; A8: as quantized) instead of TMA boxes of rows
     gathered before the launch (``prefill.gather_rows``, or for A8 an ``index_select``: a
     ``[routes, K]`` copy); FC2 is unchanged (the kernel's ``X_BY_TOKEN``).
-    ``loads_ahead`` (warp-specialized, one A register set, one wgmma per step, W4A16 mainloop):
-    each consumer loads the next step's code and scale bytes between issuing a step's wgmma and
-    waiting for it, so that their shared-memory latency runs under the tensor core's work
-    (``prefill_ws_kernels._steps_loading_ahead``)."""
+    ``loads_ahead`` (warp-specialized, one A register set, W4A16 mainloop): each consumer loads
+    the next step's code and scale bytes between issuing a step's wgmmas and waiting for them, so
+    that their shared-memory latency runs under the tensor core's work
+    (``prefill_ws_kernels._steps_loading_ahead``; with ``wgmmas_per_step = 2`` both halves of
+    the step are issued before the loads)."""
 
     weight_rows: int = 128
     routes: int = 128
@@ -420,12 +421,9 @@ class PrefillGemm:
         self._check_ctas_per_sm()
         if self.rows_by_token and not self.warp_specialized:
             raise ValueError(f"PrefillGemm.rows_by_token needs warp_specialized, got {self}")
-        if self.loads_ahead and not (
-            self.warp_specialized and self.a_register_sets == 1 and self.wgmmas_per_step == 1
-        ):
+        if self.loads_ahead and not (self.warp_specialized and self.a_register_sets == 1):
             raise ValueError(
-                "PrefillGemm.loads_ahead needs warp_specialized, one A register set and one wgmma "
-                f"per step, got {self}"
+                f"PrefillGemm.loads_ahead needs warp_specialized and one A register set, got {self}"
             )
         if self.a8_register_weights and not (
             self.warp_specialized
@@ -616,6 +614,12 @@ def _warp_specialized(
 # The ``_la`` forms (thirty-first round; chosen where they won on an H100, see
 # ``choose_prefill_tiles``): the ``_tok`` tiles of 32 routes and of 128 routes on 256-row items
 # with ``loads_ahead``. The ``_tok`` forms stay beside them as the benchmarks' baseline.
+# The 32-route ``_h2`` and ``_h2_la`` forms (thirty-second round, candidates for 512-1024
+# tokens, not yet timed, not chosen): each step as two wgmmas of 32 columns in each of the two
+# consumer partitions, the second half dequantized while the first half's wgmma runs (one A
+# register set, both retired at the step's end), without and with ``loads_ahead``. Offline
+# (Triton 3.9, sm_90a) 80 registers, no spill in the K loops, 241 and 246 instructions a step
+# in the W4A16 FC1 (``_tok`` 234, ``_la`` 243).
 PREFILL_SCHEDULES = MappingProxyType(
     {
         "w64_t64_d6": PrefillGemm(64, 64, depth=6),
@@ -658,6 +662,12 @@ PREFILL_SCHEDULES = MappingProxyType(
         ),
         "rs_w256_t128_d6_ws_tok_la": _warp_specialized(
             128, 6, weight_rows=256, rows_by_token=True, loads_ahead=True
+        ),
+        "rs_w256_t32_d6_ws_c2_tok_h2": _warp_specialized(
+            32, 6, 2, weight_rows=256, ctas_per_sm=2, rows_by_token=True
+        ),
+        "rs_w256_t32_d6_ws_c2_tok_h2_la": _warp_specialized(
+            32, 6, 2, weight_rows=256, ctas_per_sm=2, rows_by_token=True, loads_ahead=True
         ),
     }
 )
