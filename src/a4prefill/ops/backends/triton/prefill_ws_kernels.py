@@ -482,18 +482,19 @@ def _steps_loading_ahead(
     """:func:`_mainloop`'s steps with ``LOADS_AHEAD``, into ``acc``: per step ``s``, dequantize the
     bytes loaded before, issue the step's ``WGMMAS`` wgmmas (:func:`_issue_step`; with two, both
     retired together, as :func:`_mainloop_halves` with one A set does), wait for ring step
-    ``s + 1``'s copies and load its code
-    words and scale bytes (:func:`_wait_for_weights` with ``AS_WORDS``; ptxas keeps the
-    shared-memory loads between the wgmma and its wait, so their latency runs under the tensor
-    core's work), retire the wgmma and release step ``s``'s slot. The item's first step is loaded
-    before the loop and its last step loads nothing ahead (the next item's steps are the next
-    call's), so no slot is waited for that the item does not consume. One A register set; the
-    words carried across the back edge add 2 registers per row of a thread. Returns ``acc`` with
-    every wgmma retired and every slot of the item released.
+    ``s + 1``'s copies and load its code words and scale bytes (:func:`_wait_for_weights` with
+    ``AS_WORDS``; ptxas keeps the shared-memory loads between the last wgmma and its wait, so
+    their latency runs under the tensor core's work), retire the wgmmas and release step ``s``'s
+    slot. The item's first step is loaded before the loop and its last step loads nothing ahead
+    (the next item's steps are the next call's), so no slot is waited for that the item does not
+    consume. One A register set; the words carried across the back edge add 2 registers per row
+    of a thread. Returns ``acc`` with every wgmma retired and every slot of the item released.
 
     Timed against the plain steps on an H100 (thirty-first round, ``benchmarks/results``): 6-7%
     faster at 512 tokens (32-route tiles), 4-5% at 1024 and 4096 (128-route tiles of 256 rows),
-    2-4% slower at 2048 (64-route tiles of 128 rows, which keep the plain steps)."""
+    2-4% slower at 2048 (64-route tiles of 128 rows, which keep the plain steps); the
+    thirty-second round's one run: 5.4% and 4.3% at 512 and 1024, level at 4096. With two
+    wgmmas a step (the 32-route ``_h2_la`` candidate) not yet timed."""
     x_ring, empty = rings[2], rings[4]
     DEPTH: gl.constexpr = x_ring.shape[0]
     ROWS: gl.constexpr = acc.shape[0]
