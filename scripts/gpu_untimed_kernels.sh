@@ -64,7 +64,8 @@ SIZES=512,1024,2048,4096,8192,16384
 NCU_CASES=(--case 8192:default:w4a16 --case "8192:$LARGE_GATHER:w4a16" --case 8192:default_a8
     --case 4096:default:w4a16 --case 4096:default:a4)
 began=$(date +%s)
-left() { echo $(($1 - ($(date +%s) - began))); }
+# seconds left of $1 since the start, at least 1 (timeout takes 0 as "no limit")
+left() { local l=$(($1 - ($(date +%s) - began))); echo $((l > 1 ? l : 1)); }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv | tee "$OUT/gpu.txt"
 case "${1:-}" in
 halves)
@@ -77,11 +78,11 @@ halves)
         timeout "$(left 585)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 512,1024 \
             --baselines "" --a8-schedules a8_rs_tok --sweep prefill --sweep-modes "" \
             --prefill-tiles "$order" --out "$OUT/halves_$n" 2>&1 | tee "$OUT/bench_moe_halves_$n.txt" \
-            | grep -o '"sweep_w4a16_us": {[^}]*}'
+            | grep -o '"sweep_w4a16_us": {[^}]*}' || tail -4 "$OUT/bench_moe_halves_$n.txt"
     done
     ;;
 ahead)
-    timeout 450 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py 2>&1 \
+    timeout 420 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py 2>&1 \
         | tee "$OUT/gpu_tests.txt" | tail -4
     # the defaults (now _la at 512, 1024 and 4096) with each _la schedule beside its plain _tok
     # form in the same run (W4A16 sweep columns prefill_<tiles>)

@@ -589,7 +589,8 @@ def test_two_wgmmas_a_step_loading_ahead_dequantize_the_second_half_under_the_fi
     register set): in both consumer K loops of FC1 and FC2 (W4A16, sm_90a) the first half's
     wgmmas (4: two of 64 rows, two of 16 columns) are issued before the second half's
     dequantization ends, so that at least half of a step's ``HMUL2`` (the dequantization's last
-    instruction, one per two weights: 32 a step) run after the first ``HGMMA``; both halves are
+    instruction, one per two weights: 32 a step, beside 4 for the scale factors) run after the
+    first ``HGMMA``; both halves are
     retired by one wait (one ``WARPGROUP.DEPBAR`` a step), and the K loop spills nothing. Fails on
     the code before the thirty-second round (``loads_ahead`` refused with two wgmmas a step)."""
     swiglu, alpha = PREFILL_EPILOGUES["swiglu"], PREFILL_EPILOGUES["alpha"]
@@ -979,9 +980,9 @@ def test_schedules_refuse_what_the_kernel_cannot_run():
     for not_loading_ahead in (
         {"routes": 128, "register_weights": True},  # not warp-specialized
         {"routes": 128, **ws, "a_register_sets": 2},  # _mainloop_ahead
-        {"routes": 128, **ws, "a_register_sets": 2, "wgmmas_per_step": 2},  # _mainloop_halves
+        {"routes": 128, **ws, "a8_register_weights": True},  # A8's mainloop loads nothing ahead
     ):
-        with pytest.raises(ValueError, match="loads_ahead needs warp_specialized and one A register set"):
+        with pytest.raises(ValueError, match="loads_ahead needs warp_specialized, one A register set"):
             PrefillGemm(**not_loading_ahead, loads_ahead=True)
     # two wgmmas a step with one A set load ahead too (both halves issued before the loads)
     assert PrefillGemm(128, 128, depth=6, **ws, wgmmas_per_step=2, loads_ahead=True).loads_ahead

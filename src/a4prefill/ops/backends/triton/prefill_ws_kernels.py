@@ -45,9 +45,9 @@ the other's wgmma runs. Same arguments, numerics and epilogues as the register-w
 
 With ``WGMMAS = 2`` (``PrefillGemm.wgmmas_per_step``) each step runs as two wgmmas of 32
 columns, the second half dequantized while the first half's wgmma runs
-(:func:`_mainloop_halves`); with ``A_SETS = 2`` as well (the default of 256-route tiles) one
-wgmma stays in flight across steps too, and both consumer warpgroups form the default partition
-(8 warps, one code path for the 128 rows; one arrival per slot, so ``empty`` counts one) with the
+(:func:`_mainloop_halves`, or with ``LOADS_AHEAD`` :func:`_steps_loading_ahead`); with
+``A_SETS = 2`` as well (the default of 256-route tiles) one wgmma stays in flight across steps
+too, and both consumer warpgroups form the default partition (8 warps, one code path for the 128 rows; one arrival per slot, so ``empty`` counts one) with the
 producer as the only worker. Why one partition: ptxas serializes every wgmma of the kernel
 ("C7512 ... insufficient register resources", a wait after each) when two wgmma groups stay in
 flight across the K loop's steps in a worker partition (Triton 3.6 and 3.9;
@@ -689,8 +689,9 @@ def _consume(
     ``R * HALF`` on (one warpgroup, half the item's rows, ``HALF`` 0 or 1; the 8-warp partition of
     both warpgroups with ``A_SETS = WGMMAS = 2``, all of them): for each of the program's work
     items in turn, every step's dequantization and wgmma (:func:`_mainloop`,
-    :func:`_mainloop_halves` with ``WGMMAS = 2``, :func:`_mainloop_ahead` with ``A_SETS = 2`` and
-    one wgmma per step, or with ``A8`` (one A set) :func:`prefill_a8_kernels.mainloop_a8`, or
+    :func:`_mainloop_halves` with ``WGMMAS = 2`` and no ``LOADS_AHEAD``, :func:`_mainloop_ahead`
+    with ``A_SETS = 2`` and one wgmma per step, or with ``A8`` (one A set)
+    :func:`prefill_a8_kernels.mainloop_a8`, or
     :func:`~prefill_a8_kernels.mainloop_a8_wide` with ``BT`` 256, whose two halves take an
     epilogue each), then the epilogue of its rows, while the producer already copies the next
     item's first steps. ``tensors``: the kernel's ``out_ptr`` to ``limit`` arguments (those of

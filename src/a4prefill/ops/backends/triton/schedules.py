@@ -421,9 +421,12 @@ class PrefillGemm:
         self._check_ctas_per_sm()
         if self.rows_by_token and not self.warp_specialized:
             raise ValueError(f"PrefillGemm.rows_by_token needs warp_specialized, got {self}")
-        if self.loads_ahead and not (self.warp_specialized and self.a_register_sets == 1):
+        if self.loads_ahead and not (
+            self.warp_specialized and self.a_register_sets == 1 and not self.a8_register_weights
+        ):
             raise ValueError(
-                f"PrefillGemm.loads_ahead needs warp_specialized and one A register set, got {self}"
+                "PrefillGemm.loads_ahead needs warp_specialized, one A register set and the W4A16 "
+                f"mainloop (not a8_register_weights), got {self}"
             )
         if self.a8_register_weights and not (
             self.warp_specialized
