@@ -6,15 +6,16 @@
 # of earlier rounds (verify, a4, gather, mid, small: the twenty-third to twenty-eighth rounds,
 # benchmarks/results/README.md) are in this file's history (git log -p on it).
 #
-#   bash scripts/gpu_untimed_kernels.sh halves  # the thirty-second round's 32-route candidates
-#                                               # of 512-1024 tokens (not yet run): two wgmmas a
-#                                               # step in the two consumer partitions (_h2), with
-#                                               # loads ahead (_h2_la): their GEMM GPU tests and
-#                                               # the A4/split MoE tests the thirty-second
-#                                               # round's first call did not reach, then the
-#                                               # whole MoE at 512 and 1024 tokens with _tok,
-#                                               # _la, _h2 and _h2_la in one run, then again in
-#                                               # the opposite order
+#   bash scripts/gpu_untimed_kernels.sh halves  # the thirty-second round's candidates (not yet
+#                                               # run): two wgmmas a step in the two consumer
+#                                               # partitions (_h2), with loads ahead (_h2_la):
+#                                               # their GEMM GPU tests and the A4/split MoE tests
+#                                               # the thirty-second round's first call did not
+#                                               # reach, then the whole MoE at 512 and 1024
+#                                               # tokens with the 32-route _tok, _la, _h2 and
+#                                               # _h2_la in one run, then again in the opposite
+#                                               # order; at 4096 the 128-route _tok, _la and
+#                                               # _h2_la, in both orders too
 #   bash scripts/gpu_untimed_kernels.sh ahead   # (ran in the thirty-second round, its tests cut
 #                                               # off at 77 of 84 by the 330 s then given them)
 #                                               # the committed loads-ahead schedules (_la):
@@ -70,14 +71,16 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv | t
 case "${1:-}" in
 halves)
     timeout 200 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py \
-        -k "c2_tok_h2 or not_chosen or (a4_and_split and (512-rs_w256_t128_d6_ws_tok_la or x2_h2_tok))" \
+        -k "c2_tok_h2 or tok_h2_la or not_chosen or (a4_and_split and (512-rs_w256_t128_d6_ws_tok_la or x2_h2_tok))" \
         --durations=20 2>&1 | tee "$OUT/gpu_tests.txt" | tail -4
-    small=rs_w256_t32_d6_ws_c2_tok
-    for order in "$small,${small}_la,${small}_h2,${small}_h2_la" "${small}_h2_la,${small}_h2,${small}_la,$small"; do
+    small=rs_w256_t32_d6_ws_c2_tok large=rs_w256_t128_d6_ws_tok  # 512-1024 and 4096 tokens
+    for run in "512,1024:$small,${small}_la,${small}_h2,${small}_h2_la" \
+        "512,1024:${small}_h2_la,${small}_h2,${small}_la,$small" \
+        "4096:$large,${large}_la,${large}_h2_la" "4096:${large}_h2_la,${large}_la,$large"; do
         n=$((${n:-0} + 1))
-        timeout "$(left 585)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 512,1024 \
+        timeout "$(left 585)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens "${run%%:*}" \
             --baselines "" --a8-schedules a8_rs_tok --sweep prefill --sweep-modes "" \
-            --prefill-tiles "$order" --out "$OUT/halves_$n" 2>&1 | tee "$OUT/bench_moe_halves_$n.txt" \
+            --prefill-tiles "${run#*:}" --out "$OUT/halves_$n" 2>&1 | tee "$OUT/bench_moe_halves_$n.txt" \
             | grep -o '"sweep_w4a16_us": {[^}]*}' || tail -4 "$OUT/bench_moe_halves_$n.txt"
     done
     ;;

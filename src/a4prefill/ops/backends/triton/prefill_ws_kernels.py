@@ -43,18 +43,18 @@ first steps while the consumers run the epilogue of the last one. A consumer deq
 the other's wgmma runs. Same arguments, numerics and epilogues as the register-weights kernel
 (``x``'s columns in ``prefill.mma_column_order``; the ModelOpt code layout as loaded).
 
-With ``WGMMAS = 2`` (``PrefillGemm.wgmmas_per_step``) each step runs as two wgmmas of 32
-columns, the second half dequantized while the first half's wgmma runs
-(:func:`_mainloop_halves`, or with ``LOADS_AHEAD`` :func:`_steps_loading_ahead`); with
-``A_SETS = 2`` as well (the default of 256-route tiles) one wgmma stays in flight across steps
-too, and both consumer warpgroups form the default partition (8 warps, one code path for the 128 rows; one arrival per slot, so ``empty`` counts one) with the
-producer as the only worker. Why one partition: ptxas serializes every wgmma of the kernel
-("C7512 ... insufficient register resources", a wait after each) when two wgmma groups stay in
-flight across the K loop's steps in a worker partition (Triton 3.6 and 3.9;
+With ``WGMMAS = 2`` (``PrefillGemm.wgmmas_per_step``) each step runs as two wgmmas of 32 columns,
+the second half dequantized while the first half's wgmma runs (:func:`_mainloop_halves`, or with
+``LOADS_AHEAD`` :func:`_steps_loading_ahead`); with ``A_SETS = 2`` as well (the default of
+256-route tiles) one wgmma stays in flight across steps too, and both consumer warpgroups form the
+default partition (8 warps, one code path for the 128 rows; one arrival per slot, so ``empty``
+counts one) with the producer as the only worker. Why one partition: ptxas serializes every wgmma
+of the kernel ("C7512 ... insufficient register resources", a wait after each) when two wgmma
+groups stay in flight across the K loop's steps in a worker partition (Triton 3.6 and 3.9;
 ``tests/test_triton_prefill_on_cpu.py`` checks the SASS). ``A_SETS = 2`` with one wgmma per step
-keeps the two consumer partitions: each dequantizes the next step while its step's wgmma runs,
-one group in flight (:func:`_mainloop_ahead`). ``LOADS_AHEAD`` (``PrefillGemm.loads_ahead``) keeps
-one A register set and moves only the next step's shared-memory loads under the step's wgmma
+keeps the two consumer partitions: each dequantizes the next step while its step's wgmma runs, one
+group in flight (:func:`_mainloop_ahead`). ``LOADS_AHEAD`` (``PrefillGemm.loads_ahead``) keeps one
+A register set and moves only the next step's shared-memory loads under the step's wgmma
 (:func:`_steps_loading_ahead`), with one or two wgmmas a step.
 
 Ordering (checked on the CPU by the TTGIR interpreter, which runs the partitions one at a time and

@@ -617,12 +617,13 @@ def _warp_specialized(
 # The ``_la`` forms (thirty-first round; chosen where they won on an H100, see
 # ``choose_prefill_tiles``): the ``_tok`` tiles of 32 routes and of 128 routes on 256-row items
 # with ``loads_ahead``. The ``_tok`` forms stay beside them as the benchmarks' baseline.
-# The 32-route ``_h2`` and ``_h2_la`` forms (thirty-second round, candidates for 512-1024
-# tokens, not yet timed, not chosen): each step as two wgmmas of 32 columns in each of the two
-# consumer partitions, the second half dequantized while the first half's wgmma runs (one A
-# register set, both retired at the step's end), without and with ``loads_ahead``. Offline
-# (Triton 3.9, sm_90a) 80 registers, no spill in the K loops, 241 and 246 instructions a step
-# in the W4A16 FC1 (``_tok`` 234, ``_la`` 243).
+# The 32-route ``_h2`` and ``_h2_la`` forms and the 128-route ``_h2_la`` one (thirty-second
+# round, candidates for 512-1024 and 4096 tokens, not yet timed, not chosen): each step as two
+# wgmmas of 32 columns in each of the two consumer partitions, the second half dequantized while
+# the first half's wgmma runs (one A register set, both retired at the step's end), without and
+# with ``loads_ahead``. Offline (Triton 3.9, sm_90a), W4A16 FC1: at 32 routes 80 registers, no
+# spill in the K loops, 241 and 246 instructions a step (``_tok`` 234, ``_la`` 243); at 128
+# routes 168 registers, no spill, 244 (``_la`` 236).
 PREFILL_SCHEDULES = MappingProxyType(
     {
         "w64_t64_d6": PrefillGemm(64, 64, depth=6),
@@ -671,6 +672,9 @@ PREFILL_SCHEDULES = MappingProxyType(
         ),
         "rs_w256_t32_d6_ws_c2_tok_h2_la": _warp_specialized(
             32, 6, 2, weight_rows=256, ctas_per_sm=2, rows_by_token=True, loads_ahead=True
+        ),
+        "rs_w256_t128_d6_ws_tok_h2_la": _warp_specialized(
+            128, 6, 2, weight_rows=256, rows_by_token=True, loads_ahead=True
         ),
     }
 )
