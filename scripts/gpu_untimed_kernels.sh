@@ -6,8 +6,9 @@
 # of earlier rounds (verify, a4, gather, mid, small: the twenty-third to twenty-eighth rounds,
 # benchmarks/results/README.md) are in this file's history (git log -p on it).
 #
-#   bash scripts/gpu_untimed_kernels.sh halves  # the thirty-second round's candidates (not yet
-#                                               # run): two wgmmas a step in the two consumer
+#   bash scripts/gpu_untimed_kernels.sh halves  # (ran in the thirty-third round) the
+#                                               # thirty-second round's candidates: two
+#                                               # wgmmas a step in the two consumer
 #                                               # partitions (_h2), with loads ahead (_h2_la):
 #                                               # their GEMM GPU tests and the A4/split MoE tests
 #                                               # the thirty-second round's first call did not

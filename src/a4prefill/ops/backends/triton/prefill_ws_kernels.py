@@ -493,8 +493,9 @@ def _steps_loading_ahead(
     Timed against the plain steps on an H100 (thirty-first round, ``benchmarks/results``): 6-7%
     faster at 512 tokens (32-route tiles), 4-5% at 1024 and 4096 (128-route tiles of 256 rows),
     2-4% slower at 2048 (64-route tiles of 128 rows, which keep the plain steps); the
-    thirty-second round's one run: 5.4% and 4.3% at 512 and 1024, level at 4096. With two
-    wgmmas a step (the 32-route ``_h2_la`` candidate) not yet timed."""
+    thirty-second round's one run: 5.4% and 4.3% at 512 and 1024, level at 4096; the
+    thirty-third round's five runs at 4096: 1.3% on the mean. With two wgmmas a step (the
+    ``_h2_la`` candidates): level with one wgmma a step in the thirty-third round's runs."""
     x_ring, empty = rings[2], rings[4]
     DEPTH: gl.constexpr = x_ring.shape[0]
     ROWS: gl.constexpr = acc.shape[0]

@@ -618,7 +618,8 @@ def _warp_specialized(
 # ``choose_prefill_tiles``): the ``_tok`` tiles of 32 routes and of 128 routes on 256-row items
 # with ``loads_ahead``. The ``_tok`` forms stay beside them as the benchmarks' baseline.
 # The 32-route ``_h2`` and ``_h2_la`` forms and the 128-route ``_h2_la`` one (thirty-second
-# round, candidates for 512-1024 and 4096 tokens, not yet timed, not chosen): each step as two
+# round, candidates for 512-1024 and 4096 tokens; on an H100 in the thirty-third round they passed
+# their GPU tests and were level with the ``_la`` forms or slower, so not chosen): each step as two
 # wgmmas of 32 columns in each of the two consumer partitions, the second half dequantized while
 # the first half's wgmma runs (one A register set, both retired at the step's end), without and
 # with ``loads_ahead``. Offline (Triton 3.9, sm_90a), W4A16 FC1: at 32 routes 80 registers, no
