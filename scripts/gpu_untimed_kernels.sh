@@ -11,8 +11,9 @@
 #                                               # under .scratch/): the GPU tests of the
 #                                               # loads-ahead schedules (_la, _h2_la), then the
 #                                               # whole MoE at 512, 1024 and 4096 tokens on
-#                                               # src, DIR, src, DIR (thirty-third round: the
-#                                               # scale bytes carried as int32)
+#                                               # src, DIR, src, DIR (built in the
+#                                               # thirty-third round for the scale bytes
+#                                               # carried as int32; not yet run)
 #   bash scripts/gpu_untimed_kernels.sh halves  # (ran in the thirty-third round) the
 #                                               # thirty-second round's candidates: two
 #                                               # wgmmas a step in the two consumer

@@ -354,8 +354,7 @@ def _wait_for_weights(
     :func:`~prefill_kernels.fragment_code_rows_layout`, then reshaped: registers unchanged), or with
     ``AS_WORDS`` the same bytes as int32 words ``[ROWS, 8]`` in :func:`code_words_layout` (a value
     carried across a loop's back edge as words stays in 32-bit registers: :func:`_code_bytes`), and
-    scale bytes ``[ROWS, 4]`` (uint8; with ``AS_WORDS`` zero-extended to int32 for the same
-    reason: no byte packing a step). Returns ``(codes, scales)``."""
+    scale bytes ``[ROWS, 4]``. Returns ``(codes, scales)``."""
     c_ring, s_ring, x_ring, ready = rings[0], rings[1], rings[2], rings[3]
     DEPTH: gl.constexpr = x_ring.shape[0]
     FL: gl.constexpr = fragment_codes_layout(ROWS, gl.num_warps(), 8)
@@ -383,8 +382,6 @@ def _wait_for_weights(
         )
         codes = gl.convert_layout(gl.reshape(code_rows, [ROWS, 4, 8]), FL)
     scales = s_ring.index(slot).slice(HALF * ROWS, ROWS, dim=0).load(gl.SliceLayout(2, FL))
-    if AS_WORDS:  # widened now, as :func:`~prefill_kernels.scale_factors` would: carried in 32 bits
-        scales = scales.to(gl.int32)
     return codes, scales
 
 
