@@ -6,14 +6,13 @@
 # of earlier rounds (verify, a4, gather, mid, small: the twenty-third to twenty-eighth rounds,
 # benchmarks/results/README.md) are in this file's history (git log -p on it).
 #
-#   bash scripts/gpu_untimed_kernels.sh ab DIR  # this checkout's defaults against the src
-#                                               # tree DIR (an earlier commit's src, carried
-#                                               # under .scratch/): the GPU tests of the
-#                                               # loads-ahead schedules (_la, _h2_la), then the
-#                                               # whole MoE at 512, 1024 and 4096 tokens on
-#                                               # src, DIR, src, DIR (built in the
-#                                               # thirty-third round for the scale bytes
-#                                               # carried as int32; not yet run)
+#   bash scripts/gpu_untimed_kernels.sh ab DIR...  # this checkout's defaults against the
+#                                               # src trees DIR... (other commits' src, carried
+#                                               # under .scratch/): the GPU tests selected by
+#                                               # AB_TESTS (-k; default the loads-ahead
+#                                               # schedules, within AB_TEST_SECONDS, 150), then
+#                                               # the whole MoE at AB_SIZES tokens (512, 1024,
+#                                               # 4096) on src, each DIR, then again
 #   bash scripts/gpu_untimed_kernels.sh halves  # (ran in the thirty-third round) the
 #                                               # thirty-second round's candidates: two
 #                                               # wgmmas a step in the two consumer
@@ -79,15 +78,19 @@ left() { local l=$(($1 - ($(date +%s) - began))); echo $((l > 1 ? l : 1)); }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv | tee "$OUT/gpu.txt"
 case "${1:-}" in
 ab)
-    base=${2:?ab needs the src tree to compare with}
-    timeout 150 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py \
-        -k "tok_la or tok_h2_la" --durations=5 2>&1 | tee "$OUT/gpu_tests.txt" | tail -4
+    # the GPU tests of what the trees change (-k, default: the loads-ahead schedules) on this
+    # checkout, then the whole MoE at 512-4096 tokens on src and each tree in turn, twice
+    shift
+    tests=${AB_TESTS:-tok_la or tok_h2_la}
+    timeout "${AB_TEST_SECONDS:-150}" python -m pytest -q -p no:cacheprovider -rs -m gpu \
+        tests/test_triton_prefill_gpu.py tests/test_triton_prefill_a8_gpu.py -k "$tests" --durations=5 2>&1 \
+        | tee "$OUT/gpu_tests.txt" | tail -4
     # one file per run comes back (the device tool returns a few files a call): the JSON, no plot
-    for tree in src "$base" src "$base"; do
+    for tree in src "$@" src "$@"; do
         n=$((${n:-0} + 1))
         echo "## run $n: PYTHONPATH=$tree" >>"$OUT/ab.txt"
         PYTHONPATH=$tree timeout "$(left 585)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 \
-            --tokens 512,1024,4096 --baselines "" --a8-schedules a8_rs_tok --out "$OUT/ab_$n" 2>&1 \
+            --tokens "${AB_SIZES:-512,1024,4096}" --baselines "" --a8-schedules a8_rs_tok --out "$OUT/ab_$n" 2>&1 \
             | tee -a "$OUT/ab.txt" | grep -o '"tokens": [0-9]*\|"w4a16_us": [0-9.]*\|"a4_us": [0-9.]*' \
             | paste -sd ' ' | sed "s|^|$tree: |"
         rm -f "$OUT/ab_$n/bench_moe.png"
@@ -173,7 +176,7 @@ ncu)
     echo "then here: python benchmarks/profile_prefill.py ${NCU_CASES[*]} --ncu-summary ncu.csv --out DIR"
     ;;
 *)
-    echo "usage: bash scripts/gpu_untimed_kernels.sh ab DIR|halves|ahead|fence|quant|tiles|sizes|anchors|ncu (on a Hopper GPU, with OUT set)" >&2
+    echo "usage: bash scripts/gpu_untimed_kernels.sh ab DIR...|halves|ahead|fence|quant|tiles|sizes|anchors|ncu (on a Hopper GPU, with OUT set)" >&2
     exit 2
     ;;
 esac

@@ -44,7 +44,7 @@ the other's wgmma runs. Same arguments, numerics and epilogues as the register-w
 (``x``'s columns in ``prefill.mma_column_order``; the ModelOpt code layout as loaded).
 
 With ``WGMMAS = 2`` (``PrefillGemm.wgmmas_per_step``) each step runs as two wgmmas of 32 columns,
-the second half dequantized while the first half's wgmma runs (:func:`_mainloop_halves`, or with
+the second half dequantized while the first half's wgmma runs (:func:`_mainloop`, or with
 ``LOADS_AHEAD`` :func:`_steps_loading_ahead`); with ``A_SETS = 2`` as well (the default of
 256-route tiles) one wgmma stays in flight across steps too, and both consumer warpgroups form the
 default partition (8 warps, one code path for the 128 rows; one arrival per slot, so ``empty``
@@ -399,11 +399,11 @@ def _mainloop(
     """A consumer's ``steps`` steps of one work item, ring steps ``done`` on: its rows' fp32
     accumulator ``[ROWS, BT]`` (:func:`consumer_rows`). Per step: wait for the slot's copies
     (:func:`_wait_for_weights` with ``FENCE_ROWS``), dequantize its rows' weights into the A
-    registers, issue the wgmma, retire it (the next step's dequantization writes the same
-    registers) and release the slot. With ``LOADS_AHEAD`` (``PrefillGemm.loads_ahead``) the same
-    steps with each step's bytes loaded while the step before runs its wgmma
-    (:func:`_steps_loading_ahead`), each step as ``WGMMAS`` wgmmas (:func:`_issue_step`; without
-    ``LOADS_AHEAD`` two a step are :func:`_mainloop_halves`'s).
+    registers, issue the step's ``WGMMAS`` wgmmas (:func:`_issue_step`), retire them (the next
+    step's dequantization writes the same registers) and release the slot: nothing in flight
+    across steps, so with two wgmmas a step the two consumer partitions still alternate at the
+    tensor core. With ``LOADS_AHEAD`` (``PrefillGemm.loads_ahead``) the same steps with each
+    step's bytes loaded while the step before runs its wgmmas (:func:`_steps_loading_ahead`).
 
     (Two sets of A registers with one wgmma left in flight while the next one is issued, as
     ``grouped_w4_gemm_rs_kernel``'s ``A_SETS = 2``, were tried in the tenth round with one
@@ -423,9 +423,8 @@ def _mainloop(
             s = done + step
             slot = s % DEPTH
             codes, scales = _wait_for_weights(rings, s, HALF, ROWS, FENCE_ROWS)
-            a = _dequant_fragment(codes, scales, A_LAYOUT, ROWS)
-            acc = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), acc, is_async=True)
-            acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
+            acc, first, second = _issue_step(codes, scales, x_ring.index(slot), acc, A_LAYOUT, WGMMAS)
+            acc, first, second = warpgroup_mma_wait(num_outstanding=0, deps=(acc, first, second))
             mbarrier.arrive(empty.index(slot))
     return acc
 
@@ -441,16 +440,15 @@ def _code_bytes(words, ROWS: gl.constexpr):
 
 
 @gluon.jit
-def _issue_step(words, scales, x_slot, acc, A_LAYOUT: gl.constexpr, WGMMAS: gl.constexpr):
-    """Dequantize one step's code words and scale bytes (:func:`_wait_for_weights` with
-    ``AS_WORDS``) into the A registers and issue the step's wgmmas on the activation rows
-    ``x_slot``: one over the step's 64 columns, or with ``WGMMAS = 2`` two of 32, each half's A
-    operand in registers of its own (:func:`_byte_halves`), the second half dequantized while the
-    first half's wgmma runs. Returns ``(acc, first, second)``: the wgmmas in flight and their A
-    operands (with one wgmma both are its A operand), every one a dependency of the wait that
-    retires them."""
-    ROWS: gl.constexpr = words.shape[0]
-    codes = _code_bytes(words, ROWS)
+def _issue_step(codes, scales, x_slot, acc, A_LAYOUT: gl.constexpr, WGMMAS: gl.constexpr):
+    """Dequantize one step's code bytes ``[ROWS, 4, 8]`` and scale bytes (:func:`_wait_for_weights`;
+    with ``AS_WORDS`` the words through :func:`_code_bytes`) into the A registers and issue the
+    step's wgmmas on the activation rows ``x_slot``: one over the step's 64 columns, or with
+    ``WGMMAS = 2`` two of 32, each half's A operand in registers of its own
+    (:func:`_byte_halves`), the second half dequantized while the first half's wgmma runs. Returns
+    ``(acc, first, second)``: the wgmmas in flight and their A operands (with one wgmma both are
+    its A operand), every one a dependency of the wait that retires them."""
+    ROWS: gl.constexpr = codes.shape[0]
     if WGMMAS == 1:
         a = _dequant_fragment(codes, scales, A_LAYOUT, ROWS)
         return warpgroup_mma(a, x_slot.permute((1, 0)), acc, is_async=True), a, a
@@ -481,7 +479,7 @@ def _steps_loading_ahead(
 ):
     """:func:`_mainloop`'s steps with ``LOADS_AHEAD``, into ``acc``: per step ``s``, dequantize the
     bytes loaded before, issue the step's ``WGMMAS`` wgmmas (:func:`_issue_step`; with two, both
-    retired together, as :func:`_mainloop_halves` with one A set does), wait for ring step
+    retired together, as :func:`_mainloop` does), wait for ring step
     ``s + 1``'s copies and load its code words and scale bytes (:func:`_wait_for_weights` with
     ``AS_WORDS``; ptxas keeps the shared-memory loads between the last wgmma and its wait, so
     their latency runs under the tensor core's work), retire the wgmmas and release step ``s``'s
@@ -502,12 +500,14 @@ def _steps_loading_ahead(
     words, scales = _wait_for_weights(rings, done, HALF, ROWS, FENCE_ROWS, True)
     for step in range(steps - 1):
         s = done + step
-        acc, first, second = _issue_step(words, scales, x_ring.index(s % DEPTH), acc, A_LAYOUT, WGMMAS)
+        codes = _code_bytes(words, ROWS)
+        acc, first, second = _issue_step(codes, scales, x_ring.index(s % DEPTH), acc, A_LAYOUT, WGMMAS)
         words, scales = _wait_for_weights(rings, s + 1, HALF, ROWS, FENCE_ROWS, True)
         acc, first, second = warpgroup_mma_wait(num_outstanding=0, deps=(acc, first, second))
         mbarrier.arrive(empty.index(s % DEPTH))
     last = done + steps - 1
-    acc, first, second = _issue_step(words, scales, x_ring.index(last % DEPTH), acc, A_LAYOUT, WGMMAS)
+    codes = _code_bytes(words, ROWS)
+    acc, first, second = _issue_step(codes, scales, x_ring.index(last % DEPTH), acc, A_LAYOUT, WGMMAS)
     acc, first, second = warpgroup_mma_wait(num_outstanding=0, deps=(acc, first, second))
     mbarrier.arrive(empty.index(last % DEPTH))
     return acc
@@ -570,22 +570,15 @@ def _byte_halves(codes, HALF_LAYOUT: gl.constexpr):
 
 
 @gluon.jit
-def _mainloop_halves(
-    done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr, A_SETS: gl.constexpr, FENCE_ROWS: gl.constexpr
-):
-    """:func:`_mainloop` (``FENCE_ROWS`` as there) with each step's 64 columns as two wgmmas of 32, each
-    half's A operand in registers of its own, the second half dequantized while the first half's wgmma
-    runs.
-
-    - ``A_SETS = 1``: each step's wait retires both halves before the slot is released and the
-      next step begins (nothing in flight across steps): the two consumer partitions still
-      alternate at the tensor core;
-    - ``A_SETS = 2``: one wgmma always in flight, across steps too: per step, dequantize the first
-      half, issue its wgmma, retire the previous step's second half (and release that step's
-      slot), dequantize the second half, issue its wgmma, retire the first half. ``second`` stays
-      live, a loop-carried value, until the next step's wait retires its wgmma. Only in the
-      default partition with both consumer warpgroups (``HALF`` 0, 8 warps; module docstring:
-      ptxas keeps this pipeline there, not in a worker).
+def _mainloop_halves(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr, FENCE_ROWS: gl.constexpr):
+    """:func:`_mainloop` (``FENCE_ROWS`` as there) with each step's 64 columns as two wgmmas of 32 and
+    two A register sets, one wgmma always in flight, across steps too: per step, dequantize the
+    first half, issue its wgmma, retire the previous step's second half (and release that step's
+    slot), dequantize the second half, issue its wgmma, retire the first half. ``second`` stays
+    live, a loop-carried value, until the next step's wait retires its wgmma. Only in the default
+    partition with both consumer warpgroups (``HALF`` 0, 8 warps; module docstring: ptxas keeps
+    this pipeline there, not in a worker). (Two wgmmas a step with one A set, both retired at the
+    step's end, are :func:`_mainloop`'s ``WGMMAS = 2``.)
 
     Returns the fp32 accumulator ``[ROWS, BT]`` with every wgmma retired and every slot
     of the item released."""
@@ -600,30 +593,23 @@ def _mainloop_halves(
     second = gl.zeros([ROWS, HALF_STEP], gl.bfloat16, layout=A_LAYOUT)  # none in flight yet
     for step in range(steps):
         s = done + step
-        slot = s % DEPTH
         codes, scales = _wait_for_weights(rings, s, HALF, ROWS, FENCE_ROWS)
         first_codes, second_codes = _byte_halves(codes, FL_HALF)
         scales = gl.convert_layout(scales, gl.SliceLayout(2, FL_HALF))  # the same registers
-        x_slot = x_ring.index(slot)
+        x_slot = x_ring.index(s % DEPTH)
         first = _dequant_fragment(first_codes, scales, A_LAYOUT, ROWS)
         acc = warpgroup_mma(first, x_slot.slice(0, HALF_STEP, dim=1).permute((1, 0)), acc, is_async=True)
-        if A_SETS == 2:
-            acc, second = warpgroup_mma_wait(num_outstanding=1, deps=(acc, second))
-            if step > 0:  # the previous step's second half retired: its slot is free
-                mbarrier.arrive(empty.index((s - 1) % DEPTH))
+        acc, second = warpgroup_mma_wait(num_outstanding=1, deps=(acc, second))
+        if step > 0:  # the previous step's second half retired: its slot is free
+            mbarrier.arrive(empty.index((s - 1) % DEPTH))
         second = _dequant_fragment(second_codes, scales, A_LAYOUT, ROWS)
         acc = warpgroup_mma(
             second, x_slot.slice(HALF_STEP, HALF_STEP, dim=1).permute((1, 0)), acc, is_async=True
         )
-        if A_SETS == 2:
-            acc, first = warpgroup_mma_wait(num_outstanding=1, deps=(acc, first))
-        else:
-            acc, first, second = warpgroup_mma_wait(num_outstanding=0, deps=(acc, first, second))
-            mbarrier.arrive(empty.index(slot))
-    if A_SETS == 2:
-        acc, second = warpgroup_mma_wait(num_outstanding=0, deps=(acc, second))
-        if steps > 0:
-            mbarrier.arrive(empty.index((done + steps - 1) % DEPTH))
+        acc, first = warpgroup_mma_wait(num_outstanding=1, deps=(acc, first))
+    acc, second = warpgroup_mma_wait(num_outstanding=0, deps=(acc, second))
+    if steps > 0:
+        mbarrier.arrive(empty.index((done + steps - 1) % DEPTH))
     return acc
 
 
@@ -689,8 +675,8 @@ def _consume(
     """A consumer partition of ``R`` weight rows of each work item (:func:`consumer_rows`), rows
     ``R * HALF`` on (one warpgroup, half the item's rows, ``HALF`` 0 or 1; the 8-warp partition of
     both warpgroups with ``A_SETS = WGMMAS = 2``, all of them): for each of the program's work
-    items in turn, every step's dequantization and wgmma (:func:`_mainloop`,
-    :func:`_mainloop_halves` with ``WGMMAS = 2`` and no ``LOADS_AHEAD``, :func:`_mainloop_ahead`
+    items in turn, every step's dequantization and wgmma (:func:`_mainloop` with one A set,
+    :func:`_mainloop_halves` with ``A_SETS = WGMMAS = 2``, :func:`_mainloop_ahead`
     with ``A_SETS = 2`` and one wgmma per step, or with ``A8`` (one A set)
     :func:`prefill_a8_kernels.mainloop_a8`, or
     :func:`~prefill_a8_kernels.mainloop_a8_wide` with ``BT`` 256, whose two halves take an
@@ -769,8 +755,8 @@ def _consume(
                 acc = mainloop_a8(done, steps, HALF, rings, BT, A8, WGMMAS, X_BY_TOKEN)
             elif AHEAD:
                 acc, a = _mainloop_ahead(done, steps, last, HALF, rings, BT, a, X_BY_TOKEN)
-            elif WGMMAS == 2 and not LOADS_AHEAD:
-                acc = _mainloop_halves(done, steps, HALF, rings, BT, A_SETS, X_BY_TOKEN)
+            elif A_SETS == 2:  # and two wgmmas a step: the 8-warp partition
+                acc = _mainloop_halves(done, steps, HALF, rings, BT, X_BY_TOKEN)
             else:
                 acc = _mainloop(done, steps, HALF, rings, BT, X_BY_TOKEN, LOADS_AHEAD, WGMMAS)
             _item_epilogue(
