@@ -34,8 +34,6 @@ from a4prefill.ops.backends.triton.routing import build_routing
 from a4prefill.ops.backends.triton.schedules import (
     PREFILL_EPILOGUES,
     PREFILL_SCHEDULES,
-    SPLIT_TILE_PARTS,
-    SPLIT_TILE_ROUTES,
     WS_SHARED_SM_REGISTERS,
     PrefillGemm,
     PrefillTiles,
@@ -211,10 +209,7 @@ def compile_prefill_kernel(schedule: PrefillGemm, a8: bool = False, **overrides:
         from a4prefill.ops.backends.triton import kernel_modules
 
         boxes = kernel_modules.prefill_ws().tma_boxes(
-            schedule.slot_routes,
-            constexprs["EPILOGUE"] == PREFILL_EPILOGUES["swiglu"],
-            a8,
-            schedule.weight_rows,
+            schedule.routes, constexprs["EPILOGUE"] == PREFILL_EPILOGUES["swiglu"], a8, schedule.weight_rows
         )
         x_element = "fp8e4nv" if a8 else "bf16"
         for name, element, (box, layout) in zip(
@@ -284,9 +279,7 @@ def test_each_schedule_compiles_to_wgmma_for_sm90():
     for schedule in PREFILL_SCHEDULES.values():
         compiled = compile_prefill_kernel(schedule)
         ptx = compiled.asm["ptx"]
-        widths = SPLIT_TILE_PARTS if schedule.routes == SPLIT_TILE_ROUTES else (schedule.routes,)
-        for width in widths:  # a 48-route tile: wgmmas of 32 and of 16 routes
-            assert f"wgmma.mma_async.sync.aligned.m64n{width}k16.f32.bf16.bf16" in ptx, schedule
+        assert f"wgmma.mma_async.sync.aligned.m64n{schedule.routes}k16.f32.bf16.bf16" in ptx, schedule
         # one wgmma left in flight per step, except with one A register set (each retired at once)
         # and in the warp-specialized kernel's one-wgmma steps (the next step's weights dequantized
         # while the wgmma runs, which is retired before the next one is issued)
@@ -589,36 +582,6 @@ def test_the_loads_ahead_consumers_load_the_next_step_while_their_wgmma_runs():
     halves = loads_around_the_wgmmas("rs_w256_t32_d6_ws_c2_tok_h2_la")
     assert [(before, under) for before, under, _ in halves] == [(0, 8)] * 4, halves
     assert all(weight_pairs + 2 <= prmt <= weight_pairs + 5 for _, _, prmt in halves), halves
-
-
-@pytest.mark.parametrize("mode", [pytest.param(MODE_W4A16, id="w4a16"), pytest.param(MODE_SPLIT, id="split")])
-def test_a_48_route_tile_issues_each_half_steps_wgmmas_back_to_back(mode):
-    """The 48-route tiles (``schedules.SPLIT_TILE_ROUTES``, 256-row items, two CTAs per SM): per
-    step each K half's A operand (16 registers) feeds the wgmmas of both accumulators (32 and 16
-    routes), 4 of each per half, issued back to back and retired once per half: two
-    ``WARPGROUP.DEPBAR`` a step for 16 ``HGMMA``, in both consumer partitions of FC1 and FC2.
-    With the whole step's A operand (32 registers) beside the 48 accumulator registers, ptxas
-    retired every wgmma on its own (16 ``WARPGROUP.DEPBAR`` a step) and spilled in the K loop:
-    that first version fails here. What still spills in one of the two K loops (offline, Triton
-    3.9): the W4A16 FC1's default partition 12 local accesses a step, the split FC2's 7; the
-    W4A16 FC2 and the split FC1 none (at most 12 allowed here: a guard, not proof for the GPU's
-    Triton 3.6)."""
-    from helpers.sass_loops import innermost_loops
-
-    schedule = PREFILL_SCHEDULES["rs_w256_t48_d4_ws_c2_tok"]
-    swiglu, alpha = PREFILL_EPILOGUES["swiglu"], PREFILL_EPILOGUES["alpha"]
-    fc1 = compile_prefill_kernel(schedule, EPILOGUE=swiglu, MODE=mode, OUT_MMA_ORDER=True)
-    fc2 = compile_prefill_kernel(schedule, GATHER=False, EPILOGUE=alpha, MODE=mode)
-    for kernel in (fc1, fc2):
-        loops = [body for body in innermost_loops(cuobjdump(kernel, "-sass")) if "HGMMA" in " ".join(body)]
-        assert len(loops) == 2, len(loops)  # the two consumer partitions
-        for body in loops:
-            text = " ".join(body)
-            assert len(re.findall(r"\bHGMMA\.64x32x16\b", text)) == 8
-            assert len(re.findall(r"\bHGMMA\.64x16x16\b", text)) == 8
-            assert len(re.findall(r"\bWARPGROUP\.DEPBAR\b", text)) == 2
-            assert len(re.findall(r"\b(?:STL|LDL)\b", text)) <= 12
-        assert kernel.metadata.shared <= schedule.shared_bytes
 
 
 def test_two_wgmmas_a_step_loading_ahead_dequantize_the_second_half_under_the_first():

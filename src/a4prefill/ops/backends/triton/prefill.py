@@ -18,9 +18,7 @@ from a4prefill.ops.backends.triton import kernel_modules
 from a4prefill.ops.backends.triton.routing import Routing
 from a4prefill.ops.backends.triton.schedules import (
     PREFILL_EPILOGUES,
-    SPLIT_TILE_PARTS,
     WS_SHARED_SM_REGISTERS,
-    WS_SPLIT_TILE_REGISTERS,
     PrefillGemm,
     cdiv,
 )
@@ -154,8 +152,6 @@ def ws_partitions(
     registers, consumers 192) was 5% slower at 4096 tokens on the H200 (tenth round)."""
     if ctas_per_sm > 1:
         _, producer, consumer = WS_SHARED_SM_REGISTERS[ctas_per_sm]
-        if routes > 2 * SPLIT_TILE_PARTS[0]:  # 48-route tiles of 256 rows: both consumers 104
-            producer, consumer = WS_SPLIT_TILE_REGISTERS
         return MappingProxyType(
             {"PRODUCER_WARPS": 4, "PRODUCER_REGISTERS": producer, "CONSUMER_REGISTERS": consumer}
         )
@@ -396,7 +392,7 @@ def launch_prefill_gemm(
         else:
             rows = x
         operands = kernel_modules.prefill_ws().tma_descriptors(
-            rows, codes, schedule.slot_routes, epilogue == "swiglu", a8, schedule.weight_rows
+            rows, codes, schedule.routes, epilogue == "swiglu", a8, schedule.weight_rows
         )
         gather = {"x_rows_ptr": rows, "X_BY_TOKEN": True} if by_token else {}
         if x_row_scales is not None:

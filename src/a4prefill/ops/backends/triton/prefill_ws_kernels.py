@@ -55,10 +55,7 @@ groups stay in flight across the K loop's steps in a worker partition (Triton 3.
 keeps the two consumer partitions: each dequantizes the next step while its step's wgmma runs, one
 group in flight (:func:`_mainloop_ahead`). ``LOADS_AHEAD`` (``PrefillGemm.loads_ahead``) keeps one
 A register set and moves only the next step's shared-memory loads under the step's wgmma
-(:func:`_steps_loading_ahead`), with one or two wgmmas a step. A 48-route tile
-(``schedules.SPLIT_TILE_ROUTES``: ``BT`` 48, a slot's rows 64, the TMA box's) runs two
-accumulators of 32 and 16 routes on the slot's first 48 rows, each with its own wgmmas and
-epilogue (:func:`_mainloop_split_tile`).
+(:func:`_steps_loading_ahead`), with one or two wgmmas a step.
 
 Ordering (checked on the CPU by the TTGIR interpreter, which runs the partitions one at a time and
 switches at every mbarrier wait and after every arrival): slot ``s % DEPTH`` is refilled for
@@ -111,8 +108,6 @@ from a4prefill.ops.backends.triton.prefill_kernels import (
     row_piece_layout,
     scale_copy_layout,
 )
-from a4prefill.ops.backends.triton.schedules import SPLIT_TILE_PARTS as _SPLIT_TILE_PARTS
-from a4prefill.ops.backends.triton.schedules import SPLIT_TILE_ROUTES as _SPLIT_TILE_ROUTES
 
 # cp.async into shared memory: ``async_load`` from Triton 3.7 on, ``async_copy_global_to_shared``
 # before (same arguments); the TMA load likewise
@@ -120,8 +115,6 @@ _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_g
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 STEP: gl.constexpr = gl.constexpr(64)  # K columns per step
-SPLIT_TILE_ROUTES: gl.constexpr = gl.constexpr(_SPLIT_TILE_ROUTES)
-SPLIT_TILE_PARTS: gl.constexpr = gl.constexpr(_SPLIT_TILE_PARTS)
 # a shared-memory view as another element type: ``reinterpret`` in Triton 3.9 (the CPU test
 # machines), ``_reinterpret`` in 3.6 (the H200's and H100's; same arguments)
 _PUBLIC_REINTERPRET: gl.constexpr = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
@@ -437,50 +430,6 @@ def _mainloop(
 
 
 @gluon.jit
-def _mainloop_split_tile(done, steps, HALF: gl.constexpr, rings, FENCE_ROWS: gl.constexpr):
-    """:func:`_mainloop` for a 48-route tile (``schedules.SPLIT_TILE_ROUTES``): per step and K
-    half (32 columns), the half's A operand (dequantized once, 16 registers) feeds the wgmmas of
-    two accumulators, on the slot's rows 0-31 and 32-47, retired before the next half is
-    dequantized into the same registers; the slot is released after the second half. (The whole
-    step's A operand at once, 32 registers beside the 48 of the accumulators, made ptxas retire
-    every wgmma on its own: ``tests/test_triton_prefill_on_cpu.py``.) Returns ``(first,
-    second)``, the fp32 accumulators ``[ROWS, 32]`` and ``[ROWS, 16]``."""
-    x_ring, empty = rings[2], rings[4]
-    DEPTH: gl.constexpr = x_ring.shape[0]
-    FIRST_BT: gl.constexpr = SPLIT_TILE_PARTS[0]
-    SECOND_BT: gl.constexpr = SPLIT_TILE_PARTS[1]
-    FIRST_ACC: gl.constexpr = acc_layout(FIRST_BT, gl.num_warps())
-    SECOND_ACC: gl.constexpr = acc_layout(SECOND_BT, gl.num_warps())
-    FIRST_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=FIRST_ACC, k_width=2)
-    SECOND_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=SECOND_ACC, k_width=2)
-    ROWS: gl.constexpr = consumer_rows(rings[0].shape[1], gl.num_warps())
-    HALF_STEP: gl.constexpr = STEP // 2
-    FL_HALF: gl.constexpr = fragment_codes_layout(ROWS, gl.num_warps(), 4)
-    first = gl.zeros([ROWS, FIRST_BT], gl.float32, layout=FIRST_ACC)
-    second = gl.zeros([ROWS, SECOND_BT], gl.float32, layout=SECOND_ACC)
-    for step in range(steps):
-        s = done + step
-        slot = s % DEPTH
-        codes, scales = _wait_for_weights(rings, s, HALF, ROWS, FENCE_ROWS)
-        halves = _byte_halves(codes, FL_HALF)
-        scales = gl.convert_layout(scales, gl.SliceLayout(2, FL_HALF))  # the same registers
-        x_slot = x_ring.index(slot)
-        for h in gl.static_range(2):  # each K half's A operand (16 registers), retired before the next
-            a = _dequant_fragment(halves[h], scales, FIRST_A, ROWS)
-            x_half = x_slot.slice(h * HALF_STEP, HALF_STEP, dim=1)
-            first = warpgroup_mma(a, x_half.slice(0, FIRST_BT, dim=0).permute((1, 0)), first, is_async=True)
-            a_second = gl.convert_layout(a, SECOND_A)  # the same registers
-            second = warpgroup_mma(
-                a_second, x_half.slice(FIRST_BT, SECOND_BT, dim=0).permute((1, 0)), second, is_async=True
-            )
-            first, second, a, a_second = warpgroup_mma_wait(
-                num_outstanding=0, deps=(first, second, a, a_second)
-            )
-        mbarrier.arrive(empty.index(slot))
-    return first, second
-
-
-@gluon.jit
 def _code_bytes(words, ROWS: gl.constexpr):
     """Code words ``[ROWS, 8]`` int32 in :func:`code_words_layout` -> the code bytes ``[ROWS, 4, 8]``
     uint8 in :func:`~prefill_kernels.fragment_codes_layout` that :func:`_wait_for_weights` loads
@@ -727,7 +676,6 @@ def _consume(
     ``R * HALF`` on (one warpgroup, half the item's rows, ``HALF`` 0 or 1; the 8-warp partition of
     both warpgroups with ``A_SETS = WGMMAS = 2``, all of them): for each of the program's work
     items in turn, every step's dequantization and wgmma (:func:`_mainloop` with one A set,
-    :func:`_mainloop_split_tile` with ``BT`` 48 and an epilogue per accumulator,
     :func:`_mainloop_halves` with ``A_SETS = WGMMAS = 2``, :func:`_mainloop_ahead`
     with ``A_SETS = 2`` and one wgmma per step, or with ``A8`` (one A set)
     :func:`prefill_a8_kernels.mainloop_a8`, or
@@ -800,40 +748,6 @@ def _consume(
                 HAS_LIMIT,
                 ROWS,
                 HALF_BT,
-                OUT_MMA_ORDER,
-            )
-        elif BT == SPLIT_TILE_ROUTES:  # two accumulators (32 and 16 routes), an epilogue each
-            FIRST_BT: gl.constexpr = SPLIT_TILE_PARTS[0]
-            SECOND_BT: gl.constexpr = SPLIT_TILE_PARTS[1]
-            first, second = _mainloop_split_tile(done, steps, HALF, rings, X_BY_TOKEN)
-            _item_epilogue(
-                first,
-                tensors,
-                expert,
-                row0,
-                seg_end,
-                rows,
-                live_tile,
-                EPILOGUE,
-                MODE,
-                HAS_LIMIT,
-                ROWS,
-                FIRST_BT,
-                OUT_MMA_ORDER,
-            )
-            _item_epilogue(
-                second,
-                tensors,
-                expert,
-                row0 + FIRST_BT,
-                seg_end,
-                rows,
-                live_tile,
-                EPILOGUE,
-                MODE,
-                HAS_LIMIT,
-                ROWS,
-                SECOND_BT,
                 OUT_MMA_ORDER,
             )
         else:
@@ -949,9 +863,7 @@ def grouped_w4_gemm_ws_kernel(
         gl.uint8, [DEPTH, ITEM_ROWS, CODE_STEP], code_ring_layout(codes_desc.layout)
     )
     s_ring = gl.allocate_shared_memory(gl.uint8, [DEPTH, ITEM_ROWS, CODE_STEP // 8], PLAIN2)
-    # a slot's activation rows: the TMA box's (BT, or 64 for 48-route tiles: SPLIT_TILE_ROUTES)
-    SLOT_ROUTES: gl.constexpr = x_desc.block_type.shape[0]
-    x_ring = gl.allocate_shared_memory(x_desc.dtype, [DEPTH, SLOT_ROUTES, 2 * CODE_STEP], x_desc.layout)
+    x_ring = gl.allocate_shared_memory(x_desc.dtype, [DEPTH, BT, 2 * CODE_STEP], x_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], BARRIER)
     empty = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], BARRIER)
     for slot in gl.static_range(DEPTH):

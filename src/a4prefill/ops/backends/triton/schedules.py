@@ -55,18 +55,7 @@ CTA_RESERVED_SHARED_BYTES = 1024
 # worker's registers (``setmaxnreg``; the default partition, the other consumer, gets the rest:
 # 104 and 72). Accumulators of at most 64 and 32 routes (32 and 16 fp32 registers a thread).
 WS_SHARED_SM_REGISTERS = MappingProxyType({2: (80, 40, 96), 3: (56, 32, 64)})
-WS_SHARED_SM_MAX_ROUTES = MappingProxyType({2: 96, 3: 32})
-# Route tiles of 48 routes (``PrefillGemm.routes``; Gluon tensors have power-of-two shapes): two
-# accumulators of 32 and 16 routes that share each step's A registers, each with its own wgmma
-# and epilogue, the ring's row slots 64 rows of which the wgmmas read the first 48
-# (``prefill_ws_kernels._mainloop_split_tile``). With 256-row items a consumer thread holds 48
-# accumulator registers (the limit of two CTAs per SM above: 96 routes per 128 weight rows).
-SPLIT_TILE_ROUTES = 48
-SPLIT_TILE_PARTS = (32, 16)
-# Their producer's and consumer worker's registers with two CTAs per SM (the default partition
-# gets the same 104): with the worker at 96, its FC1 K loop spilled 12 accesses a step (offline,
-# Triton 3.9)
-WS_SPLIT_TILE_REGISTERS = (32, 104)
+WS_SHARED_SM_MAX_ROUTES = MappingProxyType({2: 64, 3: 32})
 
 # The warp-specialized kernel's ``A8`` constexpr in an A8 call (``prefill_a8_kernels``): each
 # step's e4m3 weights converted into a shared buffer (the FP8 wgmma's A from shared memory), or
@@ -379,22 +368,10 @@ class PrefillGemm:
     def __post_init__(self) -> None:
         if self.weight_rows not in (64, 128, 256):
             raise ValueError(f"PrefillGemm.weight_rows must be 64, 128 or 256, got {self.weight_rows}")
-        if self.routes not in (16, 32, 48, 64, 128, 256) or (self.routes < 64 and not self.register_weights):
+        if self.routes not in (16, 32, 64, 128, 256) or (self.routes < 64 and not self.register_weights):
             raise ValueError(
-                "PrefillGemm.routes must be 64, 128 or 256 (or 16, 32, 48 with register_weights), "
+                "PrefillGemm.routes must be 64, 128 or 256 (or 16, 32 with register_weights), "
                 f"got {self.routes}"
-            )
-        if self.routes == SPLIT_TILE_ROUTES and not (
-            self.warp_specialized
-            and self.weight_rows == 256
-            and self.wgmmas_per_step == 1
-            and self.a_register_sets == 1
-            and not self.loads_ahead
-            and not self.a8_register_weights
-        ):
-            raise ValueError(
-                f"PrefillGemm.routes={SPLIT_TILE_ROUTES} needs warp_specialized, 256 weight rows, one "
-                f"wgmma a step, one A register set and no loads_ahead, got {self}"
             )
         if self.block_k not in (64, 128):
             raise ValueError(f"PrefillGemm.block_k must be 64 or 128, got {self.block_k}")
@@ -497,12 +474,6 @@ class PrefillGemm:
         return self.warp_specialized and self.a_register_sets == 2 and self.wgmmas_per_step == 2
 
     @property
-    def slot_routes(self) -> int:
-        """The activation rows of a ring slot (the TMA box's rows): :attr:`routes`, or 64 for
-        :data:`SPLIT_TILE_ROUTES` (a power of two; the wgmmas read the first 48)."""
-        return 64 if self.routes == SPLIT_TILE_ROUTES else self.routes
-
-    @property
     def accumulator_routes(self) -> int:
         """The routes of a 128-row tile with the same accumulator per consumer thread: ``routes``
         times ``weight_rows / 128`` (a 256-row work item's consumer holds 128 rows)."""
@@ -517,7 +488,7 @@ class PrefillGemm:
         most :data:`WS_EPILOGUE_SCRATCH_BYTES`). At least what Triton allocates for the schedule's
         kernels in every mode and epilogue (checked offline, ``tests/test_triton_prefill_on_cpu.py``)."""
         rows, k = self.weight_rows, self.block_k
-        weight_slot, row_slot = rows * k // 2 + rows * k // 16, self.slot_routes * k * 2
+        weight_slot, row_slot = rows * k // 2 + rows * k // 16, self.routes * k * 2
         if self.warp_specialized:
             rings = self.depth * (weight_slot + row_slot) + 2 * self.depth * 8
             scratch = WS_EPILOGUE_SCRATCH_PER_ROUTE * self.accumulator_routes + 16
@@ -654,15 +625,6 @@ def _warp_specialized(
 # with ``loads_ahead``. Offline (Triton 3.9, sm_90a), W4A16 FC1: at 32 routes 80 registers, no
 # spill in the K loops, 241 and 246 instructions a step (``_tok`` 234, ``_la`` 243); at 128
 # routes 168 registers, no spill, 244 (``_la`` 236).
-# The 48-route tiles of 256-row items with two CTAs per SM (thirty-fourth round, a candidate for
-# 24-48 routes per expert, about 900-1700 tokens, not chosen: not yet run on a GPU): at 1024
-# tokens (28 routes per expert) 22% of the experts need a second 32-route tile, a second pass
-# over their weights, which took FC1 22% more instructions than at 512 (Nsight Compute, an H100;
-# benchmarks/results/README.md, "thirty-fourth round"); with 48 routes nearly none does. Two
-# accumulators of 32 and 16 routes, each step's K halves dequantized one at a time (16 A
-# registers), four ring slots (six need 270 KiB for two CTAs: 64-row slots). Offline (Triton 3.9,
-# sm_90a) the W4A16 FC1 takes 262 instructions a step (the 32-route ``_tok`` 234) and its
-# default partition spills 12 local accesses a step.
 PREFILL_SCHEDULES = MappingProxyType(
     {
         "w64_t64_d6": PrefillGemm(64, 64, depth=6),
@@ -714,9 +676,6 @@ PREFILL_SCHEDULES = MappingProxyType(
         ),
         "rs_w256_t128_d6_ws_tok_h2_la": _warp_specialized(
             128, 6, 2, weight_rows=256, rows_by_token=True, loads_ahead=True
-        ),
-        "rs_w256_t48_d4_ws_c2_tok": _warp_specialized(
-            48, 4, weight_rows=256, ctas_per_sm=2, rows_by_token=True
         ),
     }
 )
