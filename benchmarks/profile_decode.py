@@ -70,13 +70,15 @@ GEMM_KERNELS = (
 
 def ncu_summary(csv_path: str, kernels: tuple[str, ...] = GEMM_KERNELS) -> list[dict[str, Any]]:
     """One row per launch of a kernel whose name contains one of ``kernels`` in an ``ncu --csv``
-    report, in launch order: name, grid, block, the metrics of :data:`NCU_METRICS`."""
+    report, in launch order: name, grid, block, the metrics of :data:`NCU_METRICS`. ncu's own
+    lines (``==PROF==``, ``==WARNING==``: before the table, and after a launch's rows when a
+    section has nothing to show) are skipped."""
     import csv
 
     with open(csv_path) as handle:
-        text = handle.read()
+        lines = [line for line in handle.read().splitlines() if not line.startswith("==")]
     launches: dict[str, dict[str, Any]] = {}
-    for record in csv.DictReader(text[text.index('"ID"') :].splitlines()):
+    for record in csv.DictReader(lines):
         name = record["Kernel Name"]
         if not any(word in name.lower() for word in kernels) or record["Metric Name"] not in NCU_METRICS:
             continue
