@@ -13,6 +13,12 @@
 #                                               # schedules, within AB_TEST_SECONDS, 150), then
 #                                               # the whole MoE at AB_SIZES tokens (512, 1024,
 #                                               # 4096) on src, each DIR, then again
+#   bash scripts/gpu_untimed_kernels.sh waves   # how the 32-route GEMMs' time follows their
+#                                               # work items per SM (the last wave): FC1 and
+#                                               # FC2 alone (bench_prefill_gemm.py --experts)
+#                                               # at 512 and 1024 tokens over 256-312 experts,
+#                                               # the 256-row two-CTA default against the
+#                                               # 128-row three-CTA tiles, up then down
 #   bash scripts/gpu_untimed_kernels.sh halves  # (ran in the thirty-third round) the
 #                                               # thirty-second round's candidates: two
 #                                               # wgmmas a step in the two consumer
@@ -96,6 +102,16 @@ ab)
         rm -f "$OUT/ab_$n/bench_moe.png"
     done
     ;;
+waves)
+    experts="256 264 272 280 288 296 304 312"
+    for order in "$experts" "$(echo $experts | tr ' ' '\n' | tac | paste -sd ' ')"; do
+        n=$((${n:-0} + 1))
+        timeout "$(left 585)" python benchmarks/bench_prefill_gemm.py --out "$OUT/waves_$n" --tokens 512 1024 \
+            --experts $order --no-grouped-mm --schedules rs_w256_t32_d6_ws_c2_tok_la rs_w128_t32_d6_ws_c3 2>&1 \
+            | tee "$OUT/waves_$n.txt" | tail -2
+        rm -f "$OUT/waves_$n/bench_prefill_gemm.png"
+    done
+    ;;
 halves)
     timeout 200 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py \
         -k "c2_tok_h2 or tok_h2_la or not_chosen or (a4_and_split and (512-rs_w256_t128_d6_ws_tok_la or x2_h2_tok))" \
@@ -176,7 +192,7 @@ ncu)
     echo "then here: python benchmarks/profile_prefill.py ${NCU_CASES[*]} --ncu-summary ncu.csv --out DIR"
     ;;
 *)
-    echo "usage: bash scripts/gpu_untimed_kernels.sh ab DIR...|halves|ahead|fence|quant|tiles|sizes|anchors|ncu (on a Hopper GPU, with OUT set)" >&2
+    echo "usage: bash scripts/gpu_untimed_kernels.sh ab DIR...|waves|halves|ahead|fence|quant|tiles|sizes|anchors|ncu (on a Hopper GPU, with OUT set)" >&2
     exit 2
     ;;
 esac
