@@ -356,16 +356,18 @@ def sweep_gemm(name: str) -> Any:
     label, or ``ws[_w256]_t<routes>_d<depth>`` (warp-specialized, 128 weight rows per work item,
     256 with ``_w256``), with ``_h2`` its two-wgmmas-per-step variant, ``_x2`` two A register
     sets (the next step dequantized while the step's wgmma runs) and ``_x2_h2`` both (one wgmma
-    in flight across steps), then ``_c2`` or ``_c3``: that many CTAs per SM (``ctas_per_sm``)."""
+    in flight across steps), then ``_c2`` or ``_c3``: that many CTAs per SM (``ctas_per_sm``),
+    then ``_tok``: FC1's rows copied by token by the producer (``rows_by_token``), then ``_la``:
+    each step's bytes loaded while the step before runs its wgmma (``loads_ahead``)."""
     from a4prefill.ops.backends.triton.schedules import PREFILL_SCHEDULES, PrefillGemm
 
     if name in PREFILL_SCHEDULES:
         return PREFILL_SCHEDULES[name]
-    match = re.fullmatch(r"ws(_w256)?_t(\d+)_d(\d+)(_x2)?(_h2)?(?:_c([23]))?", name)
+    match = re.fullmatch(r"ws(_w256)?_t(\d+)_d(\d+)(_x2)?(_h2)?(?:_c([23]))?(_tok)?(_la)?", name)
     if match is None:
         raise ValueError(
             "a PREFILL_SWEEP name is a PREFILL_SCHEDULES label or "
-            f"ws[_w256]_t<routes>_d<depth>[_h2|_x2|_x2_h2][_c2|_c3], got {name!r}"
+            f"ws[_w256]_t<routes>_d<depth>[_h2|_x2|_x2_h2][_c2|_c3][_tok][_la], got {name!r}"
         )
     routes, depth = int(match[2]), int(match[3])
     return PrefillGemm(
@@ -377,6 +379,8 @@ def sweep_gemm(name: str) -> Any:
         wgmmas_per_step=2 if match[5] else 1,
         warp_specialized=True,
         ctas_per_sm=int(match[6] or 1),
+        rows_by_token=bool(match[7]),
+        loads_ahead=bool(match[8]),
     )
 
 

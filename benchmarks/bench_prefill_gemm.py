@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from bench_moe import dense_bf16_tflops, time_graph
+from bench_moe import dense_bf16_tflops, sweep_gemm, time_graph
 
 EXPERTS, HIDDEN, INTERMEDIATE, TOP_K = 288, 4096, 1024, 8
 TOKENS = [512, 1024, 4096, 8192, 16384]
@@ -83,13 +83,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True)
     parser.add_argument("--tokens", type=int, nargs="+", default=TOKENS)
-    parser.add_argument("--schedules", nargs="+", choices=list(PREFILL_SCHEDULES), help="default: all")
+    parser.add_argument(
+        "--schedules",
+        nargs="+",
+        help="schedules.PREFILL_SCHEDULES labels or bench_moe.sweep_gemm names (default: every label)",
+    )
     parser.add_argument("--experts", type=int, nargs="+", default=[EXPERTS], help="expert counts to sweep")
     parser.add_argument("--no-grouped-mm", action="store_true", help="leave out the bf16 grouped GEMM")
     args = parser.parse_args()
     if min(args.experts) < TOP_K:
         raise SystemExit(f"--experts must each be at least top-k ({TOP_K}), got {args.experts}")
-    schedules = {label: PREFILL_SCHEDULES[label] for label in args.schedules or PREFILL_SCHEDULES}
+    schedules = {label: sweep_gemm(label) for label in args.schedules or PREFILL_SCHEDULES}
     os.makedirs(args.out, exist_ok=True)
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     gemms = {"fc1": (2 * INTERMEDIATE, HIDDEN), "fc2": (HIDDEN, INTERMEDIATE)}

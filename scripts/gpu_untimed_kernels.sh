@@ -18,7 +18,7 @@
 #                                               # FC2 alone (bench_prefill_gemm.py --experts)
 #                                               # at 512 and 1024 tokens over 256-312 experts,
 #                                               # the 256-row two-CTA default against the
-#                                               # 128-row three-CTA tiles, up then down
+#                                               # 128-row three-CTA _tok_la tiles, up then down
 #   bash scripts/gpu_untimed_kernels.sh halves  # (ran in the thirty-third round) the
 #                                               # thirty-second round's candidates: two
 #                                               # wgmmas a step in the two consumer
@@ -107,7 +107,7 @@ waves)
     for order in "$experts" "$(echo $experts | tr ' ' '\n' | tac | paste -sd ' ')"; do
         n=$((${n:-0} + 1))
         timeout "$(left 585)" python benchmarks/bench_prefill_gemm.py --out "$OUT/waves_$n" --tokens 512 1024 \
-            --experts $order --no-grouped-mm --schedules rs_w256_t32_d6_ws_c2_tok_la rs_w128_t32_d6_ws_c3 2>&1 \
+            --experts $order --no-grouped-mm --schedules rs_w256_t32_d6_ws_c2_tok_la ws_t32_d6_c3_tok_la 2>&1 \
             | tee "$OUT/waves_$n.txt" | tail -2
         rm -f "$OUT/waves_$n/bench_prefill_gemm.png"
     done

@@ -61,10 +61,10 @@ def test_the_prefill_table_shows_each_pairs_w4a16_time_and_its_a4_and_split_rati
 
 
 def test_sweep_names_are_labels_or_warp_specialized_tiles_and_nothing_else(bench):
-    """``ws[_w256]_t<routes>_d<depth>[_h2|_x2|_x2_h2][_c2|_c3]``: the warp-specialized schedule of
-    128 (or 256) weight rows per work item with those tiles (two wgmmas per step, two A register
-    sets, or both; two or three CTAs per SM); a label stays its schedule; any other name is a
-    ``ValueError`` naming the forms."""
+    """``ws[_w256]_t<routes>_d<depth>[_h2|_x2|_x2_h2][_c2|_c3][_tok][_la]``: the warp-specialized
+    schedule of 128 (or 256) weight rows per work item with those tiles (two wgmmas per step, two A
+    register sets, or both; two or three CTAs per SM; FC1's rows copied by token; loads ahead); a
+    label stays its schedule; any other name is a ``ValueError`` naming the forms."""
     from a4prefill.ops.backends.triton.schedules import PREFILL_SCHEDULES, PrefillGemm
 
     assert bench.sweep_gemm("ws_t128_d8") == PrefillGemm(
@@ -86,8 +86,22 @@ def test_sweep_names_are_labels_or_warp_specialized_tiles_and_nothing_else(bench
     assert bench.sweep_gemm("ws_w256_t128_d6_x2_h2") == PREFILL_SCHEDULES["rs_w256_t128_d6_ws_x2_h2"]
     assert bench.sweep_gemm("ws_t32_d6_x2_c2").ctas_per_sm == 2
     assert bench.sweep_gemm("ws_t32_d6_x2_c2").a_register_sets == 2
-    for name in ("ws_t128", "ws_w128_t128_d6", "ws_t128_d6_h2_x2", "ws_t32_d6_c4", "ws_t32_d6_c2_x2"):
-        with pytest.raises(ValueError, match=r"ws\[_w256\]_t<routes>_d<depth>"):
+    # _tok, _la: rows copied by token, loads ahead (after the CTAs, in that order)
+    assert bench.sweep_gemm("ws_w256_t32_d6_c2_tok_la") == PREFILL_SCHEDULES["rs_w256_t32_d6_ws_c2_tok_la"]
+    assert bench.sweep_gemm("ws_w256_t128_d6_tok") == PREFILL_SCHEDULES["rs_w256_t128_d6_ws_tok"]
+    c3_tok_la = bench.sweep_gemm("ws_t32_d6_c3_tok_la")
+    assert (c3_tok_la.ctas_per_sm, c3_tok_la.rows_by_token, c3_tok_la.loads_ahead) == (3, True, True)
+    assert not bench.sweep_gemm("ws_t32_d6_c3_la").rows_by_token
+    for name in (
+        "ws_t128",
+        "ws_w128_t128_d6",
+        "ws_t128_d6_h2_x2",
+        "ws_t32_d6_c4",
+        "ws_t32_d6_c2_x2",
+        "ws_t32_d6_la_tok",
+        "ws_t32_d6_tok_c3",
+    ):
+        with pytest.raises(ValueError, match=r"ws\[_w256\]_t<routes>_d<depth>.*\[_tok\]\[_la\]"):
             bench.sweep_gemm(name)
 
 
