@@ -16,7 +16,8 @@ the same run. Saves ``bench_prefill_gemm.json`` and ``.png`` (TFLOP/s).
 per SM: each row records ``experts``, the routing's live route tiles per schedule
 (``{gemm}_{label}_tiles``) and the SM count, so that ``tiles * N / ITEM_ROWS / SMs`` (work items
 per SM, two or three programs sharing one) can be set beside the time (the last wave's share).
-``--no-grouped-mm`` leaves the bf16 ``torch._grouped_mm`` column out.
+``--no-grouped-mm`` leaves the bf16 ``torch._grouped_mm`` column out; ``--plot JSON`` (no GPU)
+draws a saved result again.
 """
 
 from __future__ import annotations
@@ -77,11 +78,47 @@ def time_size(
     return row
 
 
+def plot(result: dict[str, Any], path: str) -> None:
+    """Write ``result``'s plot (a saved ``bench_prefill_gemm.json``) to ``path``: per GEMM,
+    TFLOP/s against tokens, or with several expert counts (``--experts``) microseconds against
+    experts, one line per schedule (and token count)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    experts = result["shape"]["experts"]
+    by_experts = isinstance(experts, list) and len(experts) > 1
+    columns = [*result["schedules"]] + (["grouped_mm_bf16"] if "fc1_grouped_mm_bf16_us" in rows[0] else [])
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for axis, name in zip(axes, ("fc1", "fc2"), strict=True):
+        for label in columns:
+            if by_experts:
+                for tokens in sorted({r["tokens"] for r in rows}):
+                    points = sorted(
+                        (r["experts"], r[f"{name}_{label}_us"]) for r in rows if r["tokens"] == tokens
+                    )
+                    axis.plot(*zip(*points, strict=True), marker="o", label=f"{label}, {tokens} tokens")
+            else:
+                tflops = [r[f"{name}_{label}_tflops"] for r in rows]
+                axis.plot([r["tokens"] for r in rows], tflops, marker="o", label=label)
+        if by_experts:
+            axis.set(xlabel="experts", ylabel="us", title=f"{name} ({result['device']})")
+        else:
+            axis.set(xscale="log", xlabel="tokens", ylabel="TFLOP/s", title=f"{name} ({result['device']})")
+        axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
 def main() -> None:
     from a4prefill.ops.backends.triton.schedules import PREFILL_SCHEDULES
 
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", help="folder of the JSON and the plot (required unless --plot)")
+    parser.add_argument("--plot", help="only plot this saved JSON (no GPU): its .png beside it")
     parser.add_argument("--tokens", type=int, nargs="+", default=TOKENS)
     parser.add_argument(
         "--schedules",
@@ -91,6 +128,12 @@ def main() -> None:
     parser.add_argument("--experts", type=int, nargs="+", default=[EXPERTS], help="expert counts to sweep")
     parser.add_argument("--no-grouped-mm", action="store_true", help="leave out the bf16 grouped GEMM")
     args = parser.parse_args()
+    if args.plot:
+        with open(args.plot) as handle:
+            plot(json.load(handle), os.path.splitext(args.plot)[0] + ".png")
+        return
+    if not args.out:
+        raise SystemExit("--out is required (unless --plot)")
     if min(args.experts) < TOP_K:
         raise SystemExit(f"--experts must each be at least top-k ({TOP_K}), got {args.experts}")
     schedules = {label: sweep_gemm(label) for label in args.schedules or PREFILL_SCHEDULES}
@@ -122,22 +165,7 @@ def main() -> None:
     }
     with open(os.path.join(args.out, "bench_prefill_gemm.json"), "w") as handle:
         json.dump(result, handle, indent=1)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
-    columns = [*schedules] + ([] if args.no_grouped_mm else ["grouped_mm_bf16"])
-    sweep = "experts" if len(args.experts) > 1 else "tokens"
-    for axis, name in zip(axes, gemms, strict=True):
-        for label in columns:
-            tflops = [r[f"{name}_{label}_tflops"] for r in rows]
-            axis.plot([r[sweep] for r in rows], tflops, marker="o", label=label)
-        axis.set(xscale="log", xlabel=sweep, ylabel="TFLOP/s", title=f"{name} ({result['device']})")
-        axis.legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(os.path.join(args.out, "bench_prefill_gemm.png"), dpi=120)
+    plot(result, os.path.join(args.out, "bench_prefill_gemm.png"))
 
 
 if __name__ == "__main__":
