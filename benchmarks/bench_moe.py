@@ -478,6 +478,16 @@ def sweep_configs(
     return times, errors, {mode: by_label for mode, by_label in mode_times.items() if by_label}
 
 
+def timing_order(variants: dict[str, Any], reverse: bool) -> list[str]:
+    """The order in which :func:`bench_shape` times one size's columns: as built (``w4a16``,
+    ``a4``, ``bf16``, the A8 schedules, ``marlin``, ``humming``, ``split`` and its parts), or last
+    to first with ``reverse`` (``--reverse-columns``): a card that heats and reaches its power
+    cap over a size's columns favours the first ones, so a comparison between two columns is
+    read from runs in both orders."""
+    names = list(variants)
+    return names[::-1] if reverse else names
+
+
 def relative_error(output: torch.Tensor, expected: torch.Tensor) -> float:
     """``|output - expected| / |expected|`` (L2 over all elements)."""
     return float((output - expected).norm() / expected.norm())
@@ -495,6 +505,7 @@ def bench_shape(
     sweep_modes: tuple[str, ...] = ("a4", "split"),
     clocks: ClockSampler | None = None,
     a8_labels: tuple[str, ...] = A8_LABELS,
+    reverse_columns: bool = False,
 ) -> dict[str, Any]:
     from a4prefill.ops.backends.triton.fused import fused_moe
     from a4prefill.ops.backends.triton.fused_a8 import a8_refusal, fused_moe_a8
@@ -579,9 +590,10 @@ def bench_shape(
             variants["split_part_a4"] = functools.partial(
                 run, x[second], topk_w[second], topk_ids[second], a4_scales=scales
             )
-        for variant, fn in variants.items():
+        result["column_order"] = timing_order(variants, reverse_columns)
+        for variant in result["column_order"]:
             try:
-                result[f"{variant}_us"], began, ended = time_graph_window(fn, repeats, flush)
+                result[f"{variant}_us"], began, ended = time_graph_window(variants[variant], repeats, flush)
                 if clocks is not None:  # the GPU's clocks while these replays were timed
                     result[f"{variant}_clocks"] = clocks.summary(began, ended)
             except Exception as error:  # keep the rest of the table
@@ -912,6 +924,12 @@ def main() -> None:
         help="comma-separated A8_SCHEDULES labels to time, in this order (default every one; on sm_90 "
         "only): run twice in opposite orders to see whether the card's heating favours the first",
     )
+    parser.add_argument(
+        "--reverse-columns",
+        action="store_true",
+        help="time each size's columns last to first (split, humming, marlin, ..., w4a16): with a run "
+        "in the default order, shows whether the card's heating favours the first columns",
+    )
     parser.add_argument("--plot", help="only plot this JSON result next to it")
     parser.add_argument("--table", help="only print this JSON result as markdown tables")
     args = parser.parse_args()
@@ -956,6 +974,7 @@ def main() -> None:
                 tuple(filter(None, args.sweep_modes.split(","))),
                 clocks,
                 a8_labels,
+                args.reverse_columns,
             )
     results["seconds"] = time.time() - started
     path = os.path.join(args.out, "bench_moe.json")

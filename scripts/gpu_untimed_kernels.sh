@@ -59,7 +59,9 @@
 #                                               # profile_decode.py --ncu-summary)
 #   bash scripts/gpu_untimed_kernels.sh anchors # issue 23's one-run table on the defaults with
 #                                               # the Marlin and Humming columns (512-16384
-#                                               # tokens), then the time per kernel of W4A16, A4
+#                                               # tokens), then the same with the columns timed
+#                                               # last to first (--reverse-columns), then the
+#                                               # time per kernel of W4A16, A4
 #                                               # and Marlin there; needs vLLM
 #                                               # (../shared/gpu-vllm: its env.sh sourced) and
 #                                               # humming-kernels 0.1.19's wheel in .whl
@@ -176,9 +178,15 @@ anchors)
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/hsite \
         .whl/humming_kernels-0.1.19-*.whl || exit 1
     export PYTHONPATH=/tmp/hsite:$PYTHONPATH HUMMING_CACHE_DIR=/tmp/humming-cache
-    timeout 470 python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens "$SIZES" \
-        --baselines marlin,humming --a8-schedules a8_rs_tok,a8_t256_tok --out "$OUT/anchors" 2>&1 \
-        | tee "$OUT/bench_moe_anchors.txt" | grep -v "^{" | tail -12
+    # the columns as built (W4A16 first), then last to first (--reverse-columns: Marlin and
+    # Humming before the package's on a cooler card); no plot of the second (few files return)
+    for order in "" --reverse-columns; do
+        timeout "$(left 480)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens "$SIZES" \
+            --baselines marlin,humming --a8-schedules a8_rs_tok,a8_t256_tok $order \
+            --out "$OUT/anchors${order:+_reversed}" 2>&1 | tee -a "$OUT/bench_moe_anchors.txt" \
+            | grep -o '"tokens": [0-9]*\|"w4a16_speedup_vs_[a-z]*": [0-9.]*' | paste -sd ' '
+    done
+    rm -f "$OUT/anchors_reversed/bench_moe.png"
     timeout "$(left 585)" python benchmarks/profile_decode.py --tokens "$SIZES" --a4 --out "$OUT/kernels" 2>&1 \
         | tee "$OUT/profile_decode.txt" | tail -4
     ;;

@@ -128,3 +128,20 @@ def test_a8_schedules_are_timed_in_the_order_given_and_an_unknown_label_is_named
     assert bench.parse_a8_schedules(None) == bench.parse_a8_schedules("") == tuple(A8_SCHEDULES)
     with pytest.raises(SystemExit, match=r"--a8-schedules: unknown \['a8_wide'\]"):
         bench.parse_a8_schedules("a8_rs,a8_wide")
+
+
+def test_reversed_columns_are_timed_last_to_first_and_the_default_order_is_as_built(bench):
+    """``--reverse-columns`` times a size's columns last to first (``split`` before ``humming``
+    before ``marlin`` ... before ``w4a16``); without it they run as built, W4A16 first. The order is
+    what each JSON row records as ``column_order``."""
+    variants = dict.fromkeys(["w4a16", "a4", "bf16", "a8_rs_tok", "marlin", "humming", "split"])
+    assert bench.timing_order(variants, reverse=False) == list(variants)
+    assert bench.timing_order(variants, reverse=True) == [
+        "split",
+        "humming",
+        "marlin",
+        "a8_rs_tok",
+        "bf16",
+        "a4",
+        "w4a16",
+    ]
