@@ -13,6 +13,11 @@
 #                                               # schedules, within AB_TEST_SECONDS, 150), then
 #                                               # the whole MoE at AB_SIZES tokens (512, 1024,
 #                                               # 4096) on src, each DIR, then again
+#   bash scripts/gpu_untimed_kernels.sh permute # the thirty-fifth round's column permutation in
+#                                               # registers (mma_ordered_rows(x, "registers"),
+#                                               # built without a GPU): its GPU test, then
+#                                               # bench_gather.py at 4096-16384 tokens beside the
+#                                               # gather kernel that writes the copy today
 #   bash scripts/gpu_untimed_kernels.sh waves   # how the 32-route GEMMs' time follows their
 #                                               # work items per SM (the last wave): FC1 and
 #                                               # FC2 alone (bench_prefill_gemm.py --experts)
@@ -103,6 +108,12 @@ ab)
             | paste -sd ' ' | sed "s|^|$tree: |"
         rm -f "$OUT/ab_$n/bench_moe.png"
     done
+    ;;
+permute)
+    timeout 120 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_column_order_kernels_gpu.py 2>&1 \
+        | tee "$OUT/gpu_tests.txt" | tail -4
+    timeout "$(left 585)" python benchmarks/bench_gather.py --out "$OUT/permute" --tokens 4096 8192 16384 2>&1 \
+        | tee "$OUT/bench_gather.txt" | grep -o "'tokens': [0-9]*\|'permute_[a-z_]*_us': [0-9.]*" | paste -sd ' '
     ;;
 waves)
     experts="256 264 272 280 288 296 304 312"
@@ -200,7 +211,7 @@ ncu)
     echo "then here: python benchmarks/profile_prefill.py ${NCU_CASES[*]} --ncu-summary ncu.csv --out DIR"
     ;;
 *)
-    echo "usage: bash scripts/gpu_untimed_kernels.sh ab DIR...|waves|halves|ahead|fence|quant|tiles|sizes|anchors|ncu (on a Hopper GPU, with OUT set)" >&2
+    echo "usage: bash scripts/gpu_untimed_kernels.sh ab DIR...|permute|waves|halves|ahead|fence|quant|tiles|sizes|anchors|ncu (on a Hopper GPU, with OUT set)" >&2
     exit 2
     ;;
 esac

@@ -14,7 +14,9 @@ a kernel by setting the module's attribute).
 - :func:`prefill_ws`: :mod:`prefill_ws_kernels` (its warp-specialized variant; part of what
   :func:`prefill_imports` checks);
 - :func:`prefill_a8`: :mod:`prefill_a8_kernels` (that variant's A8 mainloop and the A8 row
-  quantizer; imported with it).
+  quantizer; imported with it);
+- :func:`column_order`: :mod:`column_order_kernels` (the prefill FC1's column permutation of the
+  hidden states in registers; Gluon, part of what :func:`prefill_imports` checks).
 """
 
 from __future__ import annotations
@@ -62,6 +64,12 @@ def prefill_a8() -> Any:
     return prefill_a8_kernels
 
 
+def column_order() -> Any:
+    from a4prefill.ops.backends.triton import column_order_kernels
+
+    return column_order_kernels
+
+
 def _imports(load: Callable[[], Any]) -> bool:
     """Whether ``load`` imports its kernel module (a Triton whose Gluon has what it uses)."""
     try:
@@ -79,9 +87,9 @@ def decode_imports() -> bool:
 
 @functools.cache
 def prefill_imports() -> bool:
-    """Whether :mod:`prefill_kernels` and :mod:`prefill_ws_kernels` import (a Triton whose Gluon
-    has the Hopper ops they use)."""
-    return _imports(prefill) and _imports(prefill_ws)
+    """Whether :mod:`prefill_kernels`, :mod:`prefill_ws_kernels` and :mod:`column_order_kernels`
+    import (a Triton whose Gluon has the Hopper ops they use)."""
+    return _imports(prefill) and _imports(prefill_ws) and _imports(column_order)
 
 
 register_state(__name__, decode_imports.cache_clear, decode_imports)
