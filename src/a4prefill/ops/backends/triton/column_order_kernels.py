@@ -19,7 +19,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-BLOCKS_PER_PROGRAM = 32  # 64-column blocks of a program's rows: one per lane of a warp
+BLOCKS_PER_PROGRAM: gl.constexpr = gl.constexpr(32)  # 64-column blocks of a program: one a lane
 
 
 @gluon.jit
@@ -31,7 +31,7 @@ def mma_order_rows_kernel(x_ptr, out_ptr, T, K2, ROWS: gl.constexpr):
     block of one row, no shared memory. Grid ``(cdiv(T, ROWS), cdiv(K / 64,
     BLOCKS_PER_PROGRAM))``; no host sync."""
     W: gl.constexpr = gl.num_warps()
-    BLOCKS: gl.constexpr = 32
+    BLOCKS: gl.constexpr = BLOCKS_PER_PROGRAM
     # [row, block, pair]: a thread holds one block's 32 pairs, in order, the lanes 32 blocks
     PAIRS: gl.constexpr = gl.BlockedLayout([1, 1, 32], [1, 32, 1], [W, 1, 1], [2, 1, 0])
     # [row, block, b, q] with q fastest: the same threads, the pairs of the output order

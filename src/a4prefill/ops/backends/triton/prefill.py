@@ -133,9 +133,9 @@ def mma_ordered_rows(x: torch.Tensor, kernel: str = MMA_ORDER_KERNEL) -> torch.T
         raise ValueError(f"mma_ordered_rows: x's columns must be a multiple of 64, got {k}")
     rows = torch.empty_like(x)
     if tokens:
-        blocks_per_program = kernel_modules.column_order().BLOCKS_PER_PROGRAM
-        grid = (cdiv(tokens, MMA_ORDER_ROWS_PER_PROGRAM), cdiv(k // 64, blocks_per_program))
-        kernel_modules.column_order().mma_order_rows_kernel[grid](
+        kernels = kernel_modules.column_order()
+        grid = (cdiv(tokens, MMA_ORDER_ROWS_PER_PROGRAM), cdiv(k // 64, kernels.BLOCKS_PER_PROGRAM.value))
+        kernels.mma_order_rows_kernel[grid](
             x.view(torch.int32),
             rows.view(torch.int32),
             tokens,
