@@ -14,6 +14,16 @@ command -v "$python_bin" >/dev/null 2>&1 || python_bin=python3
 # pip byte-compiles what it installs: keep it (with PYTHONDONTWRITEBYTECODE=1, as on these machines,
 # nothing else writes .pyc files, and every process then compiles vLLM again: import vllm 11 -> 19 s)
 pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-cache-dir)
+# a fresh .venv needs about 4.4 GB and pip's unpacking room in TMPDIR: say so before pip fails
+# midway with "No space left on device" (one CI run did, on a disk shared with other machines)
+if [ ! -f .venv/vllm-0.33-sources/vllm/__init__.py ]; then
+  for place in .venv "${TMPDIR:-/tmp}"; do
+    free_kb="$(df -Pk "$place" | awk 'NR == 2 {print $4}')"
+    if [ "${free_kb:-0}" -lt $((6 * 1024 * 1024)) ]; then
+      echo "setup.sh: only $((free_kb / 1024)) MB free at $place; a fresh setup needs about 6 GB" >&2
+    fi
+  done
+fi
 if ! .venv/bin/python -c "import torch, hypothesis, depyf, ruff, mypy, matplotlib, importlinter, xdist" >/dev/null 2>&1 \
    || ! .venv/bin/python -c "import pytest, sys; sys.exit(tuple(map(int, pytest.__version__.split('.')[:2])) >= (9, 2))" >/dev/null 2>&1 \
    || ! .venv/bin/python -c "import a4prefill" >/dev/null 2>&1; then
