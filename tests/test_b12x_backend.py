@@ -11,7 +11,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-pytest.importorskip("b12x.moe.fused_moe", reason="b12x is installed by scripts/setup.sh")
+from helpers.markers import NEEDS_B12X
+
+pytest.importorskip("b12x.moe.fused_moe", reason=NEEDS_B12X)
 
 from a4prefill.ops import backends, dequantize_experts, nvfp4
 from a4prefill.ops.backends import b12x_plans

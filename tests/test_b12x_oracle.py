@@ -18,7 +18,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("b12x.moe.fused_moe", reason="b12x is installed by scripts/setup.sh")
+from helpers.markers import NEEDS_B12X
+
+pytest.importorskip("b12x.moe.fused_moe", reason=NEEDS_B12X)
 
 from a4prefill.ops.backends import b12x_plans
 from a4prefill.ops.backends.b12x_moe import PreparedLayer, PreparedPlan, _TensorsSeen

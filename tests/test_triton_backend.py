@@ -64,8 +64,11 @@ def run_uniform(routed, weights, a4_scales, limit) -> torch.Tensor:
     return triton_backend().run_uniform(call, "w4a16" if a4_scales is None else "a4")
 
 
-def test_backend_is_auto_selected_on_cuda():
-    assert backends.backend_for(torch.device("cuda")).name == "triton"
+def test_auto_selection_on_cuda_takes_triton_unless_b12x_runs_there(monkeypatch):
+    monkeypatch.delenv(backends.BACKEND_ENV, raising=False)  # auto, whatever the user's shell says
+    cuda = torch.device("cuda")
+    b12x_runs = backends.get_backend("b12x").unsupported_reason(cuda) is None  # SM120/121 with b12x
+    assert backends.backend_for(cuda).name == ("b12x" if b12x_runs else "triton")
     assert triton_backend().unsupported_reason(torch.device("cpu")) is not None
 
 

