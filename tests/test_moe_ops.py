@@ -16,9 +16,13 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from a4prefill import ops
 from a4prefill.ops import backends, moe, nvfp4
+from a4prefill.ops.backends.b12x_moe import B12xBackend
 from a4prefill.ops.backends.reference import ReferenceBackend
+from a4prefill.ops.backends.triton.backend import TritonBackend
 from a4prefill.ops.counters import A4, W4A16
+from a4prefill.ops.precision import RowPlan
 from a4prefill.ops.reference import moe_reference, swiglu
+from a4prefill.ops.rows import RowTypes
 from a4prefill.tools.tiny_layer import TinyMoEModel
 from helpers.layers import halves_case, make_inputs, moe_inputs, rows_of
 
@@ -390,3 +394,24 @@ def test_swiglu_limit_must_be_positive(layer):
     hidden, topk_weights, topk_ids = make_inputs(4)
     with pytest.raises(ValueError, match="swiglu_limit"):
         run(ops.moe_w4a16, hidden, topk_weights, topk_ids, layer, limit=-1.0)
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [ReferenceBackend(), TritonBackend(), B12xBackend()],
+    ids=lambda backend: backend.name,
+)
+@pytest.mark.parametrize(
+    "labels", [["prefill"] * 6, ["decode", "prefill", "prefill", "decode", "prefill", "padding"]]
+)
+def test_a4_rows_of_a_call_without_a4_scales_are_refused_by_every_backend(layer, backend, labels):
+    """A plan with A4 rows on a call that carries no A4 scales is refused before anything runs:
+    no backend quietly runs those rows W4A16 (``MoEBackend.check_plan``)."""
+    hidden, topk_weights, topk_ids = make_inputs(6)
+    call = ops.MoECall(hidden, topk_weights, topk_ids, layer.experts, None, None, "layers.3")
+    plan = RowPlan.for_rows(RowTypes.from_labels(labels))
+    assert plan.rows(A4) > 0
+    with pytest.raises(
+        ValueError, match=r"layer 'layers\.3': the plan has A4 rows but the call no a4_scales"
+    ):
+        backend.run(call, plan)

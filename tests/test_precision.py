@@ -7,7 +7,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from a4prefill.ops.precision import A4, A8, MODE_A4, MODE_SPLIT, MODE_W4A16, PRECISIONS, SPLIT, W4A16, RowPlan
+from a4prefill.ops.precision import A4, A8, PRECISIONS, SPLIT, W4A16, RowPlan
 from a4prefill.ops.rows import RowTypes
 
 LABELS = st.lists(st.sampled_from(["decode", "prefill", "padding"]), min_size=1, max_size=40)
@@ -27,7 +27,6 @@ def test_a_plan_for_row_types_gives_each_row_its_precision_once(labels):
     assert plan.rows(A4) == labels.count("prefill") and plan.rows(W4A16) == len(labels) - plan.rows(A4)
     mixed = 0 < labels.count("prefill") < len(labels)
     assert plan.kind == (SPLIT if mixed else A4 if labels.count("prefill") else W4A16)
-    assert plan.mode == {W4A16: MODE_W4A16, A4: MODE_A4, SPLIT: MODE_SPLIT}[plan.kind]
 
 
 @given(labels=LABELS)
@@ -45,11 +44,6 @@ def test_an_a8_plan_gives_prefill_rows_a8_and_no_row_a4(labels):
     mixed = 0 < labels.count("prefill") < len(labels)
     assert plan.kind == (SPLIT if mixed else A8 if labels.count("prefill") else W4A16)
     assert plan.precisions == ((W4A16, A8) if mixed else (plan.kind,))
-    if A8 in plan.precisions:  # the triton kernels have no A8 mode: no plan with A8 rows gets one
-        with pytest.raises(ValueError, match="no mode for A8 rows"):
-            _ = plan.mode
-    else:
-        assert plan.mode == MODE_W4A16
 
 
 def test_bad_plans_name_what_is_wrong():

@@ -120,12 +120,14 @@ def test_non_integer_query_lengths_are_an_error_not_truncated(call):
         call()
 
 
-def test_without_information_every_row_is_decode_with_one_warning(caplog):
+def test_without_information_every_row_is_decode_with_one_warning_per_layer(caplog):
     with caplog.at_level(logging.WARNING, logger="a4prefill.ops.rows"):
-        first = current_row_types(5, "layer")
-        current_row_types(9, "layer")
+        first = current_row_types(5, "layers.0")
+        current_row_types(9, "layers.0")
+        current_row_types(9, "layers.1")
     assert first == RowTypes.all_decode(5)
-    assert len([r for r in caplog.records if "no row types" in r.message]) == 1
+    warned = [r.getMessage() for r in caplog.records if "no row types" in r.getMessage()]
+    assert len(warned) == 2 and "layers.0" in warned[0] and "layers.1" in warned[1], warned
 
 
 def test_step_block_wins_over_provider_and_sizes_must_match():

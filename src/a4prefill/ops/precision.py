@@ -12,8 +12,8 @@
 - :class:`MoECall` is one call's data: activations, routing, the layer's experts and A4 scales,
   the swiglu clamp, the layer's name and its prefill precision. Every backend takes it whole.
 - :data:`MODE_W4A16`, :data:`MODE_A4`, :data:`MODE_SPLIT`: the ``MODE`` constexpr the triton
-  backend's kernels take (:attr:`RowPlan.mode`); the kernels compare with these names. The
-  triton kernels have no A8 mode.
+  backend's kernels take (its launcher derives it from a call's A4 scales and row flags); the
+  kernels compare with these names. The triton kernels have no A8 mode.
 
 Who may call: the ops (to make plans), backends and their kernels (to read them), tests.
 """
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from types import MappingProxyType
 
 import torch
 
@@ -39,7 +38,6 @@ PRECISIONS = (W4A16, A4, A8)
 PREFILL_PRECISIONS = (A4, A8)
 SPLIT = "split"
 MODE_W4A16, MODE_A4, MODE_SPLIT = 0, 1, 2
-_MODES = MappingProxyType({W4A16: MODE_W4A16, A4: MODE_A4, SPLIT: MODE_SPLIT})
 _KINDS = (*PRECISIONS, SPLIT)
 
 
@@ -100,13 +98,6 @@ class RowPlan:
     def precisions(self) -> tuple[str, ...]:
         """The precisions this plan gives rows (whether or not it has rows of each)."""
         return (W4A16, self.prefill) if self.kind == SPLIT else (self.kind,)
-
-    @property
-    def mode(self) -> int:
-        """The triton kernels' ``MODE`` of this plan (they have none for A8 rows)."""
-        if A8 in self.precisions:
-            raise ValueError("RowPlan.mode: the triton kernels have no mode for A8 rows")
-        return _MODES[self.kind]
 
     def spans(self, precision: str) -> tuple[Span, ...]:
         """The sorted spans of rows that run ``precision``."""

@@ -11,7 +11,7 @@ Pure Python on host data; nothing here reads device memory.
   provider with :func:`set_row_provider` (the vLLM plugin does, reading vLLM's forward context).
   The provider is the only code that decides which rows of an engine step are prefill; it must
   hold no state of its own (everything it needs comes from the current step and the layer).
-  With no information every row runs W4A16 (one warning per process).
+  With no information every row runs W4A16 (one warning per layer).
 """
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ def current_row_types(num_rows: int, layer_name: str) -> RowTypes:
     """The row types for a split call of ``num_rows`` rows of layer ``layer_name``.
 
     A :func:`step_row_types` block wins over the provider. A size mismatch is an error; with no
-    information at all every row is decode (W4A16) and one warning is logged per process.
+    information at all every row is decode (W4A16) and one warning is logged per layer.
     """
     row_types = _step_rows.get()
     if row_types is None and _provider is not None:
@@ -220,9 +220,10 @@ def current_row_types(num_rows: int, layer_name: str) -> RowTypes:
     if row_types is None:
         warn_once(
             logger,
-            ("no row types",),
-            "a4prefill: no row types for this step (no step_row_types block, no provider answer): "
-            "every row runs W4A16",
+            ("no row types", layer_name),
+            "a4prefill: layer %s has no row types for this step (no step_row_types block, no provider "
+            "answer): its rows run W4A16",
+            layer_name,
         )
         return RowTypes.all_decode(num_rows)
     if row_types.num_rows != num_rows:

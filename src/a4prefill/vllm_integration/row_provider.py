@@ -256,8 +256,9 @@ def forward_context_row_types(num_rows: int, layer_name: str) -> RowTypes | None
     if rows is None:
         warn_once(
             logger,
-            ("no query lengths",),
-            "a4prefill: this step's attention metadata gives no query lengths: its rows run W4A16",
+            ("no query lengths", layer_name),
+            "a4prefill: layer %s: this step's attention metadata gives no query lengths: its rows run W4A16",
+            layer_name,
         )
         return RowTypes.all_decode(num_rows)
     return rows

@@ -336,8 +336,6 @@ class B12xBackend(MoEBackend):
         with A8 rows raises (:meth:`~MoEBackend.check_plan`).
         """
         self.check_plan(call, plan)
-        if plan.rows(A4) and call.a4_scales is None:
-            raise ValueError("prefill rows need A4, but no A4 scales were given for this layer")
         hidden_states, top_k = call.hidden_states, call.topk_ids.shape[1]
         layer = self.prepare_layer(
             call.experts, call.a4_scales, top_k, hidden_states.dtype, call.swiglu_limit

@@ -62,11 +62,14 @@ class MoEBackend(abc.ABC):
 
     def check_plan(self, call: MoECall, plan: RowPlan) -> None:
         """Raise ``ValueError`` (naming the layer) if ``plan`` gives rows a precision this backend
-        :meth:`refuses`: a wrong precision is a wrong result, so nothing falls back."""
+        :meth:`refuses`, or A4 rows to a call without ``a4_scales``: a wrong precision is a wrong
+        result, so nothing falls back."""
         for precision in plan.precisions:
             reason = self.refuses(precision, call.hidden_states.device)
             if reason is not None:
                 raise ValueError(f"layer {call.layer_name!r}: {reason}")
+        if A4 in plan.precisions and call.a4_scales is None:
+            raise ValueError(f"layer {call.layer_name!r}: the plan has A4 rows but the call no a4_scales")
 
     @abc.abstractmethod
     def unsupported_reason(self, device: torch.device) -> str | None:

@@ -6,7 +6,7 @@ import torch
 
 from a4prefill.ops.backends.base import MoEBackend
 from a4prefill.ops.checks import check_expert_ids
-from a4prefill.ops.precision import A4, A8, PRECISIONS, MoECall
+from a4prefill.ops.precision import A4, A8, PRECISIONS, MoECall, RowPlan
 from a4prefill.ops.reference import moe_reference, moe_reference_a8
 
 
@@ -21,6 +21,7 @@ class ReferenceBackend(MoEBackend):
         return None
 
     def run_uniform(self, call: MoECall, precision: str) -> torch.Tensor:
+        self.check_plan(call, RowPlan.uniform(precision, call.num_rows))
         check_expert_ids(call.topk_ids, call.experts.w13_weight.shape[0])
         routing = (call.hidden_states, call.topk_weights, call.topk_ids, call.experts)
         if precision == A8:
