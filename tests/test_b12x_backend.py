@@ -428,3 +428,16 @@ def test_flashinfers_embedded_b12x_is_told_apart(file, path, kind) -> None:
     module.__file__ = file
     module.__path__ = path
     assert b12x_source(module).kind == kind
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "8k"])
+def test_a_bad_call_capacity_names_the_variable_or_the_argument(monkeypatch, value) -> None:
+    from a4prefill.ops.backends.b12x_moe import MAX_TOKENS_ENV
+
+    monkeypatch.setenv(MAX_TOKENS_ENV, value)
+    with pytest.raises(ValueError, match=f"{MAX_TOKENS_ENV} must be a positive integer, got"):
+        B12xBackend()
+    with pytest.raises(ValueError, match="max_tokens must be a positive integer, got 0"):
+        B12xBackend(max_tokens=0)
+    monkeypatch.setenv(MAX_TOKENS_ENV, "96")
+    assert B12xBackend().max_tokens == 96

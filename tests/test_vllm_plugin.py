@@ -351,6 +351,14 @@ def test_reloading_scales_in_place_re_derives_them(build_layer, layer):
     assert torch.equal(a4, ops.call_moe(ops.moe_a4, hidden, weights, ids, layer.experts, expected, "r"))
 
 
+def test_a_layer_that_runs_w4a16_for_every_row_is_named_once_not_at_every_reload(build_layer, caplog):
+    with caplog.at_level(logging.WARNING):
+        method, module = build_layer(settings=ResolvedSettings(False, 0, ()))
+        method.process_weights_after_loading(module)  # a weight sync re-runs the processing
+    said = [r.getMessage() for r in caplog.records if "runs W4A16 for every row" in r.getMessage()]
+    assert len(said) == 1 and "model.layers.0.mlp.experts" in said[0], said
+
+
 def test_a_reload_that_changes_whether_a_layer_has_scales_is_an_error(build_layer):
     method, module = build_layer()
     module.w2_input_scale.data[0] = 0.0

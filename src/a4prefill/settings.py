@@ -21,8 +21,8 @@ Keys (all optional):
   ``python -m a4prefill audit`` checks the rule on it. Off: nothing is installed. Evidence only.
 - ``prefill_precision`` (``"a4"`` or ``"a8"``, default ``"a4"``): what prefill rows run where
   they may run something other than W4A16. ``"a4"``: NVFP4 activations with the layer's
-  calibrated encode scales (today's behaviour); ``"a8"``: FP8 e4m3 activations scaled per row and
-  128-column block (docs/numerics.md, section 8), for GPUs with FP8 tensor cores (CUDA capability
+  calibrated encode scales (today's behaviour); ``"a8"``: FP8 e4m3 activations with one scale per
+  row (docs/numerics.md, section 8), for GPUs with FP8 tensor cores (CUDA capability
   >= 8.9). Decode, verify, padding and captured rows run W4A16 either way. The ``reference``
   backend runs ``"a8"`` anywhere (numerics, not speed), the triton backend on sm_90 GPUs (its A8
   prefill kernel, FP8 wgmma; elsewhere it refuses at load time), the b12x backend refuses it.

@@ -30,8 +30,9 @@ Semantics:
   no scales needed). Every row W4A16 while a CUDA stream captures (the capture guard: a second
   line of defence behind the pass, documented in the README).
 
-A backend without a kernel for a precision the plan gives rows (today: A8 on the triton and b12x
-backends) raises ``ValueError``; nothing falls back to another precision.
+A backend without a kernel for a precision the plan gives rows (today: A8 on the b12x backend,
+and on the triton backend off sm_90 GPUs), or a plan with A4 rows for a call without A4 scales,
+raises ``ValueError``; nothing falls back to another precision.
 
 Who may call: anyone through :func:`call_moe` or ``torch.ops.a4prefill.*`` directly.
 """

@@ -11,7 +11,7 @@ record is written to ``<row_log>.rank<R>`` (``R``: the process's global rank, 0 
   token count, -1 without one);
 - ``rows``: ``[[num_rows, prefill, decode, padding], ...]``, the row types the row provider gave
   this pass (one entry per call size; empty when no split op asked, e.g. a captured pass);
-- ``layers``: ``{layer: {"w4a16": rows, "a4": rows}}`` that ran in this pass, from the device
+- ``layers``: ``{layer: {"w4a16": rows, "a4": rows, "a8": rows}}`` that ran in this pass, from the device
   counters where ``count_rows`` attached them (replays of captured graphs count), else the host
   counters (a captured replay counts nothing there); ``counters``: ``"device"`` or ``"host"``;
 - ``write_us``: how long writing the previous record took (the log's own cost).

@@ -198,11 +198,12 @@ class A4PrefillModelOptNvFp4MoEMethod(FusedMoEMethodBase):
             if scales is not None:
                 scales = A4Scales(scales.fc1_encode_scale, scales.fc2_encode_scales[local_experts(layer)])
         self._store_a4_scales(layer, scales, status)
+        previous = self.setup.layer_status.get(self.layer_name)  # None at the first processing
         layer.a4prefill_status = self.setup.layer_status[self.layer_name] = status
         self.prefill_precision = A8 if status == A8_READY else A4
         if self.count_rows:
             DEVICE_ROW_COUNTERS.attach(layer.w13_weight, self.layer_name)
-        if status not in (A4_READY, A8_READY):
+        if status not in (A4_READY, A8_READY) and status != previous:  # once per layer and status
             logger.warning("a4prefill_nvfp4: layer %r runs W4A16 for every row: %s", self.layer_name, status)
         if not hasattr(layer, "a4prefill_warmup"):  # a reload keeps the shapes: nothing new to compile
             self._warm_up(layer, scales)

@@ -52,7 +52,10 @@ def _fake_impl(vllm_op: torch._ops.OpOverload) -> Any:
 def register_twins() -> dict[str, torch._ops.OpOverload]:
     """Define the twins of vLLM's MoE ops (once per process) and declare them to the pass.
 
-    Returns vLLM op name -> twin overload. Raises ``RuntimeError`` if this vLLM lacks the ops.
+    Returns vLLM op name -> twin overload. Raises ``ModuleNotFoundError`` if this vLLM has no
+    module ``_VLLM_RUNNER`` (whose import registers the ops), ``AttributeError`` if it registers
+    no ``vllm::moe_forward[_shared]``, ``RuntimeError`` if that module lacks the Python
+    implementation whose schema a twin copies.
     """
     global _library
     runner = importlib.import_module(_VLLM_RUNNER)  # registers vllm::moe_forward[_shared]

@@ -9,7 +9,8 @@ Per layer (cached on the identity and version of the six expert tensors and the 
 tensors it is called with), once, before any CUDA-graph capture (vLLM's profile run does it):
 the tensors are translated into one b12x copy (:mod:`.b12x_weights`; the caller's tensors are
 never modified), weight plans are prepared and execution plans are compiled for a token
-capacity ``max_tokens`` (the engine's ``max_num_batched_tokens``), and the scratch is sized.
+capacity ``max_tokens`` (``A4PREFILL_B12X_MAX_TOKENS``, default 8192: longer spans run as several
+calls), and the scratch is sized.
 At run time each contiguous span of rows is one ``bind`` + ``run`` that reads and writes views of
 the caller's tensors and a pre-allocated scratch: nothing is allocated but the op's output.
 
@@ -196,10 +197,19 @@ class B12xBackend(MoEBackend):
     name = "b12x"
 
     def __init__(self, max_tokens: int | None = None) -> None:
+        """``max_tokens``: the rows one b12x call takes (longer spans run as several calls); None
+        reads ``A4PREFILL_B12X_MAX_TOKENS`` (default 8192). Raises ``ValueError`` naming the
+        argument or the variable if it is not a positive integer."""
+        source = "max_tokens"
         if max_tokens is None:
-            max_tokens = int(os.environ.get(MAX_TOKENS_ENV, DEFAULT_MAX_TOKENS))
+            source = MAX_TOKENS_ENV
+            text = os.environ.get(MAX_TOKENS_ENV, str(DEFAULT_MAX_TOKENS))
+            try:
+                max_tokens = int(text)
+            except ValueError:
+                raise ValueError(f"{MAX_TOKENS_ENV} must be a positive integer, got {text!r}") from None
         if max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+            raise ValueError(f"{source} must be a positive integer, got {max_tokens}")
         self.max_tokens = max_tokens
         self._layers: dict[tuple, PreparedLayer] = {}
         self._scratch: dict[tuple[str, int], torch.Tensor] = {}

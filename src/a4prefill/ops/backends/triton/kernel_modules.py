@@ -22,10 +22,13 @@ a kernel by setting the module's attribute).
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from a4prefill.process_state import register_state
+
+logger = logging.getLogger(__name__)
 
 
 def shared() -> Any:
@@ -71,10 +74,18 @@ def column_order() -> Any:
 
 
 def _imports(load: Callable[[], Any]) -> bool:
-    """Whether ``load`` imports its kernel module (a Triton whose Gluon has what it uses)."""
+    """Whether ``load`` imports its kernel module (a Triton whose Gluon has what it uses); where
+    not, a warning names the module and the error (the calls it would run take other kernels)."""
     try:
         load()
-    except (ImportError, AttributeError):
+    except (ImportError, AttributeError) as error:
+        logger.warning(
+            "a4prefill: the triton backend's %s kernels do not import (%s: %s); the calls they would "
+            "run take the tiled kernels (same precision, another summation order), A8 is refused",
+            load.__name__,
+            type(error).__name__,
+            error,
+        )
         return False
     return True
 
