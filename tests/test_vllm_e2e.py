@@ -335,3 +335,31 @@ def test_a8_engines_audit_log_keeps_the_rule(a8_run):
     assert report.a8_rows == sum(
         step.rows[layer].get("a8", 0) for step in a8_run.steps for layer in step.rows
     )
+
+
+# vLLM's LLM(...) builds its compilation config before it loads the plugins, so the pass it names
+# is not yet an InductorPass and vLLM wraps it (CallableInductorPass); nothing here calls register()
+_WRAPPED_PASS_ENGINE = """
+import json, sys
+from vllm import LLM
+llm = LLM(model=sys.argv[1], quantization="a4prefill_nvfp4", dtype="bfloat16", max_model_len=256,
+          gpu_memory_utilization=0.3, compilation_config={"inductor_passes": {
+              "post_grad_custom_post_pass": "a4prefill.split_prefill_pass"}},
+          additional_config={"a4prefill": json.loads(sys.argv[2])})
+configured = llm.llm_engine.vllm_config.compilation_config.inductor_compile_config[
+    "post_grad_custom_post_pass"]
+inner = getattr(configured, "callable", configured)
+print(json.dumps([type(configured).__name__, inner.resolved().as_dict()]))
+"""
+
+
+def test_an_engine_built_from_python_binds_the_pass_vllm_wrapped_with_its_settings(tiny_model):
+    """``LLM(compilation_config=...)`` in a fresh process: the engine's pass is the package's,
+    bound to the engine's settings, not vLLM's wrapper of the unbound pass with the defaults."""
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1")
+    command = [sys.executable, "-c", _WRAPPED_PASS_ENGINE, str(tiny_model), SETTINGS]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-6000:]
+    kind, settings = json.loads(done.stdout.strip().splitlines()[-1])
+    assert kind == "SplitPrefillPass"
+    assert (settings["captured_limit"], settings["excluded_layers"]) == (4, ["layers\\.1\\."]), settings
