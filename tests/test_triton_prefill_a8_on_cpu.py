@@ -317,26 +317,31 @@ def interpreted_quantizer():
     rows=st.integers(1, 40),
     blocks=st.integers(1, 3),
     exponents=st.lists(st.integers(-140, 120), min_size=3, max_size=3),
+    significands=st.binary(min_size=256, max_size=256),
     zero_block=st.booleans(),
 )
 def test_the_row_quantizer_is_fp8_quantize_rows_bit_for_bit(
-    interpreted_quantizer, mma_order, rows, blocks, exponents, zero_block
+    interpreted_quantizer, mma_order, rows, blocks, exponents, significands, zero_block
 ):
     """``fused_a8.quantize_rows`` (the Gluon kernel, interpreted) against ``fp8.quantize_rows``:
     the same e4m3 bytes and fp32 scales (one per row, over all its blocks), for row counts that
     end inside a program, several blocks each of its own magnitude, from bf16 subnormals (under
     the ``2**-100`` floor) to near bf16's largest, and a block of zeros (a row of zeros when it
-    is the row's only block). With ``mma_order`` each block's bytes sit at the positions of
+    is the row's only block); the values' signs and bf16 significands are 128 drawn ones, each
+    row reading them from its own offset. With ``mma_order`` each block's bytes sit at the positions of
     ``prefill.a8_column_order`` (what the register-weights schedules read; ``launch_prefill_gemm``
     copies other rows into it), the scales as without."""
     from a4prefill.ops.backends.triton import fused_a8
     from a4prefill.ops.backends.triton.prefill import a8_column_order
 
-    generator = torch.Generator().manual_seed(rows * 7 + blocks)
     k = blocks * fp8.A8_BLOCK
     block_magnitudes = torch.pow(2.0, torch.tensor(exponents[:blocks], dtype=torch.float64))  # one per block
     magnitudes = block_magnitudes.repeat_interleave(fp8.A8_BLOCK)
-    x = (torch.randn(rows, k, generator=generator, dtype=torch.float64) * magnitudes).bfloat16()
+    # each drawn int16: its sign bit and 7 significand bits on a bf16 in [1, 2)
+    drawn = torch.frombuffer(bytearray(significands), dtype=torch.int16)
+    unit = ((drawn & -32641) | 0x3F80).view(torch.bfloat16).double()  # -32641: 0x807F as int16
+    offsets = (torch.arange(rows)[:, None] * 37 + torch.arange(k)[None, :]) % unit.numel()
+    x = (unit[offsets] * magnitudes).bfloat16()
     if zero_block:
         x[0, : fp8.A8_BLOCK] = 0
     with pytest.MonkeyPatch.context() as patch:

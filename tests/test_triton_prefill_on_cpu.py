@@ -866,19 +866,24 @@ def test_every_code_and_scale_byte_dequantizes_exactly(interpreted, register_wei
 @given(
     counts=st.lists(st.integers(0, 150), min_size=2, max_size=4).filter(lambda c: sum(c) > 0),
     scale_byte=st.sampled_from(EVERY_SCALE_BYTE.tolist()),
+    code_bytes=st.binary(min_size=256, max_size=256),  # tiled over the layer: 4 weight rows
+    data=st.data(),
 )
 @pytest.mark.parametrize("register_weights", [False, True], ids=["shared_weights", "register_weights"])
-def test_any_segment_lengths_and_scale_byte(interpreted, register_weights, counts, scale_byte):
-    """Experts with the drawn route counts (0 included, across 64-route tiles), one drawn scale
-    byte everywhere: the product of the gathered rows, FC1 layout."""
+def test_any_segment_lengths_and_scale_byte(
+    interpreted, register_weights, counts, scale_byte, code_bytes, data
+):
+    """Experts with the drawn route counts (0 included, across 64-route tiles) in a drawn order,
+    drawn code bytes (256, repeated every 4 weight rows), one drawn scale byte everywhere: the
+    product of the gathered rows, FC1 layout."""
     schedule = PrefillGemm(64, 64, register_weights=register_weights)
     experts, n, k = len(counts), 64, 128
-    generator = torch.Generator().manual_seed(sum(counts))
-    codes = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=generator)
+    codes = torch.frombuffer(bytearray(code_bytes), dtype=torch.uint8).repeat(experts * n * k // 2 // 256)
+    codes = codes.reshape(experts, n, k // 2)
     scales = torch.full((experts, n, k // 16), scale_byte, dtype=torch.uint8)
     ids = torch.repeat_interleave(torch.arange(experts), torch.tensor(counts)).int()[:, None]
-    ids = ids[torch.randperm(len(ids), generator=generator)]
-    x = torch.randn(len(ids), k, generator=generator).bfloat16()
+    ids = ids[torch.tensor(data.draw(st.permutations(range(len(ids))), label="route order"))]
+    x = torch.randn(len(ids), k, generator=torch.Generator().manual_seed(len(ids))).bfloat16()
     out, routing = run(interpreted, x, codes, scales, ids, schedule, 1)
     assert_rounded_product(out, expected(x, codes, scales, routing, 1))
 
