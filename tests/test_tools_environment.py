@@ -14,20 +14,23 @@ def test_variables_and_inductor_config_are_restored_even_after_an_error(monkeypa
     monkeypatch.setenv("A4PREFILL_TEST_SET", "before")
     monkeypatch.delenv("A4PREFILL_TEST_NEW", raising=False)
     monkeypatch.setenv("A4PREFILL_TEST_DEFAULT", "user")
+    monkeypatch.delenv("A4PREFILL_TEST_UNSET_DEFAULT", raising=False)
     flag = torch._inductor.config.force_disable_caches
     settings = scoped_settings(
         {"A4PREFILL_TEST_SET": "during", "A4PREFILL_TEST_NEW": "new"},
-        {"A4PREFILL_TEST_DEFAULT": "tool"},
+        {"A4PREFILL_TEST_DEFAULT": "tool", "A4PREFILL_TEST_UNSET_DEFAULT": "tool"},
         {"force_disable_caches": not flag},
     )
     with pytest.raises(RuntimeError, match="inside"), settings:
         assert os.environ["A4PREFILL_TEST_SET"] == "during"
         assert os.environ["A4PREFILL_TEST_NEW"] == "new"
         assert os.environ["A4PREFILL_TEST_DEFAULT"] == "user"  # a default never overrides
+        assert os.environ["A4PREFILL_TEST_UNSET_DEFAULT"] == "tool"  # but fills what is unset
         assert torch._inductor.config.force_disable_caches is (not flag)
         raise RuntimeError("inside")
     assert os.environ["A4PREFILL_TEST_SET"] == "before"
-    assert "A4PREFILL_TEST_NEW" not in os.environ
+    assert os.environ["A4PREFILL_TEST_DEFAULT"] == "user"
+    assert "A4PREFILL_TEST_NEW" not in os.environ and "A4PREFILL_TEST_UNSET_DEFAULT" not in os.environ
     assert torch._inductor.config.force_disable_caches is flag
 
 
