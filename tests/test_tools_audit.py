@@ -208,3 +208,14 @@ def test_bad_input_is_named(tmp_path):
     (tmp_path / "odd").write_text('{"kind": "other"}\n')
     with pytest.raises(ValueError, match="odd:1: unknown record kind 'other'"):
         audit([str(tmp_path / "odd")])
+
+
+def test_the_command_exits_2_naming_the_problem_when_nothing_can_be_checked(tmp_path, capsys):
+    """A missing or malformed log, or one without any step record, is exit code 2 with the reason:
+    never "rule: kept" and exit 0 for logs that showed nothing, never a traceback."""
+    (tmp_path / "broken").write_text('{"kind": "step"\n')
+    (tmp_path / "empty").write_text("")
+    cases = {"missing": "no audit log at", "broken": "broken:1: not a JSON line", "empty": "no step record"}
+    for name, reason in cases.items():
+        assert main(["audit", str(tmp_path / name)]) == 2, name
+        assert reason in capsys.readouterr().err, name

@@ -3,7 +3,100 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from collections.abc import Callable
+from typing import Any
+
+
+def _at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``minimum``."""
+
+    def integer(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+        return value
+
+    return integer
+
+
+def _positive_float(text: str) -> float:
+    """An argparse type: a finite number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    """An argparse type: a number in (0, 1]."""
+    value = _positive_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text}")
+    return value
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    """An argparse type: a JSON object, parsed."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({error})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {type(value).__name__} {text!r}")
+    return value
+
+
+def _device(text: str) -> str:
+    """An argparse type: a torch device name (cpu, cuda, cuda:1, ...)."""
+    import torch
+
+    try:
+        torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(
+            f"expected a torch device such as cpu or cuda, got {text!r}"
+        ) from None
+    return text
+
+
+def _comma_list(choices: Callable[[], list[str]]) -> Callable[[str], list[str]]:
+    """An argparse type: a comma list, each entry one of ``choices()`` (read when parsed)."""
+
+    def entries(text: str) -> list[str]:
+        names = [name for name in text.split(",") if name]
+        unknown = [name for name in names if name not in choices()]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(f"expected a comma list of {sorted(choices())}, got {text!r}")
+        return names
+
+    return entries
+
+
+def _size_specs(text: str) -> list[str]:
+    """An argparse type for ``inspect --sizes``: a comma list of ``N`` or ``LO:HI``."""
+    from a4prefill.tools.inspect_graphs import parse_spec
+
+    specs = [spec for spec in text.split(",") if spec]
+    for spec in specs:
+        try:
+            parse_spec(spec)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+    if not specs:
+        raise argparse.ArgumentTypeError(f"expected a comma list of N or LO:HI, got {text!r}")
+    return specs
+
+
+DEFAULT_SIZES = "8,512,2:256,2:8192"  # inspect --sizes
+DEFAULT_CAPTURED_LIMIT = 256  # inspect --captured-limit
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -27,8 +120,15 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
 def _audit(args: argparse.Namespace) -> int:
     from a4prefill.tools.audit import audit
 
-    report = audit(args.logs)
+    try:
+        report = audit(args.logs)
+    except (OSError, ValueError, KeyError) as error:  # a missing, unreadable or malformed log
+        print(f"a4prefill audit: cannot read the logs: {error!r}", file=sys.stderr)
+        return 2
     print(report.summary())
+    if not report.steps:
+        print("a4prefill audit: the logs hold no step record: nothing was checked", file=sys.stderr)
+        return 2
     return 1 if report.violations else 0
 
 
@@ -50,9 +150,8 @@ def _inspect(args: argparse.Namespace) -> int:
         raise SystemExit(f"unknown arguments {args.vllm_args} (vLLM arguments need --model)")
     from a4prefill.tools.inspect_graphs import format_rows, inspect_model
 
-    specs = [spec for spec in args.sizes.split(",") if spec]
     print(f"a4prefill inspect: built-in 2-block NVFP4 MoE model, captured limit {args.captured_limit}")
-    print(format_rows(inspect_model(Path(args.out), specs, args.captured_limit)))
+    print(format_rows(inspect_model(Path(args.out), args.sizes, args.captured_limit)))
     return 0
 
 
@@ -88,12 +187,10 @@ def _b12x_compile(args: argparse.Namespace) -> int:
     from a4prefill.tools.b12x_compile import SHAPES, compile_layer, format_report, placeholder_layer, report
 
     results = []
-    for shape in args.shape.split(","):
-        if shape not in SHAPES:
-            raise SystemExit(f"--shape: unknown shape {shape!r}; expected some of {sorted(SHAPES)}")
+    for shape in args.shape:
         experts, hidden, intermediate, top_k = SHAPES[shape]
         weights, scales = placeholder_layer(experts, hidden, intermediate)
-        for arch in args.arch.split(","):
+        for arch in args.arch:
             print(
                 f"b12x kernels of the {shape} layer (E={experts} H={hidden} I={intermediate} top-{top_k}), "
                 f"calls of up to {args.max_tokens} tokens, compiled for {arch}:",
@@ -110,28 +207,44 @@ def _b12x_compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _b12x_names(table: str) -> Callable[[], list[str]]:
+    """The names of ``tools.b12x_compile``'s ``table`` (``SHAPES`` or ``TARGETS``), read when parsed."""
+
+    def names() -> list[str]:
+        from a4prefill.tools import b12x_compile
+
+        return sorted(getattr(b12x_compile, table))
+
+    return names
+
+
 def _add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
     """vLLM's parallel arguments, as ``vllm serve`` spells them (``tools.parallelism``)."""
     parser.add_argument(
-        "--tensor-parallel-size", "-tp", type=int, default=1, help="vLLM workers (mp executor)"
+        "--tensor-parallel-size", "-tp", type=_at_least(1), default=1, help="vLLM workers (mp executor)"
     )
     parser.add_argument(
         "--enable-expert-parallel", action="store_true", help="experts split over the workers (vLLM's EP)"
     )
     parser.add_argument(
-        "--data-parallel-size", "-dp", type=int, default=1, help="must be 1: the tools drive one engine"
+        "--data-parallel-size",
+        "-dp",
+        type=_at_least(1),
+        default=1,
+        help="must be 1: the tools drive one engine",
     )
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from a4prefill.passes.split_prefill import DEFAULT_PASS
     from a4prefill.tools.e2e import PROMPT_SETS
 
     parser = argparse.ArgumentParser(prog="a4prefill", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="run a random NVFP4 MoE layer through the ops; print numerics")
-    demo.add_argument("--tokens", type=int, default=96)
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--device", default="cpu")
+    demo.add_argument("--tokens", type=_at_least(1), default=96, help="rows of the call (a quarter decode)")
+    demo.add_argument("--seed", type=int, default=0, help="seed of the random layer and activations")
+    demo.add_argument("--device", type=_device, default="cpu", help="where the ops run (cpu, cuda)")
     demo.set_defaults(handler=_demo)
     tiny = commands.add_parser("make-tiny-model", help="write a tiny random NVFP4 Qwen3-MoE checkpoint")
     tiny.add_argument("directory")
@@ -141,9 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
     e2e.add_argument(
         "--shape",
         choices=("tiny", "real"),
-        default="tiny",
-        help="the built-in model's sizes: tiny (hidden 128, 8 experts), or real (hidden 2048, "
-        "intermediate 768, 64 experts, top-8: reaches the triton backend's decode and tiled kernels)",
+        default=None,
+        help="the built-in model's sizes (not with --model): tiny (hidden 128, 8 experts; the default), "
+        "or real (hidden 2048, intermediate 768, 64 experts, top-8: reaches the triton backend's decode "
+        "and tiled kernels)",
     )
     e2e.add_argument(
         "--jit-monitor-mode",
@@ -151,17 +265,36 @@ def build_parser() -> argparse.ArgumentParser:
         default="warn",
         help="vLLM's --jit-monitor-mode: error fails a step that compiles a kernel after warm-up",
     )
-    e2e.add_argument("--pass", dest="split_pass", default="a4prefill.split_prefill_pass")
+    e2e.add_argument(
+        "--pass",
+        dest="split_pass",
+        default=None,
+        help=f"the split pass, as -cc names it (default {DEFAULT_PASS}; not with --no-pass)",
+    )
     e2e.add_argument("--no-pass", action="store_true", help="run without the split pass")
     e2e.add_argument("--json", default=None, help="also write the full result as JSON here")
     e2e.add_argument(
         "--additional-config",
+        type=_json_object,
         default=None,
         metavar="JSON",
-        help="a4prefill settings as JSON, what --additional-config's a4prefill entry holds",
+        help="a4prefill settings as a JSON object, what --additional-config's a4prefill entry holds",
     )
-    e2e.add_argument("--compilation-config", default=None, metavar="JSON", help="vLLM's -cc, as JSON")
-    e2e.add_argument("--speculative-config", default=None, metavar="JSON", help="vLLM's speculative config")
+    e2e.add_argument(
+        "--compilation-config",
+        "-cc",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help="vLLM's -cc, as a JSON object",
+    )
+    e2e.add_argument(
+        "--speculative-config",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help="vLLM's speculative config, as a JSON object",
+    )
     e2e.add_argument(
         "--compile-cache", action="store_true", help="keep vLLM's default compile cache on (VLLM_CACHE_ROOT)"
     )
@@ -179,12 +312,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--prompts", default=None, help="a text file, one prompt per line (default: built-in set)"
     )
     numerics.add_argument("--out", default="a4prefill-numerics", help="folder for numerics.{json,csv,png}")
-    numerics.add_argument("--device", default="cpu", help="where the layers are measured (cpu, cuda)")
-    numerics.add_argument("--max-tokens-per-layer", type=int, default=4096)
-    numerics.add_argument("--max-model-len", type=int, default=1024)
-    numerics.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     numerics.add_argument(
-        "--exclude-factor", type=float, default=2.0, help="suggest layers above this x the median"
+        "--device", type=_device, default="cpu", help="where the layers are measured (cpu, cuda)"
+    )
+    numerics.add_argument(
+        "--max-tokens-per-layer", type=_at_least(1), default=4096, help="captured input rows per layer"
+    )
+    numerics.add_argument("--max-model-len", type=_at_least(1), default=1024, help="vLLM's --max-model-len")
+    numerics.add_argument(
+        "--gpu-memory-utilization", type=_fraction, default=0.3, help="vLLM's --gpu-memory-utilization"
+    )
+    numerics.add_argument(
+        "--exclude-factor", type=_positive_float, default=2.0, help="suggest layers above this x the median"
     )
     _add_parallel_arguments(numerics)
     numerics.set_defaults(handler=_numerics)
@@ -196,32 +335,85 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument(
         "--model", default=None, help="a checkpoint to serve with vLLM (extra args go to vLLM)"
     )
-    inspect.add_argument("--sizes", default="8,512,2:256,2:8192", help="comma list of N (static) or LO:HI")
-    inspect.add_argument("--captured-limit", type=int, default=256)
+    inspect.add_argument(
+        "--sizes",
+        type=_size_specs,
+        default=None,
+        help=f"the built-in model's graphs (not with --model): comma list of N (static) or LO:HI "
+        f"(default {DEFAULT_SIZES})",
+    )
+    inspect.add_argument(
+        "--captured-limit",
+        type=_at_least(0),
+        default=None,
+        help=f"the built-in model's captured limit (not with --model; default {DEFAULT_CAPTURED_LIMIT})",
+    )
     inspect.add_argument("--out", default="a4prefill-dump", help="dump folder (one sub-folder per graph)")
     inspect.set_defaults(handler=_inspect)
     b12x = commands.add_parser(
         "b12x-compile",
         help="compile the b12x backend's kernels for SM120/SM121 without that GPU (b12x's compile pool)",
     )
-    b12x.add_argument("--arch", default="sm_120a,sm_121a", help="comma list of sm_120a, sm_121a")
-    b12x.add_argument("--shape", default="tiny,glm-tp2", help="comma list of tiny, glm-tp2")
-    b12x.add_argument("--max-tokens", type=int, default=8192, help="the backend's call capacity")
-    b12x.add_argument("--workers", type=int, default=1, help="b12x compile processes")
+    b12x.add_argument(
+        "--arch",
+        type=_comma_list(_b12x_names("TARGETS")),
+        default=["sm_120a", "sm_121a"],
+        help="comma list of sm_120a, sm_121a",
+    )
+    b12x.add_argument(
+        "--shape",
+        type=_comma_list(_b12x_names("SHAPES")),
+        default=["tiny", "glm-tp2"],
+        help="comma list of tiny, glm-tp2",
+    )
+    b12x.add_argument("--max-tokens", type=_at_least(1), default=8192, help="the backend's call capacity")
+    b12x.add_argument("--workers", type=_at_least(1), default=1, help="b12x compile processes")
     b12x.add_argument("--json", default=None, help="also write the programs and timings as JSON here")
     b12x.set_defaults(handler=_b12x_compile)
     audit = commands.add_parser(
-        "audit", help="check the rule on audit logs of precision (the row_log setting); exit 1 on a violation"
+        "audit",
+        help="check the rule on audit logs of precision (the row_log setting); exit 1 on a violation, "
+        "2 when the logs cannot be read or hold no step",
     )
     audit.add_argument("logs", nargs="+", help="log files, or the row_log setting (reads <row_log>.rank*)")
     audit.set_defaults(handler=_audit)
+    for command, subparser in commands.choices.items():
+        subparser.set_defaults(command_parser=subparser, command_name=command)
     return parser
+
+
+def _check_combinations(args: argparse.Namespace) -> None:
+    """Refuse options given together that cannot both apply, and fill the defaults of those that
+    apply only without another (``parser.error`` of the command: exit 2 naming the options)."""
+    from a4prefill.passes.split_prefill import DEFAULT_PASS
+
+    error = args.command_parser.error
+    if args.command == "e2e":
+        if args.model is not None and args.shape is not None:
+            error("--shape picks a built-in model: not with --model")
+        if args.no_pass and args.split_pass is not None:
+            error("--pass names the split pass: not with --no-pass")
+        args.shape = args.shape or "tiny"
+        args.split_pass = None if args.no_pass else args.split_pass or DEFAULT_PASS
+    if args.command == "inspect":
+        if args.model is not None and (args.sizes is not None or args.captured_limit is not None):
+            error("--sizes and --captured-limit are the built-in model's: not with --model")
+        args.sizes = args.sizes or DEFAULT_SIZES.split(",")
+        args.captured_limit = DEFAULT_CAPTURED_LIMIT if args.captured_limit is None else args.captured_limit
+    if args.command in ("e2e", "numerics"):
+        from a4prefill.tools.parallelism import Parallelism
+
+        try:
+            Parallelism.from_arguments(args)
+        except ValueError as problem:
+            error(f"--data-parallel-size: {problem}")
 
 
 def main(argv: list[str] | None = None) -> int:
     args, rest = build_parser().parse_known_args(argv)
     if args.command != "inspect" and rest:
         build_parser().parse_args(argv)  # the usual error for unknown arguments
+    _check_combinations(args)
     args.vllm_args = rest
     return int(args.handler(args))
 

@@ -644,18 +644,16 @@ def format_report(result: E2EResult, per_step: bool = False) -> str:
 
 
 def run_e2e_cli(args: Any) -> int:
-    """``python -m a4prefill e2e``: run, print :func:`format_report`, optionally write JSON."""
-
-    def parsed(text: str | None) -> Any:
-        return json.loads(text) if text else None
-
+    """``python -m a4prefill e2e``: run, print :func:`format_report`, optionally write JSON.
+    ``args`` as :mod:`a4prefill.cli` parsed and checked them (the JSON options parsed, the split
+    pass None with ``--no-pass``)."""
     result = run_e2e(
         args.model,
-        split_pass=None if args.no_pass else args.split_pass,
-        additional_config=parsed(args.additional_config),
+        split_pass=args.split_pass,
+        additional_config=args.additional_config,
         second_prompts=PROMPT_SETS[args.prompts],
-        compilation=parsed(args.compilation_config),
-        speculative=parsed(args.speculative_config),
+        compilation=args.compilation_config,
+        speculative=args.speculative_config,
         compile_cache=args.compile_cache,
         shape=args.shape,
         jit_monitor_mode=args.jit_monitor_mode,
