@@ -105,17 +105,24 @@ REPEATS = 3
 RESULT_FILE = "bench_vllm_paths.json"
 
 
-def build_checkpoints(model: str, work: Path) -> dict[str, Path]:
-    """The NVFP4 checkpoint and its bf16 copy under ``work`` (reused when already there)."""
+def build_checkpoints(model: str, work: Path) -> tuple[dict[str, Path], bool]:
+    """The NVFP4 checkpoint and its bf16 copy under ``work``, reused where they hold this package
+    version's recipe of ``model``; and whether they were (re)built (results of older ones are
+    stale then)."""
     from a4prefill.tools.numerics.dequantized_checkpoint import write_dequantized_checkpoint
-    from a4prefill.tools.tiny_model import TinyModelSpec, make_tiny_model
+    from a4prefill.tools.tiny_model import TinyModelSpec, ensure_tiny_model_built
 
     paths = {"nvfp4": work / f"{model}-nvfp4", "bf16": work / f"{model}-bf16"}
-    if not (paths["nvfp4"] / "config.json").exists():
-        make_tiny_model(paths["nvfp4"], TinyModelSpec(**MODELS[model]))
-    if not (paths["bf16"] / "config.json").exists():
+    rebuilt = ensure_tiny_model_built(paths["nvfp4"], TinyModelSpec(**MODELS[model]))
+    if rebuilt or not (paths["bf16"] / "config.json").exists():
         write_dequantized_checkpoint(paths["nvfp4"], paths["bf16"])
-    return paths
+    return paths, rebuilt
+
+
+def result_path(work: Path, model: str, name: str, prefill_length: int, suffix: str = ".json") -> Path:
+    """Where configuration ``name``'s result (or, with ``suffix`` ``.log``, its log) is kept:
+    per model and prefill length, so that ``--work`` reuses only results of the same run."""
+    return work / f"{model}-p{prefill_length}-{name}{suffix}"
 
 
 def _token_prompts(count: int, length: int, vocab: int, seed: int) -> list[dict[str, list[int]]]:
@@ -428,7 +435,9 @@ def main() -> None:
         "--configs", default=",".join(name for name in CONFIGS if name != "a4prefill_split_a8_reference")
     )
     parser.add_argument("--work", default="/tmp/a4prefill-bench-vllm-paths")
-    parser.add_argument("--prefill-length", type=int, default=8192)
+    parser.add_argument(
+        "--prefill-length", type=int, default=8192, help="prompt tokens of the prefill timing"
+    )
     parser.add_argument("--plot", help="only plot this JSON result next to it")
     parser.add_argument("--table", help="only print this JSON result as a markdown table")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one configuration
@@ -439,22 +448,29 @@ def main() -> None:
     if args.table:
         print(markdown_table(json.loads(Path(args.table).read_text())))
         return
+    names = [name for name in args.configs.split(",") if name]
+    unknown = [name for name in names if name not in CONFIGS]
+    if unknown or not names:
+        parser.error(f"--configs: expected a comma list of {sorted(CONFIGS)}, got {args.configs!r}")
+    if args.prefill_length < 1:
+        parser.error(f"--prefill-length: expected a positive integer, got {args.prefill_length}")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    checkpoints = build_checkpoints(args.model, work)
+    checkpoints, rebuilt = build_checkpoints(args.model, work)
     if args.one:
         checkpoint = checkpoints[CONFIGS[args.one]["checkpoint"]]
         result = run_config(args.one, checkpoint, args.prefill_length)
-        (work / f"{args.model}-{args.one}.json").write_text(json.dumps(result))
+        result_path(work, args.model, args.one, args.prefill_length).write_text(json.dumps(result))
         return
+    if rebuilt:  # results measured on the checkpoints before are stale
+        for stale in work.glob(f"{args.model}-p*-*.json"):
+            stale.unlink()
     results: dict[str, dict[str, Any]] = {}
     failed: dict[str, dict[str, Any]] = {}
-    for name in args.configs.split(","):
-        if name not in CONFIGS:
-            parser.error(f"--configs: unknown configuration {name!r}; expected some of {sorted(CONFIGS)}")
-        path = work / f"{args.model}-{name}.json"
+    for name in names:
+        path = result_path(work, args.model, name, args.prefill_length)
         if not path.exists():
-            log = work / f"{args.model}-{name}.log"
+            log = result_path(work, args.model, name, args.prefill_length, ".log")
             with log.open("w") as handle:
                 command = [
                     sys.executable,

@@ -73,3 +73,30 @@ def test_the_a8_splits_differ_from_the_split_only_where_they_say_and_the_others_
         arguments = bench.engine_arguments(name, tmp_path, 8192)
         assert "additional_config" not in arguments and "environment" not in bench.CONFIGS[name]
         assert arguments["compilation_config"]["cudagraph_mode"] == "FULL_AND_PIECEWISE"
+
+
+def test_a_configuration_list_with_an_unknown_name_is_refused_before_anything_runs(
+    bench, monkeypatch, capsys
+):
+    def built(*args):
+        raise AssertionError("checkpoints were built before --configs was checked")
+
+    monkeypatch.setattr(bench, "build_checkpoints", built)
+    monkeypatch.setattr("sys.argv", ["bench_vllm_paths.py", "--configs", "bf16,a4prefil_split"])
+    with pytest.raises(SystemExit) as exited:
+        bench.main()
+    assert exited.value.code == 2 and "--configs: expected a comma list of" in capsys.readouterr().err
+
+
+def test_kept_results_are_reused_only_for_the_same_prefill_length_and_checkpoints(bench, tmp_path):
+    """``--work`` keeps each configuration's result per model and prefill length, and a
+    checkpoint rebuilt for a new recipe says so (its caller drops the results measured before)."""
+    assert bench.result_path(tmp_path, "tiny", "bf16", 8192) != bench.result_path(
+        tmp_path, "tiny", "bf16", 4096
+    )
+    paths, rebuilt = bench.build_checkpoints("tiny", tmp_path)
+    assert rebuilt and (paths["bf16"] / "config.json").exists()
+    assert bench.build_checkpoints("tiny", tmp_path) == (paths, False)
+    stamp = paths["nvfp4"] / "a4prefill_tiny_model.json"
+    stamp.write_text(stamp.read_text().replace('"recipe": "', '"recipe": "0'))  # an older recipe
+    assert bench.build_checkpoints("tiny", tmp_path) == (paths, True)

@@ -227,19 +227,12 @@ def ensure_tiny_model(directory: Path | None = None, shape: str = "tiny") -> Pat
     """The built-in model directory of ``shape`` (``MODEL_SHAPES``), (re)built unless it holds
     this package version's recipe. Never called on a user's checkpoint (a directory given with
     ``--model`` is used as it is)."""
-    from a4prefill.tools.tiny_model import MODEL_SHAPES, STAMP_FILE, make_tiny_model, recipe_stamp
+    from a4prefill.tools.tiny_model import MODEL_SHAPES, ensure_tiny_model_built
 
     if shape not in MODEL_SHAPES:
         raise ValueError(f"shape must be one of {sorted(MODEL_SHAPES)}, got {shape!r}")
     directory = directory or default_model_dir(shape)
-    stamp = directory / STAMP_FILE
-    current = recipe_stamp(MODEL_SHAPES[shape])
-    if (
-        not (directory / "model.safetensors").exists()
-        or not stamp.exists()
-        or json.loads(stamp.read_text()) != current
-    ):
-        make_tiny_model(directory, MODEL_SHAPES[shape])
+    ensure_tiny_model_built(directory, MODEL_SHAPES[shape])
     return directory
 
 

@@ -215,6 +215,21 @@ def _rms_norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
+def ensure_tiny_model_built(directory: Path, spec: TinyModelSpec) -> bool:
+    """(Re)build the tiny checkpoint of ``spec`` in ``directory`` unless it holds this package
+    version's recipe of that spec (:func:`recipe_stamp`); True when it was (re)built. Only for
+    the package's own models: never called on a user's checkpoint."""
+    stamp = directory / STAMP_FILE
+    if (
+        (directory / "model.safetensors").exists()
+        and stamp.exists()
+        and json.loads(stamp.read_text()) == recipe_stamp(spec)
+    ):
+        return False
+    make_tiny_model(directory, spec)
+    return True
+
+
 def make_tiny_model(directory: str | Path, spec: TinyModelSpec | None = None) -> Path:
     """Write the tiny checkpoint into ``directory`` (created; existing files overwritten)."""
     from safetensors.torch import save_file
