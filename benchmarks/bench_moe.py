@@ -385,14 +385,30 @@ def sweep_gemm(name: str) -> Any:
 
 
 def parse_prefill_tiles(names: str | None) -> list[tuple[str, str]] | None:
-    """``--prefill-tiles``' ``FC1[:FC2],...`` as ``(FC1, FC2)`` name pairs (None: not given)."""
+    """``--prefill-tiles``' ``FC1[:FC2],...`` as ``(FC1, FC2)`` name pairs (None: not given).
+    Raises SystemExit naming the argument for a name :func:`sweep_gemm` does not know."""
     if not names:
         return None
     pairs = []
     for entry in names.split(","):
         fc1, _, fc2 = entry.partition(":")
         pairs.append((fc1, fc2 or fc1))
+        for name in pairs[-1]:
+            try:
+                sweep_gemm(name)
+            except ValueError as error:
+                raise SystemExit(f"--prefill-tiles: {error}") from None
     return pairs
+
+
+def names_in(option: str, text: str, known: tuple[str, ...]) -> tuple[str, ...]:
+    """A comma list option's names (empty entries dropped), each one of ``known``; SystemExit
+    naming ``option`` otherwise."""
+    names = tuple(filter(None, text.split(",")))
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise SystemExit(f"{option}: unknown {unknown}; expected some of {list(known)}")
+    return names
 
 
 def parse_a8_schedules(labels: str | None) -> tuple[str, ...]:
@@ -944,11 +960,22 @@ def main() -> None:
         with open(args.plot) as handle:
             plot(json.load(handle), args.plot.removesuffix(".json") + ".png")
         return
-    os.makedirs(args.out, exist_ok=True)
     a8_labels = parse_a8_schedules(args.a8_schedules)
+    shapes = names_in("--shapes", args.shapes, tuple(SHAPES))
+    baselines = names_in("--baselines", args.baselines, ("marlin", "humming"))
+    sweep_modes = names_in("--sweep-modes", args.sweep_modes, ("a4", "split"))
+    if args.prefill_tiles and args.sweep != "prefill":
+        parser.error("--prefill-tiles names the tiles of --sweep prefill: give both")
+    prefill_tiles = parse_prefill_tiles(args.prefill_tiles)
     tokens = [1, 64, 4096] if args.quick else TOKENS
     if args.tokens:
-        tokens = [int(t) for t in args.tokens.split(",")]
+        try:
+            tokens = [int(t) for t in args.tokens.split(",")]
+        except ValueError:
+            parser.error(f"--tokens: expected a comma list of integers, got {args.tokens!r}")
+        if min(tokens) < 1:
+            parser.error(f"--tokens: expected token counts >= 1, got {args.tokens!r}")
+    os.makedirs(args.out, exist_ok=True)
     results: dict[str, Any] = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
@@ -961,7 +988,7 @@ def main() -> None:
     }
     started = time.time()
     with ClockSampler() as clocks:
-        for name in args.shapes.split(","):
+        for name in shapes:
             results["shapes"][name] = bench_shape(
                 name,
                 SHAPES[name],
@@ -969,9 +996,9 @@ def main() -> None:
                 args.sweep,
                 sys.stdout,
                 results["dense_bf16_TFLOPs"],
-                tuple(filter(None, args.baselines.split(","))),
-                parse_prefill_tiles(args.prefill_tiles),
-                tuple(filter(None, args.sweep_modes.split(","))),
+                baselines,
+                prefill_tiles,
+                sweep_modes,
                 clocks,
                 a8_labels,
                 args.reverse_columns,

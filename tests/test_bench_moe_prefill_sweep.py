@@ -145,3 +145,29 @@ def test_reversed_columns_are_timed_last_to_first_and_the_default_order_is_as_bu
         "a4",
         "w4a16",
     ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--baselines", "marlinn"],
+            "--baselines: unknown ['marlinn']; expected some of ['marlin', 'humming']",
+        ),
+        (["--sweep-modes", "a4,spilt"], "--sweep-modes: unknown ['spilt']"),
+        (["--shapes", "glm"], "--shapes: unknown ['glm']"),
+        (["--sweep", "prefill", "--prefill-tiles", "ws_t32"], "--prefill-tiles: a PREFILL_SWEEP name is"),
+        (["--prefill-tiles", "ws_t32_d6"], "--prefill-tiles names the tiles of --sweep prefill"),
+        (["--tokens", "512,0"], "--tokens: expected token counts >= 1"),
+    ],
+)
+def test_an_unknown_name_or_a_lone_option_is_refused_before_any_gpu_work(
+    bench, monkeypatch, capsys, argv, message
+):
+    """Names the benchmark does not know were dropped before (a misspelt baseline's column just
+    went missing) or failed after the first shapes had run."""
+    monkeypatch.setattr("sys.argv", ["bench_moe.py", *argv])
+    monkeypatch.setattr(bench, "copy_bandwidth", lambda: pytest.fail("GPU work began"))
+    with pytest.raises(SystemExit) as exited:
+        bench.main()
+    assert message in str(exited.value.code) + capsys.readouterr().err
