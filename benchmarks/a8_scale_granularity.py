@@ -23,6 +23,7 @@ import torch
 
 from a4prefill.ops import fp8, reference
 from a4prefill.ops.reference import moe_reference, moe_reference_a8
+from a4prefill.tools.numerics.layer_metrics import relative_error
 from a4prefill.tools.tiny_layer import make_tiny_layer, random_routing
 
 
@@ -56,7 +57,7 @@ def relative_errors(
     exact = moe_reference(x.float(), weights, ids, layer.experts, None).float()
 
     def error(output: torch.Tensor) -> float:
-        return float((output.float() - exact).norm() / exact.norm())
+        return relative_error(output, exact)
 
     per_row = error(moe_reference_a8(x, weights, ids, layer.experts))
     contract = fp8.quantize_rows
@@ -94,11 +95,21 @@ def main() -> None:
     parser.add_argument("--shapes", default="1024x256,2048x512", help="HIDDENxINTERMEDIATE, comma-separated")
     parser.add_argument("--outliers", default="1,30,100,1000", help="outlier channel factors")
     parser.add_argument("--outlier-channels", type=int, default=4)
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=3, help="random layers and inputs per point (>= 1)")
     args = parser.parse_args()
-    results = []
+    if args.seeds < 1:
+        parser.error(f"--seeds: expected at least 1, got {args.seeds}")
+    shapes = []
     for shape in args.shapes.split(","):
-        hidden, intermediate = (int(v) for v in shape.split("x"))
+        try:
+            hidden, intermediate = (int(v) for v in shape.split("x"))
+        except ValueError:
+            parser.error(f"--shapes: expected HIDDENxINTERMEDIATE entries, got {shape!r}")
+        if hidden % 128 or intermediate % 128 or hidden < 1 or intermediate < 1:
+            parser.error(f"--shapes: A8 needs HIDDEN and INTERMEDIATE multiples of 128, got {shape!r}")
+        shapes.append((hidden, intermediate))
+    results = []
+    for hidden, intermediate in shapes:
         for outlier in (float(v) for v in args.outliers.split(",")):
             seeds = [
                 relative_errors(hidden, intermediate, outlier, args.outlier_channels, seed)

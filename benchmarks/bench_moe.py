@@ -54,6 +54,7 @@ import torch
 import torch.nn.functional as F
 
 from a4prefill.ops.backends.triton.schedules import A8_SCHEDULES
+from a4prefill.tools.numerics.layer_metrics import relative_error
 from gpu_clocks import ClockSampler
 from marlin_baseline import marlin_moe
 
@@ -502,11 +503,6 @@ def timing_order(variants: dict[str, Any], reverse: bool) -> list[str]:
     read from runs in both orders."""
     names = list(variants)
     return names[::-1] if reverse else names
-
-
-def relative_error(output: torch.Tensor, expected: torch.Tensor) -> float:
-    """``|output - expected| / |expected|`` (L2 over all elements)."""
-    return float((output - expected).norm() / expected.norm())
 
 
 def bench_shape(

@@ -307,7 +307,8 @@ def _self_check(tokens: int) -> None:
     shape and random weights), eager against CUDA-graph replay, and the torch alignment against
     vLLM's op where vLLM is importable."""
     from a4prefill.ops.reference import moe_reference
-    from bench_moe import SHAPES, random_routing, random_weights, relative_error
+    from a4prefill.tools.numerics.layer_metrics import relative_error
+    from bench_moe import SHAPES, random_routing, random_weights
 
     shape = SHAPES["small"]
     torch.manual_seed(0)

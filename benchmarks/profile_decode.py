@@ -166,7 +166,10 @@ def main() -> None:
         "--prefill-tiles", help="FC1[:FC2],... prefill schedules to profile besides the default"
     )
     args = parser.parse_args()
+    if args.prefill_tiles and (args.ncu or args.ncu_summary):
+        parser.error("--prefill-tiles: the profiler run only (not with --ncu or --ncu-summary)")
     if args.ncu_summary:
+        os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "profile_decode_ncu.json"), "w") as handle:
             json.dump(ncu_summary(args.ncu_summary), handle, indent=1)
         return

@@ -27,6 +27,7 @@ from a4prefill.ops.backends.b12x_weights import (
 from a4prefill.ops.precision import MoECall, RowPlan
 from a4prefill.ops.reference import moe_reference
 from a4prefill.ops.rows import RowTypes
+from a4prefill.tools.numerics.layer_metrics import relative_error
 from a4prefill.tools.tiny_layer import make_tiny_layer, random_routing
 from helpers.layers import EXPERTS, HIDDEN, INTERMEDIATE, TOP_K, halves_case, make_inputs
 
@@ -342,10 +343,6 @@ W4A16_TOLERANCE = 2e-2
 A4_TOLERANCE = 6e-2
 
 
-def _relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-12))
-
-
 def _gpu_case(tokens: int, seed: int = 0):
     layer = make_tiny_layer(8, 256, 128, 2, seed=7, calibration_tokens=256)
     generator = torch.Generator().manual_seed(seed)
@@ -365,10 +362,10 @@ def test_sm120_w4a16_and_a4_match_the_reference(tokens: int) -> None:
     a4 = backend.run_uniform(call, "a4")
     ref16 = moe_reference(hidden, topk_weights, topk_ids, weights, None)
     ref4 = moe_reference(hidden, topk_weights, topk_ids, weights, scales)
-    assert _relative_error(w4a16, ref16) < W4A16_TOLERANCE
-    assert _relative_error(a4, ref4) < A4_TOLERANCE
+    assert relative_error(w4a16, ref16) < W4A16_TOLERANCE
+    assert relative_error(a4, ref4) < A4_TOLERANCE
     # A short call still runs A4 when asked: it is closer to the A4 reference than to W4A16's.
-    assert _relative_error(a4, ref4) < _relative_error(a4, ref16)
+    assert relative_error(a4, ref4) < relative_error(a4, ref16)
 
 
 @pytest.mark.sm120
@@ -382,9 +379,9 @@ def test_sm120_split_runs_each_row_in_its_precision() -> None:
     ref16 = moe_reference(hidden, topk_weights, topk_ids, weights, None)
     ref4 = moe_reference(hidden, topk_weights, topk_ids, weights, scales)
     for start, end in rows.decode + rows.padding:
-        assert _relative_error(out[start:end], ref16[start:end]) < W4A16_TOLERANCE
+        assert relative_error(out[start:end], ref16[start:end]) < W4A16_TOLERANCE
     for start, end in rows.prefill:
-        assert _relative_error(out[start:end], ref4[start:end]) < A4_TOLERANCE
+        assert relative_error(out[start:end], ref4[start:end]) < A4_TOLERANCE
 
 
 @pytest.mark.sm120

@@ -11,6 +11,7 @@ import torch
 from a4prefill.ops import fp8
 from a4prefill.ops.backends.triton.routing import build_routing
 from a4prefill.ops.backends.triton.schedules import A8_PREFILL, A8_PREFILL_RS, A8_SCHEDULES
+from a4prefill.tools.numerics.layer_metrics import relative_error
 from helpers.layers import EVERY_SCALE_BYTE
 from helpers.markers import needs_gluon, needs_hopper
 
@@ -135,11 +136,6 @@ def test_the_a8_moe_and_a_split_a8_plan_match_the_references(tokens, register_we
     split = TritonBackend().run(call, RowPlan.for_rows(row_types, prefill=A8)).cpu()
     assert_close_to_reference(split[decode:], a8[decode:], "a8_tensor_cores")
     assert_close_to_reference(split[:decode], w4a16[:decode], "w4a16")
-
-
-def relative_error(result: torch.Tensor, expected: torch.Tensor) -> float:
-    """Relative Frobenius error of ``result`` against ``expected`` (in fp32)."""
-    return float((result.float() - expected.float()).norm() / expected.float().norm())
 
 
 @pytest.mark.parametrize("schedule", [A8_PREFILL, A8_PREFILL_RS], ids=["shared", "registers"])
