@@ -13,6 +13,13 @@
 #                                               # schedules, within AB_TEST_SECONDS, 150), then
 #                                               # the whole MoE at AB_SIZES tokens (512, 1024,
 #                                               # 4096) on src, each DIR, then again
+#   bash scripts/gpu_untimed_kernels.sh t64     # the thirty-sixth round's 64-route tiles of
+#                                               # 256 weight rows, one CTA per SM (_tok, _tok_la;
+#                                               # built without a GPU): their GEMM and A4/split
+#                                               # MoE GPU tests, then the whole MoE at 1536 and
+#                                               # 2048 tokens (W4A16, A4, split) beside the
+#                                               # default's 128-row two-CTA tiles, then again in
+#                                               # the opposite order
 #   bash scripts/gpu_untimed_kernels.sh permute # the thirty-fifth round's column permutation in
 #                                               # registers (mma_ordered_rows(x, "registers"),
 #                                               # built without a GPU): its GPU test, then
@@ -125,6 +132,18 @@ waves)
         rm -f "$OUT/waves_$n/bench_prefill_gemm.png"
     done
     ;;
+t64)
+    timeout 200 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py \
+        -k rs_w256_t64 2>&1 | tee "$OUT/gpu_tests.txt" | tail -4
+    base=rs_w128_t64_d6_ws_c2_tok wide=rs_w256_t64_d6_ws_tok
+    for run in "$base,$wide,${wide}_la" "${wide}_la,$wide,$base"; do
+        n=$((${n:-0} + 1))
+        timeout "$(left 585)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 1536,2048 \
+            --baselines "" --a8-schedules a8_rs_tok --sweep prefill --sweep-modes a4,split \
+            --prefill-tiles "$run" --out "$OUT/t64_$n" 2>&1 | tee "$OUT/bench_moe_t64_$n.txt" \
+            | grep -o '"sweep_w4a16_us": {[^}]*}' || tail -4 "$OUT/bench_moe_t64_$n.txt"
+    done
+    ;;
 halves)
     timeout 200 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py \
         -k "c2_tok_h2 or tok_h2_la or not_chosen or (a4_and_split and (512-rs_w256_t128_d6_ws_tok_la or x2_h2_tok))" \
@@ -211,7 +230,7 @@ ncu)
     echo "then here: python benchmarks/profile_prefill.py ${NCU_CASES[*]} --ncu-summary ncu.csv --out DIR"
     ;;
 *)
-    echo "usage: bash scripts/gpu_untimed_kernels.sh ab DIR...|permute|waves|halves|ahead|fence|quant|tiles|sizes|anchors|ncu (on a Hopper GPU, with OUT set)" >&2
+    echo "usage: bash scripts/gpu_untimed_kernels.sh ab DIR...|t64|permute|waves|halves|ahead|fence|quant|tiles|sizes|anchors|ncu (on a Hopper GPU, with OUT set)" >&2
     exit 2
     ;;
 esac

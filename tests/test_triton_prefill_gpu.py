@@ -116,17 +116,19 @@ def test_a4_and_split_prefill_moe_match_the_reference_eagerly_and_in_a_cuda_grap
         (512, "rs_w256_t128_d6_ws"),
         (512, "rs_w256_t128_d6_ws_x2_h2_tok"),
         (1024, "rs_w128_t256_d4_ws_x2_h2"),
+        (192, "rs_w256_t64_d6_ws_tok"),
+        (192, "rs_w256_t64_d6_ws_tok_la"),
     ],
 )
 def test_a4_and_split_prefill_moe_on_a_schedule_not_chosen_match_the_reference(tokens, label):
-    """:func:`check_a4_and_split_moe` at 24, 128 and 256 routes per expert with the call's config
+    """:func:`check_a4_and_split_moe` at 24, 48, 128 and 256 routes per expert with the call's config
     naming ``label`` for both GEMMs: schedules whose A4 and split kernels no default of a
     ``rows_by_token`` size runs, the defaults of 16-32 and 64-160 routes per expert before the
     twenty-third round (128 weight rows: three CTAs per SM; 128-row items), the 64-160 default
     of A4 and split before the twenty-ninth (256-row items as one 8-warp partition), and the
     64-160 and 256-route defaults' tiles with FC1's rows gathered before the launch (the
     defaults until the twenty-fifth round; calls too large for ``rows_by_token``'s int32
-    offsets still run them)."""
+    offsets still run them), and the thirty-sixth round's 64-route candidates of 256-row items."""
     from a4prefill.ops.backends.triton.schedules import PrefillTiles, choose_config
 
     schedule = PREFILL_SCHEDULES[label]

@@ -625,6 +625,15 @@ def _warp_specialized(
 # with ``loads_ahead``. Offline (Triton 3.9, sm_90a), W4A16 FC1: at 32 routes 80 registers, no
 # spill in the K loops, 241 and 246 instructions a step (``_tok`` 234, ``_la`` 243); at 128
 # routes 168 registers, no spill, 244 (``_la`` 236).
+# The 64-route tiles of 256 weight rows, one CTA per SM, without and with ``loads_ahead``
+# (thirty-sixth round, candidates for 32-64 routes per expert, 1152-2303 tokens of the GLM TP2
+# shape; not yet run on a GPU, not chosen): the default there (``rs_w128_t64_d6_ws_c2_tok``)
+# runs 128-row items as two CTAs per SM, each consumer warpgroup 64 rows a step in 139 SASS
+# instructions (80 registers); these give each consumer 128 rows a step in 238 (``_la`` 249:
+# 168 registers, no spill; offline, Triton 3.9, sm_90a, W4A16 FC1; A4, split and FC2 no spill
+# either), 14% fewer instructions per weight row, and read each activation row for half as many
+# work items, with half as many consumer warps per SM to hide latency. The 128-route tiles made
+# the same move at 4096 tokens and took 2674 us against 3027 (fifteenth round, H200).
 PREFILL_SCHEDULES = MappingProxyType(
     {
         "w64_t64_d6": PrefillGemm(64, 64, depth=6),
@@ -676,6 +685,10 @@ PREFILL_SCHEDULES = MappingProxyType(
         ),
         "rs_w256_t128_d6_ws_tok_h2_la": _warp_specialized(
             128, 6, 2, weight_rows=256, rows_by_token=True, loads_ahead=True
+        ),
+        "rs_w256_t64_d6_ws_tok": _warp_specialized(64, 6, weight_rows=256, rows_by_token=True),
+        "rs_w256_t64_d6_ws_tok_la": _warp_specialized(
+            64, 6, weight_rows=256, rows_by_token=True, loads_ahead=True
         ),
     }
 )
