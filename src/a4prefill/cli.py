@@ -3,97 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
-from typing import Any
 
-
-def _at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer of at least ``minimum``."""
-
-    def integer(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
-        return value
-
-    return integer
-
-
-def _positive_float(text: str) -> float:
-    """An argparse type: a finite number above 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    """An argparse type: a number in (0, 1]."""
-    value = _positive_float(text)
-    if value > 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text}")
-    return value
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    """An argparse type: a JSON object, parsed."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({error})") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {type(value).__name__} {text!r}")
-    return value
-
-
-def _device(text: str) -> str:
-    """An argparse type: a torch device name (cpu, cuda, cuda:1, ...)."""
-    import torch
-
-    try:
-        torch.device(text)
-    except RuntimeError:
-        raise argparse.ArgumentTypeError(
-            f"expected a torch device such as cpu or cuda, got {text!r}"
-        ) from None
-    return text
-
-
-def _comma_list(choices: Callable[[], list[str]]) -> Callable[[str], list[str]]:
-    """An argparse type: a comma list, each entry one of ``choices()`` (read when parsed)."""
-
-    def entries(text: str) -> list[str]:
-        names = [name for name in text.split(",") if name]
-        unknown = [name for name in names if name not in choices()]
-        if unknown or not names:
-            raise argparse.ArgumentTypeError(f"expected a comma list of {sorted(choices())}, got {text!r}")
-        return names
-
-    return entries
-
-
-def _size_specs(text: str) -> list[str]:
-    """An argparse type for ``inspect --sizes``: a comma list of ``N`` or ``LO:HI``."""
-    from a4prefill.tools.inspect_graphs import parse_spec
-
-    specs = [spec for spec in text.split(",") if spec]
-    for spec in specs:
-        try:
-            parse_spec(spec)
-        except ValueError as error:
-            raise argparse.ArgumentTypeError(str(error)) from None
-    if not specs:
-        raise argparse.ArgumentTypeError(f"expected a comma list of N or LO:HI, got {text!r}")
-    return specs
-
+from a4prefill.tools.arguments import (
+    at_least,
+    comma_list,
+    device,
+    fraction,
+    json_object,
+    positive_float,
+    size_specs,
+)
 
 DEFAULT_SIZES = "8,512,2:256,2:8192"  # inspect --sizes
 DEFAULT_CAPTURED_LIMIT = 256  # inspect --captured-limit
@@ -221,7 +142,7 @@ def _b12x_names(table: str) -> Callable[[], list[str]]:
 def _add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
     """vLLM's parallel arguments, as ``vllm serve`` spells them (``tools.parallelism``)."""
     parser.add_argument(
-        "--tensor-parallel-size", "-tp", type=_at_least(1), default=1, help="vLLM workers (mp executor)"
+        "--tensor-parallel-size", "-tp", type=at_least(1), default=1, help="vLLM workers (mp executor)"
     )
     parser.add_argument(
         "--enable-expert-parallel", action="store_true", help="experts split over the workers (vLLM's EP)"
@@ -229,7 +150,7 @@ def _add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data-parallel-size",
         "-dp",
-        type=_at_least(1),
+        type=at_least(1),
         default=1,
         help="must be 1: the tools drive one engine",
     )
@@ -242,9 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="a4prefill", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="run a random NVFP4 MoE layer through the ops; print numerics")
-    demo.add_argument("--tokens", type=_at_least(1), default=96, help="rows of the call (a quarter decode)")
+    demo.add_argument("--tokens", type=at_least(1), default=96, help="rows of the call (a quarter decode)")
     demo.add_argument("--seed", type=int, default=0, help="seed of the random layer and activations")
-    demo.add_argument("--device", type=_device, default="cpu", help="where the ops run (cpu, cuda)")
+    demo.add_argument("--device", type=device, default="cpu", help="where the ops run (cpu, cuda)")
     demo.set_defaults(handler=_demo)
     tiny = commands.add_parser("make-tiny-model", help="write a tiny random NVFP4 Qwen3-MoE checkpoint")
     tiny.add_argument("directory")
@@ -275,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     e2e.add_argument("--json", default=None, help="also write the full result as JSON here")
     e2e.add_argument(
         "--additional-config",
-        type=_json_object,
+        type=json_object,
         default=None,
         metavar="JSON",
         help="a4prefill settings as a JSON object, what --additional-config's a4prefill entry holds",
@@ -283,14 +204,14 @@ def build_parser() -> argparse.ArgumentParser:
     e2e.add_argument(
         "--compilation-config",
         "-cc",
-        type=_json_object,
+        type=json_object,
         default=None,
         metavar="JSON",
         help="vLLM's -cc, as a JSON object",
     )
     e2e.add_argument(
         "--speculative-config",
-        type=_json_object,
+        type=json_object,
         default=None,
         metavar="JSON",
         help="vLLM's speculative config, as a JSON object",
@@ -313,17 +234,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     numerics.add_argument("--out", default="a4prefill-numerics", help="folder for numerics.{json,csv,png}")
     numerics.add_argument(
-        "--device", type=_device, default="cpu", help="where the layers are measured (cpu, cuda)"
+        "--device", type=device, default="cpu", help="where the layers are measured (cpu, cuda)"
     )
     numerics.add_argument(
-        "--max-tokens-per-layer", type=_at_least(1), default=4096, help="captured input rows per layer"
+        "--max-tokens-per-layer", type=at_least(1), default=4096, help="captured input rows per layer"
     )
-    numerics.add_argument("--max-model-len", type=_at_least(1), default=1024, help="vLLM's --max-model-len")
+    numerics.add_argument("--max-model-len", type=at_least(1), default=1024, help="vLLM's --max-model-len")
     numerics.add_argument(
-        "--gpu-memory-utilization", type=_fraction, default=0.3, help="vLLM's --gpu-memory-utilization"
+        "--gpu-memory-utilization", type=fraction, default=0.3, help="vLLM's --gpu-memory-utilization"
     )
     numerics.add_argument(
-        "--exclude-factor", type=_positive_float, default=2.0, help="suggest layers above this x the median"
+        "--exclude-factor", type=positive_float, default=2.0, help="suggest layers above this x the median"
     )
     _add_parallel_arguments(numerics)
     numerics.set_defaults(handler=_numerics)
@@ -337,14 +258,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inspect.add_argument(
         "--sizes",
-        type=_size_specs,
+        type=size_specs,
         default=None,
         help=f"the built-in model's graphs (not with --model): comma list of N (static) or LO:HI "
         f"(default {DEFAULT_SIZES})",
     )
     inspect.add_argument(
         "--captured-limit",
-        type=_at_least(0),
+        type=at_least(0),
         default=None,
         help=f"the built-in model's captured limit (not with --model; default {DEFAULT_CAPTURED_LIMIT})",
     )
@@ -356,18 +277,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b12x.add_argument(
         "--arch",
-        type=_comma_list(_b12x_names("TARGETS")),
+        type=comma_list(_b12x_names("TARGETS")),
         default=["sm_120a", "sm_121a"],
         help="comma list of sm_120a, sm_121a",
     )
     b12x.add_argument(
         "--shape",
-        type=_comma_list(_b12x_names("SHAPES")),
+        type=comma_list(_b12x_names("SHAPES")),
         default=["tiny", "glm-tp2"],
         help="comma list of tiny, glm-tp2",
     )
-    b12x.add_argument("--max-tokens", type=_at_least(1), default=8192, help="the backend's call capacity")
-    b12x.add_argument("--workers", type=_at_least(1), default=1, help="b12x compile processes")
+    b12x.add_argument("--max-tokens", type=at_least(1), default=8192, help="the backend's call capacity")
+    b12x.add_argument("--workers", type=at_least(1), default=1, help="b12x compile processes")
     b12x.add_argument("--json", default=None, help="also write the programs and timings as JSON here")
     b12x.set_defaults(handler=_b12x_compile)
     audit = commands.add_parser(
