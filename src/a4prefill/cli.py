@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 
 from a4prefill.tools.arguments import (
     at_least,
@@ -128,17 +127,6 @@ def _b12x_compile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _b12x_names(table: str) -> Callable[[], list[str]]:
-    """The names of ``tools.b12x_compile``'s ``table`` (``SHAPES`` or ``TARGETS``), read when parsed."""
-
-    def names() -> list[str]:
-        from a4prefill.tools import b12x_compile
-
-        return sorted(getattr(b12x_compile, table))
-
-    return names
-
-
 def _add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
     """vLLM's parallel arguments, as ``vllm serve`` spells them (``tools.parallelism``)."""
     parser.add_argument(
@@ -158,6 +146,7 @@ def _add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from a4prefill.passes.split_prefill import DEFAULT_PASS
+    from a4prefill.tools.b12x_compile import SHAPES, TARGETS
     from a4prefill.tools.e2e import PROMPT_SETS
 
     parser = argparse.ArgumentParser(prog="a4prefill", description=__doc__)
@@ -277,13 +266,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b12x.add_argument(
         "--arch",
-        type=comma_list(_b12x_names("TARGETS")),
+        type=comma_list(list(TARGETS)),
         default=["sm_120a", "sm_121a"],
         help="comma list of sm_120a, sm_121a",
     )
     b12x.add_argument(
         "--shape",
-        type=comma_list(_b12x_names("SHAPES")),
+        type=comma_list(list(SHAPES)),
         default=["tiny", "glm-tp2"],
         help="comma list of tiny, glm-tp2",
     )

@@ -68,14 +68,13 @@ def device(text: str) -> str:
     return text
 
 
-def comma_list(choices: Callable[[], list[str]]) -> Callable[[str], list[str]]:
-    """An argparse type: a comma list, each entry one of ``choices()`` (read when parsed)."""
+def comma_list(choices: list[str]) -> Callable[[str], list[str]]:
+    """An argparse type: a comma list, each entry one of ``choices``."""
 
     def entries(text: str) -> list[str]:
         names = [name for name in text.split(",") if name]
-        unknown = [name for name in names if name not in choices()]
-        if unknown or not names:
-            raise argparse.ArgumentTypeError(f"expected a comma list of {sorted(choices())}, got {text!r}")
+        if not names or any(name not in choices for name in names):
+            raise argparse.ArgumentTypeError(f"expected a comma list of {sorted(choices)}, got {text!r}")
         return names
 
     return entries
