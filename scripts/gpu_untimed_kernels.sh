@@ -13,6 +13,15 @@
 #                                               # schedules, within AB_TEST_SECONDS, 150), then
 #                                               # the whole MoE at AB_SIZES tokens (512, 1024,
 #                                               # 4096) on src, each DIR, then again
+#   bash scripts/gpu_untimed_kernels.sh pending # for a short device window: what no GPU has run
+#                                               # since the thirty-fifth round, most needed first,
+#                                               # within PENDING_SECONDS (default 585): whether the
+#                                               # kernel modules import under the GPU's Triton, the
+#                                               # registers permutation's GPU test, the 64-route
+#                                               # tiles' GPU tests, the A8 GPU tests, then the
+#                                               # permutation's timing (bench_gather.py) and the
+#                                               # MoE at 1536 and 2048 tokens with the 64-route
+#                                               # tiles (one order; t64 runs both)
 #   bash scripts/gpu_untimed_kernels.sh t64     # the thirty-sixth round's 64-route tiles of
 #                                               # 256 weight rows, one CTA per SM (_tok, _tok_la;
 #                                               # built without a GPU): their GEMM and A4/split
@@ -115,6 +124,24 @@ ab)
             | paste -sd ' ' | sed "s|^|$tree: |"
         rm -f "$OUT/ab_$n/bench_moe.png"
     done
+    ;;
+pending)
+    budget=${PENDING_SECONDS:-585}
+    python -c "from a4prefill.ops.backends.triton import kernel_modules as k
+print('decode_imports', k.decode_imports(), 'prefill_imports', k.prefill_imports())" 2>&1 | tee "$OUT/imports.txt"
+    for tests in tests/test_column_order_kernels_gpu.py "tests/test_triton_prefill_gpu.py -k rs_w256_t64" \
+        tests/test_triton_prefill_a8_gpu.py; do
+        n=$((${n:-0} + 1))
+        # shellcheck disable=SC2086 # $tests is a file and its -k words
+        timeout "$(left "$budget")" python -m pytest -q -p no:cacheprovider -rs -m gpu $tests 2>&1 \
+            | tee "$OUT/gpu_tests_$n.txt" | tail -2
+    done
+    timeout "$(left "$budget")" python benchmarks/bench_gather.py --out "$OUT/permute" --tokens 4096 8192 16384 \
+        2>&1 | tee "$OUT/bench_gather.txt" | grep -o "'tokens': [0-9]*\|'permute_[a-z_]*_us': [0-9.]*" | paste -sd ' '
+    timeout "$(left "$budget")" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 1536,2048 \
+        --baselines "" --a8-schedules a8_rs_tok --sweep prefill --sweep-modes a4,split \
+        --prefill-tiles rs_w128_t64_d6_ws_c2_tok,rs_w256_t64_d6_ws_tok,rs_w256_t64_d6_ws_tok_la \
+        --out "$OUT/t64" 2>&1 | tee "$OUT/bench_moe_t64.txt" | grep -o '"sweep_w4a16_us": {[^}]*}'
     ;;
 permute)
     timeout 120 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_column_order_kernels_gpu.py 2>&1 \
@@ -230,7 +257,7 @@ ncu)
     echo "then here: python benchmarks/profile_prefill.py ${NCU_CASES[*]} --ncu-summary ncu.csv --out DIR"
     ;;
 *)
-    echo "usage: bash scripts/gpu_untimed_kernels.sh ab DIR...|t64|permute|waves|halves|ahead|fence|quant|tiles|sizes|anchors|ncu (on a Hopper GPU, with OUT set)" >&2
+    echo "usage: bash scripts/gpu_untimed_kernels.sh ab DIR...|pending|t64|permute|waves|halves|ahead|fence|quant|tiles|sizes|anchors|ncu (on a Hopper GPU, with OUT set)" >&2
     exit 2
     ;;
 esac
