@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Triton backend's CPU tests (interpreter runs of every kernel against the references, and the
-# sm_90a/sm_120a compiles with their SASS checks) under another Triton than .venv's: the one a GPU
+# sm_90a compiles with their SASS checks) under another Triton than .venv's: the one a GPU
 # machine has (the H200 of issue 23 runs Triton 3.6; .venv has the version torch pins). Catches a
 # Gluon or Triton API a kernel module uses that the GPU's Triton lacks, which on the GPU would
 # switch that module's kernels off with a warning (kernel_modules), without spending device time.
