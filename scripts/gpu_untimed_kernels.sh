@@ -104,6 +104,21 @@ NCU_CASES=(--case 8192:default:w4a16 --case "8192:$LARGE_GATHER:w4a16" --case 81
 began=$(date +%s)
 # seconds left of $1 since the start, at least 1 (timeout takes 0 as "no limit")
 left() { local l=$(($1 - ($(date +%s) - began))); echo $((l > 1 ? l : 1)); }
+# bench_gather.py at 4096-16384 tokens (the registers permutation beside the gather kernel's
+# copy), within $1 seconds of the start; prints the permutation times
+time_permutation() {
+    timeout "$(left "$1")" python benchmarks/bench_gather.py --out "$OUT/permute" --tokens 4096 8192 16384 2>&1 \
+        | tee "$OUT/bench_gather.txt" | grep -o "'tokens': [0-9]*\|'permute_[a-z_]*_us': [0-9.]*" | paste -sd ' '
+}
+# the whole MoE at 1536 and 2048 tokens (W4A16, A4, split) with the prefill tiles $2 (comma list,
+# timed in that order) swept beside the defaults, into $OUT/t64_$3, within $1 seconds of the start
+time_t64() {
+    timeout "$(left "$1")" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 1536,2048 \
+        --baselines "" --a8-schedules a8_rs_tok --sweep prefill --sweep-modes a4,split \
+        --prefill-tiles "$2" --out "$OUT/t64_$3" 2>&1 | tee "$OUT/bench_moe_t64_$3.txt" \
+        | grep -o '"sweep_w4a16_us": {[^}]*}' || tail -4 "$OUT/bench_moe_t64_$3.txt"
+}
+T64_BASE=rs_w128_t64_d6_ws_c2_tok T64_WIDE=rs_w256_t64_d6_ws_tok
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv | tee "$OUT/gpu.txt"
 case "${1:-}" in
 ab)
@@ -136,18 +151,13 @@ print('decode_imports', k.decode_imports(), 'prefill_imports', k.prefill_imports
         timeout "$(left "$budget")" python -m pytest -q -p no:cacheprovider -rs -m gpu $tests 2>&1 \
             | tee "$OUT/gpu_tests_$n.txt" | tail -2
     done
-    timeout "$(left "$budget")" python benchmarks/bench_gather.py --out "$OUT/permute" --tokens 4096 8192 16384 \
-        2>&1 | tee "$OUT/bench_gather.txt" | grep -o "'tokens': [0-9]*\|'permute_[a-z_]*_us': [0-9.]*" | paste -sd ' '
-    timeout "$(left "$budget")" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 1536,2048 \
-        --baselines "" --a8-schedules a8_rs_tok --sweep prefill --sweep-modes a4,split \
-        --prefill-tiles rs_w128_t64_d6_ws_c2_tok,rs_w256_t64_d6_ws_tok,rs_w256_t64_d6_ws_tok_la \
-        --out "$OUT/t64" 2>&1 | tee "$OUT/bench_moe_t64.txt" | grep -o '"sweep_w4a16_us": {[^}]*}'
+    time_permutation "$budget"
+    time_t64 "$budget" "$T64_BASE,$T64_WIDE,${T64_WIDE}_la" 1
     ;;
 permute)
     timeout 120 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_column_order_kernels_gpu.py 2>&1 \
         | tee "$OUT/gpu_tests.txt" | tail -4
-    timeout "$(left 585)" python benchmarks/bench_gather.py --out "$OUT/permute" --tokens 4096 8192 16384 2>&1 \
-        | tee "$OUT/bench_gather.txt" | grep -o "'tokens': [0-9]*\|'permute_[a-z_]*_us': [0-9.]*" | paste -sd ' '
+    time_permutation 585
     ;;
 waves)
     experts="256 264 272 280 288 296 304 312"
@@ -162,14 +172,8 @@ waves)
 t64)
     timeout 200 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py \
         -k rs_w256_t64 2>&1 | tee "$OUT/gpu_tests.txt" | tail -4
-    base=rs_w128_t64_d6_ws_c2_tok wide=rs_w256_t64_d6_ws_tok
-    for run in "$base,$wide,${wide}_la" "${wide}_la,$wide,$base"; do
-        n=$((${n:-0} + 1))
-        timeout "$(left 585)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 1536,2048 \
-            --baselines "" --a8-schedules a8_rs_tok --sweep prefill --sweep-modes a4,split \
-            --prefill-tiles "$run" --out "$OUT/t64_$n" 2>&1 | tee "$OUT/bench_moe_t64_$n.txt" \
-            | grep -o '"sweep_w4a16_us": {[^}]*}' || tail -4 "$OUT/bench_moe_t64_$n.txt"
-    done
+    time_t64 585 "$T64_BASE,$T64_WIDE,${T64_WIDE}_la" 1
+    time_t64 585 "${T64_WIDE}_la,$T64_WIDE,$T64_BASE" 2
     ;;
 halves)
     timeout 200 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py \
