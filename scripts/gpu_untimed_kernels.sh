@@ -22,6 +22,12 @@
 #                                               # permutation's timing (bench_gather.py) and the
 #                                               # MoE at 1536 and 2048 tokens with the 64-route
 #                                               # tiles (one order; t64 runs both)
+#   bash scripts/gpu_untimed_kernels.sh window  # one short window (WINDOW_SECONDS, default 585)
+#                                               # on whichever card came: on an H200 first
+#                                               # the sizes mode's Nsight Compute (within all
+#                                               # but 150 s), then the pending mode's steps
+#                                               # within what is left; on another card only
+#                                               # those
 #   bash scripts/gpu_untimed_kernels.sh t64     # the thirty-sixth round's 64-route tiles of
 #                                               # 256 weight rows, one CTA per SM (_tok, _tok_la;
 #                                               # built without a GPU): their GEMM and A4/split
@@ -119,6 +125,33 @@ time_t64() {
         | grep -o '"sweep_w4a16_us": {[^}]*}' || tail -4 "$OUT/bench_moe_t64_$3.txt"
 }
 T64_BASE=rs_w128_t64_d6_ws_c2_tok T64_WIDE=rs_w256_t64_d6_ws_tok
+# Nsight Compute of every GEMM of one W4A16 MoE call at $SIZES tokens, within $1 seconds of the
+# start (at most 420), into $OUT/ncu_sizes.csv
+profile_sizes() {
+    local budget=$(($1 < 420 ? $1 : 420))
+    timeout "$(left "$budget")" ncu --profile-from-start off --section SpeedOfLight --section Occupancy \
+        --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \
+        --section MemoryWorkloadAnalysis --section SchedulerStats --csv \
+        python benchmarks/profile_decode.py --ncu --tokens "$SIZES" --out "$OUT/ncu" >"$OUT/ncu_sizes.csv" \
+        2>"$OUT/ncu_sizes.err"
+    tail -3 "$OUT/ncu_sizes.err"
+}
+# what no GPU has run since the thirty-fifth round, most needed first, within $1 seconds of the
+# start: the kernel modules' imports, the GPU tests of the registers permutation, the 64-route
+# tiles and A8, then the permutation's and the 64-route tiles' timings
+run_pending() {
+    python -c "from a4prefill.ops.backends.triton import kernel_modules as k
+print('decode_imports', k.decode_imports(), 'prefill_imports', k.prefill_imports())" 2>&1 | tee "$OUT/imports.txt"
+    for tests in tests/test_column_order_kernels_gpu.py "tests/test_triton_prefill_gpu.py -k rs_w256_t64" \
+        tests/test_triton_prefill_a8_gpu.py; do
+        n=$((${n:-0} + 1))
+        # shellcheck disable=SC2086 # $tests is a file and its -k words
+        timeout "$(left "$1")" python -m pytest -q -p no:cacheprovider -rs -m gpu $tests 2>&1 \
+            | tee "$OUT/gpu_tests_$n.txt" | tail -2
+    done
+    time_permutation "$1"
+    time_t64 "$1" "$T64_BASE,$T64_WIDE,${T64_WIDE}_la" 1
+}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv | tee "$OUT/gpu.txt"
 case "${1:-}" in
 ab)
@@ -141,18 +174,16 @@ ab)
     done
     ;;
 pending)
-    budget=${PENDING_SECONDS:-585}
-    python -c "from a4prefill.ops.backends.triton import kernel_modules as k
-print('decode_imports', k.decode_imports(), 'prefill_imports', k.prefill_imports())" 2>&1 | tee "$OUT/imports.txt"
-    for tests in tests/test_column_order_kernels_gpu.py "tests/test_triton_prefill_gpu.py -k rs_w256_t64" \
-        tests/test_triton_prefill_a8_gpu.py; do
-        n=$((${n:-0} + 1))
-        # shellcheck disable=SC2086 # $tests is a file and its -k words
-        timeout "$(left "$budget")" python -m pytest -q -p no:cacheprovider -rs -m gpu $tests 2>&1 \
-            | tee "$OUT/gpu_tests_$n.txt" | tail -2
-    done
-    time_permutation "$budget"
-    time_t64 "$budget" "$T64_BASE,$T64_WIDE,${T64_WIDE}_la" 1
+    run_pending "${PENDING_SECONDS:-585}"
+    ;;
+window)
+    # one short window on whichever card came: on an H200 first the Nsight Compute of every size
+    # (issue 23's closing needs it on that card), then what no GPU has run; elsewhere that first
+    budget=${WINDOW_SECONDS:-585}
+    if grep -q H200 "$OUT/gpu.txt"; then
+        profile_sizes "$((budget - 150))"
+    fi
+    run_pending "$budget"
     ;;
 permute)
     timeout 120 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_column_order_kernels_gpu.py 2>&1 \
@@ -228,12 +259,7 @@ tiles)
     done
     ;;
 sizes)
-    timeout 420 ncu --profile-from-start off --section SpeedOfLight --section Occupancy \
-        --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \
-        --section MemoryWorkloadAnalysis --section SchedulerStats --csv \
-        python benchmarks/profile_decode.py --ncu --tokens "$SIZES" --out "$OUT/ncu" >"$OUT/ncu_sizes.csv" \
-        2>"$OUT/ncu_sizes.err"
-    tail -3 "$OUT/ncu_sizes.err"
+    profile_sizes 420
     ;;
 anchors)
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/hsite \
@@ -261,7 +287,7 @@ ncu)
     echo "then here: python benchmarks/profile_prefill.py ${NCU_CASES[*]} --ncu-summary ncu.csv --out DIR"
     ;;
 *)
-    echo "usage: bash scripts/gpu_untimed_kernels.sh ab DIR...|pending|t64|permute|waves|halves|ahead|fence|quant|tiles|sizes|anchors|ncu (on a Hopper GPU, with OUT set)" >&2
+    echo "usage: bash scripts/gpu_untimed_kernels.sh ab DIR...|pending|window|t64|permute|waves|halves|ahead|fence|quant|tiles|sizes|anchors|ncu (on a Hopper GPU, with OUT set)" >&2
     exit 2
     ;;
 esac
