@@ -13,10 +13,8 @@ the gather's bytes in every column: the rows written plus the token rows read on
 (``launch_prefill_gemm`` wrote it by ``index_select`` until the twenty-sixth round, since by
 ``prefill.mma_ordered_rows``: ``gather_rows`` in ``GATHER_BLOCKS_FIRST``'s order):
 ``permute_index_select`` against ``gather_rows`` with each token its own route
-(``permute_stripes``, ``permute_rows``: both program orders) and against
-``prefill.mma_ordered_rows(x, "registers")`` (``permute_registers``: one Gluon kernel permuting
-each 64-column block in a thread's registers, thirty-fifth round), GB/s of ``x`` read and
-written once. Saves
+(``permute_stripes``, ``permute_rows``: both program orders), GB/s of ``x`` read and written
+once. Saves
 ``bench_gather.json`` and ``bench_gather.png``; the faster order is what
 ``prefill.GATHER_BLOCKS_FIRST`` should say.
 """
@@ -37,15 +35,15 @@ TOKENS = [1024, 4096, 8192, 16384]
 ORDERS = {"stripes": False, "rows": True}  # label: gather_rows' blocks_first
 
 
-PERMUTATIONS = ("permute_index_select", "permute_stripes", "permute_rows", "permute_registers")
+PERMUTATIONS = ("permute_index_select", "permute_stripes", "permute_rows")
 
 
 def time_permutations(x: torch.Tensor, flush: torch.Tensor) -> dict[str, float]:
     """``<label>_us`` and ``<label>_GBps`` of each of :data:`PERMUTATIONS`: ``x`` ``[T, K]`` bf16
-    with its columns in ``prefill.mma_column_order``, by ``index_select``, by ``gather_rows``
-    with routes ``0 .. T - 1`` of one route per token in both program orders and by the registers
-    kernel of ``mma_ordered_rows`` (checked equal first); GB/s of ``x`` read and written once."""
-    from a4prefill.ops.backends.triton.prefill import gather_rows, mma_column_order, mma_ordered_rows
+    with its columns in ``prefill.mma_column_order``, by ``index_select`` and by ``gather_rows``
+    with routes ``0 .. T - 1`` of one route per token in both program orders (checked equal
+    first); GB/s of ``x`` read and written once."""
+    from a4prefill.ops.backends.triton.prefill import gather_rows, mma_column_order
 
     tokens, hidden = x.shape
     columns = mma_column_order(hidden, x.device)
@@ -54,7 +52,6 @@ def time_permutations(x: torch.Tensor, flush: torch.Tensor) -> dict[str, float]:
         "permute_index_select": functools.partial(x.index_select, 1, columns),
         "permute_stripes": functools.partial(gather_rows, x, identity, 1, False),
         "permute_rows": functools.partial(gather_rows, x, identity, 1, True),
-        "permute_registers": functools.partial(mma_ordered_rows, x, "registers"),
     }
     expected = x.index_select(1, columns)
     timings: dict[str, float] = {}

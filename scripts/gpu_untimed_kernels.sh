@@ -3,8 +3,8 @@
 # without enough of it, built for issues 23 and 28 (the list as of the thirty-first round;
 # docs/prefill-kernel-next.md). One device call per mode, each under the tool's 600 s;
 # everything is tee'd into $OUT, so a call cut off by its time limit keeps its output. The modes
-# of earlier rounds (verify, a4, gather, mid, small: the twenty-third to twenty-eighth rounds,
-# benchmarks/results/README.md) are in this file's history (git log -p on it).
+# of earlier rounds (verify, a4, gather, mid, small: the twenty-third to twenty-eighth rounds;
+# pending and permute: the thirty-ninth; benchmarks/results/README.md) are in this file's history (git log -p on it).
 #
 #   bash scripts/gpu_untimed_kernels.sh ab DIR...  # this checkout's defaults against the
 #                                               # src trees DIR... (other commits' src, carried
@@ -13,33 +13,18 @@
 #                                               # schedules, within AB_TEST_SECONDS, 150), then
 #                                               # the whole MoE at AB_SIZES tokens (512, 1024,
 #                                               # 4096) on src, each DIR, then again
-#   bash scripts/gpu_untimed_kernels.sh pending # for a short device window: what no GPU has run
-#                                               # since the thirty-fifth round, most needed first,
-#                                               # within PENDING_SECONDS (default 585): whether the
-#                                               # kernel modules import under the GPU's Triton, the
-#                                               # registers permutation's GPU test, the 64-route
-#                                               # tiles' GPU tests, the A8 GPU tests, then the
-#                                               # permutation's timing (bench_gather.py) and the
-#                                               # MoE at 1536 and 2048 tokens with the 64-route
-#                                               # tiles (one order; t64 runs both)
-#   bash scripts/gpu_untimed_kernels.sh window  # one short window (WINDOW_SECONDS, default 585)
-#                                               # on whichever card came: on an H200 first
-#                                               # the sizes mode's Nsight Compute (within all
-#                                               # but 150 s), then the pending mode's steps
-#                                               # within what is left; on another card only
-#                                               # those
-#   bash scripts/gpu_untimed_kernels.sh t64     # the thirty-sixth round's 64-route tiles of
+#   bash scripts/gpu_untimed_kernels.sh window  # one short window (WINDOW_SECONDS, default
+#                                               # 585) on whichever Hopper card came: the sizes
+#                                               # mode's Nsight Compute (within all but 150 s),
+#                                               # then the t64 mode's timing in one order
+#   bash scripts/gpu_untimed_kernels.sh t64     # (ran in the thirty-ninth round, on an H100)
+#                                               # the thirty-sixth round's 64-route tiles of
 #                                               # 256 weight rows, one CTA per SM (_tok, _tok_la;
 #                                               # built without a GPU): their GEMM and A4/split
 #                                               # MoE GPU tests, then the whole MoE at 1536 and
 #                                               # 2048 tokens (W4A16, A4, split) beside the
 #                                               # default's 128-row two-CTA tiles, then again in
 #                                               # the opposite order
-#   bash scripts/gpu_untimed_kernels.sh permute # the thirty-fifth round's column permutation in
-#                                               # registers (mma_ordered_rows(x, "registers"),
-#                                               # built without a GPU): its GPU test, then
-#                                               # bench_gather.py at 4096-16384 tokens beside the
-#                                               # gather kernel that writes the copy today
 #   bash scripts/gpu_untimed_kernels.sh waves   # how the 32-route GEMMs' time follows their
 #                                               # work items per SM (the last wave): FC1 and
 #                                               # FC2 alone (bench_prefill_gemm.py --experts)
@@ -110,12 +95,6 @@ NCU_CASES=(--case 8192:default:w4a16 --case "8192:$LARGE_GATHER:w4a16" --case 81
 began=$(date +%s)
 # seconds left of $1 since the start, at least 1 (timeout takes 0 as "no limit")
 left() { local l=$(($1 - ($(date +%s) - began))); echo $((l > 1 ? l : 1)); }
-# bench_gather.py at 4096-16384 tokens (the registers permutation beside the gather kernel's
-# copy), within $1 seconds of the start; prints the permutation times
-time_permutation() {
-    timeout "$(left "$1")" python benchmarks/bench_gather.py --out "$OUT/permute" --tokens 4096 8192 16384 2>&1 \
-        | tee "$OUT/bench_gather.txt" | grep -o "'tokens': [0-9]*\|'permute_[a-z_]*_us': [0-9.]*" | paste -sd ' '
-}
 # the whole MoE at 1536 and 2048 tokens (W4A16, A4, split) with the prefill tiles $2 (comma list,
 # timed in that order) swept beside the defaults, into $OUT/t64_$3, within $1 seconds of the start
 time_t64() {
@@ -135,22 +114,6 @@ profile_sizes() {
         python benchmarks/profile_decode.py --ncu --tokens "$SIZES" --out "$OUT/ncu" >"$OUT/ncu_sizes.csv" \
         2>"$OUT/ncu_sizes.err"
     tail -3 "$OUT/ncu_sizes.err"
-}
-# what no GPU has run since the thirty-fifth round, most needed first, within $1 seconds of the
-# start: the kernel modules' imports, the GPU tests of the registers permutation, the 64-route
-# tiles and A8, then the permutation's and the 64-route tiles' timings
-run_pending() {
-    python -c "from a4prefill.ops.backends.triton import kernel_modules as k
-print('decode_imports', k.decode_imports(), 'prefill_imports', k.prefill_imports())" 2>&1 | tee "$OUT/imports.txt"
-    for tests in tests/test_column_order_kernels_gpu.py "tests/test_triton_prefill_gpu.py -k rs_w256_t64" \
-        tests/test_triton_prefill_a8_gpu.py; do
-        n=$((${n:-0} + 1))
-        # shellcheck disable=SC2086 # $tests is a file and its -k words
-        timeout "$(left "$1")" python -m pytest -q -p no:cacheprovider -rs -m gpu $tests 2>&1 \
-            | tee "$OUT/gpu_tests_$n.txt" | tail -2
-    done
-    time_permutation "$1"
-    time_t64 "$1" "$T64_BASE,$T64_WIDE,${T64_WIDE}_la" 1
 }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv | tee "$OUT/gpu.txt"
 case "${1:-}" in
@@ -173,22 +136,10 @@ ab)
         rm -f "$OUT/ab_$n/bench_moe.png"
     done
     ;;
-pending)
-    run_pending "${PENDING_SECONDS:-585}"
-    ;;
 window)
-    # one short window on whichever card came: on an H200 first the Nsight Compute of every size
-    # (issue 23's closing needs it on that card), then what no GPU has run; elsewhere that first
     budget=${WINDOW_SECONDS:-585}
-    if grep -q H200 "$OUT/gpu.txt"; then
-        profile_sizes "$((budget - 150))"
-    fi
-    run_pending "$budget"
-    ;;
-permute)
-    timeout 120 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_column_order_kernels_gpu.py 2>&1 \
-        | tee "$OUT/gpu_tests.txt" | tail -4
-    time_permutation 585
+    profile_sizes "$((budget - 150))"
+    time_t64 "$budget" "$T64_BASE,$T64_WIDE,${T64_WIDE}_la" 1
     ;;
 waves)
     experts="256 264 272 280 288 296 304 312"
@@ -287,7 +238,7 @@ ncu)
     echo "then here: python benchmarks/profile_prefill.py ${NCU_CASES[*]} --ncu-summary ncu.csv --out DIR"
     ;;
 *)
-    echo "usage: bash scripts/gpu_untimed_kernels.sh ab DIR...|pending|window|t64|permute|waves|halves|ahead|fence|quant|tiles|sizes|anchors|ncu (on a Hopper GPU, with OUT set)" >&2
+    echo "usage: bash scripts/gpu_untimed_kernels.sh ab DIR...|window|t64|waves|halves|ahead|fence|quant|tiles|sizes|anchors|ncu (on a Hopper GPU, with OUT set)" >&2
     exit 2
     ;;
 esac

@@ -14,9 +14,7 @@ a kernel by setting the module's attribute).
 - :func:`prefill_ws`: :mod:`prefill_ws_kernels` (its warp-specialized variant; part of what
   :func:`prefill_imports` checks);
 - :func:`prefill_a8`: :mod:`prefill_a8_kernels` (that variant's A8 mainloop and the A8 row
-  quantizer; imported with it);
-- :func:`column_order`: :mod:`column_order_kernels` (the prefill FC1's column permutation of the
-  hidden states in registers; Gluon, part of what :func:`prefill_imports` checks).
+  quantizer; imported with it).
 """
 
 from __future__ import annotations
@@ -67,12 +65,6 @@ def prefill_a8() -> Any:
     return prefill_a8_kernels
 
 
-def column_order() -> Any:
-    from a4prefill.ops.backends.triton import column_order_kernels
-
-    return column_order_kernels
-
-
 def _imports(load: Callable[[], Any]) -> bool:
     """Whether ``load`` imports its kernel module (a Triton whose Gluon has what it uses); where
     not, a warning names the module and the error (the calls it would run take other kernels)."""
@@ -98,9 +90,9 @@ def decode_imports() -> bool:
 
 @functools.cache
 def prefill_imports() -> bool:
-    """Whether :mod:`prefill_kernels`, :mod:`prefill_ws_kernels` and :mod:`column_order_kernels`
-    import (a Triton whose Gluon has the Hopper ops they use)."""
-    return _imports(prefill) and _imports(prefill_ws) and _imports(column_order)
+    """Whether :mod:`prefill_kernels` and :mod:`prefill_ws_kernels` import (a Triton whose Gluon
+    has the Hopper ops they use)."""
+    return _imports(prefill) and _imports(prefill_ws)
 
 
 register_state(__name__, decode_imports.cache_clear, decode_imports)

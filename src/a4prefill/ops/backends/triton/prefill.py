@@ -105,45 +105,18 @@ def gather_rows(
     return rows
 
 
-# Which kernel writes :func:`mma_ordered_rows`' copy: "gather" (``shared_kernels.gather_rows_kernel``
-# with one route per token, timed in the twenty-fifth round) or "registers"
-# (``column_order_kernels.mma_order_rows_kernel``, the permutation in each thread's registers;
-# built in the thirty-fifth round without a GPU, to be timed by ``benchmarks/bench_gather.py``
-# before it is chosen). Either writes the same bytes.
-MMA_ORDER_KERNEL = "gather"
-MMA_ORDER_ROWS_PER_PROGRAM = 8  # rows of a mma_order_rows_kernel program: 2 a warp, 32 KiB in all
-
-
-def mma_ordered_rows(x: torch.Tensor, kernel: str = MMA_ORDER_KERNEL) -> torch.Tensor:
+def mma_ordered_rows(x: torch.Tensor) -> torch.Tensor:
     """bf16 ``[T, K]``: ``x [T, K]`` (bf16, contiguous, ``K`` a multiple of 64) with its columns in
-    :func:`mma_column_order`: the copy a ``rows_by_token`` FC1 reads its rows from. ``kernel``
-    (:data:`MMA_ORDER_KERNEL`): ``"gather"``, :func:`gather_rows` with each row its own route,
-    chosen over ``x.index_select(1, mma_column_order(K))`` (the same bytes) by
-    ``benchmarks/bench_gather.py`` (twenty-fifth round, H200, hidden 4096,
-    :data:`GATHER_BLOCKS_FIRST`'s order: 76.5 against 97 us at 8192 tokens, 143 against 186 at
-    16384); ``"registers"``, ``column_order_kernels.mma_order_rows_kernel`` (sm_90: Gluon). No
-    host sync; allocates the copy (and, gathering, the identity routes)."""
-    if kernel == "gather":
-        identity = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
-        return gather_rows(x, identity, 1)
-    if kernel != "registers":
-        raise ValueError(f"mma_ordered_rows: kernel must be 'gather' or 'registers', got {kernel!r}")
-    tokens, k = x.shape
-    if k % 64:
-        raise ValueError(f"mma_ordered_rows: x's columns must be a multiple of 64, got {k}")
-    rows = torch.empty_like(x)
-    if tokens:
-        kernels = kernel_modules.column_order()
-        grid = (cdiv(tokens, MMA_ORDER_ROWS_PER_PROGRAM), cdiv(k // 64, kernels.BLOCKS_PER_PROGRAM.value))
-        kernels.mma_order_rows_kernel[grid](
-            x.view(torch.int32),
-            rows.view(torch.int32),
-            tokens,
-            k // 2,
-            ROWS=MMA_ORDER_ROWS_PER_PROGRAM,
-            num_warps=4,
-        )
-    return rows
+    :func:`mma_column_order`, by :func:`gather_rows` with each row its own route: the copy a
+    ``rows_by_token`` FC1 reads its rows from. Chosen over ``x.index_select(1,
+    mma_column_order(K))`` (the same bytes) by ``benchmarks/bench_gather.py`` (twenty-fifth round,
+    H200, hidden 4096, :data:`GATHER_BLOCKS_FIRST`'s order: 76.5 against 97 us at 8192 tokens,
+    143 against 186 at 16384), and over a Gluon kernel permuting each thread's 64-column block in
+    its registers (thirty-ninth round, H100: 96.7 against 111.6 us at 8192 tokens; removed,
+    ``benchmarks/results/README.md``). No host sync; allocates (the identity routes and the
+    copy)."""
+    identity = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
+    return gather_rows(x, identity, 1)
 
 
 def ws_partitions(
