@@ -4,7 +4,8 @@
 # docs/prefill-kernel-next.md). One device call per mode, each under the tool's 600 s;
 # everything is tee'd into $OUT, so a call cut off by its time limit keeps its output. The modes
 # of earlier rounds (verify, a4, gather, mid, small: the twenty-third to twenty-eighth rounds;
-# pending and permute: the thirty-ninth; benchmarks/results/README.md) are in this file's history (git log -p on it).
+# pending and permute: the thirty-ninth; benchmarks/results/README.md) are in this file's
+# history (git log -p on it).
 #
 #   bash scripts/gpu_untimed_kernels.sh ab DIR...  # this checkout's defaults against the
 #                                               # src trees DIR... (other commits' src, carried
