@@ -44,11 +44,8 @@ class Target:
     at_least: bool
     applies: Callable[[int], bool]
 
-    def met(self, row: dict[str, Any]) -> bool | None:
-        """Whether ``row`` meets the target; ``None`` where it has no value for it."""
-        value = self.value(row)
-        if value is None:
-            return None
+    def met(self, value: float) -> bool:
+        """Whether ``value`` (this target's ``value(row)`` of a row that has it) meets the bound."""
         return value >= self.bound if self.at_least else value <= self.bound
 
 
@@ -93,9 +90,7 @@ def shape_rows(result: dict[str, Any], source: str) -> list[dict[str, Any]]:
     return list(shapes[SHAPE]["rows"])
 
 
-def _cell(value: float | None, met: bool | None) -> str:
-    if value is None:
-        return "-"
+def _cell(value: float, met: bool) -> str:
     text = f"{value:.2e}" if value < 0.01 else f"{value:.2f}"
     return text if met else f"**{text}** (missed)"
 
@@ -117,12 +112,15 @@ def report(runs: dict[str, list[dict[str, Any]]]) -> tuple[str, dict[str, str]]:
                     cells.append("")
                     continue
                 applicable[target.name].add(tokens)
-                met = target.met(row)
-                if met is not None:
-                    judged[target.name].add(tokens)
-                    if not met:
-                        missed[target.name].add(tokens)
-                cells.append(_cell(target.value(row), met))
+                value = target.value(row)
+                if value is None:
+                    cells.append("-")
+                    continue
+                met = target.met(value)
+                judged[target.name].add(tokens)
+                if not met:
+                    missed[target.name].add(tokens)
+                cells.append(_cell(value, met))
             lines.append(f"| {run} | {tokens} | " + " | ".join(cells) + " |")
     verdicts = {}
     for name in missed:
