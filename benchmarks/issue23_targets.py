@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -133,17 +132,27 @@ def report(runs: dict[str, list[dict[str, Any]]]) -> tuple[str, dict[str, str]]:
     return "\n".join(lines), verdicts
 
 
+def load_runs(paths: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Each result's GLM TP2 rows under its label: the path as given (the ``anchors`` mode writes
+    ``anchors/bench_moe.json`` and ``anchors_reversed/bench_moe.json``, one file name for both
+    orders) and the device the result records. A path given twice is refused by name: it would
+    count one run twice."""
+    runs = {}
+    for path in paths:
+        with open(path) as file:
+            result = json.load(file)
+        label = f"{path} ({result.get('device', 'device not recorded')})"
+        if label in runs:
+            raise ValueError(f"results: {path!r} given twice; expected each run once")
+        runs[label] = shape_rows(result, path)
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="+", help="bench_moe.py JSON results (bench_moe.json)")
     args = parser.parse_args()
-    runs = {}
-    for path in args.results:
-        with open(path) as file:
-            result = json.load(file)
-        label = f"{os.path.basename(path)} ({result.get('device', 'device not recorded')})"
-        runs[label] = shape_rows(result, path)
-    table, verdicts = report(runs)
+    table, verdicts = report(load_runs(args.results))
     print(table)
     print()
     for name, verdict in verdicts.items():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -64,3 +65,23 @@ def test_a_result_without_the_glm_shape_is_refused_by_name(targets, tmp_path):
     path.write_text(json.dumps({"shapes": {"small": {"rows": []}}}))
     with pytest.raises(ValueError, match=r"small_only\.json: expected a bench_moe\.py result with shape"):
         targets.shape_rows(json.loads(path.read_text()), str(path))
+
+
+def test_runs_with_one_file_name_in_two_folders_are_both_judged(targets, tmp_path, monkeypatch, capsys):
+    """The anchors mode's two orders land in ``anchors/bench_moe.json`` and
+    ``anchors_reversed/bench_moe.json``: the command line judges both (the 0.99x of the second
+    misses the milestone at 512 though the first meets it), and refuses one path given twice."""
+    paths = []
+    for folder, marlin in (("anchors", 1010.0), ("anchors_reversed", 990.0)):
+        (tmp_path / folder).mkdir()
+        path = tmp_path / folder / "bench_moe.json"
+        path.write_text(json.dumps({"shapes": {"glm53flash_tp2": {"rows": [row(512, 1000.0, marlin)]}}}))
+        paths.append(str(path))
+    monkeypatch.setattr(sys, "argv", ["issue23_targets.py", *paths])
+    targets.main()
+    printed = capsys.readouterr().out
+    assert "- milestone: Marlin/W4A16 >= 1.0: missed at [512]" in printed
+    assert printed.count("| 512 |") == 2
+    monkeypatch.setattr(sys, "argv", ["issue23_targets.py", paths[0], paths[0]])
+    with pytest.raises(ValueError, match=r"results: .*given twice"):
+        targets.main()
