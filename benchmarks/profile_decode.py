@@ -1,15 +1,16 @@
 """Where decode time goes: per-kernel breakdown of the package's W4A16 and vLLM's Marlin MoE (a
-script, CUDA GPU; Marlin needs CUDA vLLM).
+script, CUDA GPU; Marlin needs CUDA vLLM), and with ``--humming`` Humming's (``humming_baseline.py``:
+humming-kernels 0.1.19 on sm_90; an error where it cannot run).
 
 Usage: ``PYTHONPATH=src python benchmarks/profile_decode.py --out DIR [--shape glm53flash_tp2]
-[--tokens 1,16,64,256] [--prefill-tiles FC1[:FC2],...]`` writes ``profile_decode.json``: per
+[--tokens 1,16,64,256] [--prefill-tiles FC1[:FC2],...] [--humming]`` writes ``profile_decode.json``: per
 implementation and token count, every GPU kernel of one call (name, launches, microseconds, from
 ``torch.profiler`` over 20 calls, L2 not flushed) and the call's total. ``--prefill-tiles`` adds
 the package's W4A16 (and with ``--a4`` A4) with each pair of prefill schedules
 (``PREFILL_SCHEDULES`` labels, as ``bench_moe.py --prefill-tiles``) instead of the call's
 default, named ``w4a16_prefill_<tiles>``. Under Nsight Compute, ``--ncu`` runs each call once between
 ``cudaProfilerStart``/``Stop`` so that ``ncu --profile-from-start off`` sees only those kernels
-(per token count: W4A16, then with ``--a4`` A4, then Marlin):
+(per token count: W4A16, then with ``--a4`` A4, then Marlin, then with ``--humming`` Humming):
 
     ncu --profile-from-start off --section SpeedOfLight --section Occupancy \
         --section LaunchStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
@@ -17,8 +18,11 @@ default, named ``w4a16_prefill_<tiles>``. Under Nsight Compute, ``--ncu`` runs e
         python benchmarks/profile_decode.py --ncu --tokens 1,16,64 > ncu.csv
 
 and ``--ncu-summary ncu.csv`` turns that CSV into ``profile_decode_ncu.json`` (the GEMM kernels,
-one row each, in launch order, with the metrics of :data:`NCU_METRICS`). Nsight Compute locks
-the clocks to base, so its durations are longer than the timed ones; compare the percentages.
+one row each, in launch order, with the metrics of :data:`NCU_METRICS` and the busiest pipe that
+Nsight Compute's ``HighPipeUtilization`` rule names, with ``--section ComputeWorkloadAnalysis``).
+Nsight Compute locks the clocks to base, so its durations are longer than the timed ones; compare
+the percentages, and ``Executed Instructions`` (``--section InstructionStats``) per GEMM between
+implementations of the same call.
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ import collections
 import functools
 import json
 import os
+import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -56,8 +61,14 @@ NCU_METRICS = (
     "Warp Cycles Per Issued Instruction",
     "Eligible Warps Per Scheduler",
     "No Eligible",
+    "SM Frequency",
+    "Executed Ipc Active",
+    "Executed Instructions",
 )
-# the GEMMs of the package (tiled, decode and Hopper prefill kernels) and of vLLM's Marlin MoE
+# "ALU is the highest-utilized pipeline (55.7%) based on ..." -> ("ALU", "55.7")
+HIGHEST_PIPE = re.compile(r"^(\S+) is the highest-utilized pipeline \(([\d.]+)%\)")
+# the GEMMs of the package (tiled, decode and Hopper prefill kernels), of vLLM's Marlin MoE and
+# of Humming (one kernel template, ``humming<...>``)
 GEMM_KERNELS = (
     "fc1_kernel",
     "fc2_kernel",
@@ -65,13 +76,15 @@ GEMM_KERNELS = (
     "fc2_decode_kernel",
     "grouped_w4_gemm",
     "marlin",
+    "humming",
 )
 
 
 def ncu_summary(csv_path: str, kernels: tuple[str, ...] = GEMM_KERNELS) -> list[dict[str, Any]]:
     """One row per launch of a kernel whose name contains one of ``kernels`` in an ``ncu --csv``
-    report, in launch order: name, grid, block, the metrics of :data:`NCU_METRICS`. ncu's own
-    lines (``==PROF==``, ``==WARNING==``: before the table, and after a launch's rows when a
+    report, in launch order: name, grid, block, the metrics of :data:`NCU_METRICS` and, where
+    the report has the ``HighPipeUtilization`` rule, ``"highest pipe"`` (``"ALU 55.7%"``). ncu's
+    own lines (``==PROF==``, ``==WARNING==``: before the table, and after a launch's rows when a
     section has nothing to show) are skipped."""
     import csv
 
@@ -80,19 +93,30 @@ def ncu_summary(csv_path: str, kernels: tuple[str, ...] = GEMM_KERNELS) -> list[
     launches: dict[str, dict[str, Any]] = {}
     for record in csv.DictReader(lines):
         name = record["Kernel Name"]
-        if not any(word in name.lower() for word in kernels) or record["Metric Name"] not in NCU_METRICS:
+        if not any(word in name.lower() for word in kernels):
+            continue
+        pipe = HIGHEST_PIPE.match(record.get("Rule Description") or "")
+        if record["Metric Name"] not in NCU_METRICS and not (
+            record.get("Rule Name") == "HighPipeUtilization" and pipe
+        ):
             continue
         row = launches.setdefault(
             record["ID"], {"kernel": name[:40], "grid": record["Grid Size"], "block": record["Block Size"]}
         )
-        row[f"{record['Metric Name']} ({record['Metric Unit']})"] = record["Metric Value"]
+        if record["Metric Name"] in NCU_METRICS:
+            row[f"{record['Metric Name']} ({record['Metric Unit']})"] = record["Metric Value"]
+        else:
+            row["highest pipe"] = f"{pipe[1]} {pipe[2]}%"
     return list(launches.values())
 
 
-def implementations(shape: dict[str, int], a4: bool = False) -> dict[str, Callable[..., torch.Tensor]]:
+def implementations(
+    shape: dict[str, int], a4: bool = False, humming_tokens: Sequence[int] | None = None
+) -> dict[str, Callable[..., torch.Tensor]]:
     """``name -> fn(hidden, topk_weights, topk_ids)`` on the same random weights: the package's
-    W4A16, with ``a4`` its A4 (every row, the checkpoint's derived A4 scales), and vLLM's Marlin
-    where it imports."""
+    W4A16, with ``a4`` its A4 (every row, the checkpoint's derived A4 scales), vLLM's Marlin
+    where it imports, and with ``humming_tokens`` Humming's (its tiles compiled for those token
+    counts; ``RuntimeError`` naming ``--humming`` where humming-kernels or sm_90 is missing)."""
     from a4prefill.ops.backends.triton.fused import fused_moe
     from a4prefill.ops.scales import derive_a4_scales
 
@@ -109,6 +133,16 @@ def implementations(shape: dict[str, int], a4: bool = False) -> dict[str, Callab
     marlin = marlin_moe(weights)
     if marlin is not None:
         found["marlin"] = marlin
+    if humming_tokens is not None:
+        from humming_baseline import humming_moe
+
+        humming = humming_moe(weights, token_counts=humming_tokens)
+        if humming is None:
+            raise RuntimeError(
+                "--humming: expected humming-kernels 0.1.19 importable and an sm_90 GPU "
+                "(docs/humming.md, section 4: install its wheel into a folder on PYTHONPATH)"
+            )
+        found["humming"] = humming
     return found
 
 
@@ -161,6 +195,7 @@ def main() -> None:
     parser.add_argument("--tokens", default="1,16,64,256")
     parser.add_argument("--ncu", action="store_true", help="one call each between profiler start/stop")
     parser.add_argument("--a4", action="store_true", help="also the package's A4 (every row A4)")
+    parser.add_argument("--humming", action="store_true", help="also Humming's MoE (humming-kernels, sm_90)")
     parser.add_argument("--ncu-summary", help="summarize this ncu CSV into profile_decode_ncu.json")
     parser.add_argument(
         "--prefill-tiles", help="FC1[:FC2],... prefill schedules to profile besides the default"
@@ -174,8 +209,8 @@ def main() -> None:
             json.dump(ncu_summary(args.ncu_summary), handle, indent=1)
         return
     shape = SHAPES[args.shape]
-    fns = implementations(shape, args.a4)
     tokens_list = [int(t) for t in args.tokens.split(",")]
+    fns = implementations(shape, args.a4, tokens_list if args.humming else None)
     if args.ncu:
         for tokens in tokens_list:
             x, w, ids = random_routing(tokens, shape["hidden"], shape["experts"], shape["top_k"])

@@ -16,8 +16,16 @@
 #                                               # 4096) on src, each DIR, then again
 #   bash scripts/gpu_untimed_kernels.sh window  # one short window (WINDOW_SECONDS, default
 #                                               # 585) on whichever Hopper card came: the sizes
-#                                               # mode's Nsight Compute (within all but 150 s),
-#                                               # then the t64 mode's timing in one order
+#                                               # mode's Nsight Compute (within all but 240 s),
+#                                               # then the rivals mode's (Marlin only where vLLM's
+#                                               # env.sh was sourced; carry .whl)
+#   bash scripts/gpu_untimed_kernels.sh rivals  # Nsight Compute of the package's, Marlin's and
+#                                               # Humming's GEMMs of one W4A16 MoE call at
+#                                               # RIVAL_SIZES tokens (512,1024,2048: where
+#                                               # Humming is faster or close), with the executed
+#                                               # instructions (InstructionStats), into
+#                                               # $OUT/ncu_rivals.csv; needs humming-kernels'
+#                                               # wheel in .whl, and for Marlin vLLM's env.sh
 #   bash scripts/gpu_untimed_kernels.sh t64     # (ran in the thirty-ninth round, on an H100)
 #                                               # the thirty-sixth round's 64-route tiles of
 #                                               # 256 weight rows, one CTA per SM (_tok, _tok_la;
@@ -74,8 +82,8 @@
 #                                               # the Marlin and Humming columns (512-16384
 #                                               # tokens), then the same with the columns timed
 #                                               # last to first (--reverse-columns), then the
-#                                               # time per kernel of W4A16, A4
-#                                               # and Marlin there; needs vLLM
+#                                               # time per kernel of W4A16, A4, Marlin
+#                                               # and Humming there; needs vLLM
 #                                               # (../shared/gpu-vllm: its env.sh sourced) and
 #                                               # humming-kernels 0.1.19's wheel in .whl
 #                                               # (docs/humming.md, section 4; carry .whl)
@@ -105,16 +113,33 @@ time_t64() {
         | grep -o '"sweep_w4a16_us": {[^}]*}' || tail -4 "$OUT/bench_moe_t64_$3.txt"
 }
 T64_BASE=rs_w128_t64_d6_ws_c2_tok T64_WIDE=rs_w256_t64_d6_ws_tok
+# the Nsight Compute sections of every profile here (summaries: profile_decode.py or
+# profile_prefill.py --ncu-summary)
+NCU_SECTIONS=(--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
+    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SchedulerStats)
 # Nsight Compute of every GEMM of one W4A16 MoE call at $SIZES tokens, within $1 seconds of the
 # start (at most 420), into $OUT/ncu_sizes.csv
 profile_sizes() {
     local budget=$(($1 < 420 ? $1 : 420))
-    timeout "$(left "$budget")" ncu --profile-from-start off --section SpeedOfLight --section Occupancy \
-        --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \
-        --section MemoryWorkloadAnalysis --section SchedulerStats --csv \
+    timeout "$(left "$budget")" ncu --profile-from-start off "${NCU_SECTIONS[@]}" --csv \
         python benchmarks/profile_decode.py --ncu --tokens "$SIZES" --out "$OUT/ncu" >"$OUT/ncu_sizes.csv" \
         2>"$OUT/ncu_sizes.err"
     tail -3 "$OUT/ncu_sizes.err"
+}
+# humming-kernels 0.1.19 from .whl into /tmp/hsite, on PYTHONPATH (docs/humming.md, section 4)
+install_humming() {
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/hsite \
+        .whl/humming_kernels-0.1.19-*.whl || exit 1
+    export PYTHONPATH=/tmp/hsite:$PYTHONPATH HUMMING_CACHE_DIR=/tmp/humming-cache
+}
+# Nsight Compute of the package's, Marlin's (where vLLM imports) and Humming's MoE GEMMs at
+# RIVAL_SIZES tokens, within $1 seconds of the start, into $OUT/ncu_rivals.csv
+profile_rivals() {
+    install_humming
+    timeout "$(left "$1")" ncu --profile-from-start off "${NCU_SECTIONS[@]}" --section InstructionStats \
+        --csv python benchmarks/profile_decode.py --ncu --humming --tokens "${RIVAL_SIZES:-512,1024,2048}" \
+        --out "$OUT/ncu" >"$OUT/ncu_rivals.csv" 2>"$OUT/ncu_rivals.err"
+    tail -3 "$OUT/ncu_rivals.err"
 }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv | tee "$OUT/gpu.txt"
 case "${1:-}" in
@@ -139,8 +164,11 @@ ab)
     ;;
 window)
     budget=${WINDOW_SECONDS:-585}
-    profile_sizes "$((budget - 150))"
-    time_t64 "$budget" "$T64_BASE,$T64_WIDE,${T64_WIDE}_la" 1
+    profile_sizes "$((budget - 240))"
+    profile_rivals "$budget"
+    ;;
+rivals)
+    profile_rivals 585
     ;;
 waves)
     experts="256 264 272 280 288 296 304 312"
@@ -214,9 +242,7 @@ sizes)
     profile_sizes 420
     ;;
 anchors)
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/hsite \
-        .whl/humming_kernels-0.1.19-*.whl || exit 1
-    export PYTHONPATH=/tmp/hsite:$PYTHONPATH HUMMING_CACHE_DIR=/tmp/humming-cache
+    install_humming
     # the columns as built (W4A16 first), then last to first (--reverse-columns: Marlin and
     # Humming before the package's on a cooler card); no plot of the second (few files return)
     for order in "" --reverse-columns; do
@@ -226,20 +252,18 @@ anchors)
             | grep -o '"tokens": [0-9]*\|"w4a16_speedup_vs_[a-z]*": [0-9.]*' | paste -sd ' '
     done
     rm -f "$OUT/anchors_reversed/bench_moe.png"
-    timeout "$(left 585)" python benchmarks/profile_decode.py --tokens "$SIZES" --a4 --out "$OUT/kernels" 2>&1 \
-        | tee "$OUT/profile_decode.txt" | tail -4
+    timeout "$(left 585)" python benchmarks/profile_decode.py --tokens "$SIZES" --a4 --humming \
+        --out "$OUT/kernels" 2>&1 | tee "$OUT/profile_decode.txt" | tail -4
     ;;
 ncu)
-    timeout 585 ncu --profile-from-start off -k regex:grouped_w4 --section SpeedOfLight \
-        --section Occupancy --section LaunchStats --section WarpStateStats \
-        --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SchedulerStats \
-        --page details --csv python benchmarks/profile_prefill.py "${NCU_CASES[@]}" >"$OUT/ncu.csv" \
+    timeout 585 ncu --profile-from-start off -k regex:grouped_w4 "${NCU_SECTIONS[@]}" --page details --csv \
+        python benchmarks/profile_prefill.py "${NCU_CASES[@]}" >"$OUT/ncu.csv" \
         2>"$OUT/ncu.err"
     tail -5 "$OUT/ncu.err"
     echo "then here: python benchmarks/profile_prefill.py ${NCU_CASES[*]} --ncu-summary ncu.csv --out DIR"
     ;;
 *)
-    echo "usage: bash scripts/gpu_untimed_kernels.sh ab DIR...|window|t64|waves|halves|ahead|fence|quant|tiles|sizes|anchors|ncu (on a Hopper GPU, with OUT set)" >&2
+    echo "usage: bash scripts/gpu_untimed_kernels.sh ab DIR...|window|rivals|t64|waves|halves|ahead|fence|quant|tiles|sizes|anchors|ncu (on a Hopper GPU, with OUT set)" >&2
     exit 2
     ;;
 esac

@@ -90,3 +90,72 @@ def test_prefill_tiles_add_the_package_calls_with_those_tiles_in_place_of_the_de
         config = fn()
         assert config.decode is None and (config.prefill.fc1, config.prefill.fc2) == (fc1, fc2)
     assert profile.calls_with_tiles(fns, 8192, shape, None) == {}
+
+
+def test_the_summary_names_each_launchs_busiest_pipe_and_keeps_humming(profile, tmp_path):
+    """Nsight Compute names the busiest pipe only in its ``HighPipeUtilization`` rule's text: the
+    summary keeps it per launch (``"ALU 55.7%"``), ignores other rules, keeps the executed
+    instructions, and counts Humming's GEMM (``humming<...>``) among the GEMMs but not its input
+    kernel. Before: no ``"highest pipe"`` and no Humming row."""
+    header = (*HEADER, "Rule Name", "Rule Type", "Rule Description")
+    launches = (
+        (
+            "grouped_w4_gemm_ws_kernel",
+            "ALU is the highest-utilized pipeline (55.7%) based on elapsed cycles.",
+        ),
+        (
+            "void humming<MmaOpSM90, Shape<1>>(CUtensorMap)",
+            "Tensor is the highest-utilized pipeline (70.2%).",
+        ),
+        ("process_input_kernel", "ALU is the highest-utilized pipeline (9.0%)."),
+    )
+    out = io.StringIO()
+    writer = csv.writer(out, quoting=csv.QUOTE_ALL, lineterminator="\n")
+    writer.writerow(header)
+    for launch_id, (name, rule) in enumerate(launches):
+        base = (launch_id, 1, name, "(384, 1, 1)", "(132, 1, 1)")
+        writer.writerow(
+            (*base, "InstructionStats", "Executed Instructions", "inst", f"{launch_id + 1}000", "", "", "")
+        )
+        writer.writerow(
+            (*base, "ComputeWorkloadAnalysis", "", "", "", "SOLBottleneck", "OPT", "Compute is 90% busy")
+        )
+        writer.writerow((*base, "ComputeWorkloadAnalysis", "", "", "", "HighPipeUtilization", "INF", rule))
+    path = tmp_path / "ncu.csv"
+    path.write_text(out.getvalue())
+    rows = profile.ncu_summary(str(path))
+    assert [(row["highest pipe"], row["Executed Instructions (inst)"]) for row in rows] == [
+        ("ALU 55.7%", "1000"),
+        ("Tensor 70.2%", "2000"),
+    ]
+    assert rows[0]["kernel"] == "grouped_w4_gemm_ws_kernel" and rows[1]["kernel"].startswith("void humming<")
+
+
+def test_humming_asked_for_where_it_cannot_run_is_an_error_naming_the_option(profile, monkeypatch):
+    """``--humming`` where ``humming_moe`` has nothing to offer (humming-kernels not importable or
+    no sm_90 GPU: it returns ``None``) stops with an error naming ``--humming``, not a profile
+    without its column; where it runs, its call is profiled with its tiles compiled for the
+    profiled token counts."""
+    import humming_baseline
+
+    class Weights:
+        w13_input_scale = w2_input_scale = None
+
+        def experts(self):
+            return None
+
+    monkeypatch.setattr(profile, "random_weights", lambda *args: Weights())
+    monkeypatch.setattr(profile, "marlin_moe", lambda weights: None)
+    monkeypatch.setattr(humming_baseline, "humming_moe", lambda weights, token_counts: None)
+    shape = profile.SHAPES["glm53flash_tp2"]
+    assert sorted(profile.implementations(shape)) == ["w4a16"]
+    with pytest.raises(RuntimeError, match="--humming: expected humming-kernels"):
+        profile.implementations(shape, humming_tokens=[512, 1024])
+    compiled_for = []
+    monkeypatch.setattr(
+        humming_baseline,
+        "humming_moe",
+        lambda weights, token_counts: compiled_for.append(token_counts) or print,
+    )
+    assert profile.implementations(shape, humming_tokens=[512, 1024])["humming"] is print
+    assert compiled_for == [[512, 1024]]
