@@ -95,15 +95,16 @@ def ncu_summary(csv_path: str, kernels: tuple[str, ...] = GEMM_KERNELS) -> list[
         name = record["Kernel Name"]
         if not any(word in name.lower() for word in kernels):
             continue
-        pipe = HIGHEST_PIPE.match(record.get("Rule Description") or "")
-        if record["Metric Name"] not in NCU_METRICS and not (
-            record.get("Rule Name") == "HighPipeUtilization" and pipe
-        ):
+        metric = record["Metric Name"] in NCU_METRICS
+        pipe = None
+        if not metric and record.get("Rule Name") == "HighPipeUtilization":
+            pipe = HIGHEST_PIPE.match(record.get("Rule Description") or "")
+        if not metric and pipe is None:
             continue
         row = launches.setdefault(
             record["ID"], {"kernel": name[:40], "grid": record["Grid Size"], "block": record["Block Size"]}
         )
-        if record["Metric Name"] in NCU_METRICS:
+        if pipe is None:
             row[f"{record['Metric Name']} ({record['Metric Unit']})"] = record["Metric Value"]
         else:
             row["highest pipe"] = f"{pipe[1]} {pipe[2]}%"
