@@ -83,13 +83,14 @@ GEMM_KERNELS = (
 def ncu_summary(csv_path: str, kernels: tuple[str, ...] = GEMM_KERNELS) -> list[dict[str, Any]]:
     """One row per launch of a kernel whose name contains one of ``kernels`` in an ``ncu --csv``
     report, in launch order: name, grid, block, the metrics of :data:`NCU_METRICS` and, where
-    the report has the ``HighPipeUtilization`` rule, ``"highest pipe"`` (``"ALU 55.7%"``). ncu's
-    own lines (``==PROF==``, ``==WARNING==``: before the table, and after a launch's rows when a
-    section has nothing to show) are skipped."""
+    the report has the ``HighPipeUtilization`` rule, ``"highest pipe"`` (``"ALU 55.7%"``). Only
+    the table's lines are read (ncu quotes every field, so each starts with ``"``): ncu's own
+    lines (``==PROF==``, ``==WARNING==``) and the profiled program's log lines, which share the
+    table's stdout before it and between its rows, are skipped."""
     import csv
 
     with open(csv_path) as handle:
-        lines = [line for line in handle.read().splitlines() if not line.startswith("==")]
+        lines = [line for line in handle.read().splitlines() if line.startswith('"')]
     launches: dict[str, dict[str, Any]] = {}
     for record in csv.DictReader(lines):
         name = record["Kernel Name"]

@@ -31,15 +31,19 @@ def profile():
 def _ncu_csv(path, launches):
     """An ``ncu --csv`` report: lines ncu prints before the table, then one row per metric, and
     after each launch's rows the warning ncu prints for a section with nothing to show (as
-    ``--section MemoryWorkloadAnalysis_Tables`` did on the H100 in the thirty-fourth round)."""
+    ``--section MemoryWorkloadAnalysis_Tables`` did on the H100 in the thirty-fourth round), and
+    the profiled program's own log lines on the same stdout (vLLM's Marlin warning came before the
+    table in the forty-first round's ``rivals`` report)."""
     out = io.StringIO()
     out.write("==PROF== Connected to process 1\n==WARNING== Unable to access the following 6 metrics\n")
+    out.write("WARNING 12-07 09:46:12 [marlin_utils_fp4.py:352] Your GPU does not have native FP4, ...\n")
     writer = csv.writer(out, quoting=csv.QUOTE_ALL, lineterminator="\n")
     writer.writerow(HEADER)
     for launch_id, (name, duration) in enumerate(launches):
         for metric, unit, value in (("Duration", "ns", duration), ("DRAM Frequency", "hz", "1")):
             writer.writerow((launch_id, 1, name, "(256, 1, 1)", "(8, 2, 1)", "SOL", metric, unit, value))
         out.write("==WARNING== No metrics to show for section(s): MemoryWorkloadAnalysis_Tables.\n")
+        out.write("INFO 12-07 09:46:13 [loader.py:1] a log line of the profiled program\n")
     path.write_text(out.getvalue())
     return path
 
@@ -48,7 +52,8 @@ def test_the_summary_keeps_every_gemm_launch_in_launch_order(profile, tmp_path):
     """Before: the Hopper prefill GEMMs (``grouped_w4_gemm*``) were left out, so the profile of
     4096-16384 tokens had Marlin's rows and none of the package's; and until the thirty-fourth
     round a warning line of ncu's between the rows stopped the summary (``AttributeError``: a
-    row without a kernel name)."""
+    row without a kernel name); until the forty-first round a log line of the profiled program
+    before the table was read as the header (``KeyError: 'Kernel Name'``)."""
     report = _ncu_csv(
         tmp_path / "ncu.csv",
         [
