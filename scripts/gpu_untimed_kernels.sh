@@ -4,8 +4,8 @@
 # docs/prefill-kernel-next.md). One device call per mode, each under the tool's 600 s;
 # everything is tee'd into $OUT, so a call cut off by its time limit keeps its output. The modes
 # of earlier rounds (verify, a4, gather, mid, small: the twenty-third to twenty-eighth rounds;
-# pending and permute: the thirty-ninth; benchmarks/results/README.md) are in this file's
-# history (git log -p on it).
+# pending and permute: the thirty-ninth; halves, ahead, fence, quant, tiles: the twenty-ninth
+# to thirty-third; benchmarks/results/README.md) are in this file's history (git log -p on it).
 #
 #   bash scripts/gpu_untimed_kernels.sh ab DIR...  # this checkout's defaults against the
 #                                               # src trees DIR... (other commits' src, carried
@@ -26,6 +26,12 @@
 #                                               # instructions (InstructionStats), into
 #                                               # $OUT/ncu_rivals.csv; needs humming-kernels'
 #                                               # wheel in .whl, and for Marlin vLLM's env.sh
+#   bash scripts/gpu_untimed_kernels.sh sectors # the forty-first round's scale_sectors forms
+#                                               # (_ss, built without a GPU): their GPU tests,
+#                                               # then the whole MoE with each beside the
+#                                               # default it would replace, in the W4A16 sweep
+#                                               # of one run, in both orders: 512 and 1024
+#                                               # tokens (32 routes), 2048 (64), 4096 (128)
 #   bash scripts/gpu_untimed_kernels.sh t64     # (ran in the thirty-ninth round, on an H100)
 #                                               # the thirty-sixth round's 64-route tiles of
 #                                               # 256 weight rows, one CTA per SM (_tok, _tok_la;
@@ -40,40 +46,6 @@
 #                                               # at 512 and 1024 tokens over 256-312 experts,
 #                                               # the 256-row two-CTA default against the
 #                                               # 128-row three-CTA _tok_la tiles, up then down
-#   bash scripts/gpu_untimed_kernels.sh halves  # (ran in the thirty-third round) the
-#                                               # thirty-second round's candidates: two
-#                                               # wgmmas a step in the two consumer
-#                                               # partitions (_h2), with loads ahead (_h2_la):
-#                                               # their GEMM GPU tests and the A4/split MoE tests
-#                                               # the thirty-second round's first call did not
-#                                               # reach, then the whole MoE at 512 and 1024
-#                                               # tokens with the 32-route _tok, _la, _h2 and
-#                                               # _h2_la in one run, then again in the opposite
-#                                               # order; at 4096 the 128-route _tok, _la and
-#                                               # _h2_la, in both orders too
-#   bash scripts/gpu_untimed_kernels.sh ahead   # (ran in the thirty-second round, its tests cut
-#                                               # off at 77 of 84 by the 330 s then given them)
-#                                               # the committed loads-ahead schedules (_la):
-#                                               # every prefill GPU test, then the whole MoE at
-#                                               # 512, 1024 and 4096 tokens with each _la
-#                                               # schedule beside its _tok form
-#   bash scripts/gpu_untimed_kernels.sh fence   # (ran in the thirty-first round) the thirtieth
-#                                               # round's consumers' proxy fence: every prefill
-#                                               # GPU test, then the MoE at 512-8192 tokens
-#   bash scripts/gpu_untimed_kernels.sh quant   # (ran in the thirtieth round) the
-#                                               # twenty-ninth round's CPU-only change
-#                                               # (numerics._quantize_groups in fewer
-#                                               # instructions, every A4 path): the A4 and split
-#                                               # GPU tests of the quantizer, the tiled, decode
-#                                               # and prefill kernels, then the whole MoE at
-#                                               # 4096, 3072 and 8192 tokens
-#   bash scripts/gpu_untimed_kernels.sh tiles   # (ran in the twenty-ninth round) the
-#                                               # prefill MoE GPU tests (A4 and split now on
-#                                               # W4A16's two-partition 256-row tiles at 64-160
-#                                               # routes per expert), then the whole MoE at 4096,
-#                                               # 2048 and 3072 tokens with the one-partition tiles
-#                                               # (A4's earlier default) swept in A4 and split,
-#                                               # then again in the opposite order
 #   bash scripts/gpu_untimed_kernels.sh sizes   # Nsight Compute of every GEMM of one W4A16 MoE
 #                                               # call at 512-16384 tokens (profile_decode.py
 #                                               # --ncu; summarize the CSV here with
@@ -180,63 +152,26 @@ waves)
         rm -f "$OUT/waves_$n/bench_prefill_gemm.png"
     done
     ;;
+sectors)
+    timeout 200 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py -k _ss \
+        2>&1 | tee "$OUT/gpu_tests.txt" | tail -4
+    small=rs_w256_t32_d6_ws_c2_tok_la small_ss=rs_w256_t32_d5_ws_c2_tok_la_ss
+    mid=rs_w128_t64_d6_ws_c2_tok large=rs_w256_t128_d6_ws_tok_la
+    for run in "512,1024:$small,$small_ss" "512,1024:$small_ss,$small" "2048:$mid,${mid}_ss" \
+        "2048:${mid}_ss,$mid" "4096:$large,${large}_ss" "4096:${large}_ss,$large"; do
+        n=$((${n:-0} + 1))
+        timeout "$(left 585)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens "${run%%:*}" \
+            --baselines "" --a8-schedules a8_rs_tok --sweep prefill --sweep-modes "" \
+            --prefill-tiles "${run#*:}" --out "$OUT/sectors_$n" 2>&1 | tee "$OUT/bench_moe_sectors_$n.txt" \
+            | grep -o '"sweep_w4a16_us": {[^}]*}' || tail -4 "$OUT/bench_moe_sectors_$n.txt"
+        rm -f "$OUT/sectors_$n/bench_moe.png"
+    done
+    ;;
 t64)
     timeout 200 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py \
         -k rs_w256_t64 2>&1 | tee "$OUT/gpu_tests.txt" | tail -4
     time_t64 585 "$T64_BASE,$T64_WIDE,${T64_WIDE}_la" 1
     time_t64 585 "${T64_WIDE}_la,$T64_WIDE,$T64_BASE" 2
-    ;;
-halves)
-    timeout 200 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py \
-        -k "c2_tok_h2 or tok_h2_la or not_chosen or (a4_and_split and (512-rs_w256_t128_d6_ws_tok_la or x2_h2_tok))" \
-        --durations=20 2>&1 | tee "$OUT/gpu_tests.txt" | tail -4
-    small=rs_w256_t32_d6_ws_c2_tok large=rs_w256_t128_d6_ws_tok  # 512-1024 and 4096 tokens
-    for run in "512,1024:$small,${small}_la,${small}_h2,${small}_h2_la" \
-        "512,1024:${small}_h2_la,${small}_h2,${small}_la,$small" \
-        "4096:$large,${large}_la,${large}_h2_la" "4096:${large}_h2_la,${large}_la,$large"; do
-        n=$((${n:-0} + 1))
-        timeout "$(left 585)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens "${run%%:*}" \
-            --baselines "" --a8-schedules a8_rs_tok --sweep prefill --sweep-modes "" \
-            --prefill-tiles "${run#*:}" --out "$OUT/halves_$n" 2>&1 | tee "$OUT/bench_moe_halves_$n.txt" \
-            | grep -o '"sweep_w4a16_us": {[^}]*}' || tail -4 "$OUT/bench_moe_halves_$n.txt"
-    done
-    ;;
-ahead)
-    timeout 420 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py 2>&1 \
-        | tee "$OUT/gpu_tests.txt" | tail -4
-    # the defaults (now _la at 512, 1024 and 4096) with each _la schedule beside its plain _tok
-    # form in the same run (W4A16 sweep columns prefill_<tiles>)
-    for sizes in 512,1024:rs_w256_t32_d6_ws_c2_tok 4096:rs_w256_t128_d6_ws_tok; do
-        timeout "$(left 585)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens "${sizes%%:*}" \
-            --baselines "" --a8-schedules a8_rs_tok --sweep prefill --sweep-modes "" \
-            --prefill-tiles "${sizes#*:},${sizes#*:}_la" --out "$OUT/ahead_${sizes%%[,:]*}" 2>&1 \
-            | tee "$OUT/bench_moe_ahead_${sizes%%[,:]*}.txt" | grep -v "^{" | tail -6
-    done
-    ;;
-fence)
-    timeout 330 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py 2>&1 \
-        | tee "$OUT/gpu_tests.txt" | tail -4
-    timeout "$(left 585)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 512,1024,2048,8192 \
-        --baselines "" --a8-schedules a8_rs_tok --out "$OUT/fence" 2>&1 | tee "$OUT/bench_moe_fence.txt" \
-        | grep -v "^{" | tail -6
-    ;;
-quant)
-    timeout 330 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_backend.py \
-        tests/test_triton_decode_gpu.py tests/test_triton_prefill_gpu.py -k "a4 or split or quantiz" 2>&1 \
-        | tee "$OUT/gpu_tests.txt" | tail -8
-    timeout "$(left 585)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 4096,3072,8192 \
-        --baselines "" --a8-schedules a8_rs_tok --out "$OUT/quant" 2>&1 | tee "$OUT/bench_moe_quant.txt" \
-        | grep -v "^{" | tail -6
-    ;;
-tiles)
-    timeout 240 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py \
-        -k prefill_moe 2>&1 | tee "$OUT/gpu_tests.txt" | tail -8
-    for order in 4096,2048,3072 3072,2048,4096; do
-        timeout "$(left 585)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens "$order" \
-            --baselines "" --sweep prefill --prefill-tiles rs_w256_t128_d6_ws_x2_h2_tok \
-            --a8-schedules a8_rs_tok --out "$OUT/tiles_${order%%,*}" 2>&1 \
-            | tee "$OUT/bench_moe_tiles_${order%%,*}.txt" | grep -v "^{" | tail -6
-    done
     ;;
 sizes)
     profile_sizes 420
@@ -263,7 +198,7 @@ ncu)
     echo "then here: python benchmarks/profile_prefill.py ${NCU_CASES[*]} --ncu-summary ncu.csv --out DIR"
     ;;
 *)
-    echo "usage: bash scripts/gpu_untimed_kernels.sh ab DIR...|window|rivals|t64|waves|halves|ahead|fence|quant|tiles|sizes|anchors|ncu (on a Hopper GPU, with OUT set)" >&2
+    echo "usage: bash scripts/gpu_untimed_kernels.sh ab DIR...|window|rivals|sectors|t64|waves|sizes|anchors|ncu (on a Hopper GPU, with OUT set)" >&2
     exit 2
     ;;
 esac

@@ -29,7 +29,9 @@ def test_matches_the_fp32_product_eagerly_and_in_a_cuda_graph(label, gather):
 
     schedule = PREFILL_SCHEDULES[label]
     generator = torch.Generator().manual_seed(11)
-    experts, n, k, tokens, top_k = 8, 4 * schedule.weight_rows, 8 * schedule.block_k, 700, 4
+    # 8 K steps; 24 with scale_sectors (their scale ring of 16 steps refilled within an item)
+    steps = 24 if schedule.scale_sectors else 8
+    experts, n, k, tokens, top_k = 8, 4 * schedule.weight_rows, steps * schedule.block_k, 700, 4
     codes = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=generator)
     picks = torch.randint(0, len(EVERY_SCALE_BYTE), (experts, n, k // 16), generator=generator)
     scales = EVERY_SCALE_BYTE[picks]
@@ -118,6 +120,9 @@ def test_a4_and_split_prefill_moe_match_the_reference_eagerly_and_in_a_cuda_grap
         (1024, "rs_w128_t256_d4_ws_x2_h2"),
         (192, "rs_w256_t64_d6_ws_tok"),
         (192, "rs_w256_t64_d6_ws_tok_la"),
+        (96, "rs_w256_t32_d5_ws_c2_tok_la_ss"),
+        (192, "rs_w128_t64_d6_ws_c2_tok_ss"),
+        (512, "rs_w256_t128_d6_ws_tok_la_ss"),
     ],
 )
 def test_a4_and_split_prefill_moe_on_a_schedule_not_chosen_match_the_reference(tokens, label):
@@ -128,7 +133,8 @@ def test_a4_and_split_prefill_moe_on_a_schedule_not_chosen_match_the_reference(t
     of A4 and split before the twenty-ninth (256-row items as one 8-warp partition), and the
     64-160 and 256-route defaults' tiles with FC1's rows gathered before the launch (the
     defaults until the twenty-fifth round; calls too large for ``rows_by_token``'s int32
-    offsets still run them), and the thirty-sixth round's 64-route candidates of 256-row items."""
+    offsets still run them), the thirty-sixth round's 64-route candidates of 256-row items and
+    the forty-first round's ``scale_sectors`` forms of the 32-, 64- and 128-route defaults."""
     from a4prefill.ops.backends.triton.schedules import PrefillTiles, choose_config
 
     schedule = PREFILL_SCHEDULES[label]

@@ -34,6 +34,7 @@ from a4prefill.ops.backends.triton.routing import build_routing
 from a4prefill.ops.backends.triton.schedules import (
     PREFILL_EPILOGUES,
     PREFILL_SCHEDULES,
+    SCALE_SECTOR_STEPS,
     WS_SHARED_SM_REGISTERS,
     PrefillGemm,
     PrefillTiles,
@@ -451,6 +452,102 @@ def test_a_producer_that_copies_rows_by_token_issues_one_tma_box_and_16_byte_cop
     assert "LDGSTS.E.BYPASS.128" not in fc2_sass
 
 
+SCALE_SECTOR_LABELS = [label for label, schedule in PREFILL_SCHEDULES.items() if schedule.scale_sectors]
+
+
+@pytest.mark.parametrize("label", SCALE_SECTOR_LABELS)
+def test_scale_sector_producers_copy_a_rows_scale_bytes_once_per_eight_steps(label):
+    """``scale_sectors`` schedules (FC1 and FC2, W4A16), compiled for sm_90a: the kernel copies
+    the scale bytes as ``ITEM_ROWS * 8 / 128`` 4-byte ``cp.async`` a thread (one group of 8 steps,
+    4 producer warps), where the per-step form has ``ITEM_ROWS / 128`` (one step), the producer's
+    step loop keeps its TMA copies and no local memory, and every mode's kernels stay within
+    the schedule's ``shared_bytes`` (its scale ring of 16 steps replaces the 4 bytes a row of each
+    of ``depth`` ring slots; the split FC2's epilogue scratch takes the rest)."""
+    from helpers.sass_loops import innermost_loops
+
+    schedule = PREFILL_SCHEDULES[label]
+    swiglu, alpha = PREFILL_EPILOGUES["swiglu"], PREFILL_EPILOGUES["alpha"]
+    per_thread = schedule.weight_rows * SCALE_SECTOR_STEPS // 128
+    for mode in (MODE_W4A16, MODE_A4, MODE_SPLIT):
+        fc1 = compile_prefill_kernel(schedule, EPILOGUE=swiglu, MODE=mode, OUT_MMA_ORDER=True)
+        fc2 = compile_prefill_kernel(schedule, GATHER=False, EPILOGUE=alpha, MODE=mode)
+        for kernel in (fc1, fc2):
+            assert kernel.metadata.shared <= schedule.shared_bytes, (label, mode)
+            if mode != MODE_W4A16:
+                continue
+            sass = cuobjdump(kernel, "-sass")
+            assert len(re.findall(r"LDGSTS\.E\s", sass)) == per_thread, label
+            (producer,) = [body for body in innermost_loops(sass) if "UTMALDG" in " ".join(body)]
+            assert not re.search(r"\b(?:STL|LDL)\b", " ".join(producer)), label
+
+
+def test_a_scale_groups_copy_puts_each_rows_sector_on_eight_consecutive_lanes():
+    """``prefill_ws_kernels.scale_group_layout(8, 4)`` over ``[8 steps, rows, 4 bytes]``: a thread
+    copies 4 consecutive bytes (one step of one row), lanes ``8 j`` to ``8 j + 7`` hold steps 0 to
+    7 of one row, so that their 32 bytes are one L2 sector and a warp's copy asks for 4 sectors
+    (per step, the 32 lanes of a 4-byte copy asked for 32), and the warps take other rows."""
+    from a4prefill.ops.backends.triton.prefill_ws_kernels import scale_group_layout
+
+    layout = scale_group_layout(8, 4)
+    assert list(layout.size_per_thread) == [1, 1, 4]
+    lanes, warps, order = list(layout.threads_per_warp), list(layout.warps_per_cta), list(layout.order)
+
+    def coordinates(index: int, per_dim: list[int]) -> list[int]:
+        """The coordinates of lane (or warp) ``index`` in a blocked layout: dims in ``order``,
+        fastest first."""
+        found = [0, 0, 0]
+        for dim in order:
+            found[dim] = index % per_dim[dim]
+            index //= per_dim[dim]
+        return found
+
+    for lane in range(32):
+        step, row, byte = coordinates(lane, lanes)
+        assert (step, row, byte) == (lane % 8, lane // 8, 0), lane
+    assert [coordinates(warp, warps) for warp in range(4)] == [[0, warp, 0] for warp in range(4)]
+
+
+def test_scale_sectors_refuse_what_their_kernel_cannot_run():
+    """``scale_sectors`` needs the warp-specialized kernel without A8's register weights, ``K`` in
+    whole groups of 8 steps (512 columns), room for its scale ring, a W4A16, A4 or split call and
+    scales within int32 offsets."""
+    ws = {"register_weights": True, "warp_specialized": True}
+    with pytest.raises(ValueError, match="scale_sectors needs warp_specialized and not a8_register"):
+        PrefillGemm(128, 64, depth=4, register_weights=True, scale_sectors=True)
+    with pytest.raises(ValueError, match="scale_sectors needs warp_specialized and not a8_register"):
+        PrefillGemm(128, 128, depth=6, **ws, a8_register_weights=True, scale_sectors=True)
+    sectors = PrefillGemm(128, 64, depth=6, **ws, scale_sectors=True)
+    assert sectors.scale_ring_groups == 2  # 16 slots: refilled 16 steps on, after step 10 released
+    assert PrefillGemm(128, 64, depth=12, **ws, scale_sectors=True).scale_ring_groups == 3
+    assert sectors.fits(1024, 256) and not sectors.fits(576, 256)
+    # the ring's 16 steps of scale bytes cost 10 KiB more than 6 slots' at 256 rows: two CTAs of
+    # 32-route tiles with 6 ring slots no longer fit an SM, with 5 they do
+    with pytest.raises(ValueError, match="2 CTAs need"):
+        PrefillGemm(256, 32, depth=6, **ws, ctas_per_sm=2, scale_sectors=True)
+    assert PrefillGemm(256, 32, depth=5, **ws, ctas_per_sm=2, scale_sectors=True).scale_sectors
+    experts, n, k = 2, 128, 512
+    codes = torch.zeros(experts, n, k // 2, dtype=torch.uint8)
+    scales = torch.zeros(experts, n, k // 16, dtype=torch.uint8)
+    ids = torch.zeros(4, 1, dtype=torch.int32)
+    routing = build_routing(ids, experts, sectors.routes, force_torch=True)
+    out = torch.zeros(4, n, dtype=torch.bfloat16)
+    x8 = torch.zeros(4, k, dtype=torch.float8_e4m3fn)
+    a8 = PrefillGemm(128, 128, depth=6, **ws, scale_sectors=True)
+    a8_routing = build_routing(ids, experts, a8.routes, force_torch=True)
+    with pytest.raises(ValueError, match="scale_sectors serves W4A16, A4 and split calls, not A8"):
+        launch_prefill_gemm(
+            x8, codes, scales, a8_routing, out, a8, 1, x_row_scales=torch.ones(4), kernel=object()
+        )
+    # scales of 2**31 bytes (meta tensors: shapes only)
+    big_experts, big_k = 1024, 16384
+    big_codes = torch.empty(big_experts, n * 16, big_k // 2, dtype=torch.uint8, device="meta")
+    big_scales = torch.empty(big_experts, n * 16, big_k // 16, dtype=torch.uint8, device="meta")
+    x = torch.empty(4, big_k, dtype=torch.bfloat16, device="meta")
+    big_out = torch.empty(4, n * 16, dtype=torch.bfloat16, device="meta")
+    with pytest.raises(ValueError, match="scales must have fewer than 2\\*\\*31 elements"):
+        launch_prefill_gemm(x, big_codes, big_scales, routing, big_out, sectors, 1, kernel=object())
+
+
 def test_a_rows_by_token_fc1_launches_on_x_in_mma_column_order_without_the_row_gather(monkeypatch):
     """A ``rows_by_token`` schedule's FC1 passes the kernel ``x`` itself with its columns in
     ``mma_column_order`` (``x_rows_ptr``, and the TMA descriptor of the same ``[T, K]`` tensor)
@@ -809,10 +906,14 @@ def test_the_a4_fc1_epilogue_adds_under_20_instructions_per_element_of_h():
 @pytest.mark.parametrize("gather", [True, False], ids=["fc1_gather", "fc2_sorted"])
 def test_matches_the_fp32_product(interpreted, label, gather):
     """Three experts (one without routes), segments that end inside a tile, more K steps than the
-    rings have slots (every slot refilled), rows gathered by token or in sorted order."""
+    rings have slots (every slot refilled; with ``scale_sectors`` the scale ring's too, in whole
+    groups of steps), rows gathered by token or in sorted order."""
     schedule = PREFILL_SCHEDULES[label]
     generator = torch.Generator().manual_seed(7)
-    steps = max(schedule.depth, schedule.weights_ahead + 1) + 3  # more than either ring has slots
+    scale_slots = schedule.scale_ring_groups * SCALE_SECTOR_STEPS
+    steps = max(schedule.depth, schedule.weights_ahead + 1, scale_slots) + 3  # more than any ring's slots
+    if schedule.scale_sectors:
+        steps = -(-steps // SCALE_SECTOR_STEPS) * SCALE_SECTOR_STEPS
     experts, n, k, tokens, top_k = 3, 2 * schedule.weight_rows, steps * schedule.block_k, 45, 2
     codes = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=generator)
     picks = torch.randint(0, len(EVERY_SCALE_BYTE), (experts, n, k // 16), generator=generator)

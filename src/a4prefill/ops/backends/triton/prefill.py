@@ -195,7 +195,8 @@ def schedule_constexprs(schedule: PrefillGemm, mode: int = MODE_W4A16) -> dict[s
     """The constexprs that ``schedule`` sets on :func:`schedule_kernel` in precision mode ``mode``:
     the tile (``BT``, ``DEPTH`` and, but for the warp-specialized kernel, ``BW``), then per kernel
     ``WEIGHT_AHEAD``, ``A_SETS``, ``WGMMAS`` (register weights), :func:`ws_partitions`,
-    ``WGMMAS``, ``A_SETS``, ``ITEM_ROWS`` and ``LOADS_AHEAD`` (warp-specialized) or ``BK``. What
+    ``WGMMAS``, ``A_SETS``, ``ITEM_ROWS``, ``LOADS_AHEAD`` and with ``scale_sectors``
+    ``SCALE_GROUPS`` (warp-specialized) or ``BK``. What
     :func:`launch_prefill_gemm` compiles; the tests compile the same offline."""
     constexprs: dict[str, int | bool] = {"BT": schedule.routes, "DEPTH": schedule.depth}
     if schedule.warp_specialized:
@@ -208,6 +209,8 @@ def schedule_constexprs(schedule: PrefillGemm, mode: int = MODE_W4A16) -> dict[s
         constexprs["WGMMAS"] = schedule.wgmmas_per_step
         constexprs["A_SETS"] = schedule.a_register_sets
         constexprs["LOADS_AHEAD"] = schedule.loads_ahead
+        if schedule.scale_sectors:
+            constexprs["SCALE_GROUPS"] = schedule.scale_ring_groups
     elif schedule.register_weights:
         constexprs["BW"] = schedule.weight_rows
         constexprs["WEIGHT_AHEAD"] = schedule.weights_ahead
@@ -352,6 +355,13 @@ def launch_prefill_gemm(
             raise ValueError(f"{name} must be contiguous and 16-byte aligned (cp.async copies 16 bytes)")
     if not schedule.fits(k, n):
         raise ValueError(f"schedule {schedule} does not divide K={k} and N={n}")
+    if a8 and schedule.scale_sectors:
+        raise ValueError(f"schedule {schedule}: scale_sectors serves W4A16, A4 and split calls, not A8")
+    if schedule.scale_sectors and scales.numel() >= 2**31:
+        raise ValueError(
+            f"schedule {schedule} (scale_sectors) addresses scales by int32 offsets: scales must have "
+            f"fewer than 2**31 elements, got {tuple(scales.shape)}"
+        )
     if x_mma_order and not schedule.register_weights:
         raise ValueError(f"x_mma_order needs a register-weights schedule (rs_), got {schedule}")
     if out_mma_order and out_n % 64:

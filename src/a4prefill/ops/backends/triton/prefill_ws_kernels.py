@@ -102,6 +102,7 @@ from a4prefill.ops.backends.triton.prefill_kernels import (
     _epilogue,
     _scale_pointers,
     _tile,
+    _weight_row,
     acc_layout,
     fragment_code_rows_layout,
     fragment_codes_layout,
@@ -213,8 +214,50 @@ def consumer_rows(item_rows: int, warps: int) -> int:
     return item_rows * warps // 8
 
 
+@gluon.constexpr_function
+def scale_group_layout(steps: int, warps: int) -> gl.BlockedLayout:
+    """``[steps, rows, 4]`` scale bytes of ``steps`` steps (8: a row's 32 bytes, one L2 sector)
+    for ``cp.async``: 4 bytes a thread, a row's steps on consecutive lanes (8 lanes a sector, 4
+    rows a warp instruction), the warps on the rows."""
+    return gl.BlockedLayout([1, 1, 4], [steps, 32 // steps, 1], [1, warps, 1], [2, 0, 1])
+
+
 @gluon.jit
-def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr, X_BY_TOKEN: gl.constexpr):
+def _scale_groups_view(s_ring, SCALE_GROUPS: gl.constexpr):
+    """The scale ring ``[SCALE_GROUPS * G, ITEM_ROWS, 4]`` (a step's bytes per slot, as the
+    consumers index it) as ``[SCALE_GROUPS, G, ITEM_ROWS, 4]``, the same bytes (both layouts
+    unswizzled, row-major), whose ``index(j)`` is group slot ``j``: what one group's copy writes."""
+    PLAIN3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
+    G: gl.constexpr = s_ring.shape[0] // SCALE_GROUPS
+    shape: gl.constexpr = [SCALE_GROUPS, G, s_ring.shape[1], s_ring.shape[2]]
+    if _PUBLIC_REINTERPRET:
+        return s_ring.reinterpret(gl.uint8, shape, PLAIN3)
+    else:
+        return s_ring._reinterpret(gl.uint8, shape, PLAIN3)
+
+
+@gluon.jit
+def _scale_group_offsets(expert, n0, N, K, EPILOGUE: gl.constexpr, G: gl.constexpr, ITEM_ROWS: gl.constexpr):
+    """The ``[G, ITEM_ROWS, 4]`` int32 offsets (:func:`scale_group_layout`) into the scale bytes
+    (``[E * N, K / 16]``, fewer than 2**31: the launcher checks) of steps 0 to ``G - 1`` of the
+    expert's ``ITEM_ROWS`` weight rows from ``n0`` (rows as ``prefill_kernels._weight_row``):
+    step ``p``'s 4 bytes of a row at ``4 p`` on; the group from step ``j`` on at ``+ 4 j``. Int32,
+    not pointers: the producer's 40 registers (two CTAs an SM) hold 16 of them a thread."""
+    SGL: gl.constexpr = scale_group_layout(G, gl.num_warps())
+    ps = gl.arange(0, G, layout=gl.SliceLayout(1, gl.SliceLayout(2, SGL)))
+    rs = gl.arange(0, ITEM_ROWS, layout=gl.SliceLayout(0, gl.SliceLayout(2, SGL)))
+    bs = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, SGL)))
+    scale_rows = expert * N + _weight_row(n0, rs, N, EPILOGUE)
+    # the row stride written as a multiple of the group's bytes (K a multiple of 64 G), so that
+    # the compiler proves each thread's 4 bytes aligned
+    row_offsets = scale_rows * ((K // (64 * G)) * (4 * G))
+    return row_offsets[None, :, None] + (ps * 4)[:, None, None] + bs[None, None, :]
+
+
+@gluon.jit
+def _produce(
+    tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr, X_BY_TOKEN: gl.constexpr, SCALE_GROUPS: gl.constexpr
+):
     """The producer partition: for each of the program's work items in turn, every step's copies into
     its ring slot, ``ready`` when all landed. One thread issues the step's two TMA boxes (the code
     bytes of the item's weight rows, :func:`code_box`; the ``BT`` activation rows from the tile's
@@ -237,6 +280,11 @@ def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr, X_BY_TOKEN: gl.c
     int32 element offsets computed once per work item (``T * K < 2**31``: the launcher checks;
     64-bit addresses kept across the steps spilled in the 256-route A8 FC1 with Triton 3.6); the
     same ``noinc`` arrival covers them.
+    With a scale ring of its own (``SCALE_GROUPS`` groups of ``G`` steps, ``s_ring [SCALE_GROUPS *
+    G, ITEM_ROWS, 4]``) the threads copy the scale bytes of ``G`` steps at a group's first step
+    instead, a row's ``4 G`` bytes (one 32-byte sector) on 8 lanes, into the group's slot
+    (:func:`_scale_group_offsets`); the ``noinc`` arrivals of the group's later steps, after those
+    copies, also wait for them, so each step's ``ready`` covers its scale bytes.
     The ring runs on across work items:
     ``done`` counts the steps of the program's earlier items. ``tensors``: the kernel's ``x_desc``
     to ``ROUTES`` arguments, ``xs_ptr``, ``x_rows_ptr``, ``sorted_route_ptr``, ``TOPK`` and the
@@ -273,6 +321,8 @@ def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr, X_BY_TOKEN: gl.c
     STEP_BYTES: gl.constexpr = ITEM_ROWS * CODE_STEP + (0 if X_BY_TOKEN else BT * X_STEP_BYTES)
     n_blocks, works = _works(N, num_tiles_ptr, ITEM_ROWS)
     SCALE_BYTES: gl.constexpr = scale_copy_layout(2 * CODE_STEP, gl.num_warps())  # a row's per thread
+    # with a scale ring of its own, the steps whose scale bytes make a row's sector, copied together
+    SECTOR_STEPS: gl.constexpr = 32 // (CODE_STEP // 8) if SCALE_GROUPS else 0
     if A8:
         XS: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
         xs_routes = gl.arange(0, BT, layout=XS)
@@ -299,6 +349,8 @@ def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr, X_BY_TOKEN: gl.c
         if A8 == A8_REGISTERS:  # each row's scale bytes one step ahead, as two int32 words
             word_ptrs = _scale_pointers(scales_ptr, expert, n0, N, K, EPILOGUE, ITEM_ROWS, 2 * CODE_STEP, 4)
             next_words = gl.load(word_ptrs)
+        elif SECTOR_STEPS:  # a group of steps' scale bytes per row: one sector, 8 lanes
+            group_offsets = _scale_group_offsets(expert, n0, N, K, EPILOGUE, SECTOR_STEPS, ITEM_ROWS)
         else:
             scale_ptrs = _scale_pointers(scales_ptr, expert, n0, N, K, EPILOGUE, ITEM_ROWS, 2 * CODE_STEP)
         for step in range(steps):
@@ -331,6 +383,13 @@ def _produce(tensors, EPILOGUE: gl.constexpr, A8: gl.constexpr, X_BY_TOKEN: gl.c
                     word_ptrs + (step + 1) * (CODE_STEP // 32), mask=step + 1 < steps, other=0
                 )
                 mbarrier.arrive(ready_slot)  # after a barrier of the partition: every thread's stores
+            elif SECTOR_STEPS:
+                # the next group's scale bytes, into its slot of the scale ring (the steps a
+                # group's slot stays unused: schedules.PrefillGemm.scale_ring_groups)
+                if step % SECTOR_STEPS == 0:
+                    groups = _scale_groups_view(s_ring, SCALE_GROUPS)
+                    group = groups.index((s // SECTOR_STEPS) % SCALE_GROUPS)
+                    _async_load(group, scales_ptr + (group_offsets + step * (CODE_STEP // 8)))
             else:
                 _async_load(s_ring.index(slot), scale_ptrs + step * (CODE_STEP // 8))
             if A8:  # noqa: SIM102 (a constexpr branch: compiled out without A8)
@@ -354,7 +413,9 @@ def _wait_for_weights(
     :func:`~prefill_kernels.fragment_code_rows_layout`, then reshaped: registers unchanged), or with
     ``AS_WORDS`` the same bytes as int32 words ``[ROWS, 8]`` in :func:`code_words_layout` (a value
     carried across a loop's back edge as words stays in 32-bit registers: :func:`_code_bytes`), and
-    scale bytes ``[ROWS, 4]``. Returns ``(codes, scales)``."""
+    scale bytes ``[ROWS, 4]`` (the ring's slot of step ``s``, or with a scale ring of its own,
+    ``SCALE_GROUPS`` groups of ``G`` steps, its slot ``s % (SCALE_GROUPS * G)``). Returns ``(codes,
+    scales)``."""
     c_ring, s_ring, x_ring, ready = rings[0], rings[1], rings[2], rings[3]
     DEPTH: gl.constexpr = x_ring.shape[0]
     FL: gl.constexpr = fragment_codes_layout(ROWS, gl.num_warps(), 8)
@@ -381,7 +442,8 @@ def _wait_for_weights(
             .load(fragment_code_rows_layout(ROWS, gl.num_warps()))
         )
         codes = gl.convert_layout(gl.reshape(code_rows, [ROWS, 4, 8]), FL)
-    scales = s_ring.index(slot).slice(HALF * ROWS, ROWS, dim=0).load(gl.SliceLayout(2, FL))
+    # the ring's slot of step s, or the step's in a scale ring of its own (SCALE_GROUPS)
+    scales = s_ring.index(s % s_ring.shape[0]).slice(HALF * ROWS, ROWS, dim=0).load(gl.SliceLayout(2, FL))
     return codes, scales
 
 
@@ -817,6 +879,7 @@ def grouped_w4_gemm_ws_kernel(
     x_rows_ptr=None,
     X_BY_TOKEN: gl.constexpr = False,
     LOADS_AHEAD: gl.constexpr = False,
+    SCALE_GROUPS: gl.constexpr = 0,
 ):
     """``grouped_w4_gemm_rs_kernel``'s product and epilogues for work items of ``ITEM_ROWS`` (128,
     or 256 with ``BT`` at most 128) weight rows and ``BT`` routes, warp-specialized and persistent
@@ -853,7 +916,12 @@ def grouped_w4_gemm_ws_kernel(
     descriptor of ``x_rows_ptr``'s tensor). ``xs_ptr`` stays in sorted order.
 
     ``LOADS_AHEAD`` (``A_SETS = 1``, not ``A8``): each consumer loads the next step's code and
-    scale bytes while the step's wgmmas run (:func:`_steps_loading_ahead`)."""
+    scale bytes while the step's wgmmas run (:func:`_steps_loading_ahead`).
+
+    ``SCALE_GROUPS`` (not ``A8``; ``PrefillGemm.scale_sectors``, ``K`` a multiple of 512): the
+    scale bytes in a ring of their own, ``SCALE_GROUPS`` slots of 8 steps' bytes, copied once per
+    8 steps as one 32-byte sector a row (:func:`_produce`), instead of a step's 4 bytes a row in
+    each ring slot."""
     PLAIN2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     ONE_PARTITION: gl.constexpr = A_SETS == 2 and WGMMAS == 2  # both consumer warpgroups, 8 warps
     CONSUMERS: gl.constexpr = 1 if ONE_PARTITION else 2  # consumer partitions
@@ -862,7 +930,12 @@ def grouped_w4_gemm_ws_kernel(
     c_ring = gl.allocate_shared_memory(
         gl.uint8, [DEPTH, ITEM_ROWS, CODE_STEP], code_ring_layout(codes_desc.layout)
     )
-    s_ring = gl.allocate_shared_memory(gl.uint8, [DEPTH, ITEM_ROWS, CODE_STEP // 8], PLAIN2)
+    if SCALE_GROUPS:  # a scale ring of its own: SCALE_GROUPS groups of one sector's steps
+        gl.static_assert(A8 == 0, "SCALE_GROUPS: W4A16, A4 and split calls only")
+        G: gl.constexpr = 32 // (CODE_STEP // 8)  # steps whose scale bytes make a row's sector
+        s_ring = gl.allocate_shared_memory(gl.uint8, [SCALE_GROUPS * G, ITEM_ROWS, CODE_STEP // 8], PLAIN2)
+    else:
+        s_ring = gl.allocate_shared_memory(gl.uint8, [DEPTH, ITEM_ROWS, CODE_STEP // 8], PLAIN2)
     x_ring = gl.allocate_shared_memory(x_desc.dtype, [DEPTH, BT, 2 * CODE_STEP], x_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], BARRIER)
     empty = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], BARRIER)
@@ -943,7 +1016,7 @@ def grouped_w4_gemm_ws_kernel(
                         LOADS_AHEAD,
                     ),
                 ),
-                (_produce, (producer, EPILOGUE, A8, X_BY_TOKEN)),
+                (_produce, (producer, EPILOGUE, A8, X_BY_TOKEN, SCALE_GROUPS)),
             ],
             [PRODUCER_WARPS],
             [PRODUCER_REGISTERS],
@@ -985,7 +1058,7 @@ def grouped_w4_gemm_ws_kernel(
                         LOADS_AHEAD,
                     ),
                 ),
-                (_produce, (producer, EPILOGUE, A8, X_BY_TOKEN)),
+                (_produce, (producer, EPILOGUE, A8, X_BY_TOKEN, SCALE_GROUPS)),
             ],
             [4, PRODUCER_WARPS],
             [CONSUMER_REGISTERS, PRODUCER_REGISTERS],

@@ -50,6 +50,9 @@ WS_EPILOGUE_SCRATCH_PER_ROUTE = 512
 # An H100/H200 SM's shared memory, and what the system reserves of it per resident CTA
 SM_SHARED_BYTES = 228 * 1024
 CTA_RESERVED_SHARED_BYTES = 1024
+# ``PrefillGemm.scale_sectors``: the steps of 64 columns whose scale bytes (4 a row each) make one
+# 32-byte L2 sector of a row, copied together
+SCALE_SECTOR_STEPS = 8
 # The register split of the warp-specialized kernel with ``ctas_per_sm`` CTAs of 384 threads on an
 # SM (65 536 registers): the launch cap per thread (``maxnreg``), the producer's and the consumer
 # worker's registers (``setmaxnreg``; the default partition, the other consumer, gets the rest:
@@ -348,7 +351,15 @@ class PrefillGemm:
     the next step's code and scale bytes between issuing a step's wgmmas and waiting for them, so
     that their shared-memory latency runs under the tensor core's work
     (``prefill_ws_kernels._steps_loading_ahead``; with ``wgmmas_per_step = 2`` both halves of
-    the step are issued before the loads)."""
+    the step are issued before the loads).
+    ``scale_sectors`` (warp-specialized, not ``a8_register_weights``; W4A16, A4 and split calls):
+    the producer copies a row's scale bytes once every :data:`SCALE_SECTOR_STEPS` steps, the 32
+    bytes of those steps (one L2 sector), instead of 4 bytes every step, each warp's copy
+    instruction covering whole sectors of 4 rows, into a scale ring of its own
+    (:attr:`scale_ring_groups` groups of those steps; ``prefill_ws_kernels._produce``). Per-step
+    copies request each row's sector from L2 eight times, in instructions whose 32 lanes touch 32
+    sectors: at 512 tokens most of the FC1's L2 requests (forty-first round, H100, Nsight Compute:
+    L2 hit rate 68% against Humming's 15%, the ``SOLBottleneck`` rule naming L2)."""
 
     weight_rows: int = 128
     routes: int = 128
@@ -364,6 +375,7 @@ class PrefillGemm:
     a8_register_weights: bool = False
     rows_by_token: bool = False
     loads_ahead: bool = False
+    scale_sectors: bool = False
 
     def __post_init__(self) -> None:
         if self.weight_rows not in (64, 128, 256):
@@ -428,6 +440,11 @@ class PrefillGemm:
                 "PrefillGemm.loads_ahead needs warp_specialized, one A register set and the W4A16 "
                 f"mainloop (not a8_register_weights), got {self}"
             )
+        if self.scale_sectors and not (self.warp_specialized and not self.a8_register_weights):
+            raise ValueError(
+                "PrefillGemm.scale_sectors needs warp_specialized and not a8_register_weights "
+                f"(its producer stores the A8 scale bytes itself), got {self}"
+            )
         if self.a8_register_weights and not (
             self.warp_specialized
             and self.weight_rows == 128
@@ -491,6 +508,8 @@ class PrefillGemm:
         weight_slot, row_slot = rows * k // 2 + rows * k // 16, self.routes * k * 2
         if self.warp_specialized:
             rings = self.depth * (weight_slot + row_slot) + 2 * self.depth * 8
+            if self.scale_sectors:  # the scale bytes in a ring of their own
+                rings += (self.scale_ring_groups * SCALE_SECTOR_STEPS - self.depth) * rows * k // 16
             scratch = WS_EPILOGUE_SCRATCH_PER_ROUTE * self.accumulator_routes + 16
             return rings + min(scratch, WS_EPILOGUE_SCRATCH_BYTES)
         if self.register_weights:
@@ -518,6 +537,19 @@ class PrefillGemm:
         return 128 if two_ctas and mode == MODE_SPLIT else 0
 
     @property
+    def scale_ring_groups(self) -> int:
+        """With :attr:`scale_sectors`, the groups of :data:`SCALE_SECTOR_STEPS` steps in the scale
+        ring (the kernel's ``SCALE_GROUPS``), else 0. The producer refills a group's slot for the
+        steps ``G * scale_ring_groups`` after it (``G`` the steps per group) once it waited for
+        the ring slot of that step's code bytes, which the consumers released after step ``G *
+        scale_ring_groups - depth`` after the group's first: that must be at least the group's
+        last step, ``G - 1`` after its first, so the fewest groups with ``G * groups >= depth + G
+        - 1``."""
+        if not self.scale_sectors:
+            return 0
+        return -(-(self.depth + SCALE_SECTOR_STEPS - 1) // SCALE_SECTOR_STEPS)
+
+    @property
     def weights_ahead(self) -> int:
         """Steps ahead that the code and scale bytes are copied."""
         return self.weight_ahead or self.depth - 2
@@ -529,8 +561,10 @@ class PrefillGemm:
         return A8_REGISTER_WEIGHTS if self.a8_register_weights else A8_SHARED_WEIGHTS
 
     def fits(self, k: int, out_rows: int) -> bool:
-        """Whether K splits into steps and the output rows into CTAs."""
-        return k % self.block_k == 0 and out_rows % self.weight_rows == 0
+        """Whether K splits into steps (with :attr:`scale_sectors`, into groups of
+        :data:`SCALE_SECTOR_STEPS` steps) and the output rows into CTAs."""
+        group = SCALE_SECTOR_STEPS if self.scale_sectors else 1
+        return k % (self.block_k * group) == 0 and out_rows % self.weight_rows == 0
 
     def __str__(self) -> str:
         kernel = "rs_" if self.register_weights else ""
@@ -543,6 +577,7 @@ class PrefillGemm:
         cap += "_a8rs" if self.a8_register_weights else ""
         cap += "_tok" if self.rows_by_token else ""
         cap += "_la" if self.loads_ahead else ""
+        cap += "_ss" if self.scale_sectors else ""
         tile = f"w{self.weight_rows}_t{self.routes}_k{self.block_k}_d{self.depth}"
         return f"{kernel}{tile}{ahead}{sets}{halves}{cap}"
 
@@ -557,10 +592,12 @@ def _warp_specialized(
     a8_register_weights: bool = False,
     rows_by_token: bool = False,
     loads_ahead: bool = False,
+    scale_sectors: bool = False,
 ) -> PrefillGemm:
     """The warp-specialized register-weights schedule of ``routes``-route tiles, ``depth`` ring
     slots, ``wgmmas_per_step`` wgmmas per step, ``a_register_sets``, ``weight_rows`` per work
-    item, ``ctas_per_sm``, ``a8_register_weights``, ``rows_by_token`` and ``loads_ahead``."""
+    item, ``ctas_per_sm``, ``a8_register_weights``, ``rows_by_token``, ``loads_ahead`` and
+    ``scale_sectors``."""
     return PrefillGemm(
         weight_rows,
         routes,
@@ -573,6 +610,7 @@ def _warp_specialized(
         a8_register_weights=a8_register_weights,
         rows_by_token=rows_by_token,
         loads_ahead=loads_ahead,
+        scale_sectors=scale_sectors,
     )
 
 
@@ -634,6 +672,15 @@ def _warp_specialized(
 # either), 14% fewer instructions per weight row, and read each activation row for half as many
 # work items, with half as many consumer warps per SM to hide latency. The 128-route tiles made
 # the same move at 4096 tokens and took 2674 us against 3027 (fifteenth round, H200).
+# The ``_ss`` forms of the defaults at 512-1024 (32 routes), 2048 (64) and 4096 tokens (128;
+# forty-first round, not yet run on a GPU, not chosen): ``scale_sectors``, each row's scale bytes
+# copied as one 32-byte sector every 8 steps. The 32-route one has 5 ring slots, not 6: its scale
+# ring (16 KiB) and the A4/split FC2's epilogue scratch put two CTAs of 6 over an SM's shared
+# memory. Nsight Compute of one W4A16 call at 512 tokens on
+# an H100 (forty-first round, ``benchmarks/results/profile_rivals_ncu_round41_h100.json``): the
+# package's FC1 executes fewer instructions than Humming's (335 against 373 million) but issues
+# 2.31 a cycle against 3.09, with L2 at 77% of its peak and an L2 hit rate of 68% (Humming 15%),
+# which the per-step 4-byte scale copies (8 requests a sector, 32 sectors an instruction) explain.
 PREFILL_SCHEDULES = MappingProxyType(
     {
         "w64_t64_d6": PrefillGemm(64, 64, depth=6),
@@ -689,6 +736,15 @@ PREFILL_SCHEDULES = MappingProxyType(
         "rs_w256_t64_d6_ws_tok": _warp_specialized(64, 6, weight_rows=256, rows_by_token=True),
         "rs_w256_t64_d6_ws_tok_la": _warp_specialized(
             64, 6, weight_rows=256, rows_by_token=True, loads_ahead=True
+        ),
+        "rs_w256_t32_d5_ws_c2_tok_la_ss": _warp_specialized(
+            32, 5, weight_rows=256, ctas_per_sm=2, rows_by_token=True, loads_ahead=True, scale_sectors=True
+        ),
+        "rs_w128_t64_d6_ws_c2_tok_ss": _warp_specialized(
+            64, 6, ctas_per_sm=2, rows_by_token=True, scale_sectors=True
+        ),
+        "rs_w256_t128_d6_ws_tok_la_ss": _warp_specialized(
+            128, 6, weight_rows=256, rows_by_token=True, loads_ahead=True, scale_sectors=True
         ),
     }
 )
