@@ -29,7 +29,8 @@ def test_matches_the_fp32_product_eagerly_and_in_a_cuda_graph(label, gather):
 
     schedule = PREFILL_SCHEDULES[label]
     generator = torch.Generator().manual_seed(11)
-    # 8 K steps; 24 with scale_sectors (their scale ring of 16 steps refilled within an item)
+    # 8 K steps; with scale_sectors 24, more than their scale ring's slots (16 in each such
+    # schedule), so that it is refilled within an item
     steps = 24 if schedule.scale_sectors else 8
     experts, n, k, tokens, top_k = 8, 4 * schedule.weight_rows, steps * schedule.block_k, 700, 4
     codes = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=generator)

@@ -216,24 +216,32 @@ def consumer_rows(item_rows: int, warps: int) -> int:
 
 @gluon.constexpr_function
 def scale_group_layout(steps: int, warps: int) -> gl.BlockedLayout:
-    """``[steps, rows, 4]`` scale bytes of ``steps`` steps (8: a row's 32 bytes, one L2 sector)
-    for ``cp.async``: 4 bytes a thread, a row's steps on consecutive lanes (8 lanes a sector, 4
-    rows a warp instruction), the warps on the rows."""
+    """``[steps, rows, 4]`` scale bytes of ``steps`` steps (8: a row's 32 bytes, one L2 sector
+    where the scales are 32-byte aligned) for ``cp.async``: 4 bytes a thread, a row's steps on
+    consecutive lanes (8 lanes a sector, 4 rows a warp instruction), the warps on the rows.
+
+    A trade: the 8 lanes of a row write 8 planes of the scale ring, ``rows * 4`` bytes apart (a
+    multiple of 128), so one shared-memory bank: 8 store wavefronts a copy instead of 1 (shared
+    memory shapes are powers of two, so a plane cannot be padded). Per 64-column step of a
+    256-row item that is 64 store wavefronts and 32 sector lookups, where the per-step copy
+    (each lane its own row's 4 bytes) takes 8 and 256, and asks L2 8 times as often."""
     return gl.BlockedLayout([1, 1, 4], [steps, 32 // steps, 1], [1, warps, 1], [2, 0, 1])
 
 
 @gluon.jit
-def _scale_groups_view(s_ring, SCALE_GROUPS: gl.constexpr):
-    """The scale ring ``[SCALE_GROUPS * G, ITEM_ROWS, 4]`` (a step's bytes per slot, as the
-    consumers index it) as ``[SCALE_GROUPS, G, ITEM_ROWS, 4]``, the same bytes (both layouts
-    unswizzled, row-major), whose ``index(j)`` is group slot ``j``: what one group's copy writes."""
+def _scale_group_slot(s_ring, j, SCALE_GROUPS: gl.constexpr):
+    """Group slot ``j`` of the scale ring ``[SCALE_GROUPS * G, ITEM_ROWS, 4]`` (a step's plane per
+    slot, as the consumers index it): the ``[G, ITEM_ROWS, 4]`` view of planes ``G j`` to ``G j +
+    G - 1`` that one group's copy writes (the ring viewed as ``[SCALE_GROUPS, G, ITEM_ROWS, 4]``,
+    the same bytes: both layouts unswizzled, row-major)."""
     PLAIN3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
     G: gl.constexpr = s_ring.shape[0] // SCALE_GROUPS
     shape: gl.constexpr = [SCALE_GROUPS, G, s_ring.shape[1], s_ring.shape[2]]
     if _PUBLIC_REINTERPRET:
-        return s_ring.reinterpret(gl.uint8, shape, PLAIN3)
+        groups = s_ring.reinterpret(gl.uint8, shape, PLAIN3)
     else:
-        return s_ring._reinterpret(gl.uint8, shape, PLAIN3)
+        groups = s_ring._reinterpret(gl.uint8, shape, PLAIN3)
+    return groups.index(j)
 
 
 @gluon.jit
@@ -242,7 +250,8 @@ def _scale_group_offsets(expert, n0, N, K, EPILOGUE: gl.constexpr, G: gl.constex
     (``[E * N, K / 16]``, fewer than 2**31: the launcher checks) of steps 0 to ``G - 1`` of the
     expert's ``ITEM_ROWS`` weight rows from ``n0`` (rows as ``prefill_kernels._weight_row``):
     step ``p``'s 4 bytes of a row at ``4 p`` on; the group from step ``j`` on at ``+ 4 j``. Int32,
-    not pointers: the producer's 40 registers (two CTAs an SM) hold 16 of them a thread."""
+    not pointers: in the two-CTA schedules the producer has 40 registers a thread, and a thread of
+    a 256-row item holds 16 offsets."""
     SGL: gl.constexpr = scale_group_layout(G, gl.num_warps())
     ps = gl.arange(0, G, layout=gl.SliceLayout(1, gl.SliceLayout(2, SGL)))
     rs = gl.arange(0, ITEM_ROWS, layout=gl.SliceLayout(0, gl.SliceLayout(2, SGL)))
@@ -281,10 +290,12 @@ def _produce(
     64-bit addresses kept across the steps spilled in the 256-route A8 FC1 with Triton 3.6); the
     same ``noinc`` arrival covers them.
     With a scale ring of its own (``SCALE_GROUPS`` groups of ``G`` steps, ``s_ring [SCALE_GROUPS *
-    G, ITEM_ROWS, 4]``) the threads copy the scale bytes of ``G`` steps at a group's first step
-    instead, a row's ``4 G`` bytes (one 32-byte sector) on 8 lanes, into the group's slot
-    (:func:`_scale_group_offsets`); the ``noinc`` arrivals of the group's later steps, after those
-    copies, also wait for them, so each step's ``ready`` covers its scale bytes.
+    G, ITEM_ROWS, 4]``) the threads copy the scale bytes of ``G`` steps at a
+    group's first step instead, a row's ``4 G`` bytes (one 32-byte sector where ``scales`` is
+    32-byte aligned, as torch allocates) on 8 lanes, into the group's slot
+    (:func:`_scale_group_offsets`, :func:`_scale_group_slot`); the ``noinc`` arrivals of the
+    group's later steps, after those copies, also wait for them, so each step's ``ready`` covers
+    its scale bytes.
     The ring runs on across work items:
     ``done`` counts the steps of the program's earlier items. ``tensors``: the kernel's ``x_desc``
     to ``ROUTES`` arguments, ``xs_ptr``, ``x_rows_ptr``, ``sorted_route_ptr``, ``TOPK`` and the
@@ -387,8 +398,8 @@ def _produce(
                 # the next group's scale bytes, into its slot of the scale ring (the steps a
                 # group's slot stays unused: schedules.PrefillGemm.scale_ring_groups)
                 if step % SECTOR_STEPS == 0:
-                    groups = _scale_groups_view(s_ring, SCALE_GROUPS)
-                    group = groups.index((s // SECTOR_STEPS) % SCALE_GROUPS)
+                    j = (s // SECTOR_STEPS) % SCALE_GROUPS
+                    group = _scale_group_slot(s_ring, j, SCALE_GROUPS)
                     _async_load(group, scales_ptr + (group_offsets + step * (CODE_STEP // 8)))
             else:
                 _async_load(s_ring.index(slot), scale_ptrs + step * (CODE_STEP // 8))
@@ -933,6 +944,9 @@ def grouped_w4_gemm_ws_kernel(
     if SCALE_GROUPS:  # a scale ring of its own: SCALE_GROUPS groups of one sector's steps
         gl.static_assert(A8 == 0, "SCALE_GROUPS: W4A16, A4 and split calls only")
         G: gl.constexpr = 32 // (CODE_STEP // 8)  # steps whose scale bytes make a row's sector
+        # a group's slot is refilled G * SCALE_GROUPS steps on, once step G * SCALE_GROUPS - DEPTH
+        # on was released: not before the group's last step (schedules.PrefillGemm.scale_ring_groups)
+        gl.static_assert(SCALE_GROUPS * G >= DEPTH + G - 1, "SCALE_GROUPS too few for DEPTH")
         s_ring = gl.allocate_shared_memory(gl.uint8, [SCALE_GROUPS * G, ITEM_ROWS, CODE_STEP // 8], PLAIN2)
     else:
         s_ring = gl.allocate_shared_memory(gl.uint8, [DEPTH, ITEM_ROWS, CODE_STEP // 8], PLAIN2)

@@ -676,7 +676,8 @@ def _warp_specialized(
 # forty-first round, not yet run on a GPU, not chosen): ``scale_sectors``, each row's scale bytes
 # copied as one 32-byte sector every 8 steps. The 32-route one has 5 ring slots, not 6: its scale
 # ring (16 KiB) and the A4/split FC2's epilogue scratch put two CTAs of 6 over an SM's shared
-# memory. Nsight Compute of one W4A16 call at 512 tokens on
+# memory; ``rs_w256_t32_d5_ws_c2_tok_la``, the default's tiles with 5 slots, is its control (the
+# ring depth apart from the scale copies). Nsight Compute of one W4A16 call at 512 tokens on
 # an H100 (forty-first round, ``benchmarks/results/profile_rivals_ncu_round41_h100.json``): the
 # package's FC1 executes fewer instructions than Humming's (335 against 373 million) but issues
 # 2.31 a cycle against 3.09, with L2 at 77% of its peak and an L2 hit rate of 68% (Humming 15%),
@@ -736,6 +737,9 @@ PREFILL_SCHEDULES = MappingProxyType(
         "rs_w256_t64_d6_ws_tok": _warp_specialized(64, 6, weight_rows=256, rows_by_token=True),
         "rs_w256_t64_d6_ws_tok_la": _warp_specialized(
             64, 6, weight_rows=256, rows_by_token=True, loads_ahead=True
+        ),
+        "rs_w256_t32_d5_ws_c2_tok_la": _warp_specialized(
+            32, 5, weight_rows=256, ctas_per_sm=2, rows_by_token=True, loads_ahead=True
         ),
         "rs_w256_t32_d5_ws_c2_tok_la_ss": _warp_specialized(
             32, 5, weight_rows=256, ctas_per_sm=2, rows_by_token=True, loads_ahead=True, scale_sectors=True
