@@ -290,12 +290,11 @@ def _produce(
     64-bit addresses kept across the steps spilled in the 256-route A8 FC1 with Triton 3.6); the
     same ``noinc`` arrival covers them.
     With a scale ring of its own (``SCALE_GROUPS`` groups of ``G`` steps, ``s_ring [SCALE_GROUPS *
-    G, ITEM_ROWS, 4]``) the threads copy the scale bytes of ``G`` steps at a
-    group's first step instead, a row's ``4 G`` bytes (one 32-byte sector where ``scales`` is
-    32-byte aligned, as torch allocates) on 8 lanes, into the group's slot
-    (:func:`_scale_group_offsets`, :func:`_scale_group_slot`); the ``noinc`` arrivals of the
-    group's later steps, after those copies, also wait for them, so each step's ``ready`` covers
-    its scale bytes.
+    G, ITEM_ROWS, 4]``) the threads copy the scale bytes of ``G`` steps at a group's first step
+    instead, a row's ``4 G`` bytes (one 32-byte sector where ``scales`` is 32-byte aligned, as
+    torch allocates) on 8 lanes, into the group's slot (:func:`_scale_group_offsets`,
+    :func:`_scale_group_slot`); the ``noinc`` arrivals of the group's later steps, after those
+    copies, also wait for them, so each step's ``ready`` covers its scale bytes.
     The ring runs on across work items:
     ``done`` counts the steps of the program's earlier items. ``tensors``: the kernel's ``x_desc``
     to ``ROUTES`` arguments, ``xs_ptr``, ``x_rows_ptr``, ``sorted_route_ptr``, ``TOPK`` and the
@@ -332,8 +331,8 @@ def _produce(
     STEP_BYTES: gl.constexpr = ITEM_ROWS * CODE_STEP + (0 if X_BY_TOKEN else BT * X_STEP_BYTES)
     n_blocks, works = _works(N, num_tiles_ptr, ITEM_ROWS)
     SCALE_BYTES: gl.constexpr = scale_copy_layout(2 * CODE_STEP, gl.num_warps())  # a row's per thread
-    # with a scale ring of its own, the steps whose scale bytes make a row's sector, copied together
-    SECTOR_STEPS: gl.constexpr = 32 // (CODE_STEP // 8) if SCALE_GROUPS else 0
+    # with a scale ring of its own, the steps of one group (as the kernel allocated the ring)
+    SECTOR_STEPS: gl.constexpr = s_ring.shape[0] // SCALE_GROUPS if SCALE_GROUPS else 0
     if A8:
         XS: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
         xs_routes = gl.arange(0, BT, layout=XS)

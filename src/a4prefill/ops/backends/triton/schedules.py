@@ -358,8 +358,9 @@ class PrefillGemm:
     instruction covering whole sectors of 4 rows, into a scale ring of its own
     (:attr:`scale_ring_groups` groups of those steps; ``prefill_ws_kernels._produce``). Per-step
     copies request each row's sector from L2 eight times, in instructions whose 32 lanes touch 32
-    sectors: at 512 tokens most of the FC1's L2 requests (forty-first round, H100, Nsight Compute:
-    L2 hit rate 68% against Humming's 15%, the ``SOLBottleneck`` rule naming L2)."""
+    sectors: by count about half of the 512-token FC1's L2 requests (forty-first round, H100,
+    Nsight Compute: L2 hit rate 68% against Humming's 15%, the ``SOLBottleneck`` rule naming L2;
+    the share is counted from the copies, not measured)."""
 
     weight_rows: int = 128
     routes: int = 128
@@ -681,7 +682,8 @@ def _warp_specialized(
 # an H100 (forty-first round, ``benchmarks/results/profile_rivals_ncu_round41_h100.json``): the
 # package's FC1 executes fewer instructions than Humming's (335 against 373 million) but issues
 # 2.31 a cycle against 3.09, with L2 at 77% of its peak and an L2 hit rate of 68% (Humming 15%),
-# which the per-step 4-byte scale copies (8 requests a sector, 32 sectors an instruction) explain.
+# which the per-step 4-byte scale copies (8 requests a sector, 32 sectors an instruction) would
+# account for by count; the ``sectors`` mode of ``scripts/gpu_untimed_kernels.sh`` measures it.
 PREFILL_SCHEDULES = MappingProxyType(
     {
         "w64_t64_d6": PrefillGemm(64, 64, depth=6),
