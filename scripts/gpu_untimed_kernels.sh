@@ -5,7 +5,8 @@
 # everything is tee'd into $OUT, so a call cut off by its time limit keeps its output. The modes
 # of earlier rounds (verify, a4, gather, mid, small: the twenty-third to twenty-eighth rounds;
 # pending and permute: the thirty-ninth; halves, ahead, fence, quant, tiles: the twenty-ninth
-# to thirty-third; benchmarks/results/README.md) are in this file's history (git log -p on it).
+# to thirty-third; sectors: the forty-second; benchmarks/results/README.md) are in this file's
+# history (git log -p on it).
 #
 #   bash scripts/gpu_untimed_kernels.sh ab DIR...  # this checkout's defaults against the
 #                                               # src trees DIR... (other commits' src, carried
@@ -26,16 +27,13 @@
 #                                               # instructions (InstructionStats), into
 #                                               # $OUT/ncu_rivals.csv; needs humming-kernels'
 #                                               # wheel in .whl, and for Marlin vLLM's env.sh
-#   bash scripts/gpu_untimed_kernels.sh sectors # the forty-first round's scale_sectors forms
-#                                               # (_ss, built without a GPU): their GPU tests,
-#                                               # then the whole MoE with each beside the
-#                                               # default it would replace, in the W4A16 sweep
-#                                               # of one run, in both orders: 512 and 1024
-#                                               # tokens (32 routes; with the default's tiles
-#                                               # on 5 ring slots too), 2048 (64), 4096 (128);
-#                                               # then Nsight Compute of the three 32-route
-#                                               # FC1s at 512 tokens (L2 requests and hit
-#                                               # rate, shared-memory bank conflicts)
+#   bash scripts/gpu_untimed_kernels.sh wide_ss # the prefill GPU tests of the scale_sectors
+#                                               # (_ss) forms and of the MoE on the defaults
+#                                               # (since the forty-second round _ss below 160
+#                                               # routes per expert), then the whole MoE at 8192
+#                                               # and 16384 tokens with the 256-route tiles'
+#                                               # _ss form (built without a GPU) beside the
+#                                               # default, W4A16, in both orders
 #   bash scripts/gpu_untimed_kernels.sh t64     # (ran in the thirty-ninth round, on an H100)
 #                                               # the thirty-sixth round's 64-route tiles of
 #                                               # 256 weight rows, one CTA per SM (_tok, _tok_la;
@@ -77,8 +75,6 @@ LARGE_GATHER=rs_w128_t256_d4_ws_x2_h2
 SIZES=512,1024,2048,4096,8192,16384
 NCU_CASES=(--case 8192:default:w4a16 --case "8192:$LARGE_GATHER:w4a16" --case 8192:default_a8
     --case 4096:default:w4a16 --case 4096:default:a4)
-SECTOR_METRICS=lts__t_sector_op_read_hit_rate.pct,lts__t_sectors_srcunit_tex_op_read.sum,\
-l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum
 began=$(date +%s)
 # seconds left of $1 since the start, at least 1 (timeout takes 0 as "no limit")
 left() { local l=$(($1 - ($(date +%s) - began))); echo $((l > 1 ? l : 1)); }
@@ -158,29 +154,18 @@ waves)
         rm -f "$OUT/waves_$n/bench_prefill_gemm.png"
     done
     ;;
-sectors)
-    timeout 200 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py -k "_ss or t32_d5" \
-        2>&1 | tee "$OUT/gpu_tests.txt" | tail -4
-    # at 512 and 1024 tokens also the default's tiles with the _ss form's 5 ring slots (the
-    # depth apart from the scale copies)
-    small=rs_w256_t32_d6_ws_c2_tok_la small5=rs_w256_t32_d5_ws_c2_tok_la
-    mid=rs_w128_t64_d6_ws_c2_tok large=rs_w256_t128_d6_ws_tok_la
-    for run in "512,1024:$small,$small5,${small5}_ss" "512,1024:${small5}_ss,$small5,$small" \
-        "2048:$mid,${mid}_ss" "2048:${mid}_ss,$mid" "4096:$large,${large}_ss" "4096:${large}_ss,$large"; do
+wide_ss)
+    timeout 300 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py \
+        -k "_ss or prefill_moe" 2>&1 | tee "$OUT/gpu_tests.txt" | tail -4
+    wide=rs_w128_t256_d4_ws_x2_h2_tok
+    for run in "$wide,${wide}_ss" "${wide}_ss,$wide"; do
         n=$((${n:-0} + 1))
-        timeout "$(left 585)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens "${run%%:*}" \
+        timeout "$(left 585)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 8192,16384 \
             --baselines "" --a8-schedules a8_rs_tok --sweep prefill --sweep-modes "" \
-            --prefill-tiles "${run#*:}" --out "$OUT/sectors_$n" 2>&1 | tee "$OUT/bench_moe_sectors_$n.txt" \
-            | grep -o '"sweep_w4a16_us": {[^}]*}' || tail -4 "$OUT/bench_moe_sectors_$n.txt"
-        rm -f "$OUT/sectors_$n/bench_moe.png"
+            --prefill-tiles "$run" --out "$OUT/wide_ss_$n" 2>&1 | tee "$OUT/bench_moe_wide_ss_$n.txt" \
+            | grep -o '"sweep_w4a16_us": {[^}]*}' || tail -4 "$OUT/bench_moe_wide_ss_$n.txt"
+        rm -f "$OUT/wide_ss_$n/bench_moe.png"
     done
-    # Nsight Compute of the 512-token FC1 on the three 32-route tiles: the L2 hit rate and
-    # requests, and the shared-memory bank conflicts the group copy trades for them
-    timeout "$(left 585)" ncu --profile-from-start off -k regex:grouped_w4 "${NCU_SECTIONS[@]}" \
-        --metrics "$SECTOR_METRICS" --page details --csv python benchmarks/profile_prefill.py \
-        --case "512:$small:w4a16" --case "512:$small5:w4a16" --case "512:${small5}_ss:w4a16" \
-        >"$OUT/ncu_sectors.csv" 2>"$OUT/ncu_sectors.err"
-    tail -3 "$OUT/ncu_sectors.err"
     ;;
 t64)
     timeout 200 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py \
@@ -213,7 +198,7 @@ ncu)
     echo "then here: python benchmarks/profile_prefill.py ${NCU_CASES[*]} --ncu-summary ncu.csv --out DIR"
     ;;
 *)
-    echo "usage: bash scripts/gpu_untimed_kernels.sh ab DIR...|window|rivals|sectors|t64|waves|sizes|anchors|ncu (on a Hopper GPU, with OUT set)" >&2
+    echo "usage: bash scripts/gpu_untimed_kernels.sh ab DIR...|window|rivals|wide_ss|t64|waves|sizes|anchors|ncu (on a Hopper GPU, with OUT set)" >&2
     exit 2
     ;;
 esac

@@ -58,9 +58,9 @@ def test_matches_the_fp32_product_eagerly_and_in_a_cuda_graph(label, gather):
 @pytest.mark.parametrize(
     ("tokens", "fc1"),
     [
-        (96, "rs_w256_t32_d6_ws_c2_tok_la"),
-        (192, "rs_w128_t64_d6_ws_c2_tok"),
-        (512, "rs_w256_t128_d6_ws_tok_la"),
+        (96, "rs_w256_t32_d5_ws_c2_tok_la_ss"),
+        (192, "rs_w128_t64_d6_ws_c2_tok_ss"),
+        (512, "rs_w256_t128_d6_ws_tok_la_ss"),
         (1024, "rs_w128_t256_d4_ws_x2_h2_tok"),
         (2048, "rs_w128_t256_d4_ws_x2_h2_tok"),
     ],
@@ -96,9 +96,9 @@ def test_the_w4a16_prefill_moe_matches_the_reference_eagerly_and_in_a_cuda_graph
 @pytest.mark.parametrize(
     ("tokens", "fc1"),
     [
-        (96, "rs_w256_t32_d6_ws_c2_tok_la"),
-        (192, "rs_w128_t64_d6_ws_c2_tok"),
-        (512, "rs_w256_t128_d6_ws_tok_la"),
+        (96, "rs_w256_t32_d5_ws_c2_tok_la_ss"),
+        (192, "rs_w128_t64_d6_ws_c2_tok_ss"),
+        (512, "rs_w256_t128_d6_ws_tok_la_ss"),
         (2048, "rs_w128_t256_d4_ws_x2_h2_tok"),
     ],
 )
@@ -107,7 +107,8 @@ def test_a4_and_split_prefill_moe_match_the_reference_eagerly_and_in_a_cuda_grap
     warp-specialized kernel on 32-route tiles of 256-row items with two CTAs per SM at 24,
     64-route tiles with two at 48, 128-route tiles of 256-row items as two partitions at 128,
     256-route tiles above; every FC1 copying its rows by token): :func:`check_a4_and_split_moe`
-    on the plan's own choice."""
+    on the plan's own choice (below 256 routes per expert the ``scale_sectors`` forms, since the
+    forty-second round)."""
     check_a4_and_split_moe(tokens, fc1, None)
 
 
@@ -121,9 +122,10 @@ def test_a4_and_split_prefill_moe_match_the_reference_eagerly_and_in_a_cuda_grap
         (1024, "rs_w128_t256_d4_ws_x2_h2"),
         (192, "rs_w256_t64_d6_ws_tok"),
         (192, "rs_w256_t64_d6_ws_tok_la"),
-        (96, "rs_w256_t32_d5_ws_c2_tok_la_ss"),
-        (192, "rs_w128_t64_d6_ws_c2_tok_ss"),
-        (512, "rs_w256_t128_d6_ws_tok_la_ss"),
+        (96, "rs_w256_t32_d6_ws_c2_tok_la"),
+        (192, "rs_w128_t64_d6_ws_c2_tok"),
+        (512, "rs_w256_t128_d6_ws_tok_la"),
+        (1024, "rs_w128_t256_d4_ws_x2_h2_tok_ss"),
     ],
 )
 def test_a4_and_split_prefill_moe_on_a_schedule_not_chosen_match_the_reference(tokens, label):
@@ -134,8 +136,10 @@ def test_a4_and_split_prefill_moe_on_a_schedule_not_chosen_match_the_reference(t
     of A4 and split before the twenty-ninth (256-row items as one 8-warp partition), and the
     64-160 and 256-route defaults' tiles with FC1's rows gathered before the launch (the
     defaults until the twenty-fifth round; calls too large for ``rows_by_token``'s int32
-    offsets still run them), the thirty-sixth round's 64-route candidates of 256-row items and
-    the forty-first round's ``scale_sectors`` forms of the 32-, 64- and 128-route defaults."""
+    offsets still run them), the thirty-sixth round's 64-route candidates of 256-row items, the
+    32-, 64- and 128-route defaults without ``scale_sectors`` (the defaults until the
+    forty-second round; still the choice where ``K`` is not a multiple of 512) and the 256-route
+    tiles' ``scale_sectors`` form (forty-second round, not chosen)."""
     from a4prefill.ops.backends.triton.schedules import PrefillTiles, choose_config
 
     schedule = PREFILL_SCHEDULES[label]

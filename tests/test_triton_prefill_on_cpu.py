@@ -996,7 +996,7 @@ def test_calls_of_128_route_tiles_run_256_row_items_as_two_partitions_in_every_m
     twenty-eighth round, 2242 and 2212 us against 2530 and 2309 as one 8-warp partition). Where
     a GEMM's rows do not split into 256s (a hidden size of 384) they run 128 rows; both GEMMs
     of a call share its route tiles."""
-    small, wide = PREFILL_SCHEDULES["rs_w128_t128_d6_ws"], PREFILL_SCHEDULES["rs_w256_t128_d6_ws_tok_la"]
+    small, wide = PREFILL_SCHEDULES["rs_w128_t128_d6_ws"], PREFILL_SCHEDULES["rs_w256_t128_d6_ws_tok_la_ss"]
     tiles = choose_prefill_tiles(4096 * 8, 288, 4096, 1024)
     assert tiles == PrefillTiles(wide, wide)
     assert not wide.one_consumer_partition and wide.weight_rows == 256
@@ -1021,6 +1021,45 @@ def test_every_size_copies_fc1_rows_by_token_unless_x_may_outgrow_int32_offsets(
     assert choose_prefill_tiles(largest + 1, 288, 4096, 1024) == PrefillTiles(plain, plain)
     few_experts = choose_prefill_tiles(largest + 1, 2**31 // 4096 // 20, 4096, 1024)  # 20 a expert
     assert few_experts is not None and not few_experts.fc1.rows_by_token
+
+
+def test_below_256_route_tiles_the_scale_sectors_forms_take_calls_whose_k_splits_into_their_groups():
+    """From 12 to 160 routes per expert (512-4096 tokens of the GLM TP2 shape) the chosen tiles
+    copy the scale bytes once per group of 8 steps (``scale_sectors``; forty-second round, H100,
+    two runs of each size in both orders, W4A16 us: 512 tokens 981-994 against 1107-1135 for the
+    forms without, 1024 1221-1235 against 1351-1406, 2048 1521-1592 against 1580-1724, 4096
+    1949-2034 against 2062-2118). Where a GEMM's K is not a multiple of 512 columns (an
+    intermediate size of 768: FC2's K) or ``x`` may outgrow the row copy's int32 offsets, the
+    calls keep the forms without; the 256-route tiles (from 160 per expert) have none chosen."""
+    expected = {
+        512: "rs_w256_t32_d5_ws_c2_tok_la_ss",
+        1024: "rs_w256_t32_d5_ws_c2_tok_la_ss",
+        2048: "rs_w128_t64_d6_ws_c2_tok_ss",
+        4096: "rs_w256_t128_d6_ws_tok_la_ss",
+    }
+    for tokens, label in expected.items():
+        chosen = PREFILL_SCHEDULES[label]
+        assert chosen.scale_sectors
+        assert choose_prefill_tiles(tokens * 8, 288, 4096, 1024) == PrefillTiles(chosen, chosen), tokens
+    without = {
+        512: "rs_w256_t32_d6_ws_c2_tok_la",
+        2048: "rs_w128_t64_d6_ws_c2_tok",
+        4096: "rs_w256_t128_d6_ws_tok_la",
+    }
+    for tokens, label in without.items():
+        plain = PREFILL_SCHEDULES[label]
+        assert choose_prefill_tiles(tokens * 8, 288, 4096, 768) == PrefillTiles(plain, plain), tokens
+    assert not choose_prefill_tiles(8192 * 8, 288, 4096, 1024).fc1.scale_sectors
+    # 100 routes per expert whose routes * hidden reach 2**31: the gathering 128-route form
+    routes = 2**31 // 4096
+    untokened = choose_prefill_tiles(routes, routes // 100, 4096, 1024)
+    gathering = PREFILL_SCHEDULES["rs_w256_t128_d6_ws"]
+    assert untokened == PrefillTiles(gathering, gathering)
+    # FC1's scales reach 2**31 bytes (the launcher's int32 offsets): the forms without
+    experts = 2**31 // (2 * 1024 * 4096 // 16)
+    plain = PREFILL_SCHEDULES["rs_w256_t128_d6_ws_tok_la"]
+    assert choose_prefill_tiles(100 * experts, experts, 4096, 1024).fc1 == plain
+    assert choose_prefill_tiles(100 * experts, experts - 1, 4096, 1024).fc1.scale_sectors
 
 
 def test_schedules_refuse_what_the_kernel_cannot_run():
@@ -1509,7 +1548,8 @@ def test_where_both_kernel_families_run_the_prefill_tiles_take_a_call_before_the
     monkeypatch.setattr(plan, "prefill_kernels_run", lambda device: True)
     first = PREFILL_MIN_ROWS_PER_EXPERT * experts // top_k  # 432 tokens
     assert PREFILL_MIN_ROWS_PER_EXPERT < DECODE_MAX_ROWS_PER_EXPERT
-    for tokens, label in ((first, "rs_w256_t32_d6_ws_c2_tok_la"), (1024, "rs_w256_t32_d6_ws_c2_tok_la")):
+    for tokens in (first, 1024):
+        label = "rs_w256_t32_d5_ws_c2_tok_la_ss"
         planned = plan.plan_call(tokens, top_k, experts, hidden_size, inter, torch.bfloat16, gpu)
         assert choose_config(tokens * top_k, experts, hidden_size, inter).decode is not None
         assert planned.decode is None

@@ -752,6 +752,9 @@ PREFILL_SCHEDULES = MappingProxyType(
         "rs_w256_t128_d6_ws_tok_la_ss": _warp_specialized(
             128, 6, weight_rows=256, rows_by_token=True, loads_ahead=True, scale_sectors=True
         ),
+        "rs_w128_t256_d4_ws_x2_h2_tok_ss": _warp_specialized(
+            256, 4, 2, 2, rows_by_token=True, scale_sectors=True
+        ),
     }
 )
 
@@ -961,19 +964,20 @@ def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: i
     # the _tok forms address x ([tokens, hidden], tokens <= routes) by int32 offsets
     tok = "_tok" if routes * hidden < 2**31 else ""
     ahead = "_la" if tok else ""  # loads_ahead: timed on the _tok forms only
+    # the scale_sectors (_ss) forms first (timed on _tok forms only; fits() needs K in groups of 8
+    # steps; their launcher addresses FC1's scales, [experts, 2 I, H / 16], by int32 offsets),
+    # then the forms without
+    sectors = bool(tok) and experts * 2 * intermediate * hidden // 16 < 2**31
     if rows_per_expert < 32:
-        tiles = _first_fitting(
-            hidden, intermediate, f"rs_w256_t32_d6_ws_c2{tok}{ahead}", "rs_w128_t32_d6_ws_c3"
-        )
+        labels = ("rs_w256_t32_d5_ws_c2_tok_la_ss",) if sectors else ()
+        labels += (f"rs_w256_t32_d6_ws_c2{tok}{ahead}", "rs_w128_t32_d6_ws_c3")
     elif rows_per_expert < 64:
-        tiles = _first_fitting(hidden, intermediate, f"rs_w128_t64_d6_ws_c2{tok}")
+        labels = ("rs_w128_t64_d6_ws_c2_tok_ss",) if sectors else ()
+        labels += (f"rs_w128_t64_d6_ws_c2{tok}",)
     elif rows_per_expert < WIDE_TILE_MIN_ROWS_PER_EXPERT:
-        two = PREFILL_SCHEDULES[f"rs_w256_t128_d6_ws{tok}{ahead}"]
-        tiles = PrefillTiles(two, two)
-        if not tiles.fits(hidden, intermediate):
-            small = PREFILL_SCHEDULES["rs_w128_t128_d6_ws"]
-            tiles = PrefillTiles(small, small)
+        labels = ("rs_w256_t128_d6_ws_tok_la_ss",) if sectors else ()
+        labels += (f"rs_w256_t128_d6_ws{tok}{ahead}", "rs_w128_t128_d6_ws")
     else:
-        large = PREFILL_SCHEDULES[f"rs_w128_t256_d4_ws_x2_h2{tok}"]
-        tiles = PrefillTiles(large, large)
+        labels = (f"rs_w128_t256_d4_ws_x2_h2{tok}",)
+    tiles = _first_fitting(hidden, intermediate, *labels)
     return tiles if tiles.fits(hidden, intermediate) else None
