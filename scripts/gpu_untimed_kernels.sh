@@ -27,13 +27,16 @@
 #                                               # instructions (InstructionStats), into
 #                                               # $OUT/ncu_rivals.csv; needs humming-kernels'
 #                                               # wheel in .whl, and for Marlin vLLM's env.sh
-#   bash scripts/gpu_untimed_kernels.sh wide_ss # the prefill GPU tests of the scale_sectors
-#                                               # (_ss) forms and of the MoE on the defaults
-#                                               # (since the forty-second round _ss below 160
-#                                               # routes per expert), then the whole MoE at 8192
-#                                               # and 16384 tokens with the 256-route tiles'
-#                                               # _ss form (built without a GPU) beside the
-#                                               # default, W4A16, in both orders
+#   bash scripts/gpu_untimed_kernels.sh ss      # the forty-second round's scale_sectors (_ss)
+#                                               # defaults (below 160 routes per expert): the
+#                                               # prefill GPU tests of the _ss forms and of the
+#                                               # MoE on the defaults, then the whole MoE at
+#                                               # 512-4096 tokens with the Humming column (and
+#                                               # Marlin's where vLLM's env.sh was sourced) in
+#                                               # both column orders (carry .whl), then at 8192
+#                                               # and 16384 tokens the 256-route tiles' _ss form
+#                                               # (built without a GPU) beside the default,
+#                                               # W4A16, in both orders
 #   bash scripts/gpu_untimed_kernels.sh t64     # (ran in the thirty-ninth round, on an H100)
 #                                               # the thirty-sixth round's 64-route tiles of
 #                                               # 256 weight rows, one CTA per SM (_tok, _tok_la;
@@ -154,9 +157,17 @@ waves)
         rm -f "$OUT/waves_$n/bench_prefill_gemm.png"
     done
     ;;
-wide_ss)
-    timeout 300 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py \
+ss)
+    timeout 240 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py \
         -k "_ss or prefill_moe" 2>&1 | tee "$OUT/gpu_tests.txt" | tail -4
+    install_humming
+    for order in "" --reverse-columns; do
+        timeout "$(left 470)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 512,1024,2048,4096 \
+            --baselines marlin,humming --a8-schedules a8_rs_tok $order --out "$OUT/table${order:+_reversed}" \
+            2>&1 | tee -a "$OUT/bench_moe_table.txt" \
+            | grep -o '"tokens": [0-9]*\|"w4a16_speedup_vs_[a-z]*": [0-9.]*' | paste -sd ' '
+    done
+    rm -f "$OUT/table_reversed/bench_moe.png"
     wide=rs_w128_t256_d4_ws_x2_h2_tok
     for run in "$wide,${wide}_ss" "${wide}_ss,$wide"; do
         n=$((${n:-0} + 1))
@@ -198,7 +209,7 @@ ncu)
     echo "then here: python benchmarks/profile_prefill.py ${NCU_CASES[*]} --ncu-summary ncu.csv --out DIR"
     ;;
 *)
-    echo "usage: bash scripts/gpu_untimed_kernels.sh ab DIR...|window|rivals|wide_ss|t64|waves|sizes|anchors|ncu (on a Hopper GPU, with OUT set)" >&2
+    echo "usage: bash scripts/gpu_untimed_kernels.sh ab DIR...|window|rivals|ss|t64|waves|sizes|anchors|ncu (on a Hopper GPU, with OUT set)" >&2
     exit 2
     ;;
 esac
