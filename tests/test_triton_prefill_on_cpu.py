@@ -1027,7 +1027,7 @@ def test_below_256_route_tiles_the_scale_sectors_forms_take_calls_whose_k_splits
     """From 12 to 160 routes per expert (512-4096 tokens of the GLM TP2 shape) the chosen tiles
     copy the scale bytes once per group of 8 steps (``scale_sectors``; forty-second round, H100,
     two runs of each size in both orders, W4A16 us: 512 tokens 981-994 against 1107-1135 for the
-    forms without, 1024 1221-1235 against 1351-1406, 2048 1521-1592 against 1580-1724, 4096
+    forms without, 1024 1221-1235 against 1357-1380, 2048 1521-1592 against 1580-1724, 4096
     1949-2034 against 2062-2118). Where a GEMM's K is not a multiple of 512 columns (an
     intermediate size of 768: FC2's K) or ``x`` may outgrow the row copy's int32 offsets, the
     calls keep the forms without; the 256-route tiles (from 160 per expert) have none chosen."""

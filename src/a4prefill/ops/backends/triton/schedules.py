@@ -673,17 +673,17 @@ def _warp_specialized(
 # either), 14% fewer instructions per weight row, and read each activation row for half as many
 # work items, with half as many consumer warps per SM to hide latency. The 128-route tiles made
 # the same move at 4096 tokens and took 2674 us against 3027 (fifteenth round, H200).
-# The ``_ss`` forms of the defaults at 512-1024 (32 routes), 2048 (64) and 4096 tokens (128;
-# forty-first round, not yet run on a GPU, not chosen): ``scale_sectors``, each row's scale bytes
+# The ``_ss`` forms (``scale_sectors``; built in the forty-first round, chosen from the
+# forty-second below 160 routes per expert, ``choose_prefill_tiles``): each row's scale bytes
 # copied as one 32-byte sector every 8 steps. The 32-route one has 5 ring slots, not 6: its scale
 # ring (16 KiB) and the A4/split FC2's epilogue scratch put two CTAs of 6 over an SM's shared
-# memory; ``rs_w256_t32_d5_ws_c2_tok_la``, the default's tiles with 5 slots, is its control (the
-# ring depth apart from the scale copies). Nsight Compute of one W4A16 call at 512 tokens on
-# an H100 (forty-first round, ``benchmarks/results/profile_rivals_ncu_round41_h100.json``): the
-# package's FC1 executes fewer instructions than Humming's (335 against 373 million) but issues
-# 2.31 a cycle against 3.09, with L2 at 77% of its peak and an L2 hit rate of 68% (Humming 15%),
-# which the per-step 4-byte scale copies (8 requests a sector, 32 sectors an instruction) would
-# account for by count; the ``sectors`` mode of ``scripts/gpu_untimed_kernels.sh`` measures it.
+# memory; ``rs_w256_t32_d5_ws_c2_tok_la``, the earlier default's tiles with 5 slots, is its
+# control (the ring depth apart from the scale copies: level with 6 slots). Nsight Compute of the
+# W4A16 FC1 at 512 tokens on an H100 (forty-second round, ``benchmarks/results/README.md``): 750
+# us against 837 without, L2 read sectors 59.7 against 87.7 million, L2 at 61% of its peak
+# against 76%, 2.55 instructions issued a cycle against 2.31, fewer shared-store bank conflicts
+# (113 against 193 thousand). ``rs_w128_t256_d4_ws_x2_h2_tok_ss``, the 256-route default's form
+# (forty-second round), is built and checked without a GPU, not chosen.
 PREFILL_SCHEDULES = MappingProxyType(
     {
         "w64_t64_d6": PrefillGemm(64, 64, depth=6),
@@ -957,7 +957,16 @@ def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: i
     the twenty-ninth (2026-12-06), once every A4 epilogue rounded to e2m1 in one addition
     (twenty-sixth round): at 4096 tokens on an H100 (twenty-eighth round, one run) A4 took 2242
     us and split 2212 as two partitions against 2530 and 2309 as one (W4A16 2159), where until
-    then they had been slower as two (twenty-third round: 2995 and 2969 against 2701 and 2635)."""
+    then they had been slower as two (twenty-third round: 2995 and 2969 against 2701 and 2635).
+
+    Below 160 routes per expert every mode's tiles copy each row's scale bytes once per 8 steps
+    (``PrefillGemm.scale_sectors``, the ``_ss`` forms) where both GEMMs' K split into groups of 8
+    steps (multiples of 512 columns), the rows are copied by token and FC1's scales stay under
+    2**31 bytes (forty-second round, H100, 2026-12-07, two calls, each size's pair timed in both
+    orders, W4A16 us, the form without against the ``_ss`` one): 512 tokens 1107-1135 against
+    981-994 (the 32-route tiles on 5 ring slots without the scale change: 1106-1129), 1024
+    1357-1380 against 1221-1235, 2048 1580-1724 against 1521-1592, 4096 2062-2118 against
+    1949-2034. Elsewhere the forms above."""
     rows_per_expert = routes / max(1, experts)
     if rows_per_expert < PREFILL_MIN_ROWS_PER_EXPERT:
         return None
