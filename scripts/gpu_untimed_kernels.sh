@@ -29,8 +29,9 @@
 #                                               # wheel in .whl, and for Marlin vLLM's env.sh
 #   bash scripts/gpu_untimed_kernels.sh ss      # the forty-second round's scale_sectors (_ss)
 #                                               # defaults (below 160 routes per expert): the
-#                                               # prefill GPU tests of the _ss forms and of the
-#                                               # MoE on the defaults, then the whole MoE at
+#                                               # MoE GPU tests on the defaults and the GPU
+#                                               # tests of the 256-route _ss form (built without
+#                                               # a GPU), then the whole MoE at
 #                                               # 512-4096 tokens with the Humming column (and
 #                                               # Marlin's where vLLM's env.sh was sourced) in
 #                                               # both column orders (carry .whl), then at 8192
@@ -158,8 +159,9 @@ waves)
     done
     ;;
 ss)
-    timeout 240 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py \
-        -k "_ss or prefill_moe" 2>&1 | tee "$OUT/gpu_tests.txt" | tail -4
+    # the other _ss forms' GEMM and A4/split tests ran in the sectors mode (its history)
+    timeout 150 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py \
+        -k "moe_match and not not_chosen or x2_h2_tok_ss" 2>&1 | tee "$OUT/gpu_tests.txt" | tail -4
     install_humming
     for order in "" --reverse-columns; do
         timeout "$(left 470)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 512,1024,2048,4096 \
