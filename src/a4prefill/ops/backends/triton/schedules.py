@@ -977,6 +977,7 @@ def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: i
     # steps; their launcher addresses FC1's scales, [experts, 2 I, H / 16], by int32 offsets),
     # then the forms without
     sectors = bool(tok) and experts * 2 * intermediate * hidden // 16 < 2**31
+    labels: tuple[str, ...]
     if rows_per_expert < 32:
         labels = ("rs_w256_t32_d5_ws_c2_tok_la_ss",) if sectors else ()
         labels += (f"rs_w256_t32_d6_ws_c2{tok}{ahead}", "rs_w128_t32_d6_ws_c3")
