@@ -29,9 +29,10 @@
 #                                               # wheel in .whl, and for Marlin vLLM's env.sh
 #   bash scripts/gpu_untimed_kernels.sh ss      # the forty-second round's scale_sectors (_ss)
 #                                               # defaults (below 160 routes per expert): the
-#                                               # MoE GPU tests on the defaults and the GPU
-#                                               # tests of the 256-route _ss form (built without
-#                                               # a GPU), then the whole MoE at
+#                                               # MoE GPU tests on the defaults (FC1 alone on
+#                                               # _ss where FC2's K is no group of 8 steps too)
+#                                               # and the GPU tests of the 256-route _ss form
+#                                               # (built without a GPU), then the whole MoE at
 #                                               # 512-4096 tokens with the Humming column (and
 #                                               # Marlin's where vLLM's env.sh was sourced) in
 #                                               # both column orders (carry .whl), then at 8192
@@ -161,7 +162,7 @@ waves)
 ss)
     # the other _ss forms' GEMM and A4/split tests ran in the sectors mode (its history)
     timeout 150 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py \
-        -k "moe_match and not not_chosen or x2_h2_tok_ss" 2>&1 | tee "$OUT/gpu_tests.txt" | tail -4
+        -k "moe_match and not not_chosen or x2_h2_tok_ss or no_group_of_8" 2>&1 | tee "$OUT/gpu_tests.txt" | tail -4
     install_humming
     for order in "" --reverse-columns; do
         timeout "$(left 470)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 512,1024,2048,4096 \

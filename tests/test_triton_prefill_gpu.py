@@ -149,8 +149,20 @@ def test_a4_and_split_prefill_moe_on_a_schedule_not_chosen_match_the_reference(t
     check_a4_and_split_moe(tokens, label, config)
 
 
-def check_a4_and_split_moe(tokens: int, fc1: str, config: GemmConfig | None) -> None:
-    """``fused_moe`` of ``tokens`` tokens (16 experts, top-4, H 1024, I 512) with ``config``
+def test_a_call_whose_fc2_k_is_no_group_of_8_steps_runs_fc1_with_scale_sectors():
+    """I 768 (FC2's K: 12 steps, no whole groups of 8) at 24 routes per expert: the plan runs FC1
+    on the 32-route ``scale_sectors`` form and FC2 on the form without (forty-second round);
+    :func:`check_a4_and_split_moe` on that plan."""
+    from a4prefill.ops.backends.triton.plan import plan_call
+
+    plan = plan_call(96, 4, 16, 1024, 768, torch.bfloat16, torch.device("cuda"))
+    assert plan.prefill is not None
+    assert plan.prefill.fc2 == PREFILL_SCHEDULES["rs_w256_t32_d6_ws_c2_tok_la"]
+    check_a4_and_split_moe(96, "rs_w256_t32_d5_ws_c2_tok_la_ss", None, inter=768)
+
+
+def check_a4_and_split_moe(tokens: int, fc1: str, config: GemmConfig | None, inter: int = 512) -> None:
+    """``fused_moe`` of ``tokens`` tokens (16 experts, top-4, H 1024, I ``inter``) with ``config``
     (None: the plan's choice), planned onto the prefill GEMMs with ``fc1`` (a
     ``PREFILL_SCHEDULES`` label) for FC1: all-A4 within the A4 bounds of the reference A4 MoE;
     split with every third token A4, its A4 rows within those bounds and its W4A16 rows within
@@ -161,7 +173,7 @@ def check_a4_and_split_moe(tokens: int, fc1: str, config: GemmConfig | None) -> 
     from a4prefill.tools.tiny_layer import make_tiny_layer, random_routing
     from helpers.layers import assert_close_to_reference
 
-    experts, hidden_size, inter, top_k = 16, 1024, 512, 4
+    experts, hidden_size, top_k = 16, 1024, 4
     layer = make_tiny_layer(experts, hidden_size, inter, top_k, seed=4, calibration_tokens=16)
     cuda_experts, cuda_scales = layer.experts.to("cuda"), layer.a4_scales.to("cuda")
     generator = torch.Generator().manual_seed(tokens + 1)

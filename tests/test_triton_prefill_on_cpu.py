@@ -994,13 +994,14 @@ def test_calls_of_128_route_tiles_run_256_row_items_as_two_partitions_in_every_m
     mode run work items of 256 weight rows as two 4-warp consumer partitions on the routing's
     128-route tiles (W4A16 since the fifteenth round; A4 and split since the twenty-ninth: H100,
     twenty-eighth round, 2242 and 2212 us against 2530 and 2309 as one 8-warp partition). Where
-    a GEMM's rows do not split into 256s (a hidden size of 384) they run 128 rows; both GEMMs
-    of a call share its route tiles."""
+    a GEMM's rows do not split into 256s (FC2's with a hidden size of 384) that GEMM runs 128
+    rows; both GEMMs of a call share its route tiles."""
     small, wide = PREFILL_SCHEDULES["rs_w128_t128_d6_ws"], PREFILL_SCHEDULES["rs_w256_t128_d6_ws_tok_la_ss"]
     tiles = choose_prefill_tiles(4096 * 8, 288, 4096, 1024)
     assert tiles == PrefillTiles(wide, wide)
     assert not wide.one_consumer_partition and wide.weight_rows == 256
-    assert choose_prefill_tiles(4096 * 8, 288, 384, 1024) == PrefillTiles(small, small)
+    fc1_without_sectors = PREFILL_SCHEDULES["rs_w256_t128_d6_ws_tok_la"]  # K = 384
+    assert choose_prefill_tiles(4096 * 8, 288, 384, 1024) == PrefillTiles(fc1_without_sectors, small)
     with pytest.raises(ValueError, match="share the routing's tiles"):
         PrefillTiles(small, PREFILL_SCHEDULES["rs_w128_t256_d4_ws"])
 
@@ -1029,8 +1030,9 @@ def test_below_256_route_tiles_the_scale_sectors_forms_take_calls_whose_k_splits
     two runs of each size in both orders, W4A16 us: 512 tokens 981-994 against 1107-1135 for the
     forms without, 1024 1221-1235 against 1357-1380, 2048 1521-1592 against 1580-1724, 4096
     1949-2034 against 2062-2118). Where a GEMM's K is not a multiple of 512 columns (an
-    intermediate size of 768: FC2's K) or ``x`` may outgrow the row copy's int32 offsets, the
-    calls keep the forms without; the 256-route tiles (from 160 per expert) have none chosen."""
+    intermediate size of 768: FC2's K) that GEMM keeps the form without (FC1 measured alone
+    at 512 tokens: 750 us against 837, Nsight Compute), and where ``x`` may outgrow the row
+    copy's int32 offsets both do; the 256-route tiles (from 160 per expert) have none chosen."""
     expected = {
         512: "rs_w256_t32_d5_ws_c2_tok_la_ss",
         1024: "rs_w256_t32_d5_ws_c2_tok_la_ss",
@@ -1047,8 +1049,9 @@ def test_below_256_route_tiles_the_scale_sectors_forms_take_calls_whose_k_splits
         4096: "rs_w256_t128_d6_ws_tok_la",
     }
     for tokens, label in without.items():
+        fc1 = PREFILL_SCHEDULES[expected[tokens]]
         plain = PREFILL_SCHEDULES[label]
-        assert choose_prefill_tiles(tokens * 8, 288, 4096, 768) == PrefillTiles(plain, plain), tokens
+        assert choose_prefill_tiles(tokens * 8, 288, 4096, 768) == PrefillTiles(fc1, plain), tokens
     assert not choose_prefill_tiles(8192 * 8, 288, 4096, 1024).fc1.scale_sectors
     # 100 routes per expert whose routes * hidden reach 2**31: the gathering 128-route form
     routes = 2**31 // 4096
@@ -1463,24 +1466,25 @@ def test_a_w4a16_prefill_call_runs_the_prefill_gemms_and_matches_the_reference(
 
 
 @pytest.mark.parametrize(
-    ("tokens", "limit", "expected_kernel"),
-    [(160, None, "warp_specialized"), (160, 2.5, "warp_specialized"), (48, 2.5, "warp_specialized")],
+    ("tokens", "limit", "hidden_size"),
+    [(160, None, 256), (160, 2.5, 256), (48, 2.5, 256), (48, None, 512)],
 )
 def test_a4_and_split_prefill_calls_run_the_prefill_gemms_and_match_the_reference(
-    prefill_moe_on_cpu, interpreted, tokens, limit, expected_kernel
+    prefill_moe_on_cpu, interpreted, tokens, limit, hidden_size
 ):
     """A4 and split calls of a prefill size (80 routes per expert: the warp-specialized kernel's
     128-route tiles, 256-row items as two 4-warp partitions; 24: its 32-route tiles, 256-row
-    items, two CTAs per SM) take the same two prefill launches as
-    W4A16 (the A4 rows quantized first): all-A4 within the A4 bounds of the reference A4 MoE;
-    split with every third token A4, its A4 rows within those bounds and its W4A16 rows within
-    the W4A16 bounds of the reference W4A16 MoE."""
+    items, two CTAs per SM; with a hidden size of 512 FC1 on the ``scale_sectors`` form, FC2,
+    whose K of 128 columns is no group of 8 steps, on the form without) take the same two
+    prefill launches as W4A16 (the A4 rows quantized first): all-A4 within the A4 bounds of the
+    reference A4 MoE; split with every third token A4, its A4 rows within those bounds and its
+    W4A16 rows within the W4A16 bounds of the reference W4A16 MoE."""
     from a4prefill.ops.backends.triton.fused import fused_moe
     from a4prefill.ops.backends.triton.plan import plan_call
     from a4prefill.tools.tiny_layer import make_tiny_layer, random_routing
     from helpers.layers import assert_close_to_reference
 
-    experts, hidden_size, inter, top_k = 4, 256, 128, 2
+    experts, inter, top_k = 4, 128, 2
     layer = make_tiny_layer(experts, hidden_size, inter, top_k, seed=7, calibration_tokens=16)
     generator = torch.Generator().manual_seed(31)
     hidden = (2 * torch.randn(tokens, hidden_size, generator=generator)).to(torch.bfloat16)
@@ -1490,10 +1494,12 @@ def test_a4_and_split_prefill_calls_run_the_prefill_gemms_and_match_the_referenc
     w4a16 = moe_reference(*args, None, limit)
     planned = plan_call(tokens, top_k, experts, hidden_size, inter, torch.bfloat16, torch.device("cpu"))
     assert planned.prefill is not None
+    assert planned.prefill.fc1.scale_sectors == (hidden_size % 512 == 0)
+    assert not planned.prefill.fc2.scale_sectors
     wanted = dict.fromkeys(interpreted, 0)
     for schedule in (planned.prefill.fc1, planned.prefill.fc2):
         wanted[kernel_of(schedule)] += 2  # the A4 call and the split call
-    assert wanted[expected_kernel] == 4
+    assert wanted["warp_specialized"] == 4
     before = {kind: len(kernel.launches) for kind, kernel in interpreted.items()}
     assert_close_to_reference(fused_moe(*args, layer.a4_scales, limit), a4, "a4")
     flags = (torch.arange(tokens) % 3 == 1).to(torch.uint8)

@@ -882,13 +882,16 @@ def choose_a8_schedule(routes: int, experts: int, hidden: int) -> PrefillGemm:
 
 
 def _first_fitting(hidden: int, intermediate: int, *labels: str) -> PrefillTiles:
-    """Both GEMMs on the first of ``labels`` (:data:`PREFILL_SCHEDULES`) whose tiles fit the
-    shapes, else on the last (which :func:`choose_prefill_tiles` then finds not to fit)."""
-    for label in labels:
-        tiles = PrefillTiles(PREFILL_SCHEDULES[label], PREFILL_SCHEDULES[label])
-        if tiles.fits(hidden, intermediate):
-            break
-    return tiles
+    """Each GEMM on the first of ``labels`` (:data:`PREFILL_SCHEDULES`, all of one route tile)
+    whose tiles fit it (FC1: ``K = hidden``, ``2 * intermediate`` rows; FC2: ``K =
+    intermediate``, ``hidden`` rows), else on the last (which :func:`choose_prefill_tiles` then
+    finds not to fit)."""
+
+    def first(k: int, out_rows: int) -> PrefillGemm:
+        fitting = (PREFILL_SCHEDULES[label] for label in labels if PREFILL_SCHEDULES[label].fits(k, out_rows))
+        return next(fitting, PREFILL_SCHEDULES[labels[-1]])
+
+    return PrefillTiles(first(hidden, 2 * intermediate), first(intermediate, hidden))
 
 
 def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: int) -> PrefillTiles | None:
@@ -959,14 +962,17 @@ def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: i
     us and split 2212 as two partitions against 2530 and 2309 as one (W4A16 2159), where until
     then they had been slower as two (twenty-third round: 2995 and 2969 against 2701 and 2635).
 
-    Below 160 routes per expert every mode's tiles copy each row's scale bytes once per 8 steps
-    (``PrefillGemm.scale_sectors``, the ``_ss`` forms) where both GEMMs' K split into groups of 8
-    steps (multiples of 512 columns), the rows are copied by token and FC1's scales stay under
-    2**31 bytes (forty-second round, H100, 2026-12-07, two calls, each size's pair timed in both
-    orders, W4A16 us, the form without against the ``_ss`` one): 512 tokens 1107-1135 against
-    981-994 (the 32-route tiles on 5 ring slots without the scale change: 1106-1129), 1024
-    1357-1380 against 1221-1235, 2048 1580-1724 against 1521-1592, 4096 2062-2118 against
-    1949-2034. Elsewhere the forms above."""
+    Below 160 routes per expert every mode's GEMMs copy each row's scale bytes once per 8 steps
+    (``PrefillGemm.scale_sectors``, the ``_ss`` forms) where the rows are copied by token and
+    FC1's scales stay under 2**31 bytes (forty-second round, H100, 2026-12-07, two calls, each
+    size's pair timed in both orders, W4A16 us, the forms without against the ``_ss`` ones):
+    512 tokens 1107-1135 against 981-994 (the 32-route tiles on 5 ring slots without the scale
+    change: 1106-1129), 1024 1357-1380 against 1221-1235, 2048 1580-1724 against 1521-1592, 4096
+    2062-2118 against 1949-2034. Each GEMM takes the first form of its size that fits it (a
+    ``_ss`` form needs K in groups of 8 steps, multiples of 512 columns; FC1 alone on ``_ss`` at
+    512 tokens took 750 us against 837 in Nsight Compute), so with an intermediate size of 768
+    FC1 runs ``_ss`` and FC2 the form without; likewise a GEMM whose rows do not split into a
+    form's items runs the next form."""
     rows_per_expert = routes / max(1, experts)
     if rows_per_expert < PREFILL_MIN_ROWS_PER_EXPERT:
         return None
@@ -975,7 +981,7 @@ def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: i
     ahead = "_la" if tok else ""  # loads_ahead: timed on the _tok forms only
     # the scale_sectors (_ss) forms first (timed on _tok forms only; fits() needs K in groups of 8
     # steps; their launcher addresses FC1's scales, [experts, 2 I, H / 16], by int32 offsets),
-    # then the forms without
+    # then the forms without; each GEMM takes the first that fits it
     sectors = bool(tok) and experts * 2 * intermediate * hidden // 16 < 2**31
     labels: tuple[str, ...]
     if rows_per_expert < 32:
