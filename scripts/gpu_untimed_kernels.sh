@@ -165,7 +165,7 @@ ss)
         -k "moe_match and not not_chosen or x2_h2_tok_ss or no_group_of_8" 2>&1 | tee "$OUT/gpu_tests.txt" | tail -4
     install_humming
     for order in "" --reverse-columns; do
-        timeout "$(left 470)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 512,1024,2048,4096 \
+        timeout "$(left 400)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 512,1024,2048,4096 \
             --baselines marlin,humming --a8-schedules a8_rs_tok $order --out "$OUT/table${order:+_reversed}" \
             2>&1 | tee -a "$OUT/bench_moe_table.txt" \
             | grep -o '"tokens": [0-9]*\|"w4a16_speedup_vs_[a-z]*": [0-9.]*' | paste -sd ' '

@@ -107,7 +107,7 @@ def test_a4_and_split_prefill_moe_match_the_reference_eagerly_and_in_a_cuda_grap
     warp-specialized kernel on 32-route tiles of 256-row items with two CTAs per SM at 24,
     64-route tiles with two at 48, 128-route tiles of 256-row items as two partitions at 128,
     256-route tiles above; every FC1 copying its rows by token): :func:`check_a4_and_split_moe`
-    on the plan's own choice (below 256 routes per expert the ``scale_sectors`` forms, since the
+    on the plan's own choice (below 160 routes per expert the ``scale_sectors`` forms, since the
     forty-second round)."""
     check_a4_and_split_moe(tokens, fc1, None)
 

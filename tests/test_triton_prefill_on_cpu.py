@@ -636,7 +636,8 @@ def test_the_dequantization_writes_the_a_registers_without_regrouping(label):
 
 
 def test_the_loads_ahead_consumers_load_the_next_step_while_their_wgmma_runs():
-    """``loads_ahead`` (the 32-route tiles of 512-1024 tokens, ``rs_w256_t32_d6_ws_c2_tok_la``):
+    """``loads_ahead`` (the 32-route tiles of 512-1024 tokens until the forty-second round,
+    ``rs_w256_t32_d6_ws_c2_tok_la``; its ``_ss`` form's since):
     in both consumer K loops of FC1 and FC2 (W4A16, sm_90a) every shared-memory load of code
     words and scale bytes (``LDS``, 8 a step: a thread's 4 rows, 8 code bytes and a scale byte
     each) lies between the step's last wgmma and its wait (``WARPGROUP.DEPBAR``), so the loads'
@@ -855,8 +856,9 @@ def test_schedules_sharing_an_sm_launch_that_many_programs_per_sm_under_their_re
 )
 def test_the_256_row_work_items_spill_at_most_a_reload_in_the_k_loop(mode, fc1_reloads):
     """FC1 and FC2 of the 256-row work items (``rs_w256_t128_d6_ws_tok_la``: calls of 128-route
-    tiles in every mode; a consumer's accumulator is 128 fp32 registers, as on 256-route tiles)
-    with the launcher's partitions (producer 56 registers, consumers 224) compile within the
+    tiles in every mode until the forty-second round, and since where K is no group of 8 steps;
+    a consumer's accumulator is 128 fp32 registers, as on 256-route tiles) with the launcher's
+    partitions (producer 56 registers, consumers 224) compile within the
     schedule's ``shared_bytes`` and with no local memory in the K loop, but for the split FC1's
     one reload a step. With the H200's Triton 3.6 they spill nothing at all in any mode
     (offline, fifteenth and sixteenth rounds); this suite's Triton 3.9 spills outside the K
@@ -1053,9 +1055,10 @@ def test_below_256_route_tiles_the_scale_sectors_forms_take_calls_whose_k_splits
         plain = PREFILL_SCHEDULES[label]
         assert choose_prefill_tiles(tokens * 8, 288, 4096, 768) == PrefillTiles(fc1, plain), tokens
     assert not choose_prefill_tiles(8192 * 8, 288, 4096, 1024).fc1.scale_sectors
-    # 100 routes per expert whose routes * hidden reach 2**31: the gathering 128-route form
+    # 100 routes per expert whose routes * hidden reach 2**31 (FC1's scales, 1.4e9 bytes, would
+    # allow the _ss forms): the gathering 128-route form
     routes = 2**31 // 4096
-    untokened = choose_prefill_tiles(routes, routes // 100, 4096, 1024)
+    untokened = choose_prefill_tiles(routes, routes // 100, 4096, 512)
     gathering = PREFILL_SCHEDULES["rs_w256_t128_d6_ws"]
     assert untokened == PrefillTiles(gathering, gathering)
     # FC1's scales reach 2**31 bytes (the launcher's int32 offsets): the forms without

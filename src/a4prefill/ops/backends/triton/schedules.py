@@ -666,13 +666,14 @@ def _warp_specialized(
 # routes 168 registers, no spill, 244 (``_la`` 236).
 # The 64-route tiles of 256 weight rows, one CTA per SM, without and with ``loads_ahead``
 # (thirty-sixth round, candidates for 32-64 routes per expert, 1152-2303 tokens of the GLM TP2
-# shape; not yet run on a GPU, not chosen): the default there (``rs_w128_t64_d6_ws_c2_tok``)
-# runs 128-row items as two CTAs per SM, each consumer warpgroup 64 rows a step in 139 SASS
-# instructions (80 registers); these give each consumer 128 rows a step in 238 (``_la`` 249:
-# 168 registers, no spill; offline, Triton 3.9, sm_90a, W4A16 FC1; A4, split and FC2 no spill
-# either), 14% fewer instructions per weight row, and read each activation row for half as many
-# work items, with half as many consumer warps per SM to hide latency. The 128-route tiles made
-# the same move at 4096 tokens and took 2674 us against 3027 (fifteenth round, H200).
+# shape; not chosen after their run in the thirty-ninth round): the default there then
+# (``rs_w128_t64_d6_ws_c2_tok``) runs 128-row items as two CTAs per SM, each consumer warpgroup
+# 64 rows a step in 139 SASS instructions (80 registers); these give each consumer 128 rows a
+# step in 238 (``_la`` 249: 168 registers, no spill; offline, Triton 3.9, sm_90a, W4A16 FC1; A4,
+# split and FC2 no spill either), 14% fewer instructions per weight row, and read each
+# activation row for half as many work items, with half as many consumer warps per SM to hide
+# latency. The 128-route tiles made the same move at 4096 tokens and took 2674 us against 3027
+# (fifteenth round, H200).
 # The ``_ss`` forms (``scale_sectors``; built in the forty-first round, chosen from the
 # forty-second below 160 routes per expert, ``choose_prefill_tiles``): each row's scale bytes
 # copied as one 32-byte sector every 8 steps. The 32-route one has 5 ring slots, not 6: its scale
@@ -681,7 +682,7 @@ def _warp_specialized(
 # control (the ring depth apart from the scale copies: level with 6 slots). Nsight Compute of the
 # W4A16 FC1 at 512 tokens on an H100 (forty-second round, ``benchmarks/results/README.md``): 750
 # us against 837 without, L2 read sectors 59.7 against 87.7 million, L2 at 61% of its peak
-# against 76%, 2.55 instructions issued a cycle against 2.31, fewer shared-store bank conflicts
+# against 76%, 2.55 instructions executed a cycle against 2.31, fewer shared-store bank conflicts
 # (113 against 193 thousand). ``rs_w128_t256_d4_ws_x2_h2_tok_ss``, the 256-route default's form
 # (forty-second round), is built and checked without a GPU, not chosen.
 PREFILL_SCHEDULES = MappingProxyType(
@@ -953,9 +954,9 @@ def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: i
     against 1600-1719 with loads ahead, so they keep the plain loop.
 
     Every mode's calls from 64 to 160 routes per expert run work items of 256 weight rows as two
-    consumer partitions of 4 warps where both GEMMs' rows split into 256s (each activation row
-    read from L2 by half as many work items as with 128 rows), and 128-row items where they do
-    not. W4A16 since the fifteenth round (2026-12-04: 2674 us against 3027 at 4096 tokens;
+    consumer partitions of 4 warps in each GEMM whose rows split into 256s (each activation row
+    read from L2 by half as many work items as with 128 rows), and 128-row items in a GEMM whose
+    rows do not. W4A16 since the fifteenth round (2026-12-04: 2674 us against 3027 at 4096 tokens;
     twenty-third round, H100: 2425 against 2482 for one 8-warp partition); A4 and split since
     the twenty-ninth (2026-12-06), once every A4 epilogue rounded to e2m1 in one addition
     (twenty-sixth round): at 4096 tokens on an H100 (twenty-eighth round, one run) A4 took 2242
