@@ -5,8 +5,8 @@
 # everything is tee'd into $OUT, so a call cut off by its time limit keeps its output. The modes
 # of earlier rounds (verify, a4, gather, mid, small: the twenty-third to twenty-eighth rounds;
 # pending and permute: the thirty-ninth; halves, ahead, fence, quant, tiles: the twenty-ninth
-# to thirty-third; sectors: the forty-second; benchmarks/results/README.md) are in this file's
-# history (git log -p on it).
+# to thirty-third; sectors: the forty-second; ss: the forty-third; benchmarks/results/README.md)
+# are in this file's history (git log -p on it).
 #
 #   bash scripts/gpu_untimed_kernels.sh ab DIR...  # this checkout's defaults against the
 #                                               # src trees DIR... (other commits' src, carried
@@ -27,18 +27,13 @@
 #                                               # instructions (InstructionStats), into
 #                                               # $OUT/ncu_rivals.csv; needs humming-kernels'
 #                                               # wheel in .whl, and for Marlin vLLM's env.sh
-#   bash scripts/gpu_untimed_kernels.sh ss      # the forty-second round's scale_sectors (_ss)
-#                                               # defaults (below 160 routes per expert): the
-#                                               # MoE GPU tests on the defaults (FC1 alone on
-#                                               # _ss where FC2's K is no group of 8 steps too)
-#                                               # and the GPU tests of the 256-route _ss form
-#                                               # (built without a GPU), then the whole MoE at
-#                                               # 512-4096 tokens with the Humming column (and
-#                                               # Marlin's where vLLM's env.sh was sourced) in
-#                                               # both column orders (carry .whl), then at 8192
-#                                               # and 16384 tokens the 256-route tiles' _ss form
-#                                               # (built without a GPU) beside the default,
-#                                               # W4A16, in both orders
+#   bash scripts/gpu_untimed_kernels.sh ss4     # the forty-third round's: the GPU tests of the
+#                                               # 256-route tiles' _ss form (the default there
+#                                               # since) and of the half-sector _ss4 forms (built
+#                                               # without a GPU), then on the small shape (H 2048,
+#                                               # I 768: FC2's K takes no 8-step group) at 256-2048
+#                                               # tokens FC1 _ss with FC2 without (the default),
+#                                               # with FC2 _ss4 and both _ss4, W4A16, both orders
 #   bash scripts/gpu_untimed_kernels.sh t64     # (ran in the thirty-ninth round, on an H100)
 #                                               # the thirty-sixth round's 64-route tiles of
 #                                               # 256 weight rows, one CTA per SM (_tok, _tok_la;
@@ -159,26 +154,27 @@ waves)
         rm -f "$OUT/waves_$n/bench_prefill_gemm.png"
     done
     ;;
-ss)
-    # the other _ss forms' GEMM and A4/split tests ran in the sectors mode (its history)
-    timeout 150 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py \
-        -k "moe_match and not not_chosen or x2_h2_tok_ss or no_group_of_8" 2>&1 | tee "$OUT/gpu_tests.txt" | tail -4
-    install_humming
-    for order in "" --reverse-columns; do
-        timeout "$(left 400)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 512,1024,2048,4096 \
-            --baselines marlin,humming --a8-schedules a8_rs_tok $order --out "$OUT/table${order:+_reversed}" \
-            2>&1 | tee -a "$OUT/bench_moe_table.txt" \
-            | grep -o '"tokens": [0-9]*\|"w4a16_speedup_vs_[a-z]*": [0-9.]*' | paste -sd ' '
-    done
-    rm -f "$OUT/table_reversed/bench_moe.png"
-    wide=rs_w128_t256_d4_ws_x2_h2_tok
-    for run in "$wide,${wide}_ss" "${wide}_ss,$wide"; do
-        n=$((${n:-0} + 1))
-        timeout "$(left 585)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 8192,16384 \
-            --baselines "" --a8-schedules a8_rs_tok --sweep prefill --sweep-modes "" \
-            --prefill-tiles "$run" --out "$OUT/wide_ss_$n" 2>&1 | tee "$OUT/bench_moe_wide_ss_$n.txt" \
-            | grep -o '"sweep_w4a16_us": {[^}]*}' || tail -4 "$OUT/bench_moe_wide_ss_$n.txt"
-        rm -f "$OUT/wide_ss_$n/bench_moe.png"
+ss4)
+    # the forty-third round's defaults (the 256-route tiles on _ss) and half-sector groups (_ss4)
+    timeout 240 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py \
+        -k "ss4 or half_sector or x2_h2_tok_ss" 2>&1 | tee "$OUT/gpu_tests.txt" | tail -4
+    # the small shape (H 2048, I 768: FC2's K of 12 steps takes no group of 8): per size FC1 on
+    # _ss with FC2 on the form without (the default), FC2 on _ss4, both on _ss4; W4A16, in both
+    # orders
+    for order in 1 2; do
+        for sized in "256 rs_w256_t32_d5_ws_c2_tok_la rs_w256_t32_d6_ws_c2_tok_la" \
+            "512 rs_w128_t64_d6_ws_c2_tok rs_w128_t64_d6_ws_c2_tok" \
+            "1024,2048 rs_w256_t128_d6_ws_tok_la rs_w256_t128_d6_ws_tok_la"; do
+            read -r tokens form plain <<<"$sized"
+            run="${form}_ss:$plain,${form}_ss:${form}_ss4,${form}_ss4"
+            if [ "$order" = 2 ]; then run="${form}_ss4,${form}_ss:${form}_ss4,${form}_ss:$plain"; fi
+            n=$((${n:-0} + 1))
+            timeout "$(left 585)" python benchmarks/bench_moe.py --shapes small --tokens "$tokens" \
+                --baselines "" --a8-schedules a8_rs_tok --sweep prefill --sweep-modes "" \
+                --prefill-tiles "$run" --out "$OUT/ss4_$n" 2>&1 | tee "$OUT/bench_moe_ss4_$n.txt" \
+                | grep -o '"sweep_w4a16_us": {[^}]*}' || tail -4 "$OUT/bench_moe_ss4_$n.txt"
+            rm -f "$OUT/ss4_$n/bench_moe.png"
+        done
     done
     ;;
 t64)

@@ -456,18 +456,19 @@ SCALE_SECTOR_LABELS = [label for label, schedule in PREFILL_SCHEDULES.items() if
 
 
 @pytest.mark.parametrize("label", SCALE_SECTOR_LABELS)
-def test_scale_sector_producers_copy_a_rows_scale_bytes_once_per_eight_steps(label):
+def test_scale_sector_producers_copy_a_rows_scale_bytes_once_per_group_of_steps(label):
     """``scale_sectors`` schedules (FC1 and FC2, W4A16), compiled for sm_90a: the kernel copies
-    the scale bytes as ``ITEM_ROWS * 8 / 128`` 4-byte ``cp.async`` a thread (one group of 8 steps,
-    4 producer warps), where the per-step form has ``ITEM_ROWS / 128`` (one step), the producer's
-    step loop keeps its TMA copies and no local memory, and every mode's kernels stay within
-    the schedule's ``shared_bytes`` (its scale ring of 16 steps replaces the 4 bytes a row of each
-    of ``depth`` ring slots; the split FC2's epilogue scratch takes the rest)."""
+    the scale bytes as ``ITEM_ROWS * G / 128`` 4-byte ``cp.async`` a thread (one group of ``G =
+    scale_group_steps`` steps, 8 or 4, over 4 producer warps), where the per-step form has
+    ``ITEM_ROWS / 128`` (one step), the producer's step loop keeps its TMA copies and no local
+    memory, and every mode's kernels stay within the schedule's ``shared_bytes`` (its scale ring
+    of ``G * scale_ring_groups`` steps replaces the 4 bytes a row of each of ``depth`` ring
+    slots; the split FC2's epilogue scratch takes the rest)."""
     from helpers.sass_loops import innermost_loops
 
     schedule = PREFILL_SCHEDULES[label]
     swiglu, alpha = PREFILL_EPILOGUES["swiglu"], PREFILL_EPILOGUES["alpha"]
-    per_thread = schedule.weight_rows * SCALE_SECTOR_STEPS // 128
+    per_thread = schedule.weight_rows * schedule.scale_group_steps // 128
     for mode in (MODE_W4A16, MODE_A4, MODE_SPLIT):
         fc1 = compile_prefill_kernel(schedule, EPILOGUE=swiglu, MODE=mode, OUT_MMA_ORDER=True)
         fc2 = compile_prefill_kernel(schedule, GATHER=False, EPILOGUE=alpha, MODE=mode)
@@ -481,14 +482,16 @@ def test_scale_sector_producers_copy_a_rows_scale_bytes_once_per_eight_steps(lab
             assert not re.search(r"\b(?:STL|LDL)\b", " ".join(producer)), label
 
 
-def test_a_scale_groups_copy_puts_each_rows_sector_on_eight_consecutive_lanes():
-    """``prefill_ws_kernels.scale_group_layout(8, 4)`` over ``[8 steps, rows, 4 bytes]``: a thread
-    copies 4 consecutive bytes (one step of one row), lanes ``8 j`` to ``8 j + 7`` hold steps 0 to
-    7 of one row, so that their 32 bytes are one L2 sector and a warp's copy asks for 4 sectors
-    (per step, the 32 lanes of a 4-byte copy asked for 32), and the warps take other rows."""
+@pytest.mark.parametrize("steps", [8, 4])
+def test_a_scale_groups_copy_puts_each_rows_group_on_consecutive_lanes(steps):
+    """``prefill_ws_kernels.scale_group_layout(steps, 4)`` over ``[steps, rows, 4 bytes]``: a
+    thread copies 4 consecutive bytes (one step of one row), lanes ``steps j`` to ``steps j +
+    steps - 1`` hold steps 0 to ``steps - 1`` of one row, so that their bytes are one L2 sector
+    (8 steps; 4: half of one) and a warp's copy asks for 4 sectors (8 halves; per step, the 32
+    lanes of a 4-byte copy asked for 32), and the warps take other rows."""
     from a4prefill.ops.backends.triton.prefill_ws_kernels import scale_group_layout
 
-    layout = scale_group_layout(8, 4)
+    layout = scale_group_layout(steps, 4)
     assert list(layout.size_per_thread) == [1, 1, 4]
     lanes, warps, order = list(layout.threads_per_warp), list(layout.warps_per_cta), list(layout.order)
 
@@ -503,14 +506,15 @@ def test_a_scale_groups_copy_puts_each_rows_sector_on_eight_consecutive_lanes():
 
     for lane in range(32):
         step, row, byte = coordinates(lane, lanes)
-        assert (step, row, byte) == (lane % 8, lane // 8, 0), lane
+        assert (step, row, byte) == (lane % steps, lane // steps, 0), lane
     assert [coordinates(warp, warps) for warp in range(4)] == [[0, warp, 0] for warp in range(4)]
 
 
 def test_scale_sectors_refuse_what_their_kernel_cannot_run():
     """``scale_sectors`` needs the warp-specialized kernel without A8's register weights, ``K`` in
-    whole groups of 8 steps (512 columns), room for its scale ring, a W4A16, A4 or split call and
-    scales within int32 offsets."""
+    whole groups of 8 steps (512 columns; of 4, 256 columns, with ``scale_group_steps = 4``, which
+    needs ``scale_sectors``), room for its scale ring, a W4A16, A4 or split call and scales
+    within int32 offsets."""
     ws = {"register_weights": True, "warp_specialized": True}
     with pytest.raises(ValueError, match="scale_sectors needs warp_specialized and not a8_register"):
         PrefillGemm(128, 64, depth=4, register_weights=True, scale_sectors=True)
@@ -519,7 +523,14 @@ def test_scale_sectors_refuse_what_their_kernel_cannot_run():
     sectors = PrefillGemm(128, 64, depth=6, **ws, scale_sectors=True)
     assert sectors.scale_ring_groups == 2  # 16 slots: refilled 16 steps on, after step 10 released
     assert PrefillGemm(128, 64, depth=12, **ws, scale_sectors=True).scale_ring_groups == 3
-    assert sectors.fits(1024, 256) and not sectors.fits(576, 256)
+    assert sectors.fits(1024, 256) and not sectors.fits(576, 256) and not sectors.fits(768, 256)
+    # half-sector groups: K in groups of 4 steps (256 columns), 12 slots for 6 ring slots
+    halves = PrefillGemm(128, 64, depth=6, **ws, scale_sectors=True, scale_group_steps=4)
+    assert halves.fits(768, 256) and not halves.fits(576, 256) and halves.scale_ring_groups == 3
+    assert str(halves).endswith("_ss4") and str(sectors).endswith("_ss")
+    for steps, flag in ((4, False), (2, True), (16, True)):
+        with pytest.raises(ValueError, match="scale_group_steps must be one of"):
+            PrefillGemm(128, 64, depth=6, **ws, scale_sectors=flag, scale_group_steps=steps)
     # the ring's 16 steps of scale bytes cost 10 KiB more than 6 slots' at 256 rows: two CTAs of
     # 32-route tiles with 6 ring slots no longer fit an SM, with 5 they do
     with pytest.raises(ValueError, match="2 CTAs need"):
@@ -909,13 +920,17 @@ def test_the_a4_fc1_epilogue_adds_under_20_instructions_per_element_of_h():
 def test_matches_the_fp32_product(interpreted, label, gather):
     """Three experts (one without routes), segments that end inside a tile, more K steps than the
     rings have slots (every slot refilled; with ``scale_sectors`` the scale ring's too, in whole
-    groups of steps), rows gathered by token or in sorted order."""
+    groups of steps, with half-sector groups an odd number of them), rows gathered by token or in
+    sorted order."""
     schedule = PREFILL_SCHEDULES[label]
     generator = torch.Generator().manual_seed(7)
-    scale_slots = schedule.scale_ring_groups * SCALE_SECTOR_STEPS
+    scale_slots = schedule.scale_ring_groups * schedule.scale_group_steps
     steps = max(schedule.depth, schedule.weights_ahead + 1, scale_slots) + 3  # more than any ring's slots
     if schedule.scale_sectors:
-        steps = -(-steps // SCALE_SECTOR_STEPS) * SCALE_SECTOR_STEPS
+        group = schedule.scale_group_steps
+        steps = -(-steps // group) * group
+        if group < SCALE_SECTOR_STEPS and steps % SCALE_SECTOR_STEPS == 0:
+            steps += group  # K no multiple of 512 columns: what half-sector groups are for
     experts, n, k, tokens, top_k = 3, 2 * schedule.weight_rows, steps * schedule.block_k, 45, 2
     codes = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=generator)
     picks = torch.randint(0, len(EVERY_SCALE_BYTE), (experts, n, k // 16), generator=generator)
@@ -1017,29 +1032,31 @@ def test_every_size_copies_fc1_rows_by_token_unless_x_may_outgrow_int32_offsets(
         tiles = choose_prefill_tiles(tokens * 8, 288, 4096, 1024)
         assert tiles is not None and tiles.fc1.rows_by_token and tiles.fc2.rows_by_token, tokens
     largest = 2**31 // 4096 - 1  # routes: the last call whose routes * hidden stays below 2**31
-    assert choose_prefill_tiles(largest, 288, 4096, 1024) == PrefillTiles(
-        PREFILL_SCHEDULES["rs_w128_t256_d4_ws_x2_h2_tok"], PREFILL_SCHEDULES["rs_w128_t256_d4_ws_x2_h2_tok"]
-    )
+    wide = PREFILL_SCHEDULES["rs_w128_t256_d4_ws_x2_h2_tok_ss"]
+    assert choose_prefill_tiles(largest, 288, 4096, 1024) == PrefillTiles(wide, wide)
     plain = PREFILL_SCHEDULES["rs_w128_t256_d4_ws_x2_h2"]
     assert choose_prefill_tiles(largest + 1, 288, 4096, 1024) == PrefillTiles(plain, plain)
     few_experts = choose_prefill_tiles(largest + 1, 2**31 // 4096 // 20, 4096, 1024)  # 20 a expert
     assert few_experts is not None and not few_experts.fc1.rows_by_token
 
 
-def test_below_256_route_tiles_the_scale_sectors_forms_take_calls_whose_k_splits_into_their_groups():
-    """From 12 to 160 routes per expert (512-4096 tokens of the GLM TP2 shape) the chosen tiles
-    copy the scale bytes once per group of 8 steps (``scale_sectors``; forty-second round, H100,
-    two runs of each size in both orders, W4A16 us: 512 tokens 981-994 against 1107-1135 for the
-    forms without, 1024 1221-1235 against 1357-1380, 2048 1521-1592 against 1580-1724, 4096
-    1949-2034 against 2062-2118). Where a GEMM's K is not a multiple of 512 columns (an
+def test_the_scale_sectors_forms_take_calls_whose_k_splits_into_their_groups():
+    """From 12 routes per expert (512-16384 tokens of the GLM TP2 shape) the chosen tiles copy
+    the scale bytes once per group of 8 steps (``scale_sectors``; H100, two runs of each size in
+    both orders, W4A16 us, forty-second round: 512 tokens 981-994 against 1107-1135 for the forms
+    without, 1024 1221-1235 against 1357-1380, 2048 1521-1592 against 1580-1724, 4096 1949-2034
+    against 2062-2118; forty-third, the 256-route tiles: 8192 3243-3405 against 3471-3617, 16384
+    7150-7157 against 7256-7556). Where a GEMM's K is not a multiple of 512 columns (an
     intermediate size of 768: FC2's K) that GEMM keeps the form without (FC1 measured alone
     at 512 tokens: 750 us against 837, Nsight Compute), and where ``x`` may outgrow the row
-    copy's int32 offsets both do; the 256-route tiles (from 160 per expert) have none chosen."""
+    copy's int32 offsets both do."""
     expected = {
         512: "rs_w256_t32_d5_ws_c2_tok_la_ss",
         1024: "rs_w256_t32_d5_ws_c2_tok_la_ss",
         2048: "rs_w128_t64_d6_ws_c2_tok_ss",
         4096: "rs_w256_t128_d6_ws_tok_la_ss",
+        8192: "rs_w128_t256_d4_ws_x2_h2_tok_ss",
+        16384: "rs_w128_t256_d4_ws_x2_h2_tok_ss",
     }
     for tokens, label in expected.items():
         chosen = PREFILL_SCHEDULES[label]
@@ -1049,12 +1066,12 @@ def test_below_256_route_tiles_the_scale_sectors_forms_take_calls_whose_k_splits
         512: "rs_w256_t32_d6_ws_c2_tok_la",
         2048: "rs_w128_t64_d6_ws_c2_tok",
         4096: "rs_w256_t128_d6_ws_tok_la",
+        8192: "rs_w128_t256_d4_ws_x2_h2_tok",
     }
     for tokens, label in without.items():
         fc1 = PREFILL_SCHEDULES[expected[tokens]]
         plain = PREFILL_SCHEDULES[label]
         assert choose_prefill_tiles(tokens * 8, 288, 4096, 768) == PrefillTiles(fc1, plain), tokens
-    assert not choose_prefill_tiles(8192 * 8, 288, 4096, 1024).fc1.scale_sectors
     # 100 routes per expert whose routes * hidden reach 2**31 (FC1's scales, 1.4e9 bytes, would
     # allow the _ss forms): the gathering 128-route form
     routes = 2**31 // 4096

@@ -217,11 +217,13 @@ def consumer_rows(item_rows: int, warps: int) -> int:
 @gluon.constexpr_function
 def scale_group_layout(steps: int, warps: int) -> gl.BlockedLayout:
     """``[steps, rows, 4]`` scale bytes of ``steps`` steps (8: a row's 32 bytes, one L2 sector
-    where the scales are 32-byte aligned) for ``cp.async``: 4 bytes a thread, a row's steps on
-    consecutive lanes (8 lanes a sector, 4 rows a warp instruction), the warps on the rows.
+    where the scales are 32-byte aligned; 4: half a sector) for ``cp.async``: 4 bytes a thread, a
+    row's steps on consecutive lanes (``32 / steps`` rows a warp instruction), the warps on the
+    rows.
 
-    A trade: the 8 lanes of a row write 8 planes of the scale ring, ``rows * 4`` bytes apart (a
-    multiple of 128), so one shared-memory bank: 8 store wavefronts a copy instead of 1 (shared
+    A trade: the ``steps`` lanes of a row write as many planes of the scale ring, ``rows * 4``
+    bytes apart (a multiple of 128), so one shared-memory bank: with 8 steps 8 store wavefronts a
+    copy instead of 1 (shared
     memory shapes are powers of two, so a plane cannot be padded). Per 64-column step of a
     256-row item that is 64 store wavefronts and 32 sector lookups, where the per-step copy
     (each lane its own row's 4 bytes) takes 8 and 256, and asks L2 8 times as often."""
@@ -291,10 +293,11 @@ def _produce(
     same ``noinc`` arrival covers them.
     With a scale ring of its own (``SCALE_GROUPS`` groups of ``G`` steps, ``s_ring [SCALE_GROUPS *
     G, ITEM_ROWS, 4]``) the threads copy the scale bytes of ``G`` steps at a group's first step
-    instead, a row's ``4 G`` bytes (one 32-byte sector where ``scales`` is 32-byte aligned, as
-    torch allocates) on 8 lanes, into the group's slot (:func:`_scale_group_offsets`,
-    :func:`_scale_group_slot`); the ``noinc`` arrivals of the group's later steps, after those
-    copies, also wait for them, so each step's ``ready`` covers its scale bytes.
+    instead, a row's ``4 G`` bytes (``G = 8``: one 32-byte sector where ``scales`` is 32-byte
+    aligned, as torch allocates; ``G = 4``: half of one) on ``G`` lanes, into the group's slot
+    (:func:`_scale_group_offsets`, :func:`_scale_group_slot`); the ``noinc`` arrivals of the
+    group's later steps, after those copies, also wait for them, so each step's ``ready`` covers
+    its scale bytes.
     The ring runs on across work items:
     ``done`` counts the steps of the program's earlier items. ``tensors``: the kernel's ``x_desc``
     to ``ROUTES`` arguments, ``xs_ptr``, ``x_rows_ptr``, ``sorted_route_ptr``, ``TOPK`` and the
@@ -890,6 +893,7 @@ def grouped_w4_gemm_ws_kernel(
     X_BY_TOKEN: gl.constexpr = False,
     LOADS_AHEAD: gl.constexpr = False,
     SCALE_GROUPS: gl.constexpr = 0,
+    SCALE_STEPS: gl.constexpr = 8,
 ):
     """``grouped_w4_gemm_rs_kernel``'s product and epilogues for work items of ``ITEM_ROWS`` (128,
     or 256 with ``BT`` at most 128) weight rows and ``BT`` routes, warp-specialized and persistent
@@ -928,10 +932,11 @@ def grouped_w4_gemm_ws_kernel(
     ``LOADS_AHEAD`` (``A_SETS = 1``, not ``A8``): each consumer loads the next step's code and
     scale bytes while the step's wgmmas run (:func:`_steps_loading_ahead`).
 
-    ``SCALE_GROUPS`` (not ``A8``; ``PrefillGemm.scale_sectors``, ``K`` a multiple of 512): the
-    scale bytes in a ring of their own, ``SCALE_GROUPS`` slots of 8 steps' bytes, copied once per
-    8 steps as one 32-byte sector a row (:func:`_produce`), instead of a step's 4 bytes a row in
-    each ring slot."""
+    ``SCALE_GROUPS`` (not ``A8``; ``PrefillGemm.scale_sectors``, ``K`` a multiple of ``64 *
+    SCALE_STEPS``): the scale bytes in a ring of their own, ``SCALE_GROUPS`` slots of
+    ``SCALE_STEPS`` steps' bytes (8: one 32-byte sector a row; 4: half a sector,
+    ``PrefillGemm.scale_group_steps``), copied once per ``SCALE_STEPS`` steps
+    (:func:`_produce`), instead of a step's 4 bytes a row in each ring slot."""
     PLAIN2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     ONE_PARTITION: gl.constexpr = A_SETS == 2 and WGMMAS == 2  # both consumer warpgroups, 8 warps
     CONSUMERS: gl.constexpr = 1 if ONE_PARTITION else 2  # consumer partitions
@@ -940,9 +945,10 @@ def grouped_w4_gemm_ws_kernel(
     c_ring = gl.allocate_shared_memory(
         gl.uint8, [DEPTH, ITEM_ROWS, CODE_STEP], code_ring_layout(codes_desc.layout)
     )
-    if SCALE_GROUPS:  # a scale ring of its own: SCALE_GROUPS groups of one sector's steps
+    if SCALE_GROUPS:  # a scale ring of its own: SCALE_GROUPS groups of SCALE_STEPS steps
         gl.static_assert(A8 == 0, "SCALE_GROUPS: W4A16, A4 and split calls only")
-        G: gl.constexpr = 32 // (CODE_STEP // 8)  # steps whose scale bytes make a row's sector
+        G: gl.constexpr = SCALE_STEPS  # steps whose scale bytes a row's copy takes at once
+        gl.static_assert(G * (CODE_STEP // 8) <= 32, "SCALE_STEPS: a row's group within one sector")
         # a group's slot is refilled G * SCALE_GROUPS steps on, once step G * SCALE_GROUPS - DEPTH
         # on was released: not before the group's last step (schedules.PrefillGemm.scale_ring_groups)
         gl.static_assert(SCALE_GROUPS * G >= DEPTH + G - 1, "SCALE_GROUPS too few for DEPTH")
