@@ -31,7 +31,7 @@
 #                                               # 256-route tiles' _ss form (the default there
 #                                               # since) and of the half-sector _ss4 forms (built
 #                                               # without a GPU), then on the small shape (H 2048,
-#                                               # I 768: FC2's K takes no 8-step group) at 256-2048
+#                                               # I 768: FC2's K takes no 8-step group) at 256-4096
 #                                               # tokens FC1 _ss with FC2 without (the default),
 #                                               # with FC2 _ss4 and both _ss4, W4A16, both orders
 #   bash scripts/gpu_untimed_kernels.sh t64     # (ran in the thirty-ninth round, on an H100)
@@ -164,7 +164,8 @@ ss4)
     for order in 1 2; do
         for sized in "256 rs_w256_t32_d5_ws_c2_tok_la rs_w256_t32_d6_ws_c2_tok_la" \
             "512 rs_w128_t64_d6_ws_c2_tok rs_w128_t64_d6_ws_c2_tok" \
-            "1024,2048 rs_w256_t128_d6_ws_tok_la rs_w256_t128_d6_ws_tok_la"; do
+            "1024,2048 rs_w256_t128_d6_ws_tok_la rs_w256_t128_d6_ws_tok_la" \
+            "4096 rs_w128_t256_d4_ws_x2_h2_tok rs_w128_t256_d4_ws_x2_h2_tok"; do
             read -r tokens form plain <<<"$sized"
             run="${form}_ss:$plain,${form}_ss:${form}_ss4,${form}_ss4"
             if [ "$order" = 2 ]; then run="${form}_ss4,${form}_ss:${form}_ss4,${form}_ss:$plain"; fi

@@ -168,11 +168,12 @@ def test_a_call_whose_fc2_k_is_no_group_of_8_steps_runs_fc1_with_scale_sectors()
         (96, "rs_w256_t32_d5_ws_c2_tok_la_ss4"),
         (192, "rs_w128_t64_d6_ws_c2_tok_ss4"),
         (512, "rs_w256_t128_d6_ws_tok_la_ss4"),
+        (1024, "rs_w128_t256_d4_ws_x2_h2_tok_ss4"),
     ],
 )
 def test_half_sector_scale_groups_run_an_fc2_whose_k_is_no_group_of_8_steps(tokens, label):
     """The ``_ss4`` forms (``scale_group_steps = 4``; forty-third round, not chosen) for both
-    GEMMs of calls of intermediate size 768 at 24, 48 and 128 routes per expert: FC2's K is 12
+    GEMMs of calls of intermediate size 768 at 24, 48, 128 and 256 routes per expert: FC2's K is 12
     steps, three groups of 4 (the 8-step form does not fit it), FC1's 16 steps four:
     :func:`check_a4_and_split_moe` (A4, split and the split replayed from a CUDA graph)."""
     from a4prefill.ops.backends.triton.schedules import PrefillTiles, choose_config

@@ -703,10 +703,10 @@ def _warp_specialized(
 # (113 against 193 thousand). ``rs_w128_t256_d4_ws_x2_h2_tok_ss``, the 256-route default's form
 # (forty-second round), is the default from 160 routes per expert since the forty-third (8192 and
 # 16384 tokens: 3243-3405 and 7150-7157 us against 3471-3617 and 7256-7556, H100). The ``_ss4`` forms
-# (forty-third round; ``scale_group_steps = 4``) copy half a sector every 4 steps, so that a GEMM
-# whose K is a multiple of 256 columns but not of 512 (an FC2 of intermediate size 768, as in
-# Qwen3-30B-A3B's experts) copies its scale bytes in groups too; built and checked without a GPU,
-# not chosen.
+# (forty-third round; ``scale_group_steps = 4``; one per ``_ss`` form) copy half a sector every
+# 4 steps, so that a GEMM whose K is a multiple of 256 columns but not of 512 (an FC2 of
+# intermediate size 768, as in Qwen3-30B-A3B's experts) copies its scale bytes in groups too;
+# built and checked without a GPU, not chosen.
 PREFILL_SCHEDULES = MappingProxyType(
     {
         "w64_t64_d6": PrefillGemm(64, 64, depth=6),
@@ -790,6 +790,9 @@ PREFILL_SCHEDULES = MappingProxyType(
         ),
         "rs_w128_t64_d6_ws_c2_tok_ss4": _warp_specialized(
             64, 6, ctas_per_sm=2, rows_by_token=True, scale_sectors=True, scale_group_steps=4
+        ),
+        "rs_w128_t256_d4_ws_x2_h2_tok_ss4": _warp_specialized(
+            256, 4, 2, 2, rows_by_token=True, scale_sectors=True, scale_group_steps=4
         ),
         "rs_w256_t128_d6_ws_tok_la_ss4": _warp_specialized(
             128,
