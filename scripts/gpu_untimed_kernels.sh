@@ -156,7 +156,7 @@ waves)
     ;;
 ss4)
     # the forty-third round's defaults (the 256-route tiles on _ss) and half-sector groups (_ss4)
-    timeout 240 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py \
+    timeout 200 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py \
         -k "ss4 or half_sector or x2_h2_tok_ss" 2>&1 | tee "$OUT/gpu_tests.txt" | tail -4
     # the small shape (H 2048, I 768: FC2's K of 12 steps takes no group of 8): per size FC1 on
     # _ss with FC2 on the form without (the default), FC2 on _ss4, both on _ss4; W4A16, in both

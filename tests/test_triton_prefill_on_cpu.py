@@ -528,9 +528,9 @@ def test_scale_sectors_refuse_what_their_kernel_cannot_run():
     halves = PrefillGemm(128, 64, depth=6, **ws, scale_sectors=True, scale_group_steps=4)
     assert halves.fits(768, 256) and not halves.fits(576, 256) and halves.scale_ring_groups == 3
     assert str(halves).endswith("_ss4") and str(sectors).endswith("_ss")
-    for steps, flag in ((4, False), (2, True), (16, True)):
+    for steps, flag, ctas in ((4, False, 1), (2, True, 1), (0, True, 1), (16, True, 2)):
         with pytest.raises(ValueError, match="scale_group_steps must be one of"):
-            PrefillGemm(128, 64, depth=6, **ws, scale_sectors=flag, scale_group_steps=steps)
+            PrefillGemm(128, 64, depth=6, **ws, ctas_per_sm=ctas, scale_sectors=flag, scale_group_steps=steps)
     # the ring's 16 steps of scale bytes cost 10 KiB more than 6 slots' at 256 rows: two CTAs of
     # 32-route tiles with 6 ring slots no longer fit an SM, with 5 they do
     with pytest.raises(ValueError, match="2 CTAs need"):

@@ -222,11 +222,11 @@ def scale_group_layout(steps: int, warps: int) -> gl.BlockedLayout:
     rows.
 
     A trade: the ``steps`` lanes of a row write as many planes of the scale ring, ``rows * 4``
-    bytes apart (a multiple of 128), so one shared-memory bank: with 8 steps 8 store wavefronts a
-    copy instead of 1 (shared
-    memory shapes are powers of two, so a plane cannot be padded). Per 64-column step of a
-    256-row item that is 64 store wavefronts and 32 sector lookups, where the per-step copy
-    (each lane its own row's 4 bytes) takes 8 and 256, and asks L2 8 times as often."""
+    bytes apart (a multiple of 128), so one shared-memory bank: ``steps`` store wavefronts a copy
+    instead of 1 (shared memory shapes are powers of two, so a plane cannot be padded). Per
+    64-column step of a 256-row item that is 64 store wavefronts and 32 sector lookups with 8
+    steps (32 and 64 half-sector lookups with 4), where the per-step copy (each lane its own
+    row's 4 bytes) takes 8 and 256, and asks L2 8 (4) times as often."""
     return gl.BlockedLayout([1, 1, 4], [steps, 32 // steps, 1], [1, warps, 1], [2, 0, 1])
 
 
@@ -253,7 +253,7 @@ def _scale_group_offsets(expert, n0, N, K, EPILOGUE: gl.constexpr, G: gl.constex
     expert's ``ITEM_ROWS`` weight rows from ``n0`` (rows as ``prefill_kernels._weight_row``):
     step ``p``'s 4 bytes of a row at ``4 p`` on; the group from step ``j`` on at ``+ 4 j``. Int32,
     not pointers: in the two-CTA schedules the producer has 40 registers a thread, and a thread of
-    a 256-row item holds 16 offsets."""
+    a 256-row item holds 16 offsets with 8 steps a group (8 with 4)."""
     SGL: gl.constexpr = scale_group_layout(G, gl.num_warps())
     ps = gl.arange(0, G, layout=gl.SliceLayout(1, gl.SliceLayout(2, SGL)))
     rs = gl.arange(0, ITEM_ROWS, layout=gl.SliceLayout(0, gl.SliceLayout(2, SGL)))
@@ -335,7 +335,7 @@ def _produce(
     n_blocks, works = _works(N, num_tiles_ptr, ITEM_ROWS)
     SCALE_BYTES: gl.constexpr = scale_copy_layout(2 * CODE_STEP, gl.num_warps())  # a row's per thread
     # with a scale ring of its own, the steps of one group (as the kernel allocated the ring)
-    SECTOR_STEPS: gl.constexpr = s_ring.shape[0] // SCALE_GROUPS if SCALE_GROUPS else 0
+    GROUP_STEPS: gl.constexpr = s_ring.shape[0] // SCALE_GROUPS if SCALE_GROUPS else 0
     if A8:
         XS: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
         xs_routes = gl.arange(0, BT, layout=XS)
@@ -362,8 +362,8 @@ def _produce(
         if A8 == A8_REGISTERS:  # each row's scale bytes one step ahead, as two int32 words
             word_ptrs = _scale_pointers(scales_ptr, expert, n0, N, K, EPILOGUE, ITEM_ROWS, 2 * CODE_STEP, 4)
             next_words = gl.load(word_ptrs)
-        elif SECTOR_STEPS:  # a group of steps' scale bytes per row: one sector, 8 lanes
-            group_offsets = _scale_group_offsets(expert, n0, N, K, EPILOGUE, SECTOR_STEPS, ITEM_ROWS)
+        elif GROUP_STEPS:  # a group of steps' scale bytes per row: one sector (or half) on G lanes
+            group_offsets = _scale_group_offsets(expert, n0, N, K, EPILOGUE, GROUP_STEPS, ITEM_ROWS)
         else:
             scale_ptrs = _scale_pointers(scales_ptr, expert, n0, N, K, EPILOGUE, ITEM_ROWS, 2 * CODE_STEP)
         for step in range(steps):
@@ -396,11 +396,11 @@ def _produce(
                     word_ptrs + (step + 1) * (CODE_STEP // 32), mask=step + 1 < steps, other=0
                 )
                 mbarrier.arrive(ready_slot)  # after a barrier of the partition: every thread's stores
-            elif SECTOR_STEPS:
+            elif GROUP_STEPS:
                 # the next group's scale bytes, into its slot of the scale ring (the steps a
                 # group's slot stays unused: schedules.PrefillGemm.scale_ring_groups)
-                if step % SECTOR_STEPS == 0:
-                    j = (s // SECTOR_STEPS) % SCALE_GROUPS
+                if step % GROUP_STEPS == 0:
+                    j = (s // GROUP_STEPS) % SCALE_GROUPS
                     group = _scale_group_slot(s_ring, j, SCALE_GROUPS)
                     _async_load(group, scales_ptr + (group_offsets + step * (CODE_STEP // 8)))
             else:

@@ -385,6 +385,14 @@ class PrefillGemm:
     scale_group_steps: int = SCALE_SECTOR_STEPS
 
     def __post_init__(self) -> None:
+        # first: shared_bytes and the CTA check below read scale_ring_groups, which divides by it
+        if self.scale_group_steps not in SCALE_GROUP_STEPS or (
+            self.scale_group_steps != SCALE_SECTOR_STEPS and not self.scale_sectors
+        ):
+            raise ValueError(
+                f"PrefillGemm.scale_group_steps must be one of {SCALE_GROUP_STEPS} ({SCALE_SECTOR_STEPS} "
+                f"without scale_sectors), got {self.scale_group_steps}"
+            )
         if self.weight_rows not in (64, 128, 256):
             raise ValueError(f"PrefillGemm.weight_rows must be 64, 128 or 256, got {self.weight_rows}")
         if self.routes not in (16, 32, 64, 128, 256) or (self.routes < 64 and not self.register_weights):
@@ -451,13 +459,6 @@ class PrefillGemm:
             raise ValueError(
                 "PrefillGemm.scale_sectors needs warp_specialized and not a8_register_weights "
                 f"(its producer stores the A8 scale bytes itself), got {self}"
-            )
-        if self.scale_group_steps not in SCALE_GROUP_STEPS or (
-            self.scale_group_steps != SCALE_SECTOR_STEPS and not self.scale_sectors
-        ):
-            raise ValueError(
-                f"PrefillGemm.scale_group_steps must be one of {SCALE_GROUP_STEPS} ({SCALE_SECTOR_STEPS} "
-                f"without scale_sectors), got {self.scale_group_steps}"
             )
         if self.a8_register_weights and not (
             self.warp_specialized
@@ -593,7 +594,7 @@ class PrefillGemm:
         cap += "_tok" if self.rows_by_token else ""
         cap += "_la" if self.loads_ahead else ""
         cap += "_ss" if self.scale_sectors else ""
-        cap += "4" if self.scale_group_steps == 4 else ""
+        cap += str(self.scale_group_steps) if self.scale_group_steps != SCALE_SECTOR_STEPS else ""
         tile = f"w{self.weight_rows}_t{self.routes}_k{self.block_k}_d{self.depth}"
         return f"{kernel}{tile}{ahead}{sets}{halves}{cap}"
 
