@@ -33,7 +33,9 @@
 #                                               # without a GPU), then on the small shape (H 2048,
 #                                               # I 768: FC2's K takes no 8-step group) at 256-4096
 #                                               # tokens FC1 _ss with FC2 without (the default),
-#                                               # with FC2 _ss4 and both _ss4, W4A16, both orders
+#                                               # with FC2 _ss4 and both _ss4, W4A16, both orders;
+#                                               # last the GLM shape at 512 tokens, _ss against
+#                                               # _ss4 (both fit there)
 #   bash scripts/gpu_untimed_kernels.sh t64     # (ran in the thirty-ninth round, on an H100)
 #                                               # the thirty-sixth round's 64-route tiles of
 #                                               # 256 weight rows, one CTA per SM (_tok, _tok_la;
@@ -176,6 +178,17 @@ ss4)
                 | grep -o '"sweep_w4a16_us": {[^}]*}' || tail -4 "$OUT/bench_moe_ss4_$n.txt"
             rm -f "$OUT/ss4_$n/bench_moe.png"
         done
+    done
+    # last (cut first if time runs short): where both fit (the GLM TP2 shape at 512 tokens), what
+    # half-sector groups cost against whole sectors, both orders
+    ss=rs_w256_t32_d5_ws_c2_tok_la_ss
+    for run in "$ss,${ss}4" "${ss}4,$ss"; do
+        n=$((n + 1))
+        timeout "$(left 585)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 512 \
+            --baselines "" --a8-schedules a8_rs_tok --sweep prefill --sweep-modes "" \
+            --prefill-tiles "$run" --out "$OUT/ss4_$n" 2>&1 | tee "$OUT/bench_moe_ss4_$n.txt" \
+            | grep -o '"sweep_w4a16_us": {[^}]*}' || tail -4 "$OUT/bench_moe_ss4_$n.txt"
+        rm -f "$OUT/ss4_$n/bench_moe.png"
     done
     ;;
 t64)
