@@ -1035,18 +1035,22 @@ def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: i
     # steps; their launcher addresses FC1's scales, [experts, 2 I, H / 16], by int32 offsets),
     # then the forms without; each GEMM takes the first that fits it
     sectors = bool(tok) and experts * 2 * intermediate * hidden // 16 < 2**31
-    labels: tuple[str, ...]
+    # per size: its _ss form, then the forms without
+    plain: tuple[str, ...]
     if rows_per_expert < 32:
-        labels = ("rs_w256_t32_d5_ws_c2_tok_la_ss",) if sectors else ()
-        labels += (f"rs_w256_t32_d6_ws_c2{tok}{ahead}", "rs_w128_t32_d6_ws_c3")
+        sectored, plain = (
+            "rs_w256_t32_d5_ws_c2_tok_la_ss",
+            (f"rs_w256_t32_d6_ws_c2{tok}{ahead}", "rs_w128_t32_d6_ws_c3"),
+        )
     elif rows_per_expert < 64:
-        labels = ("rs_w128_t64_d6_ws_c2_tok_ss",) if sectors else ()
-        labels += (f"rs_w128_t64_d6_ws_c2{tok}",)
+        sectored, plain = "rs_w128_t64_d6_ws_c2_tok_ss", (f"rs_w128_t64_d6_ws_c2{tok}",)
     elif rows_per_expert < WIDE_TILE_MIN_ROWS_PER_EXPERT:
-        labels = ("rs_w256_t128_d6_ws_tok_la_ss",) if sectors else ()
-        labels += (f"rs_w256_t128_d6_ws{tok}{ahead}", "rs_w128_t128_d6_ws")
+        sectored, plain = (
+            "rs_w256_t128_d6_ws_tok_la_ss",
+            (f"rs_w256_t128_d6_ws{tok}{ahead}", "rs_w128_t128_d6_ws"),
+        )
     else:
-        labels = ("rs_w128_t256_d4_ws_x2_h2_tok_ss",) if sectors else ()
-        labels += (f"rs_w128_t256_d4_ws_x2_h2{tok}",)
+        sectored, plain = "rs_w128_t256_d4_ws_x2_h2_tok_ss", (f"rs_w128_t256_d4_ws_x2_h2{tok}",)
+    labels = ((sectored,) if sectors else ()) + plain
     tiles = _first_fitting(hidden, intermediate, *labels)
     return tiles if tiles.fits(hidden, intermediate) else None
