@@ -14,7 +14,9 @@
 #                                               # AB_TESTS (-k; default the loads-ahead
 #                                               # schedules, within AB_TEST_SECONDS, 150), then
 #                                               # the whole MoE at AB_SIZES tokens (512, 1024,
-#                                               # 4096) on src, each DIR, then again
+#                                               # 4096) on src, each DIR, then again; last each
+#                                               # tree's GPU kernels of one W4A16 call at
+#                                               # AB_PROFILE_SIZES tokens (4096)
 #   bash scripts/gpu_untimed_kernels.sh window  # one short window (WINDOW_SECONDS, default
 #                                               # 585) on whichever Hopper card came: the sizes
 #                                               # mode's Nsight Compute (within all but 240 s),
@@ -136,6 +138,15 @@ ab)
             | tee -a "$OUT/ab.txt" | grep -o '"tokens": [0-9]*\|"w4a16_us": [0-9.]*\|"a4_us": [0-9.]*' \
             | paste -sd ' ' | sed "s|^|$tree: |"
         rm -f "$OUT/ab_$n/bench_moe.png"
+    done
+    # where each tree's time goes at AB_PROFILE_SIZES tokens (default 4096): every GPU kernel of
+    # one W4A16 call (torch.profiler, benchmarks/profile_decode.py: the gather, FC1, FC2, combine)
+    for tree in src "$@"; do
+        n=$((n + 1))
+        echo "## profile $n: PYTHONPATH=$tree" >>"$OUT/ab.txt"
+        PYTHONPATH=$tree timeout "$(left 585)" python benchmarks/profile_decode.py \
+            --tokens "${AB_PROFILE_SIZES:-4096}" --out "$OUT/ab_$n" 2>&1 | tee -a "$OUT/ab.txt" \
+            | grep "tokens=" | sed "s|^|$tree: |"
     done
     ;;
 window)
