@@ -5,7 +5,8 @@
 # everything is tee'd into $OUT, so a call cut off by its time limit keeps its output. The modes
 # of earlier rounds (verify, a4, gather, mid, small: the twenty-third to twenty-eighth rounds;
 # pending and permute: the thirty-ninth; halves, ahead, fence, quant, tiles: the twenty-ninth
-# to thirty-third; sectors: the forty-second; ss: the forty-third; benchmarks/results/README.md)
+# to thirty-third; sectors: the forty-second; ss: the forty-third; ss4: the forty-fourth;
+# benchmarks/results/README.md)
 # are in this file's history (git log -p on it).
 #
 #   bash scripts/gpu_untimed_kernels.sh ab DIR...  # this checkout's defaults against the
@@ -29,15 +30,6 @@
 #                                               # instructions (InstructionStats), into
 #                                               # $OUT/ncu_rivals.csv; needs humming-kernels'
 #                                               # wheel in .whl, and for Marlin vLLM's env.sh
-#   bash scripts/gpu_untimed_kernels.sh ss4     # the forty-third round's: the GPU tests of the
-#                                               # 256-route tiles' _ss form (the default there
-#                                               # since) and of the half-sector _ss4 forms (built
-#                                               # without a GPU), then on the small shape (H 2048,
-#                                               # I 768: FC2's K takes no 8-step group) at 256-4096
-#                                               # tokens FC1 _ss with FC2 without (the default),
-#                                               # with FC2 _ss4 and both _ss4, W4A16, both orders;
-#                                               # last the GLM shape at 512 tokens, _ss against
-#                                               # _ss4 (both fit there)
 #   bash scripts/gpu_untimed_kernels.sh t64     # (ran in the thirty-ninth round, on an H100)
 #                                               # the thirty-sixth round's 64-route tiles of
 #                                               # 256 weight rows, one CTA per SM (_tok, _tok_la;
@@ -167,41 +159,6 @@ waves)
         rm -f "$OUT/waves_$n/bench_prefill_gemm.png"
     done
     ;;
-ss4)
-    # the forty-third round's defaults (the 256-route tiles on _ss) and half-sector groups (_ss4)
-    timeout 200 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py \
-        -k "ss4 or half_sector or x2_h2_tok_ss" 2>&1 | tee "$OUT/gpu_tests.txt" | tail -4
-    # the small shape (H 2048, I 768: FC2's K of 12 steps takes no group of 8): per size FC1 on
-    # _ss with FC2 on the form without (the default), FC2 on _ss4, both on _ss4; W4A16, in both
-    # orders
-    for order in 1 2; do
-        for sized in "256 rs_w256_t32_d5_ws_c2_tok_la rs_w256_t32_d6_ws_c2_tok_la" \
-            "512 rs_w128_t64_d6_ws_c2_tok rs_w128_t64_d6_ws_c2_tok" \
-            "1024,2048 rs_w256_t128_d6_ws_tok_la rs_w256_t128_d6_ws_tok_la" \
-            "4096 rs_w128_t256_d4_ws_x2_h2_tok rs_w128_t256_d4_ws_x2_h2_tok"; do
-            read -r tokens form plain <<<"$sized"
-            run="${form}_ss:$plain,${form}_ss:${form}_ss4,${form}_ss4"
-            if [ "$order" = 2 ]; then run="${form}_ss4,${form}_ss:${form}_ss4,${form}_ss:$plain"; fi
-            n=$((${n:-0} + 1))
-            timeout "$(left 585)" python benchmarks/bench_moe.py --shapes small --tokens "$tokens" \
-                --baselines "" --a8-schedules a8_rs_tok --sweep prefill --sweep-modes "" \
-                --prefill-tiles "$run" --out "$OUT/ss4_$n" 2>&1 | tee "$OUT/bench_moe_ss4_$n.txt" \
-                | grep -o '"sweep_w4a16_us": {[^}]*}' || tail -4 "$OUT/bench_moe_ss4_$n.txt"
-            rm -f "$OUT/ss4_$n/bench_moe.png"
-        done
-    done
-    # last (cut first if time runs short): where both fit (the GLM TP2 shape at 512 tokens), what
-    # half-sector groups cost against whole sectors, both orders
-    ss=rs_w256_t32_d5_ws_c2_tok_la_ss
-    for run in "$ss,${ss}4" "${ss}4,$ss"; do
-        n=$((n + 1))
-        timeout "$(left 585)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 512 \
-            --baselines "" --a8-schedules a8_rs_tok --sweep prefill --sweep-modes "" \
-            --prefill-tiles "$run" --out "$OUT/ss4_$n" 2>&1 | tee "$OUT/bench_moe_ss4_$n.txt" \
-            | grep -o '"sweep_w4a16_us": {[^}]*}' || tail -4 "$OUT/bench_moe_ss4_$n.txt"
-        rm -f "$OUT/ss4_$n/bench_moe.png"
-    done
-    ;;
 t64)
     timeout 200 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py \
         -k rs_w256_t64 2>&1 | tee "$OUT/gpu_tests.txt" | tail -4
@@ -233,7 +190,7 @@ ncu)
     echo "then here: python benchmarks/profile_prefill.py ${NCU_CASES[*]} --ncu-summary ncu.csv --out DIR"
     ;;
 *)
-    echo "usage: bash scripts/gpu_untimed_kernels.sh ab DIR...|window|rivals|ss|t64|waves|sizes|anchors|ncu (on a Hopper GPU, with OUT set)" >&2
+    echo "usage: bash scripts/gpu_untimed_kernels.sh ab DIR...|window|rivals|t64|waves|sizes|anchors|ncu (on a Hopper GPU, with OUT set)" >&2
     exit 2
     ;;
 esac

@@ -29,10 +29,9 @@ def test_matches_the_fp32_product_eagerly_and_in_a_cuda_graph(label, gather):
 
     schedule = PREFILL_SCHEDULES[label]
     generator = torch.Generator().manual_seed(11)
-    # 8 K steps; with scale_sectors more than their scale ring's slots (16 in each such schedule
-    # of 8-step groups, 8 or 12 with half-sector groups), so that it is refilled within an item:
-    # 24, or 20 for half-sector groups (an odd number of them: K no multiple of 512 columns)
-    steps = (24 if schedule.scale_group_steps == 8 else 20) if schedule.scale_sectors else 8
+    # 8 K steps; with scale_sectors 24, more than their scale ring's slots (16 in each such
+    # schedule), so that it is refilled within an item
+    steps = 24 if schedule.scale_sectors else 8
     experts, n, k, tokens, top_k = 8, 4 * schedule.weight_rows, steps * schedule.block_k, 700, 4
     codes = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=generator)
     picks = torch.randint(0, len(EVERY_SCALE_BYTE), (experts, n, k // 16), generator=generator)
@@ -160,30 +159,6 @@ def test_a_call_whose_fc2_k_is_no_group_of_8_steps_runs_fc1_with_scale_sectors()
     assert plan.prefill is not None
     assert plan.prefill.fc2 == PREFILL_SCHEDULES["rs_w256_t32_d6_ws_c2_tok_la"]
     check_a4_and_split_moe(96, "rs_w256_t32_d5_ws_c2_tok_la_ss", None, inter=768)
-
-
-@pytest.mark.parametrize(
-    ("tokens", "label"),
-    [
-        (96, "rs_w256_t32_d5_ws_c2_tok_la_ss4"),
-        (192, "rs_w128_t64_d6_ws_c2_tok_ss4"),
-        (512, "rs_w256_t128_d6_ws_tok_la_ss4"),
-        (1024, "rs_w128_t256_d4_ws_x2_h2_tok_ss4"),
-    ],
-)
-def test_half_sector_scale_groups_run_an_fc2_whose_k_is_no_group_of_8_steps(tokens, label):
-    """The ``_ss4`` forms (``scale_group_steps = 4``; forty-third round, not chosen) for both
-    GEMMs of calls of intermediate size 768 at 24, 48, 128 and 256 routes per expert: FC2's K is 12
-    steps, three groups of 4 (the 8-step form does not fit it), FC1's 16 steps four:
-    :func:`check_a4_and_split_moe` (A4, split and the split replayed from a CUDA graph)."""
-    from a4prefill.ops.backends.triton.schedules import PrefillTiles, choose_config
-
-    schedule = PREFILL_SCHEDULES[label]
-    assert schedule.fits(768, 1024) and not PREFILL_SCHEDULES[label.removesuffix("4")].fits(768, 1024)
-    config = dataclasses.replace(
-        choose_config(tokens * 4, 16, 1024, 768), decode=None, prefill=PrefillTiles(schedule, schedule)
-    )
-    check_a4_and_split_moe(tokens, label, config, inter=768)
 
 
 def check_a4_and_split_moe(tokens: int, fc1: str, config: GemmConfig | None, inter: int = 512) -> None:

@@ -456,19 +456,18 @@ SCALE_SECTOR_LABELS = [label for label, schedule in PREFILL_SCHEDULES.items() if
 
 
 @pytest.mark.parametrize("label", SCALE_SECTOR_LABELS)
-def test_scale_sector_producers_copy_a_rows_scale_bytes_once_per_group_of_steps(label):
+def test_scale_sector_producers_copy_a_rows_scale_bytes_once_per_eight_steps(label):
     """``scale_sectors`` schedules (FC1 and FC2, W4A16), compiled for sm_90a: the kernel copies
-    the scale bytes as ``ITEM_ROWS * G / 128`` 4-byte ``cp.async`` a thread (one group of ``G =
-    scale_group_steps`` steps, 8 or 4, over 4 producer warps), where the per-step form has
-    ``ITEM_ROWS / 128`` (one step), the producer's step loop keeps its TMA copies and no local
-    memory, and every mode's kernels stay within the schedule's ``shared_bytes`` (its scale ring
-    of ``G * scale_ring_groups`` steps replaces the 4 bytes a row of each of ``depth`` ring
-    slots; the split FC2's epilogue scratch takes the rest)."""
+    the scale bytes as ``ITEM_ROWS * 8 / 128`` 4-byte ``cp.async`` a thread (one group of 8 steps,
+    4 producer warps), where the per-step form has ``ITEM_ROWS / 128`` (one step), the producer's
+    step loop keeps its TMA copies and no local memory, and every mode's kernels stay within
+    the schedule's ``shared_bytes`` (its scale ring of 16 steps replaces the 4 bytes a row of each
+    of ``depth`` ring slots; the split FC2's epilogue scratch takes the rest)."""
     from helpers.sass_loops import innermost_loops
 
     schedule = PREFILL_SCHEDULES[label]
     swiglu, alpha = PREFILL_EPILOGUES["swiglu"], PREFILL_EPILOGUES["alpha"]
-    per_thread = schedule.weight_rows * schedule.scale_group_steps // 128
+    per_thread = schedule.weight_rows * SCALE_SECTOR_STEPS // 128
     for mode in (MODE_W4A16, MODE_A4, MODE_SPLIT):
         fc1 = compile_prefill_kernel(schedule, EPILOGUE=swiglu, MODE=mode, OUT_MMA_ORDER=True)
         fc2 = compile_prefill_kernel(schedule, GATHER=False, EPILOGUE=alpha, MODE=mode)
@@ -482,16 +481,14 @@ def test_scale_sector_producers_copy_a_rows_scale_bytes_once_per_group_of_steps(
             assert not re.search(r"\b(?:STL|LDL)\b", " ".join(producer)), label
 
 
-@pytest.mark.parametrize("steps", [8, 4])
-def test_a_scale_groups_copy_puts_each_rows_group_on_consecutive_lanes(steps):
-    """``prefill_ws_kernels.scale_group_layout(steps, 4)`` over ``[steps, rows, 4 bytes]``: a
-    thread copies 4 consecutive bytes (one step of one row), lanes ``steps j`` to ``steps j +
-    steps - 1`` hold steps 0 to ``steps - 1`` of one row, so that their bytes are one L2 sector
-    (8 steps; 4: half of one) and a warp's copy asks for 4 sectors (8 halves; per step, the 32
-    lanes of a 4-byte copy asked for 32), and the warps take other rows."""
+def test_a_scale_groups_copy_puts_each_rows_sector_on_eight_consecutive_lanes():
+    """``prefill_ws_kernels.scale_group_layout(8, 4)`` over ``[8 steps, rows, 4 bytes]``: a thread
+    copies 4 consecutive bytes (one step of one row), lanes ``8 j`` to ``8 j + 7`` hold steps 0 to
+    7 of one row, so that their 32 bytes are one L2 sector and a warp's copy asks for 4 sectors
+    (per step, the 32 lanes of a 4-byte copy asked for 32), and the warps take other rows."""
     from a4prefill.ops.backends.triton.prefill_ws_kernels import scale_group_layout
 
-    layout = scale_group_layout(steps, 4)
+    layout = scale_group_layout(8, 4)
     assert list(layout.size_per_thread) == [1, 1, 4]
     lanes, warps, order = list(layout.threads_per_warp), list(layout.warps_per_cta), list(layout.order)
 
@@ -506,15 +503,14 @@ def test_a_scale_groups_copy_puts_each_rows_group_on_consecutive_lanes(steps):
 
     for lane in range(32):
         step, row, byte = coordinates(lane, lanes)
-        assert (step, row, byte) == (lane % steps, lane // steps, 0), lane
+        assert (step, row, byte) == (lane % 8, lane // 8, 0), lane
     assert [coordinates(warp, warps) for warp in range(4)] == [[0, warp, 0] for warp in range(4)]
 
 
 def test_scale_sectors_refuse_what_their_kernel_cannot_run():
     """``scale_sectors`` needs the warp-specialized kernel without A8's register weights, ``K`` in
-    whole groups of 8 steps (512 columns; of 4, 256 columns, with ``scale_group_steps = 4``, which
-    needs ``scale_sectors``), room for its scale ring, a W4A16, A4 or split call and scales
-    within int32 offsets."""
+    whole groups of 8 steps (512 columns), room for its scale ring, a W4A16, A4 or split call and
+    scales within int32 offsets."""
     ws = {"register_weights": True, "warp_specialized": True}
     with pytest.raises(ValueError, match="scale_sectors needs warp_specialized and not a8_register"):
         PrefillGemm(128, 64, depth=4, register_weights=True, scale_sectors=True)
@@ -524,13 +520,7 @@ def test_scale_sectors_refuse_what_their_kernel_cannot_run():
     assert sectors.scale_ring_groups == 2  # 16 slots: refilled 16 steps on, after step 10 released
     assert PrefillGemm(128, 64, depth=12, **ws, scale_sectors=True).scale_ring_groups == 3
     assert sectors.fits(1024, 256) and not sectors.fits(576, 256) and not sectors.fits(768, 256)
-    # half-sector groups: K in groups of 4 steps (256 columns), 12 slots for 6 ring slots
-    halves = PrefillGemm(128, 64, depth=6, **ws, scale_sectors=True, scale_group_steps=4)
-    assert halves.fits(768, 256) and not halves.fits(576, 256) and halves.scale_ring_groups == 3
-    assert str(halves).endswith("_ss4") and str(sectors).endswith("_ss")
-    for steps, flag, ctas in ((4, False, 1), (2, True, 1), (0, True, 1), (16, True, 2)):
-        with pytest.raises(ValueError, match="scale_group_steps must be one of"):
-            PrefillGemm(128, 64, depth=6, **ws, ctas_per_sm=ctas, scale_sectors=flag, scale_group_steps=steps)
+    assert str(sectors).endswith("_ss")
     # the ring's 16 steps of scale bytes cost 10 KiB more than 6 slots' at 256 rows: two CTAs of
     # 32-route tiles with 6 ring slots no longer fit an SM, with 5 they do
     with pytest.raises(ValueError, match="2 CTAs need"):
@@ -920,17 +910,13 @@ def test_the_a4_fc1_epilogue_adds_under_20_instructions_per_element_of_h():
 def test_matches_the_fp32_product(interpreted, label, gather):
     """Three experts (one without routes), segments that end inside a tile, more K steps than the
     rings have slots (every slot refilled; with ``scale_sectors`` the scale ring's too, in whole
-    groups of steps, with half-sector groups an odd number of them), rows gathered by token or in
-    sorted order."""
+    groups of steps), rows gathered by token or in sorted order."""
     schedule = PREFILL_SCHEDULES[label]
     generator = torch.Generator().manual_seed(7)
-    scale_slots = schedule.scale_ring_groups * schedule.scale_group_steps
+    scale_slots = schedule.scale_ring_groups * SCALE_SECTOR_STEPS
     steps = max(schedule.depth, schedule.weights_ahead + 1, scale_slots) + 3  # more than any ring's slots
     if schedule.scale_sectors:
-        group = schedule.scale_group_steps
-        steps = -(-steps // group) * group
-        if group < SCALE_SECTOR_STEPS and steps % SCALE_SECTOR_STEPS == 0:
-            steps += group  # K no multiple of 512 columns: what half-sector groups are for
+        steps = -(-steps // SCALE_SECTOR_STEPS) * SCALE_SECTOR_STEPS
     experts, n, k, tokens, top_k = 3, 2 * schedule.weight_rows, steps * schedule.block_k, 45, 2
     codes = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=generator)
     picks = torch.randint(0, len(EVERY_SCALE_BYTE), (experts, n, k // 16), generator=generator)

@@ -196,7 +196,7 @@ def schedule_constexprs(schedule: PrefillGemm, mode: int = MODE_W4A16) -> dict[s
     the tile (``BT``, ``DEPTH`` and, but for the warp-specialized kernel, ``BW``), then per kernel
     ``WEIGHT_AHEAD``, ``A_SETS``, ``WGMMAS`` (register weights), :func:`ws_partitions`,
     ``WGMMAS``, ``A_SETS``, ``ITEM_ROWS``, ``LOADS_AHEAD`` and with ``scale_sectors``
-    ``SCALE_GROUPS`` and ``SCALE_STEPS`` (warp-specialized) or ``BK``. What
+    ``SCALE_GROUPS`` (warp-specialized) or ``BK``. What
     :func:`launch_prefill_gemm` compiles; the tests compile the same offline."""
     constexprs: dict[str, int | bool] = {"BT": schedule.routes, "DEPTH": schedule.depth}
     if schedule.warp_specialized:
@@ -211,7 +211,6 @@ def schedule_constexprs(schedule: PrefillGemm, mode: int = MODE_W4A16) -> dict[s
         constexprs["LOADS_AHEAD"] = schedule.loads_ahead
         if schedule.scale_sectors:
             constexprs["SCALE_GROUPS"] = schedule.scale_ring_groups
-            constexprs["SCALE_STEPS"] = schedule.scale_group_steps
     elif schedule.register_weights:
         constexprs["BW"] = schedule.weight_rows
         constexprs["WEIGHT_AHEAD"] = schedule.weights_ahead

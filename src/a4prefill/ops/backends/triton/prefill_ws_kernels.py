@@ -217,16 +217,14 @@ def consumer_rows(item_rows: int, warps: int) -> int:
 @gluon.constexpr_function
 def scale_group_layout(steps: int, warps: int) -> gl.BlockedLayout:
     """``[steps, rows, 4]`` scale bytes of ``steps`` steps (8: a row's 32 bytes, one L2 sector
-    where the scales are 32-byte aligned; 4: half a sector) for ``cp.async``: 4 bytes a thread, a
-    row's steps on consecutive lanes (``32 / steps`` rows a warp instruction), the warps on the
-    rows.
+    where the scales are 32-byte aligned) for ``cp.async``: 4 bytes a thread, a row's steps on
+    consecutive lanes (8 lanes a sector, 4 rows a warp instruction), the warps on the rows.
 
-    A trade: the ``steps`` lanes of a row write as many planes of the scale ring, ``rows * 4``
-    bytes apart (a multiple of 128), so one shared-memory bank: ``steps`` store wavefronts a copy
-    instead of 1 (shared memory shapes are powers of two, so a plane cannot be padded). Per
-    64-column step of a 256-row item that is 64 store wavefronts and 32 sector lookups with 8
-    steps (32 and 64 half-sector lookups with 4), where the per-step copy (each lane its own
-    row's 4 bytes) takes 8 and 256, and asks L2 8 (4) times as often."""
+    A trade: the 8 lanes of a row write 8 planes of the scale ring, ``rows * 4`` bytes apart (a
+    multiple of 128), so one shared-memory bank: 8 store wavefronts a copy instead of 1 (shared
+    memory shapes are powers of two, so a plane cannot be padded). Per 64-column step of a
+    256-row item that is 64 store wavefronts and 32 sector lookups, where the per-step copy
+    (each lane its own row's 4 bytes) takes 8 and 256, and asks L2 8 times as often."""
     return gl.BlockedLayout([1, 1, 4], [steps, 32 // steps, 1], [1, warps, 1], [2, 0, 1])
 
 
@@ -253,7 +251,7 @@ def _scale_group_offsets(expert, n0, N, K, EPILOGUE: gl.constexpr, G: gl.constex
     expert's ``ITEM_ROWS`` weight rows from ``n0`` (rows as ``prefill_kernels._weight_row``):
     step ``p``'s 4 bytes of a row at ``4 p`` on; the group from step ``j`` on at ``+ 4 j``. Int32,
     not pointers: in the two-CTA schedules the producer has 40 registers a thread, and a thread of
-    a 256-row item holds 16 offsets with 8 steps a group (8 with 4)."""
+    a 256-row item holds 16 offsets."""
     SGL: gl.constexpr = scale_group_layout(G, gl.num_warps())
     ps = gl.arange(0, G, layout=gl.SliceLayout(1, gl.SliceLayout(2, SGL)))
     rs = gl.arange(0, ITEM_ROWS, layout=gl.SliceLayout(0, gl.SliceLayout(2, SGL)))
@@ -293,11 +291,10 @@ def _produce(
     same ``noinc`` arrival covers them.
     With a scale ring of its own (``SCALE_GROUPS`` groups of ``G`` steps, ``s_ring [SCALE_GROUPS *
     G, ITEM_ROWS, 4]``) the threads copy the scale bytes of ``G`` steps at a group's first step
-    instead, a row's ``4 G`` bytes (``G = 8``: one 32-byte sector where ``scales`` is 32-byte
-    aligned, as torch allocates; ``G = 4``: half of one) on ``G`` lanes, into the group's slot
-    (:func:`_scale_group_offsets`, :func:`_scale_group_slot`); the ``noinc`` arrivals of the
-    group's later steps, after those copies, also wait for them, so each step's ``ready`` covers
-    its scale bytes.
+    instead, a row's ``4 G`` bytes (one 32-byte sector where ``scales`` is 32-byte aligned, as
+    torch allocates) on 8 lanes, into the group's slot (:func:`_scale_group_offsets`,
+    :func:`_scale_group_slot`); the ``noinc`` arrivals of the group's later steps, after those
+    copies, also wait for them, so each step's ``ready`` covers its scale bytes.
     The ring runs on across work items:
     ``done`` counts the steps of the program's earlier items. ``tensors``: the kernel's ``x_desc``
     to ``ROUTES`` arguments, ``xs_ptr``, ``x_rows_ptr``, ``sorted_route_ptr``, ``TOPK`` and the
@@ -335,7 +332,7 @@ def _produce(
     n_blocks, works = _works(N, num_tiles_ptr, ITEM_ROWS)
     SCALE_BYTES: gl.constexpr = scale_copy_layout(2 * CODE_STEP, gl.num_warps())  # a row's per thread
     # with a scale ring of its own, the steps of one group (as the kernel allocated the ring)
-    GROUP_STEPS: gl.constexpr = s_ring.shape[0] // SCALE_GROUPS if SCALE_GROUPS else 0
+    SECTOR_STEPS: gl.constexpr = s_ring.shape[0] // SCALE_GROUPS if SCALE_GROUPS else 0
     if A8:
         XS: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
         xs_routes = gl.arange(0, BT, layout=XS)
@@ -362,8 +359,8 @@ def _produce(
         if A8 == A8_REGISTERS:  # each row's scale bytes one step ahead, as two int32 words
             word_ptrs = _scale_pointers(scales_ptr, expert, n0, N, K, EPILOGUE, ITEM_ROWS, 2 * CODE_STEP, 4)
             next_words = gl.load(word_ptrs)
-        elif GROUP_STEPS:  # a group of steps' scale bytes per row: one sector (or half) on G lanes
-            group_offsets = _scale_group_offsets(expert, n0, N, K, EPILOGUE, GROUP_STEPS, ITEM_ROWS)
+        elif SECTOR_STEPS:  # a group of steps' scale bytes per row: one sector, 8 lanes
+            group_offsets = _scale_group_offsets(expert, n0, N, K, EPILOGUE, SECTOR_STEPS, ITEM_ROWS)
         else:
             scale_ptrs = _scale_pointers(scales_ptr, expert, n0, N, K, EPILOGUE, ITEM_ROWS, 2 * CODE_STEP)
         for step in range(steps):
@@ -396,11 +393,11 @@ def _produce(
                     word_ptrs + (step + 1) * (CODE_STEP // 32), mask=step + 1 < steps, other=0
                 )
                 mbarrier.arrive(ready_slot)  # after a barrier of the partition: every thread's stores
-            elif GROUP_STEPS:
+            elif SECTOR_STEPS:
                 # the next group's scale bytes, into its slot of the scale ring (the steps a
                 # group's slot stays unused: schedules.PrefillGemm.scale_ring_groups)
-                if step % GROUP_STEPS == 0:
-                    j = (s // GROUP_STEPS) % SCALE_GROUPS
+                if step % SECTOR_STEPS == 0:
+                    j = (s // SECTOR_STEPS) % SCALE_GROUPS
                     group = _scale_group_slot(s_ring, j, SCALE_GROUPS)
                     _async_load(group, scales_ptr + (group_offsets + step * (CODE_STEP // 8)))
             else:
@@ -893,7 +890,6 @@ def grouped_w4_gemm_ws_kernel(
     X_BY_TOKEN: gl.constexpr = False,
     LOADS_AHEAD: gl.constexpr = False,
     SCALE_GROUPS: gl.constexpr = 0,
-    SCALE_STEPS: gl.constexpr = 8,
 ):
     """``grouped_w4_gemm_rs_kernel``'s product and epilogues for work items of ``ITEM_ROWS`` (128,
     or 256 with ``BT`` at most 128) weight rows and ``BT`` routes, warp-specialized and persistent
@@ -932,11 +928,10 @@ def grouped_w4_gemm_ws_kernel(
     ``LOADS_AHEAD`` (``A_SETS = 1``, not ``A8``): each consumer loads the next step's code and
     scale bytes while the step's wgmmas run (:func:`_steps_loading_ahead`).
 
-    ``SCALE_GROUPS`` (not ``A8``; ``PrefillGemm.scale_sectors``, ``K`` a multiple of ``64 *
-    SCALE_STEPS``): the scale bytes in a ring of their own, ``SCALE_GROUPS`` slots of
-    ``SCALE_STEPS`` steps' bytes (8: one 32-byte sector a row; 4: half a sector,
-    ``PrefillGemm.scale_group_steps``), copied once per ``SCALE_STEPS`` steps
-    (:func:`_produce`), instead of a step's 4 bytes a row in each ring slot."""
+    ``SCALE_GROUPS`` (not ``A8``; ``PrefillGemm.scale_sectors``, ``K`` a multiple of 512): the
+    scale bytes in a ring of their own, ``SCALE_GROUPS`` slots of 8 steps' bytes, copied once per
+    8 steps as one 32-byte sector a row (:func:`_produce`), instead of a step's 4 bytes a row in
+    each ring slot."""
     PLAIN2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     ONE_PARTITION: gl.constexpr = A_SETS == 2 and WGMMAS == 2  # both consumer warpgroups, 8 warps
     CONSUMERS: gl.constexpr = 1 if ONE_PARTITION else 2  # consumer partitions
@@ -945,10 +940,9 @@ def grouped_w4_gemm_ws_kernel(
     c_ring = gl.allocate_shared_memory(
         gl.uint8, [DEPTH, ITEM_ROWS, CODE_STEP], code_ring_layout(codes_desc.layout)
     )
-    if SCALE_GROUPS:  # a scale ring of its own: SCALE_GROUPS groups of SCALE_STEPS steps
+    if SCALE_GROUPS:  # a scale ring of its own: SCALE_GROUPS groups of one sector's steps
         gl.static_assert(A8 == 0, "SCALE_GROUPS: W4A16, A4 and split calls only")
-        G: gl.constexpr = SCALE_STEPS  # steps whose scale bytes a row's copy takes at once
-        gl.static_assert(G * (CODE_STEP // 8) <= 32, "SCALE_STEPS: a row's group within one sector")
+        G: gl.constexpr = 32 // (CODE_STEP // 8)  # steps whose scale bytes make a row's sector
         # a group's slot is refilled G * SCALE_GROUPS steps on, once step G * SCALE_GROUPS - DEPTH
         # on was released: not before the group's last step (schedules.PrefillGemm.scale_ring_groups)
         gl.static_assert(SCALE_GROUPS * G >= DEPTH + G - 1, "SCALE_GROUPS too few for DEPTH")

@@ -51,10 +51,8 @@ WS_EPILOGUE_SCRATCH_PER_ROUTE = 512
 SM_SHARED_BYTES = 228 * 1024
 CTA_RESERVED_SHARED_BYTES = 1024
 # ``PrefillGemm.scale_sectors``: the steps of 64 columns whose scale bytes (4 a row each) make one
-# 32-byte L2 sector of a row, copied together; ``PrefillGemm.scale_group_steps`` may halve it (half
-# a sector: K a multiple of 256 columns, not 512)
+# 32-byte L2 sector of a row, copied together
 SCALE_SECTOR_STEPS = 8
-SCALE_GROUP_STEPS = (4, SCALE_SECTOR_STEPS)
 # The register split of the warp-specialized kernel with ``ctas_per_sm`` CTAs of 384 threads on an
 # SM (65 536 registers): the launch cap per thread (``maxnreg``), the producer's and the consumer
 # worker's registers (``setmaxnreg``; the default partition, the other consumer, gets the rest:
@@ -362,10 +360,7 @@ class PrefillGemm:
     copies request each row's sector from L2 eight times, in instructions whose 32 lanes touch 32
     sectors: by count about half of the 512-token FC1's L2 requests (forty-first round, H100,
     Nsight Compute: L2 hit rate 68% against Humming's 15%, the ``SOLBottleneck`` rule naming L2;
-    the share is counted from the copies, not measured).
-    ``scale_group_steps`` (with ``scale_sectors``): the steps a row's copy takes at once, 8 (a
-    sector) or 4 (half a sector, a group of 16 bytes: each sector asked for twice, where K is a
-    multiple of 256 columns but not of 512, e.g. an FC2 of intermediate size 768; not yet timed)."""
+    the share is counted from the copies, not measured)."""
 
     weight_rows: int = 128
     routes: int = 128
@@ -382,17 +377,8 @@ class PrefillGemm:
     rows_by_token: bool = False
     loads_ahead: bool = False
     scale_sectors: bool = False
-    scale_group_steps: int = SCALE_SECTOR_STEPS
 
     def __post_init__(self) -> None:
-        # first: shared_bytes and the CTA check below read scale_ring_groups, which divides by it
-        if self.scale_group_steps not in SCALE_GROUP_STEPS or (
-            self.scale_group_steps != SCALE_SECTOR_STEPS and not self.scale_sectors
-        ):
-            raise ValueError(
-                f"PrefillGemm.scale_group_steps must be one of {SCALE_GROUP_STEPS} ({SCALE_SECTOR_STEPS} "
-                f"without scale_sectors), got {self.scale_group_steps}"
-            )
         if self.weight_rows not in (64, 128, 256):
             raise ValueError(f"PrefillGemm.weight_rows must be 64, 128 or 256, got {self.weight_rows}")
         if self.routes not in (16, 32, 64, 128, 256) or (self.routes < 64 and not self.register_weights):
@@ -524,7 +510,7 @@ class PrefillGemm:
         if self.warp_specialized:
             rings = self.depth * (weight_slot + row_slot) + 2 * self.depth * 8
             if self.scale_sectors:  # the scale bytes in a ring of their own
-                rings += (self.scale_ring_groups * self.scale_group_steps - self.depth) * rows * k // 16
+                rings += (self.scale_ring_groups * SCALE_SECTOR_STEPS - self.depth) * rows * k // 16
             scratch = WS_EPILOGUE_SCRATCH_PER_ROUTE * self.accumulator_routes + 16
             return rings + min(scratch, WS_EPILOGUE_SCRATCH_BYTES)
         if self.register_weights:
@@ -553,7 +539,7 @@ class PrefillGemm:
 
     @property
     def scale_ring_groups(self) -> int:
-        """With :attr:`scale_sectors`, the groups of :attr:`scale_group_steps` steps in the scale
+        """With :attr:`scale_sectors`, the groups of :data:`SCALE_SECTOR_STEPS` steps in the scale
         ring (the kernel's ``SCALE_GROUPS``), else 0. The producer refills a group's slot for the
         steps ``G * scale_ring_groups`` after it (``G`` the steps per group) once it waited for
         the ring slot of that step's code bytes, which the consumers released after step ``G *
@@ -562,8 +548,7 @@ class PrefillGemm:
         - 1``."""
         if not self.scale_sectors:
             return 0
-        group = self.scale_group_steps
-        return -(-(self.depth + group - 1) // group)
+        return -(-(self.depth + SCALE_SECTOR_STEPS - 1) // SCALE_SECTOR_STEPS)
 
     @property
     def weights_ahead(self) -> int:
@@ -578,8 +563,8 @@ class PrefillGemm:
 
     def fits(self, k: int, out_rows: int) -> bool:
         """Whether K splits into steps (with :attr:`scale_sectors`, into groups of
-        :attr:`scale_group_steps` steps) and the output rows into CTAs."""
-        group = self.scale_group_steps if self.scale_sectors else 1
+        :data:`SCALE_SECTOR_STEPS` steps) and the output rows into CTAs."""
+        group = SCALE_SECTOR_STEPS if self.scale_sectors else 1
         return k % (self.block_k * group) == 0 and out_rows % self.weight_rows == 0
 
     def __str__(self) -> str:
@@ -594,7 +579,6 @@ class PrefillGemm:
         cap += "_tok" if self.rows_by_token else ""
         cap += "_la" if self.loads_ahead else ""
         cap += "_ss" if self.scale_sectors else ""
-        cap += str(self.scale_group_steps) if self.scale_group_steps != SCALE_SECTOR_STEPS else ""
         tile = f"w{self.weight_rows}_t{self.routes}_k{self.block_k}_d{self.depth}"
         return f"{kernel}{tile}{ahead}{sets}{halves}{cap}"
 
@@ -610,12 +594,11 @@ def _warp_specialized(
     rows_by_token: bool = False,
     loads_ahead: bool = False,
     scale_sectors: bool = False,
-    scale_group_steps: int = SCALE_SECTOR_STEPS,
 ) -> PrefillGemm:
     """The warp-specialized register-weights schedule of ``routes``-route tiles, ``depth`` ring
     slots, ``wgmmas_per_step`` wgmmas per step, ``a_register_sets``, ``weight_rows`` per work
-    item, ``ctas_per_sm``, ``a8_register_weights``, ``rows_by_token``, ``loads_ahead``,
-    ``scale_sectors`` and ``scale_group_steps``."""
+    item, ``ctas_per_sm``, ``a8_register_weights``, ``rows_by_token``, ``loads_ahead`` and
+    ``scale_sectors``."""
     return PrefillGemm(
         weight_rows,
         routes,
@@ -629,7 +612,6 @@ def _warp_specialized(
         rows_by_token=rows_by_token,
         loads_ahead=loads_ahead,
         scale_sectors=scale_sectors,
-        scale_group_steps=scale_group_steps,
     )
 
 
@@ -703,13 +685,11 @@ def _warp_specialized(
 # against 76%, 2.55 instructions executed a cycle against 2.31, fewer shared-store bank conflicts
 # (113 against 193 thousand). ``rs_w128_t256_d4_ws_x2_h2_tok_ss``, the 256-route default's form
 # (forty-second round), is the default from 160 routes per expert since the forty-third (8192 and
-# 16384 tokens: 3243-3405 and 7150-7157 us against 3471-3617 and 7256-7556, H100). The ``_ss4`` forms
-# (forty-third round; ``scale_group_steps = 4``; one per ``_ss`` form) copy half a sector every
-# 4 steps, so that a GEMM whose K is a multiple of 256 columns but not of 512 (an FC2 of
-# intermediate size 768, as in Qwen3-30B-A3B's experts) copies its scale bytes in groups too;
-# not chosen: timed in the forty-fourth round (H100, H 2048 / I 768, 256-4096 tokens, both
-# orders) FC2 on ``_ss4`` was level with the form without (within 2%), and where whole sectors
-# fit (GLM TP2, 512 tokens) ``_ss4`` cost 2%.
+# 16384 tokens: 3243-3405 and 7150-7157 us against 3471-3617 and 7256-7556, H100). Half-sector
+# groups (the ``_ss4`` forms, a row's 16 scale bytes every 4 steps, so that a K of 256-column
+# multiples not of 512 such as an FC2 of intermediate size 768 copies in groups too; forty-third
+# round) were level with the forms without on that FC2 and 2% slower where whole sectors fit
+# (forty-fourth round, H100, both orders; ``benchmarks/results/README.md``): removed.
 PREFILL_SCHEDULES = MappingProxyType(
     {
         "w64_t64_d6": PrefillGemm(64, 64, depth=6),
@@ -780,31 +760,6 @@ PREFILL_SCHEDULES = MappingProxyType(
         ),
         "rs_w128_t256_d4_ws_x2_h2_tok_ss": _warp_specialized(
             256, 4, 2, 2, rows_by_token=True, scale_sectors=True
-        ),
-        "rs_w256_t32_d5_ws_c2_tok_la_ss4": _warp_specialized(
-            32,
-            5,
-            weight_rows=256,
-            ctas_per_sm=2,
-            rows_by_token=True,
-            loads_ahead=True,
-            scale_sectors=True,
-            scale_group_steps=4,
-        ),
-        "rs_w128_t64_d6_ws_c2_tok_ss4": _warp_specialized(
-            64, 6, ctas_per_sm=2, rows_by_token=True, scale_sectors=True, scale_group_steps=4
-        ),
-        "rs_w128_t256_d4_ws_x2_h2_tok_ss4": _warp_specialized(
-            256, 4, 2, 2, rows_by_token=True, scale_sectors=True, scale_group_steps=4
-        ),
-        "rs_w256_t128_d6_ws_tok_la_ss4": _warp_specialized(
-            128,
-            6,
-            weight_rows=256,
-            rows_by_token=True,
-            loads_ahead=True,
-            scale_sectors=True,
-            scale_group_steps=4,
         ),
     }
 )
@@ -1024,9 +979,9 @@ def choose_prefill_tiles(routes: int, experts: int, hidden: int, intermediate: i
     3471-3617 against 3243-3405, 16384 7256-7556 against 7150-7157). Each GEMM takes the first
     form of its size that fits it (a ``_ss`` form needs K in groups of 8 steps, multiples of 512
     columns; FC1 alone on ``_ss`` at 512 tokens took 750 us against 837 in Nsight Compute), so
-    with an intermediate size of 768 FC1 runs ``_ss`` and FC2 the form without (the ``_ss4``
-    forms, half-sector groups, would fit it: level with the form without, not chosen); likewise
-    a GEMM whose rows do not split into a form's items runs the next form."""
+    with an intermediate size of 768 FC1 runs ``_ss`` and FC2 the form without (half-sector
+    groups, which would fit it, were level with that form: removed); likewise a GEMM whose rows
+    do not split into a form's items runs the next form."""
     rows_per_expert = routes / max(1, experts)
     if rows_per_expert < PREFILL_MIN_ROWS_PER_EXPERT:
         return None
