@@ -6,8 +6,7 @@
 # of earlier rounds (verify, a4, gather, mid, small: the twenty-third to twenty-eighth rounds;
 # pending and permute: the thirty-ninth; halves, ahead, fence, quant, tiles: the twenty-ninth
 # to thirty-third; sectors: the forty-second; ss: the forty-third; ss4: the forty-fourth;
-# benchmarks/results/README.md)
-# are in this file's history (git log -p on it).
+# benchmarks/results/README.md) are in this file's history (git log -p on it).
 #
 #   bash scripts/gpu_untimed_kernels.sh ab DIR...  # this checkout's defaults against the
 #                                               # src trees DIR... (other commits' src, carried
