@@ -7,20 +7,22 @@ by token, random routing and bytes)::
     ncu --profile-from-start off -k regex:grouped_w4 --section SpeedOfLight --section Occupancy \
         --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \
         --section MemoryWorkloadAnalysis --section SchedulerStats --page details --csv \
-        python benchmarks/profile_prefill.py [--case 512:rs_w128_t32_d4 \
+        env PYTHONPATH=src python benchmarks/profile_prefill.py [--case 512:rs_w128_t32_d4 \
             --case 8192:rs_w128_t256_d4_ws_x2_h2] > ncu.csv
 
-Each ``--case`` is ``TOKENS:SCHEDULE[:MODE]`` with a label of ``schedules.PREFILL_SCHEDULES``
-(or ``default``: the FC1 schedule that the MoE call of that size runs in MODE, given;
-``default_a8``: the A8 one, launched as ``TOKENS:LABEL`` of that label is, without an epilogue;
-the summaries name the schedule found, and two cases of one schedule and size are refused)
-(without ``MODE``: W4A16 without an epilogue; with ``MODE`` ``w4a16``, ``a4`` or ``split``: the
-MoE's FC1 in that precision mode, SwiGLU epilogue and A4 re-quantization included, the split
-with the second half of the tokens A4), or
-``TOKENS:LABEL`` with a label of ``schedules.A8_SCHEDULES`` for the A8 GEMM (``a8``,
-``a8_t256``, ``a8_rs``, ``a8_t256_rs``, ...: ``A8_PREFILL``, ``A8_PREFILL_WIDE`` and the
-others with the weights in registers, on e4m3 rows and their scales,
-``fused_a8.quantize_rows`` in the schedule's column order; sm_90);
+The package is imported from ``PYTHONPATH`` (as in the other benchmarks), so ``PYTHONPATH=DIR``
+profiles another tree's ``src`` (until the forty-fifth round the script put this checkout's
+``src`` first whatever the path said). Each ``--case`` is ``TOKENS:SCHEDULE[:MODE]`` with a
+label of ``schedules.PREFILL_SCHEDULES`` (or ``default``: the FC1 schedule that the MoE call of
+that size runs in MODE, given; ``default_a8``: the A8 one, launched as ``TOKENS:LABEL`` of that
+label is, without an epilogue; the summaries name the schedule found, and two cases of one
+schedule and size are refused) (without ``MODE``: W4A16 without an epilogue; with ``MODE``
+``w4a16``, ``a4`` or ``split``: the MoE's FC1 in that precision mode, SwiGLU epilogue and A4
+re-quantization included, the split with the second half of the tokens A4), or ``TOKENS:LABEL``
+with a label of ``schedules.A8_SCHEDULES`` for the A8 GEMM (``a8``, ``a8_t256``, ``a8_rs``,
+``a8_t256_rs``, ...: ``A8_PREFILL``, ``A8_PREFILL_WIDE`` and the others with the weights in
+registers, on e4m3 rows and their scales, ``fused_a8.quantize_rows`` in the schedule's column
+order; sm_90);
 every case runs once before the profiled region (compilation and warm caches stay outside it).
 ``--ncu-summary ncu.csv --out DIR`` (no GPU) turns that CSV into ``DIR/profile_prefill_ncu.json``:
 one entry per case, in the order given, with ``profile_decode.NCU_METRICS``. Nsight
@@ -42,12 +44,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from typing import Any
 
 import torch
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 EXPERTS, HIDDEN, INTERMEDIATE, TOP_K = 288, 4096, 1024, 8
 DEFAULT_CASES = ["512:rs_w128_t32_d4", "8192:rs_w128_t256_d4_ws_x2_h2"]

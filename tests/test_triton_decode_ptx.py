@@ -71,44 +71,57 @@ def test_every_two_scale_bytes_in_two_registers_decode_to_one_bf16x2_of_their_fa
     assert torch.equal(out >> 16, table[second])
 
 
-def _codes_outputs(word: int, factor: int) -> list[int]:
-    """The 8 bf16 results of CODES_ASM, in output order: $0 low/high, $1 low/high, ..."""
-    from a4prefill.ops.backends.triton.decode_asm import CODES_ASM
+# The two forms of numerics.word_pair_dequant_lines: the decode kernels' (its factor a bf16 in
+# $5, used in both halves; pair 2's right shift a mul.hi) and the prefill consumers' (the factor
+# already in both halves of $5; every right shift a shr)
+WORD_PAIR_FORMS = ("decode CODES_ASM", "prefill WORD_PAIR_DEQUANT_ASM")
 
-    out = run(CODES_ASM.value, {4: word, 5: factor})
+
+def _codes_outputs(word: int, factor: int, form: str = WORD_PAIR_FORMS[0]) -> list[int]:
+    """The 8 bf16 results of ``form``, in output order: $0 low/high, $1 low/high, ..."""
+    from a4prefill.ops.backends.triton.decode_asm import CODES_ASM
+    from a4prefill.ops.backends.triton.numerics import WORD_PAIR_DEQUANT_ASM
+
+    if form == WORD_PAIR_FORMS[0]:
+        out = run(CODES_ASM.value, {4: word, 5: factor})
+    else:
+        out = run(WORD_PAIR_DEQUANT_ASM.value, {4: word, 5: factor | factor << 16})
     return [(out[n] >> shift) & 0xFFFF for n in range(4) for shift in (0, 16)]
 
 
 @functools.cache
-def _nibble_order() -> list[int]:
-    """Which nibble of the code word lands in each of the 8 results (found by probing)."""
+def _nibble_order(form: str = WORD_PAIR_FORMS[0]) -> list[int]:
+    """Which nibble of the code word lands in each of the 8 results of ``form`` (found by
+    probing)."""
     factor = factor_of(0x38)  # scale 1.0
     order = []
     for slot in range(8):
         (nibble,) = [
-            n for n in range(8) if _codes_outputs(1 << (4 * n), factor)[slot] != float_to_bf16(0.0)
+            n for n in range(8) if _codes_outputs(1 << (4 * n), factor, form)[slot] != float_to_bf16(0.0)
         ]  # code 1 = 0.5 in nibble n only
         order.append(nibble)
     return order
 
 
-def test_the_outputs_hold_the_documented_nibbles():
+@pytest.mark.parametrize("form", WORD_PAIR_FORMS)
+def test_the_outputs_hold_the_documented_nibbles(form):
     """$0 = (n0, n4), $1 = (n1, n5), $2 = (n2, n6), $3 = (n3, n7): half s=0 is $0 and $1."""
-    assert _nibble_order() == [0, 4, 1, 5, 2, 6, 3, 7]
+    assert _nibble_order(form) == [0, 4, 1, 5, 2, 6, 3, 7]
 
 
+@pytest.mark.parametrize("form", WORD_PAIR_FORMS)
 @pytest.mark.parametrize("scale_byte", [b for b in range(256) if b not in NAN_BYTES])
-def test_every_code_in_every_nibble_is_e2m1_times_scale_times_2_minus_7(scale_byte):
+def test_every_code_in_every_nibble_is_e2m1_times_scale_times_2_minus_7(scale_byte, form):
     factor = factor_of(scale_byte)
     scale = e4m3(scale_byte)
-    order = _nibble_order()
+    order = _nibble_order(form)
     generator = random.Random(scale_byte)
     for code in range(16):
         for position in range(8):
             nibbles = [generator.randrange(16) for _ in range(8)]
             nibbles[position] = code
             word = sum(n << (4 * i) for i, n in enumerate(nibbles))
-            results = _codes_outputs(word, factor)
+            results = _codes_outputs(word, factor, form)
             for slot, nibble in enumerate(order):
                 expected = float_to_bf16(E2M1[nibbles[nibble]] * scale * 2.0**-7)
                 assert results[slot] == expected, (hex(word), slot, bf16_to_float(results[slot]))

@@ -20,34 +20,19 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from a4prefill.ops.backends.triton.numerics import SCALE_PAIR_FACTORS_ASM
+from a4prefill.ops.backends.triton.numerics import SCALE_PAIR_FACTORS_ASM, word_pair_dequant_lines
 
 # $4: four code bytes (eight e2m1 nibbles n0..n7, n0 in bits 0..3). $5: the bf16 factor of
 # their block (:data:`numerics.SCALE_PAIR_FACTORS_ASM`), used in both halves (``mov.b32 f, {$5,
 # $5}`` costs nothing: ptxas reads the factor's half through the multiply's operand swizzle).
-# $0, $1: half s=0, elements (n0, n4), (n1, n5); $2, $3: half s=1, (n2, n6), (n3, n7). Each
-# bf16 is ``e2m1 * scale * 2**-7``, exact: a nibble's magnitude bits go to bf16 bits 8..6
-# (``e2m1 * 2**-126``) and its sign to bit 15, then one fma by the factor.
+# $0, $1: half s=0, elements (n0, n4), (n1, n5); $2, $3: half s=1, (n2, n6), (n3, n7)
+# (:func:`numerics.word_pair_dequant_lines`: each bf16 ``e2m1 * scale * 2**-7``, exact).
 # ``mul.hi`` by 2**30 is ``>> 2`` on the FMA pipe.
-CODES_ASM = gl.constexpr("""
-{
-.reg .b32 m, s, f, nz;
-mov.b32 nz, 0x80008000;
-mov.b32 f, {$5, $5};
-shl.b32 s, $4, 12; and.b32 s, s, 0x80008000;
-shl.b32 m, $4, 6; and.b32 m, m, 0x01C001C0; or.b32 s, s, m;
-fma.rn.bf16x2 $0, s, f, nz;
-shl.b32 s, $4, 8; and.b32 s, s, 0x80008000;
-shl.b32 m, $4, 2; and.b32 m, m, 0x01C001C0; or.b32 s, s, m;
-fma.rn.bf16x2 $1, s, f, nz;
-shl.b32 s, $4, 4; and.b32 s, s, 0x80008000;
-mul.hi.u32 m, $4, 0x40000000; and.b32 m, m, 0x01C001C0; or.b32 s, s, m;
-fma.rn.bf16x2 $2, s, f, nz;
-and.b32 s, $4, 0x80008000;
-shr.b32 m, $4, 6; and.b32 m, m, 0x01C001C0; or.b32 s, s, m;
-fma.rn.bf16x2 $3, s, f, nz;
-}
-""")
+CODES_ASM = gl.constexpr(
+    "\n{\n.reg .b32 m, s, f, nz;\nmov.b32 nz, 0x80008000;\nmov.b32 f, {$5, $5};\n"
+    + word_pair_dequant_lines("f", right_shift_by_2="mul.hi.u32 m, $4, 0x40000000;")
+    + "}\n"
+)
 
 
 @gluon.jit

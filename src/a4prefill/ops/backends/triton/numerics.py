@@ -64,30 +64,39 @@ fma.rn.bf16x2 $3, o1, $6, nz;
 """)
 
 
-# Four packed code bytes (``$4``) sharing one bf16 factor ``scale * 2**119`` (``$5``: twice) ->
-# ``$0``-``$3``: per byte ``i`` the pair (low nibble, high nibble) as bf16 ``e2m1 * scale *
-# 2**-7``, exact: the K-adjacent pair the wgmma's A registers hold (``prefill_kernels.
-# _dequant_fragment``), so no register takes halves of two outputs. Per byte one ``prmt`` over
-# ``{$4, $4 << 4}`` puts its low nibble in bits 12-15 and its high nibble in bits 28-31 (the other
-# bits are not read), then the magnitudes move to bf16 bits 6-8 and 22-24 by one shift, the signs
-# stay at 15 and 31, and one ``fma.rn.bf16x2`` multiplies by the factor: about 5 instructions per
-# two weights, where :data:`BYTE_DEQUANT_ASM`'s pairs of two bytes need one more each to be
-# regrouped into these.
-BYTE_PAIR_DEQUANT_ASM = tl.constexpr(
-    """
-{
-.reg .b32 w4, t, m, s, nz;
-mov.b32 nz, 0x80008000;
-shl.b32 w4, $4, 4;
-"""
-    + "".join(
-        f"prmt.b32 t, w4, $4, 0x{4 + i}{4 + i}{i}{i};\n"
-        "shr.b32 m, t, 6; and.b32 m, m, 0x01C001C0; and.b32 s, t, 0x80008000; or.b32 t, m, s;\n"
-        f"fma.rn.bf16x2 ${i}, t, $5, nz;\n"
-        for i in range(4)
-    )
-    + """}
-"""
+def word_pair_dequant_lines(factor: str, right_shift_by_2: str = "shr.b32 m, $4, 2;") -> str:
+    """The PTX lines (no braces, no declarations) that turn one code word ``$4`` (nibbles ``n0``
+    .. ``n7`` from bit 0) into four bf16x2 registers ``$0``..``$3`` holding the pairs ``(n0,
+    n4)``, ``(n1, n5)``, ``(n2, n6)``, ``(n3, n7)`` (the first nibble in the low half), each bf16
+    ``e2m1 * scale * 2**-7``, exact. Per pair: the two signs (bits ``4 j + 3`` and ``4 j + 19``)
+    move to bf16 bits 15 and 31 and the two magnitudes (bits ``4 j`` .. ``4 j + 2`` and ``+ 16``)
+    to bits 6-8 and 22-24 (``e2m1 * 2**-126``), one shift and one mask each, merged, then one
+    ``fma.rn.bf16x2`` multiplies by the register ``factor`` (``scale * 2**119`` in both halves;
+    the caller declares ``m``, ``s``, ``nz = 0x80008000`` and, if it names one, ``factor``): no
+    ``prmt``. ``right_shift_by_2`` writes ``m = $4 >> 2`` (pair 2's magnitudes): ``shr`` by
+    default (the ALU), or ``mul.hi.u32 m, $4, 0x40000000`` (the FMA pipe). The pairs are those an
+    A register of the prefill wgmma holds when the step's columns are in
+    ``prefill.mma_column_order``, and those of the decode kernels' code words
+    (``decode_asm.CODES_ASM``)."""
+    magnitudes = ("shl.b32 m, $4, 6;", "shl.b32 m, $4, 2;", right_shift_by_2, "shr.b32 m, $4, 6;")
+    lines = []
+    for pair, (sign_shift, magnitude) in enumerate(zip((12, 8, 4, 0), magnitudes, strict=True)):
+        shifted = f"shl.b32 s, $4, {sign_shift}; and.b32 s, s," if sign_shift else "and.b32 s, $4,"
+        sign = f"{shifted} 0x80008000;"
+        lines.append(
+            f"{sign}\n{magnitude} and.b32 m, m, 0x01C001C0; or.b32 s, s, m;\n"
+            f"fma.rn.bf16x2 ${pair}, s, {factor}, nz;\n"
+        )
+    return "".join(lines)
+
+
+# One code word (``$4``) and its group's bf16 factor ``scale * 2**119`` (``$5``: in both halves;
+# ``$6`` not read) -> ``$0``..``$3``: :func:`word_pair_dequant_lines`'s pairs, with every right
+# shift on the ALU (``shr``; as ``mul.hi`` on the FMA pipe the prefill GEMMs were slower at 4096
+# tokens on an H100: benchmarks/results/README.md, forty-fifth round). What the prefill
+# consumers' ``prefill_kernels._dequant_fragment`` launches.
+WORD_PAIR_DEQUANT_ASM = tl.constexpr(
+    "\n{\n.reg .b32 m, s, nz;\nmov.b32 nz, 0x80008000;\n" + word_pair_dequant_lines("$5") + "}\n"
 )
 
 

@@ -30,15 +30,17 @@ from a4prefill.process_state import register_state
 def mma_column_order(k: int, device: torch.device) -> torch.Tensor:
     """int64 ``[k]``: the column of ``x`` that each wgmma K position of
     ``grouped_w4_gemm_rs_kernel`` multiplies. Within each 64 columns, position ``8 b + 2 q + h``
-    holds column ``16 q + 2 b + h`` (``b`` < 8, ``q`` < 4, ``h`` < 2): thread ``q`` of a quad then
-    holds the 16 columns of scale group ``q``, whose 8 code bytes it reads with one load (the
-    ModelOpt code layout is unchanged). ``k`` must be a multiple of 64. Cached per ``(k,
-    device)``; never written to."""
+    holds column ``16 q + 8 (b // 4) + b % 4 + 4 h`` (``b`` < 8, ``q`` < 4, ``h`` < 2): thread
+    ``q`` of a quad then holds the 16 columns of scale group ``q``, whose 8 code bytes (two code
+    words) it reads with one load, and A register ``b`` holds nibbles ``b % 4`` and ``b % 4 + 4``
+    of word ``b // 4`` (``numerics.WORD_PAIR_DEQUANT_ASM``; the ModelOpt code layout is
+    unchanged). ``k`` must be a multiple of 64. Cached per ``(k, device)``; never written to."""
     if k % 64:
         raise ValueError(f"k must be a multiple of 64, got {k}")
     position = torch.arange(k, device=device)
-    byte, quad_lane, nibble = (position % 64) // 8, (position % 8) // 2, position % 2
-    return position - position % 64 + 16 * quad_lane + 2 * byte + nibble
+    register, quad_lane, half = (position % 64) // 8, (position % 8) // 2, position % 2
+    column = 16 * quad_lane + 8 * (register // 4) + register % 4 + 4 * half
+    return position - position % 64 + column
 
 
 register_state(__name__, mma_column_order.cache_clear, mma_column_order)

@@ -62,8 +62,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from a4prefill.ops.backends.triton.numerics import (
     BYTE_DEQUANT_ASM,
-    BYTE_PAIR_DEQUANT_ASM,
     SCALE_BYTES_FACTORS_ASM,
+    WORD_PAIR_DEQUANT_ASM,
     _quantize_groups,
     swiglu,
 )
@@ -155,8 +155,8 @@ def nibbles_times(codes, factor, ASM: gl.constexpr = BYTE_DEQUANT_ASM):
     ``e2m1 * 2**-126 * factor`` (exact when the product has at most 8 significant bits and is a
     normal bf16), in the codes' layout (``B`` a multiple of 4). ``ASM`` places the nibbles of each
     4 bytes: ``numerics.BYTE_DEQUANT_ASM`` the low nibbles in the first tensor and the high ones
-    in the second, ``numerics.BYTE_PAIR_DEQUANT_ASM`` the (low, high) pairs of bytes 0 and 1 in
-    the first and of bytes 2 and 3 in the second."""
+    in the second, ``numerics.WORD_PAIR_DEQUANT_ASM`` the nibble pairs ``(n0, n4)``, ``(n1, n5)``
+    of the code word in the first and ``(n2, n6)``, ``(n3, n7)`` in the second."""
     factor = gl.broadcast(gl.expand_dims(factor, 2), codes)[0]
     return gl.inline_asm_elementwise(
         ASM,
@@ -493,8 +493,9 @@ def _epilogue(
     row_stride = N // 2 if SWIGLU else N
     col = col0 + w_idx
     if OUT_MMA_ORDER:
-        # column 16 q + 2 b + h of each 64 at position 8 b + 2 q + h (prefill.mma_column_order)
-        col = col - col % 64 + 8 * ((col % 16) // 2) + 2 * ((col % 64) // 16) + col % 2
+        # column 16 q + 8 (b // 4) + b % 4 + 4 h of each 64 at position 8 b + 2 q + h
+        # (prefill.mma_column_order)
+        col = col - col % 64 + 8 * (4 * ((col % 16) // 8) + col % 4) + 2 * ((col % 64) // 16) + (col % 8) // 4
     ptrs = out_ptr + out_rows.to(gl.int64)[None, :] * row_stride + col[:, None]
     gl.store(ptrs, y, mask=live[None, :] & (w_idx[:, None] < OUT_ROWS))
 
@@ -696,26 +697,29 @@ def code_rows_of(grouped: gl.DistributedLinearLayout) -> gl.DistributedLinearLay
 def _dequant_fragment(codes, scales, A_LAYOUT: gl.constexpr, BW: gl.constexpr, PAIRS: gl.constexpr = True):
     """codes ``[BW, 4, B]`` uint8 in :func:`fragment_codes_layout` (``B`` bytes of each 16-column
     group), scale bytes ``[BW, 4]`` -> the wgmma A operand ``[BW, 8 B]`` bf16 ``w * 2**-7`` in MMA
-    column order: column ``8 b + 2 q + h`` holds nibble ``h`` of byte ``b`` of group ``q``. Each
-    byte's two nibbles leave :data:`numerics.BYTE_PAIR_DEQUANT_ASM` in one register, the pair of
-    columns an A register holds, so the reshapes only rename registers: the result is already in
-    ``A_LAYOUT``'s registers. ``PAIRS = False`` takes :data:`numerics.BYTE_DEQUANT_ASM`'s pairs of
-    two bytes, regrouped by one ``prmt`` a register: what the warp-specialized kernel's
-    dequantize-ahead consumers need, whose next step is dequantized while the A registers of the
-    step's wgmma are read (with the pair PTX, Triton 3.6 writes the next step's A operand into the
-    registers of the wgmma in flight and ptxas serializes the wgmmas;
-    ``tests/test_triton_prefill_on_cpu.py`` checks both on the PTX and the SASS)."""
+    column order: column ``8 b + 2 q + h`` holds nibble ``b % 4 + 4 h`` of code word ``b // 4`` of
+    group ``q``. Each such pair of nibbles leaves :data:`numerics.WORD_PAIR_DEQUANT_ASM` in one
+    register, the pair of columns an A register holds, so the reshapes only rename registers: the
+    result is already in ``A_LAYOUT``'s registers. ``PAIRS = False`` takes
+    :data:`numerics.BYTE_DEQUANT_ASM`'s pairs of two bytes, regrouped by one ``prmt`` a register:
+    what the warp-specialized kernel's dequantize-ahead consumers need, whose next step is
+    dequantized while the A registers of the step's wgmma are read (with the pair PTX, Triton 3.6
+    writes the next step's A operand into the registers of the wgmma in flight and ptxas serializes
+    the wgmmas; ``tests/test_triton_prefill_on_cpu.py`` checks both on the PTX and the SASS)."""
     B: gl.constexpr = codes.shape[2]
+    CHUNKS: gl.constexpr = B // 4
     if not PAIRS:
         even, odd = _dequant_nibbles(codes, scales)
-        nibbles = gl.permute(gl.join(even, odd), (0, 2, 1, 3))  # [BW, byte, group, nibble]
+        # [row, group, byte, nibble] with byte 4 w + 2 h + i: nibble 2 i + n of word w is
+        # column 8 w + 2 i + n + 4 h of the group, A register 4 w + 2 i + n, half h
+        nibbles = gl.reshape(gl.join(even, odd), [BW, 4, CHUNKS, 2, 2, 2])
+        nibbles = gl.permute(nibbles, (0, 2, 4, 5, 1, 3))  # [row, w, i, n, group, h]
         return gl.convert_layout(gl.reshape(nibbles, [BW, 8 * B]), A_LAYOUT)
-    # per 4 bytes of a group: the nibble pairs of bytes 0 and 1 (first), of bytes 2 and 3 (second)
-    first, second = _dequant_nibbles(codes, scales, BYTE_PAIR_DEQUANT_ASM)
-    CHUNKS: gl.constexpr = B // 4
-    # [row, group, 4 bytes, byte of the half, nibble], then the halves joined last
+    # per code word of a group: A registers 4 w and 4 w + 1 (first), 4 w + 2 and 4 w + 3 (second)
+    first, second = _dequant_nibbles(codes, scales, WORD_PAIR_DEQUANT_ASM)
+    # [row, group, word, register of the half, half of the register], then the halves joined last
     pairs = gl.join(gl.reshape(first, [BW, 4, CHUNKS, 2, 2]), gl.reshape(second, [BW, 4, CHUNKS, 2, 2]))
-    pairs = gl.permute(pairs, (0, 2, 5, 3, 1, 4))  # [row, 4 bytes, half, byte of the half, group, nibble]
+    pairs = gl.permute(pairs, (0, 2, 5, 3, 1, 4))  # [row, word, half, register of the half, group, h]
     return gl.convert_layout(gl.reshape(pairs, [BW, 8 * B]), A_LAYOUT)
 
 

@@ -263,23 +263,28 @@ def gather_rows_kernel(
     x_ptr, sorted_route_ptr, out_ptr, R, K2, TOPK, BR: tl.constexpr, BLOCKS_FIRST: tl.constexpr
 ):
     """``out[p] = x[sorted_route[p] // TOPK]`` with each 64 columns in ``prefill.mma_column_order``
-    (position ``8 b + 2 q + h`` takes column ``16 q + 2 b + h``), for ``p < R``. ``x [T, K]`` and
-    ``out [R, K]`` bf16, seen as int32 column pairs (``K2 = K / 2``; a pair moves as one: the order
-    keeps ``h`` within a pair, so pair ``4 b + q`` of a 64-column block takes pair ``8 q + b``).
-    ``BR`` rows by one 64-column block a program, loads of 8 consecutive pairs, stores of 4. Grid
+    (position ``32 w + 16 m + 8 e + 2 q + t`` takes column ``16 q + 8 w + 4 t + 2 m + e``), for
+    ``p < R``. ``x [T, K]`` and ``out [R, K]`` bf16, seen as int32 column pairs (``K2 = K / 2``).
+    The order splits pairs: output pair ``16 w + 8 m + 4 e + q`` takes half ``e`` of source pairs
+    ``8 q + 4 w + m`` (its low half) and ``8 q + 4 w + 2 + m`` (its high half), so each two source
+    pairs become two output pairs by 16-bit masks and shifts (a 2x2 transpose of halves), and
+    every load and store moves whole pairs. ``BR`` rows by one 64-column block a program. Grid
     ``(cdiv(R, BR), K / 64)``, or with ``BLOCKS_FIRST`` ``(K / 64, cdiv(R, BR))``: programs
     launched one after the other then cover whole rows before the next rows (memory written in
     order) instead of one 64-column stripe of every row. What ``x.index_select(1,
-    mma_column_order(K)).index_select(0, sorted_route // TOPK)`` gives, without the ``[T, K]`` copy
-    between."""
+    mma_column_order(K)).index_select(0, sorted_route // TOPK)`` gives, without the ``[T, K]``
+    copy between."""
     row_axis: tl.constexpr = 1 if BLOCKS_FIRST else 0
     rows = tl.program_id(row_axis) * BR + tl.arange(0, BR)
     live = rows < R
     token = tl.load(sorted_route_ptr + rows, mask=live, other=0) // TOPK
     block = tl.program_id(1 - row_axis) * 32  # the block's first pair
-    q = tl.arange(0, 4)
-    b = tl.arange(0, 8)
-    source = token.to(tl.int64)[:, None, None] * K2 + block + (8 * q)[None, :, None] + b[None, None, :]
-    pairs = tl.load(x_ptr + source, mask=live[:, None, None])  # [BR, q, b]
-    target = rows.to(tl.int64)[:, None, None] * K2 + block + (4 * b)[None, :, None] + q[None, None, :]
-    tl.store(out_ptr + target, tl.permute(pairs, (0, 2, 1)), mask=live[:, None, None])
+    pairs = tl.arange(0, 32)
+    source = token.to(tl.int64)[:, None] * K2 + block + pairs[None, :]
+    loaded = tl.load(x_ptr + source, mask=live[:, None])  # [BR, 32]: pair 8 q + 4 w + 2 t + m
+    low, high = tl.split(tl.permute(tl.reshape(loaded, (BR, 4, 2, 2, 2)), (0, 1, 2, 4, 3)))  # t = 0, 1
+    first = (low & 0xFFFF) | (high << 16)  # e = 0: the low halves
+    second = ((low >> 16) & 0xFFFF) | (high & -65536)  # e = 1: the high halves
+    ordered = tl.reshape(tl.permute(tl.join(first, second), (0, 2, 3, 4, 1)), (BR, 32))  # [BR, w, m, e, q]
+    target = rows.to(tl.int64)[:, None] * K2 + block + pairs[None, :]
+    tl.store(out_ptr + target, ordered, mask=live[:, None])
