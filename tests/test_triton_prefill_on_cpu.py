@@ -644,8 +644,9 @@ def test_the_loads_ahead_consumers_load_the_next_step_while_their_wgmma_runs():
     each) lies between the step's last wgmma and its wait (``WARPGROUP.DEPBAR``), so the loads'
     latency runs under the tensor core's work, where the same tiles without it load everything
     before their first wgmma. The words carried across the back edge add no spill, and the loop
-    keeps one ``PRMT`` per two weights and one per two scale factors (the code bytes stay in the
-    words' registers) with at most 3 more (the carried scale bytes' packing). Fails on the code
+    keeps one ``PRMT`` per two scale factors (2 a step; the word pairs take none: the code bytes
+    stay in the words' registers) with at most 3 more (the carried scale bytes' packing; one
+    ``PRMT`` per two weights more before the forty-fifth round's word pairs). Fails on the code
     before the thirty-first round (no such schedule; with ``loads_ahead`` ignored, every load
     before the first wgmma)."""
     swiglu, alpha = PREFILL_EPILOGUES["swiglu"], PREFILL_EPILOGUES["alpha"]
@@ -672,7 +673,7 @@ def test_the_loads_ahead_consumers_load_the_next_step_while_their_wgmma_runs():
 
     ahead = loads_around_the_wgmmas("rs_w256_t32_d6_ws_c2_tok_la")
     assert [(before, under) for before, under, _ in ahead] == [(0, 8)] * 4, ahead
-    assert all(2 <= prmt <= 5 for _, _, prmt in ahead), ahead  # word pairs: the factors' only
+    assert all(2 <= prmt <= 5 for _, _, prmt in ahead), ahead
     plain = loads_around_the_wgmmas("rs_w256_t32_d6_ws_c2_tok")
     assert [(before, under) for before, under, _ in plain] == [(8, 0)] * 4, plain
     # with two wgmmas a step: the loads under the second half's wgmma, the code bytes still in the
