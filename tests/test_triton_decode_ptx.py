@@ -72,8 +72,7 @@ def test_every_two_scale_bytes_in_two_registers_decode_to_one_bf16x2_of_their_fa
 
 
 # The two forms of numerics.word_pair_dequant_lines: the decode kernels' (its factor a bf16 in
-# $5, used in both halves; pair 2's right shift a mul.hi) and the prefill consumers' (the factor
-# already in both halves of $5; every right shift a shr)
+# $5, used in both halves) and the prefill consumers' (the factor already in both halves of $5)
 WORD_PAIR_FORMS = ("decode CODES_ASM", "prefill WORD_PAIR_DEQUANT_ASM")
 
 

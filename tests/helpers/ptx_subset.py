@@ -1,9 +1,9 @@
 """A tiny interpreter for the PTX subset of the kernels' inline assembly (tests only).
 
 Runs ``numerics.SCALE_PAIR_FACTORS_ASM``, ``SCALE_BYTES_FACTORS_ASM``, ``BYTE_DEQUANT_ASM``,
-``decode_asm.CODES_ASM``, ``WORD_CODES_ASM`` and ``prefill_a8_kernels.A8_WEIGHT_ASM`` bit for bit
-on the CPU: 32-bit integer ops (``mov``, ``and``, ``or``, ``shl``, ``shr``,
-``mul.hi``/``mul.lo``/``mad.lo`` ``.u32``), ``prmt.b32`` (default mode: selector nibble ``i`` picks
+``WORD_PAIR_DEQUANT_ASM``, ``decode_asm.CODES_ASM``, ``WORD_CODES_ASM`` and
+``prefill_a8_kernels.A8_WEIGHT_ASM`` bit for bit on the CPU: 32-bit integer ops (``mov``, ``and``,
+``or``, ``shl``, ``shr``), ``prmt.b32`` (default mode: selector nibble ``i`` picks
 byte ``nibble & 7`` of ``{b, a}`` for output byte ``i``, or with the nibble's bit 3 set that byte's
 sign bit replicated over all 8 bits), the unpacking ``mov.b32 {lo, hi}, x`` and packing ``mov.b32
 x, {lo, hi}`` (two 16-bit halves), ``fma.rn.bf16x2`` (each half: the exact product plus addend,
@@ -70,11 +70,6 @@ def _fma_bf16x2(a: Any, b: Any, c: Any) -> Any:
         bits = _exact_fp32_bits(x * y + z, "fma.rn.bf16x2 (the bf16 rounding would round twice)")
         result = result | ((((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF) << shift)
     return result
-
-
-def _mul_hi(a: Any, b: Any) -> Any:
-    """High 32 bits of the 64-bit product, exact also for int64 arrays (products < 2**48)."""
-    return (((a >> 16) * b) + (((a & 0xFFFF) * b) >> 16)) >> 16
 
 
 def _prmt(a: Any, b: Any, selector: Any) -> Any:
@@ -160,9 +155,6 @@ _OPCODES: dict[str, Any] = {
     "or.b32": lambda a, b: a | b,
     "shl.b32": lambda a, b: (a << b) & MASK,
     "shr.b32": lambda a, b: a >> b,
-    "mul.hi.u32": _mul_hi,
-    "mul.lo.u32": lambda a, b: (a * b) & MASK,
-    "mad.lo.u32": lambda a, b, c: (a * b + c) & MASK,
     "prmt.b32": _prmt,
     "fma.rn.bf16x2": _fma_bf16x2,
     "mov.f32": lambda a: a,

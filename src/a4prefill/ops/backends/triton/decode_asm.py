@@ -27,10 +27,9 @@ from a4prefill.ops.backends.triton.numerics import SCALE_PAIR_FACTORS_ASM, word_
 # $5}`` costs nothing: ptxas reads the factor's half through the multiply's operand swizzle).
 # $0, $1: half s=0, elements (n0, n4), (n1, n5); $2, $3: half s=1, (n2, n6), (n3, n7)
 # (:func:`numerics.word_pair_dequant_lines`: each bf16 ``e2m1 * scale * 2**-7``, exact).
-# ``mul.hi`` by 2**30 is ``>> 2`` on the FMA pipe.
 CODES_ASM = gl.constexpr(
     "\n{\n.reg .b32 m, s, f, nz;\nmov.b32 nz, 0x80008000;\nmov.b32 f, {$5, $5};\n"
-    + word_pair_dequant_lines("f", right_shift_by_2="mul.hi.u32 m, $4, 0x40000000;")
+    + word_pair_dequant_lines("f")
     + "}\n"
 )
 

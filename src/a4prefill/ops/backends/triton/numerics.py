@@ -64,7 +64,7 @@ fma.rn.bf16x2 $3, o1, $6, nz;
 """)
 
 
-def word_pair_dequant_lines(factor: str, right_shift_by_2: str = "shr.b32 m, $4, 2;") -> str:
+def word_pair_dequant_lines(factor: str) -> str:
     """The PTX lines (no braces, no declarations) that turn one code word ``$4`` (nibbles ``n0``
     .. ``n7`` from bit 0) into four bf16x2 registers ``$0``..``$3`` holding the pairs ``(n0,
     n4)``, ``(n1, n5)``, ``(n2, n6)``, ``(n3, n7)`` (the first nibble in the low half), each bf16
@@ -73,12 +73,13 @@ def word_pair_dequant_lines(factor: str, right_shift_by_2: str = "shr.b32 m, $4,
     to bits 6-8 and 22-24 (``e2m1 * 2**-126``), one shift and one mask each, merged, then one
     ``fma.rn.bf16x2`` multiplies by the register ``factor`` (``scale * 2**119`` in both halves;
     the caller declares ``m``, ``s``, ``nz = 0x80008000`` and, if it names one, ``factor``): no
-    ``prmt``. ``right_shift_by_2`` writes ``m = $4 >> 2`` (pair 2's magnitudes): ``shr`` by
-    default (the ALU), or ``mul.hi.u32 m, $4, 0x40000000`` (the FMA pipe). The pairs are those an
+    ``prmt``. Every right shift is a ``shr`` (the ALU; ``mul.hi`` by a power of two, the same
+    shift on the FMA pipe, was slower in the prefill GEMMs and in the decode kernels:
+    benchmarks/results/README.md, forty-fifth and forty-sixth rounds). The pairs are those an
     A register of the prefill wgmma holds when the step's columns are in
     ``prefill.mma_column_order``, and those of the decode kernels' code words
     (``decode_asm.CODES_ASM``)."""
-    magnitudes = ("shl.b32 m, $4, 6;", "shl.b32 m, $4, 2;", right_shift_by_2, "shr.b32 m, $4, 6;")
+    magnitudes = ("shl.b32 m, $4, 6;", "shl.b32 m, $4, 2;", "shr.b32 m, $4, 2;", "shr.b32 m, $4, 6;")
     lines = []
     for pair, (sign_shift, magnitude) in enumerate(zip((12, 8, 4, 0), magnitudes, strict=True)):
         shifted = f"shl.b32 s, $4, {sign_shift}; and.b32 s, s," if sign_shift else "and.b32 s, $4,"
