@@ -178,8 +178,11 @@ def _main_loop_opcodes(sass: str) -> collections.Counter[str]:
 def test_the_main_loop_feeds_weights_from_global_memory_into_mma_registers(kernel_name, gemm, routes):
     """No shared memory, shuffle or barrier in the K loop, 128-bit code loads, and exactly the MMAs of
     one step: ``gemm.rows`` rows x block_k columns per operand by ``routes`` routes in m16n8k16
-    pieces (gate and up in FC1), each code word loaded once whatever the route tile."""
+    pieces (gate and up in FC1), each code word loaded once whatever the route tile. The code
+    words' right shifts stay on the ALU (``shr``, no ``IMAD.HI``: as ``mul.hi`` on the FMA pipe the
+    kernels were 0.2-1.5% slower, benchmarks/results/README.md, forty-sixth round)."""
     opcodes = _main_loop_opcodes(_compile(kernel_name, gemm, routes))
+    assert not {op for op in opcodes if op.startswith("IMAD.HI")}, opcodes
     operands = 2 if kernel_name.startswith("fc1") else 1
     steps = 2 if gemm.prefetch else 1  # a prefetching loop iteration takes two K steps
     m_tiles, n_tiles, k_steps = gemm.rows // 16, routes // 8, gemm.block_k // 16
