@@ -29,14 +29,15 @@
 #                                               # instructions (InstructionStats), into
 #                                               # $OUT/ncu_rivals.csv; needs humming-kernels'
 #                                               # wheel in .whl, and for Marlin vLLM's env.sh
-#   bash scripts/gpu_untimed_kernels.sh t64     # (ran in the thirty-ninth round, on an H100)
-#                                               # the thirty-sixth round's 64-route tiles of
-#                                               # 256 weight rows, one CTA per SM (_tok, _tok_la;
-#                                               # built without a GPU): their GEMM and A4/split
-#                                               # MoE GPU tests, then the whole MoE at 1536 and
-#                                               # 2048 tokens (W4A16, A4, split) beside the
-#                                               # default's 128-row two-CTA tiles, then again in
-#                                               # the opposite order
+#   bash scripts/gpu_untimed_kernels.sh t64     # the 64-route tiles of 256 weight rows, one
+#                                               # CTA per SM, with loads ahead, without and with
+#                                               # scale sectors (_tok_la: thirty-sixth round,
+#                                               # timed in the thirty-ninth; _tok_la_ss:
+#                                               # forty-seventh, built without a GPU): the
+#                                               # latter's GEMM and A4/split MoE GPU tests, then
+#                                               # the whole MoE at 1536 and 2048 tokens (W4A16,
+#                                               # A4, split) beside the default's 128-row two-CTA
+#                                               # tiles, then again in the opposite order
 #   bash scripts/gpu_untimed_kernels.sh waves   # how the 32-route GEMMs' time follows their
 #                                               # work items per SM (the last wave): FC1 and
 #                                               # FC2 alone (bench_prefill_gemm.py --experts)
@@ -81,7 +82,7 @@ time_t64() {
         --prefill-tiles "$2" --out "$OUT/t64_$3" 2>&1 | tee "$OUT/bench_moe_t64_$3.txt" \
         | grep -o '"sweep_w4a16_us": {[^}]*}' || tail -4 "$OUT/bench_moe_t64_$3.txt"
 }
-T64_BASE=rs_w128_t64_d6_ws_c2_tok T64_WIDE=rs_w256_t64_d6_ws_tok
+T64_LA=rs_w256_t64_d6_ws_tok_la T64_LA_SS=rs_w256_t64_d6_ws_tok_la_ss
 # the Nsight Compute sections of every profile here (summaries: profile_decode.py or
 # profile_prefill.py --ncu-summary)
 NCU_SECTIONS=(--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
@@ -160,9 +161,9 @@ waves)
     ;;
 t64)
     timeout 200 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_gpu.py \
-        -k rs_w256_t64 2>&1 | tee "$OUT/gpu_tests.txt" | tail -4
-    time_t64 585 "$T64_BASE,$T64_WIDE,${T64_WIDE}_la" 1
-    time_t64 585 "${T64_WIDE}_la,$T64_WIDE,$T64_BASE" 2
+        -k "$T64_LA_SS" 2>&1 | tee "$OUT/gpu_tests.txt" | tail -4
+    time_t64 585 "$T64_LA_SS,$T64_LA" 1
+    time_t64 585 "$T64_LA,$T64_LA_SS" 2
     ;;
 sizes)
     profile_sizes 420

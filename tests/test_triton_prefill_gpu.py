@@ -122,6 +122,7 @@ def test_a4_and_split_prefill_moe_match_the_reference_eagerly_and_in_a_cuda_grap
         (1024, "rs_w128_t256_d4_ws_x2_h2"),
         (192, "rs_w256_t64_d6_ws_tok"),
         (192, "rs_w256_t64_d6_ws_tok_la"),
+        (192, "rs_w256_t64_d6_ws_tok_la_ss"),
         (96, "rs_w256_t32_d6_ws_c2_tok_la"),
         (192, "rs_w128_t64_d6_ws_c2_tok"),
         (512, "rs_w256_t128_d6_ws_tok_la"),
@@ -136,10 +137,11 @@ def test_a4_and_split_prefill_moe_on_a_schedule_not_chosen_match_the_reference(t
     of A4 and split before the twenty-ninth (256-row items as one 8-warp partition), and the
     64-160 and 256-route defaults' tiles with FC1's rows gathered before the launch (the
     defaults until the twenty-fifth round; calls too large for ``rows_by_token``'s int32
-    offsets still run them), the thirty-sixth round's 64-route candidates of 256-row items, the
-    32-, 64- and 128-route defaults without ``scale_sectors`` (the defaults until the
-    forty-second round; still the choice where ``K`` is not a multiple of 512), the 256-route
-    tiles without it (the default until the forty-third)."""
+    offsets still run them), the thirty-sixth round's 64-route candidates of 256-row items and
+    their ``scale_sectors`` form (forty-seventh round), the 32-, 64- and 128-route defaults
+    without ``scale_sectors`` (the defaults until the forty-second round; still the choice where
+    ``K`` is not a multiple of 512), the 256-route tiles without it (the default until the
+    forty-third)."""
     from a4prefill.ops.backends.triton.schedules import PrefillTiles, choose_config
 
     schedule = PREFILL_SCHEDULES[label]

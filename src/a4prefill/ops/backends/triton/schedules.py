@@ -673,7 +673,11 @@ def _warp_specialized(
 # split and FC2 no spill either), 14% fewer instructions per weight row, and read each
 # activation row for half as many work items, with half as many consumer warps per SM to hide
 # latency. The 128-route tiles made the same move at 4096 tokens and took 2674 us against 3027
-# (fifteenth round, H200).
+# (fifteenth round, H200). Their ``_la_ss`` form (forty-seventh round, a candidate for the same
+# sizes, built without a GPU, not yet timed): with the word pairs' cheaper dequantization the
+# fixed part of a step weighs more, and Nsight Compute at 2048 tokens on an H100 (forty-seventh
+# round, ``benchmarks/results/README.md``) had the default's FC1 execute 493 million
+# instructions against Humming's 380 (FC1 1096 us against 904 at base clock).
 # The ``_ss`` forms (``scale_sectors``; built in the forty-first round, chosen from the
 # forty-second below 160 routes per expert, ``choose_prefill_tiles``): each row's scale bytes
 # copied as one 32-byte sector every 8 steps. The 32-route one has 5 ring slots, not 6: its scale
@@ -754,6 +758,9 @@ PREFILL_SCHEDULES = MappingProxyType(
         ),
         "rs_w128_t64_d6_ws_c2_tok_ss": _warp_specialized(
             64, 6, ctas_per_sm=2, rows_by_token=True, scale_sectors=True
+        ),
+        "rs_w256_t64_d6_ws_tok_la_ss": _warp_specialized(
+            64, 6, weight_rows=256, rows_by_token=True, loads_ahead=True, scale_sectors=True
         ),
         "rs_w256_t128_d6_ws_tok_la_ss": _warp_specialized(
             128, 6, weight_rows=256, rows_by_token=True, loads_ahead=True, scale_sectors=True
