@@ -117,6 +117,44 @@ def test_captured_limit_comes_from_the_modes_that_capture_mixed_batches(mode, ex
     assert captured_limit(SimpleNamespace(compilation_config=compilation)) == expected
 
 
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        (CUDAGraphMode.FULL_AND_PIECEWISE, 16),
+        (CUDAGraphMode.PIECEWISE, 16),
+        (CUDAGraphMode.FULL, 16),
+        (CUDAGraphMode.FULL_DECODE_ONLY, 0),
+        (CUDAGraphMode.NONE, 0),
+    ],
+)
+def test_captured_limit_is_the_widest_graph_of_batches_with_prefill_rows(mode, expected):
+    """vLLM 0.34 sizes the graphs of batches with prefill rows apart from the uniform-decode ones:
+    after resolution ``max_prefill_cudagraph_capture_tokens`` is the widest of the former and
+    ``max_cudagraph_capture_size`` of all. A mixed step of 17-64 tokens then runs uncaptured, so
+    its prefill rows must run A4: the limit is 16, not 64 (wider decode graphs hold decode and
+    verify rows only, which the capture guard keeps W4A16)."""
+    compilation = SimpleNamespace(
+        cudagraph_mode=mode,
+        cudagraph_capture_sizes=[1, 2, 4, 8, 16, 32, 64],
+        max_cudagraph_capture_size=64,
+        max_prefill_cudagraph_capture_tokens=16,
+    )
+    assert captured_limit(SimpleNamespace(compilation_config=compilation)) == expected
+
+
+def test_the_captured_limit_stand_ins_name_vllms_compilation_fields():
+    """The stand-ins above use ``CompilationConfig``'s own field names (the 0.34 one from 0.34 on):
+    a renamed field fails here, not silently in the limit."""
+    import dataclasses
+
+    import vllm
+
+    fields = {field.name for field in dataclasses.fields(CompilationConfig)}
+    assert {"cudagraph_mode", "cudagraph_capture_sizes", "max_cudagraph_capture_size"} <= fields
+    release = tuple(int(part) for part in vllm.__version__.split("+")[0].split(".")[:2])
+    assert ("max_prefill_cudagraph_capture_tokens" in fields) == (release >= (0, 34)), vllm.__version__
+
+
 def test_setup_binds_a_pass_with_the_engines_settings_that_records_where_users_look():
     config = engine_config({"captured_limit": 48, "excluded_layers": ["mtp"]})
     setup = setup_of(config)
@@ -152,6 +190,21 @@ def test_a_configured_pass_that_can_never_run_is_a_warning(mode, warned, caplog)
         setup_of(config)
     said = [r.getMessage() for r in caplog.records if "compiles nothing" in r.getMessage()]
     assert len(said) == warned, said
+
+
+def test_a_pass_that_breakable_cuda_graphs_keep_from_running_is_a_warning_that_says_how_to_run_it(
+    monkeypatch, caplog
+):
+    """vLLM turns breakable CUDA graphs on by default for some architectures (GLM-5 among them),
+    which sets compilation mode NONE: the pass never runs. The warning names the variable that
+    turns them off, not ``--enforce-eager``, which the user never gave."""
+    monkeypatch.setenv("VLLM_USE_BREAKABLE_CUDAGRAPH", "1")
+    config = engine_config({}, mode=CompilationMode.NONE)
+    with caplog.at_level(logging.WARNING, logger="a4prefill"):
+        setup_of(config)
+    said = [r.getMessage() for r in caplog.records if "compiles nothing" in r.getMessage()]
+    assert len(said) == 1 and "VLLM_USE_BREAKABLE_CUDAGRAPH=0" in said[0], said
+    assert "--enforce-eager" not in said[0]
 
 
 def test_a_second_engine_in_the_process_gets_its_own_settings_and_decode_length():

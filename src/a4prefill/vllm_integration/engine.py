@@ -7,14 +7,17 @@ construction, where a vLLM config is current, in the process that will compile t
   the two may not disagree) and resolves them with :func:`a4prefill.settings.resolve_settings`,
   the same function the pass uses;
 - derives the engine's captured limit from the CUDA-graph modes that are actually captured:
-  ``max_cudagraph_capture_size`` when mixed batches are captured (PIECEWISE, FULL,
-  FULL_AND_PIECEWISE), 0 when they never are (NONE, FULL_DECODE_ONLY: mixed steps run
-  uncaptured; captured decode-only steps stay W4A16 through the op's capture guard and the row
-  provider);
+  the widest graph of batches with prefill rows when mixed batches are captured (PIECEWISE,
+  FULL, FULL_AND_PIECEWISE; ``max_cudagraph_capture_size``, from vLLM 0.34
+  ``max_prefill_cudagraph_capture_tokens``: :func:`captured_limit`), 0 when they never are (NONE,
+  FULL_DECODE_ONLY: mixed steps run uncaptured; captured decode-only steps stay W4A16 through the
+  op's capture guard and the row provider);
 - refuses ``prefill_precision: "a8"`` on a CUDA GPU without FP8 tensor cores (capability below
   8.9): a clear error at start-up, not at the first forward (:func:`check_prefill_precision_device`);
 - derives the most tokens one MoE call can see (:func:`max_call_tokens`), the bound of the
   layers' load-time kernel warm-up;
+- warns where a configured pass can never run (compilation mode NONE), naming breakable CUDA
+  graphs and the variable that turns them off where vLLM turned them on;
 - replaces a :class:`~a4prefill.passes.split_prefill.SplitPrefillPass` configured as
   ``post_grad_custom_post_pass`` with one bound to this engine (vLLM reads the pass when it first
   compiles, after model construction), so the pass sees the engine's settings also where vLLM
@@ -27,6 +30,7 @@ relies on: docs/vllm-internals.md, sections 1, 2 and 5.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,7 +83,13 @@ class EngineSetup:
 
 def captured_limit(vllm_config: Any) -> int:
     """The largest token count this engine runs inside a captured CUDA graph that may hold prefill
-    rows: the largest capture size if mixed batches are captured, else 0."""
+    rows: 0 if mixed batches are never captured, else the widest graph of batches with prefill
+    rows. vLLM 0.34 sizes those graphs apart from the uniform-decode ones and records their
+    widest as ``max_prefill_cudagraph_capture_tokens`` (resolved at config construction), while
+    its ``max_cudagraph_capture_size`` counts the decode graphs too, which may be wider and hold
+    decode and verify rows only (W4A16 through the split op's capture guard, as under
+    FULL_DECODE_ONLY); before 0.34 one set of sizes serves every graph, whose largest is
+    ``max_cudagraph_capture_size``."""
     from vllm.config import CUDAGraphMode
 
     compilation = vllm_config.compilation_config
@@ -87,6 +97,9 @@ def captured_limit(vllm_config: Any) -> int:
     mode = getattr(compilation, "cudagraph_mode", None)
     if not sizes or mode is None or mode.mixed_mode() == CUDAGraphMode.NONE:
         return 0
+    prefill_graphs = getattr(compilation, "max_prefill_cudagraph_capture_tokens", None)
+    if prefill_graphs is not None:
+        return int(prefill_graphs)
     return int(compilation.max_cudagraph_capture_size or max(sizes))
 
 
@@ -148,6 +161,21 @@ def _compiles_nothing(vllm_config: Any) -> bool:
     return mode is not None and int(mode) == 0
 
 
+BREAKABLE_CUDA_GRAPHS_ENV = "VLLM_USE_BREAKABLE_CUDAGRAPH"
+
+
+def _breakable_cuda_graphs(vllm_config: Any) -> bool:
+    """Whether vLLM runs this engine with breakable CUDA graphs, which set compilation mode NONE.
+    vLLM turns them on by default for some architectures (GLM-5 and DeepSeek V3.2/V4 among them;
+    Qwen3.5 from 0.34, on CUDA) unless ``VLLM_USE_BREAKABLE_CUDAGRAPH`` is set; vLLM 0.34 records
+    the outcome in ``compilation_config.use_breakable_cudagraph``, earlier releases by writing the
+    variable into the environment. Read for the log only."""
+    recorded = getattr(vllm_config.compilation_config, "use_breakable_cudagraph", None)
+    if recorded is not None:
+        return bool(recorded)
+    return os.environ.get(BREAKABLE_CUDA_GRAPHS_ENV) == "1"
+
+
 def _user_settings(vllm_config: Any, split_pass: SplitPrefillPass | None) -> A4PrefillSettings:
     additional = getattr(vllm_config, "additional_config", None) or {}
     for key in additional:
@@ -203,10 +231,22 @@ def engine_setup(vllm_config: Any) -> EngineSetup:
         inductor = vllm_config.compilation_config.inductor_compile_config
         inductor[PASS_KEY] = split_pass.for_engine(resolved)
     if split_pass is not None and resolved.enabled and _compiles_nothing(vllm_config):
-        logger.warning(
-            "a4prefill: the split pass is configured, but this engine compiles nothing (compilation "
-            "mode NONE: --enforce-eager or -O0), so the pass never runs and every row runs W4A16"
-        )
+        if _breakable_cuda_graphs(vllm_config):
+            logger.warning(
+                "a4prefill: the split pass is configured, but vLLM runs this model with breakable "
+                "CUDA graphs (%s=1, its default for some architectures), so this engine compiles "
+                "nothing (compilation mode NONE): the pass never runs and every row runs W4A16; "
+                "start vLLM with %s=0 for prefill rows of %s",
+                BREAKABLE_CUDA_GRAPHS_ENV,
+                BREAKABLE_CUDA_GRAPHS_ENV,
+                resolved.prefill_precision,
+            )
+        else:
+            logger.warning(
+                "a4prefill: the split pass is configured, but this engine compiles nothing "
+                "(compilation mode NONE: --enforce-eager or -O0), so the pass never runs and every "
+                "row runs W4A16"
+            )
     setup = EngineSetup(resolved, _row_policy(vllm_config), max_call_tokens(vllm_config))
     if resolved.row_log is not None:
         path = audit_log.install(resolved.row_log, _global_rank(), setup.layer_status)

@@ -8,8 +8,10 @@ is in use. The module itself can: FlashInfer's copy is loaded from ``_api.py`` i
 ``flashinfer`` folder and has no ``b12x.integration`` package.
 
 Both serve this package: every name :mod:`.b12x_plans`, :mod:`.b12x_moe` and :mod:`.b12x_weights`
-use is the same in b12x 1.5.1 and in FlashInfer 0.7.2.post1's copy (compared by signature and
-dataclass fields; the copy only adds names). Which one runs is logged with the backend.
+use is the same in b12x 1.5.1 and in the copies of FlashInfer 0.7.2.post1 and 0.7.4 (compared by
+signature, dataclass fields and body; the copies only add names, optional arguments and paths for
+other weight formats; 0.7.3, which vLLM 0.34 pins, is not on PyPI). Which one runs is logged with
+the backend.
 """
 
 from __future__ import annotations
