@@ -3,14 +3,16 @@ script, CUDA GPU; Marlin needs CUDA vLLM), and with ``--humming`` Humming's (``h
 humming-kernels 0.1.19 on sm_90; an error where it cannot run).
 
 Usage: ``PYTHONPATH=src python benchmarks/profile_decode.py --out DIR [--shape glm53flash_tp2]
-[--tokens 1,16,64,256] [--prefill-tiles FC1[:FC2],...] [--humming]`` writes ``profile_decode.json``: per
+[--tokens 1,16,64,256] [--prefill-tiles FC1[:FC2],...] [--a4] [--a8] [--humming]`` writes
+``profile_decode.json``: per
 implementation and token count, every GPU kernel of one call (name, launches, microseconds, from
 ``torch.profiler`` over 20 calls, L2 not flushed) and the call's total. ``--prefill-tiles`` adds
 the package's W4A16 (and with ``--a4`` A4) with each pair of prefill schedules
 (``PREFILL_SCHEDULES`` labels, as ``bench_moe.py --prefill-tiles``) instead of the call's
 default, named ``w4a16_prefill_<tiles>``. Under Nsight Compute, ``--ncu`` runs each call once between
 ``cudaProfilerStart``/``Stop`` so that ``ncu --profile-from-start off`` sees only those kernels
-(per token count: W4A16, then with ``--a4`` A4, then Marlin, then with ``--humming`` Humming):
+(per token count: W4A16, then with ``--a4`` A4, then with ``--a8`` A8, then Marlin, then with
+``--humming`` Humming):
 
     ncu --profile-from-start off --section SpeedOfLight --section Occupancy \
         --section LaunchStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
@@ -113,13 +115,19 @@ def ncu_summary(csv_path: str, kernels: tuple[str, ...] = GEMM_KERNELS) -> list[
 
 
 def implementations(
-    shape: dict[str, int], a4: bool = False, humming_tokens: Sequence[int] | None = None
+    shape: dict[str, int],
+    a4: bool = False,
+    humming_tokens: Sequence[int] | None = None,
+    a8: bool = False,
 ) -> dict[str, Callable[..., torch.Tensor]]:
     """``name -> fn(hidden, topk_weights, topk_ids)`` on the same random weights: the package's
-    W4A16, with ``a4`` its A4 (every row, the checkpoint's derived A4 scales), vLLM's Marlin
-    where it imports, and with ``humming_tokens`` Humming's (its tiles compiled for those token
-    counts; ``RuntimeError`` naming ``--humming`` where humming-kernels or sm_90 is missing)."""
+    W4A16, with ``a4`` its A4 (every row, the checkpoint's derived A4 scales), with ``a8`` its A8
+    (every row, ``fused_a8.fused_moe_a8`` with each size's A8 schedule; ``RuntimeError`` naming
+    ``--a8`` where it cannot run), vLLM's Marlin where it imports, and with ``humming_tokens``
+    Humming's (its tiles compiled for those token counts; ``RuntimeError`` naming ``--humming``
+    where humming-kernels or sm_90 is missing)."""
     from a4prefill.ops.backends.triton.fused import fused_moe
+    from a4prefill.ops.backends.triton.fused_a8 import a8_refusal, fused_moe_a8
     from a4prefill.ops.scales import derive_a4_scales
 
     torch.manual_seed(0)
@@ -132,6 +140,11 @@ def implementations(
         found["a4"] = functools.partial(
             fused_moe, experts=weights.experts(), a4_scales=scales, swiglu_limit=None
         )
+    if a8:
+        refusal = a8_refusal(torch.device("cuda"), torch.bfloat16, shape["hidden"], shape["intermediate"])
+        if refusal is not None:
+            raise RuntimeError(f"--a8: the package's A8 cannot run here: {refusal}")
+        found["a8"] = functools.partial(fused_moe_a8, experts=weights.experts(), swiglu_limit=None)
     marlin = marlin_moe(weights)
     if marlin is not None:
         found["marlin"] = marlin
@@ -197,6 +210,7 @@ def main() -> None:
     parser.add_argument("--tokens", default="1,16,64,256")
     parser.add_argument("--ncu", action="store_true", help="one call each between profiler start/stop")
     parser.add_argument("--a4", action="store_true", help="also the package's A4 (every row A4)")
+    parser.add_argument("--a8", action="store_true", help="also the package's A8 (every row A8, sm_90)")
     parser.add_argument("--humming", action="store_true", help="also Humming's MoE (humming-kernels, sm_90)")
     parser.add_argument("--ncu-summary", help="summarize this ncu CSV into profile_decode_ncu.json")
     parser.add_argument(
@@ -212,7 +226,7 @@ def main() -> None:
         return
     shape = SHAPES[args.shape]
     tokens_list = [int(t) for t in args.tokens.split(",")]
-    fns = implementations(shape, args.a4, tokens_list if args.humming else None)
+    fns = implementations(shape, args.a4, tokens_list if args.humming else None, args.a8)
     if args.ncu:
         for tokens in tokens_list:
             x, w, ids = random_routing(tokens, shape["hidden"], shape["experts"], shape["top_k"])

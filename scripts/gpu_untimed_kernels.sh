@@ -52,7 +52,7 @@
 #                                               # the Marlin and Humming columns (512-16384
 #                                               # tokens), then the same with the columns timed
 #                                               # last to first (--reverse-columns), then the
-#                                               # time per kernel of W4A16, A4, Marlin
+#                                               # time per kernel of W4A16, A4, A8, Marlin
 #                                               # and Humming there; needs vLLM
 #                                               # (../shared/gpu-vllm: its env.sh sourced) and
 #                                               # humming-kernels 0.1.19's wheel in .whl
@@ -179,7 +179,7 @@ anchors)
             | grep -o '"tokens": [0-9]*\|"w4a16_speedup_vs_[a-z]*": [0-9.]*' | paste -sd ' '
     done
     rm -f "$OUT/anchors_reversed/bench_moe.png"
-    timeout "$(left 585)" python benchmarks/profile_decode.py --tokens "$SIZES" --a4 --humming \
+    timeout "$(left 585)" python benchmarks/profile_decode.py --tokens "$SIZES" --a4 --a8 --humming \
         --out "$OUT/kernels" 2>&1 | tee "$OUT/profile_decode.txt" | tail -4
     ;;
 ncu)

@@ -164,3 +164,26 @@ def test_humming_asked_for_where_it_cannot_run_is_an_error_naming_the_option(pro
     )
     assert profile.implementations(shape, humming_tokens=[512, 1024])["humming"] is print
     assert compiled_for == [[512, 1024]]
+
+
+def test_a8_asked_for_where_it_cannot_run_is_an_error_naming_the_option(profile, monkeypatch):
+    """``--a8`` where the package's A8 cannot run (here: no sm_90 GPU) stops with an error naming
+    ``--a8`` and the reason, not a profile without its column; where it can, the A8 call is
+    ``fused_moe_a8`` on the same experts with the size's own schedule (none given)."""
+    from a4prefill.ops.backends.triton import fused_a8
+
+    class Weights:
+        w13_input_scale = w2_input_scale = None
+
+        def experts(self):
+            return "the experts"
+
+    monkeypatch.setattr(profile, "random_weights", lambda *args: Weights())
+    monkeypatch.setattr(profile, "marlin_moe", lambda weights: None)
+    shape = profile.SHAPES["glm53flash_tp2"]
+    with pytest.raises(RuntimeError, match=r"--a8: .*sm_90"):
+        profile.implementations(shape, a8=True)
+    monkeypatch.setattr(fused_a8, "a8_refusal", lambda *args: None)
+    call = profile.implementations(shape, a8=True)["a8"]
+    assert call.func is fused_a8.fused_moe_a8
+    assert call.keywords == {"experts": "the experts", "swiglu_limit": None}
