@@ -19,8 +19,9 @@ Invariants:
   arguments are None (load time gave the layer none; the record says so). A node whose
   ``prefill_precision`` argument is ``'a8'`` needs no scales (A8 scales are dynamic); the pass
   keeps every argument, so the split node runs the precision load time passed.
-- The captured limit is the user's ``captured_limit`` or the engine's (the largest capture size
-  of the CUDA-graph modes that capture mixed batches; 0 where only uniform decode is captured).
+- The captured limit is the user's ``captured_limit`` or the engine's (the widest captured graph
+  of batches that may hold prefill rows, in the CUDA-graph modes that capture mixed batches; 0
+  where only uniform decode is captured: ``vllm_integration.engine.captured_limit``).
   The split op's capture guard (W4A16 while a stream captures) is the second line of defence.
 - The pass is idempotent, keeps ``meta['val']`` valid (the replacement has the same outputs)
   and installs no guards (ranges are read with ``bound_sympy``).
