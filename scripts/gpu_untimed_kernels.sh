@@ -38,6 +38,13 @@
 #                                               # the whole MoE at 1536 and 2048 tokens (W4A16,
 #                                               # A4, split) beside the default's 128-row two-CTA
 #                                               # tiles, then again in the opposite order
+#   bash scripts/gpu_untimed_kernels.sh q4      # A8's 256-route register-weights tiles with
+#                                               # the route quarters (a8_t256_rs_tok_q4,
+#                                               # forty-eighth round, built without a GPU): its
+#                                               # A8 GPU tests, then the whole MoE at 4096,
+#                                               # 8192 and 16384 tokens with the A8 default's
+#                                               # 256-route column (a8_t256_tok) beside it,
+#                                               # then again with the columns last to first
 #   bash scripts/gpu_untimed_kernels.sh waves   # how the 32-route GEMMs' time follows their
 #                                               # work items per SM (the last wave): FC1 and
 #                                               # FC2 alone (bench_prefill_gemm.py --experts)
@@ -149,6 +156,17 @@ window)
 rivals)
     profile_rivals 585
     ;;
+q4)
+    timeout 150 python -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_triton_prefill_a8_gpu.py \
+        -k "a8_t256_rs_tok_q4 or route_quarters" 2>&1 | tee "$OUT/gpu_tests.txt" | tail -4
+    for order in "" --reverse-columns; do
+        timeout "$(left 585)" python benchmarks/bench_moe.py --shapes glm53flash_tp2 --tokens 4096,8192,16384 \
+            --baselines "" --a8-schedules a8_t256_tok,a8_t256_rs_tok_q4 $order --out "$OUT/q4${order:+_reversed}" \
+            2>&1 | tee -a "$OUT/bench_moe_q4.txt" | grep -o '"tokens": [0-9]*\|"a8_t256[a-z0-9_]*_us": [0-9.]*' \
+            | paste -sd ' '
+    done
+    rm -f "$OUT/q4_reversed/bench_moe.png"
+    ;;
 waves)
     experts="256 264 272 280 288 296 304 312"
     for order in "$experts" "$(echo $experts | tr ' ' '\n' | tac | paste -sd ' ')"; do
@@ -190,7 +208,7 @@ ncu)
     echo "then here: python benchmarks/profile_prefill.py ${NCU_CASES[*]} --ncu-summary ncu.csv --out DIR"
     ;;
 *)
-    echo "usage: bash scripts/gpu_untimed_kernels.sh ab DIR...|window|rivals|t64|waves|sizes|anchors|ncu (on a Hopper GPU, with OUT set)" >&2
+    echo "usage: bash scripts/gpu_untimed_kernels.sh ab DIR...|window|rivals|t64|q4|waves|sizes|anchors|ncu (on a Hopper GPU, with OUT set)" >&2
     exit 2
     ;;
 esac

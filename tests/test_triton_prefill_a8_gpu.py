@@ -10,7 +10,12 @@ import torch
 
 from a4prefill.ops import fp8
 from a4prefill.ops.backends.triton.routing import build_routing
-from a4prefill.ops.backends.triton.schedules import A8_PREFILL, A8_PREFILL_RS, A8_SCHEDULES
+from a4prefill.ops.backends.triton.schedules import (
+    A8_PREFILL,
+    A8_PREFILL_RS,
+    A8_PREFILL_WIDE_RS_TOK_Q4,
+    A8_SCHEDULES,
+)
 from a4prefill.tools.numerics.layer_metrics import relative_error
 from helpers.layers import EVERY_SCALE_BYTE
 from helpers.markers import needs_gluon, needs_hopper
@@ -138,7 +143,11 @@ def test_the_a8_moe_and_a_split_a8_plan_match_the_references(tokens, register_we
     assert_close_to_reference(split[:decode], w4a16[:decode], "w4a16")
 
 
-@pytest.mark.parametrize("schedule", [A8_PREFILL, A8_PREFILL_RS], ids=["shared", "registers"])
+@pytest.mark.parametrize(
+    "schedule",
+    [A8_PREFILL, A8_PREFILL_RS, A8_PREFILL_WIDE_RS_TOK_Q4],
+    ids=["shared", "registers", "route_quarters"],
+)
 def test_every_code_and_scale_byte_converts_to_the_oracles_e4m3_weight_on_the_gpu(schedule):
     """The compiled kernel's weight conversion, bit for bit: the interpreter test's one-hot
     activation rows pick single weight columns, each of which must equal ``fp8.weights``' e4m3

@@ -43,6 +43,8 @@ SCHEDULE_WIDE_RS_H2 = dataclasses.replace(SCHEDULE_WIDE_RS, wgmmas_per_step=2)
 # FC1's rows copied by token in the producer (``rows_by_token``)
 SCHEDULE_RS_TOK = dataclasses.replace(SCHEDULE_RS, rows_by_token=True)
 SCHEDULE_WIDE_TOK = dataclasses.replace(SCHEDULE_WIDE, rows_by_token=True)
+# 256-route register weights, each step's routes as four wgmma groups of 64 into two partials
+SCHEDULE_WIDE_RS_TOK_Q4 = dataclasses.replace(SCHEDULE_WIDE_RS, rows_by_token=True, a8_route_quarters=True)
 E4M3_ONE = 0x38  # the e4m3 byte of 1.0
 
 
@@ -110,8 +112,8 @@ def one_hot_case():
 
 @pytest.mark.parametrize(
     "schedule",
-    [SCHEDULE, SCHEDULE_RS, SCHEDULE_WIDE_RS_H2],
-    ids=["shared_weights", "register_weights", "wide_register_weights_halves"],
+    [SCHEDULE, SCHEDULE_RS, SCHEDULE_WIDE_RS_H2, SCHEDULE_WIDE_RS_TOK_Q4],
+    ids=["shared_weights", "register_weights", "wide_register_weights_halves", "wide_route_quarters"],
 )
 def test_every_code_and_scale_byte_converts_to_the_oracles_e4m3_weight(interpreted, schedule):
     """One-hot activation rows pick single weight columns (:func:`one_hot_case`), so every output
@@ -141,6 +143,8 @@ def test_every_code_and_scale_byte_converts_to_the_oracles_e4m3_weight(interpret
         (False, SCHEDULE_WIDE_RS_H2),
         (True, SCHEDULE_RS_TOK),
         (True, SCHEDULE_WIDE_TOK),
+        (True, SCHEDULE_WIDE_RS_TOK_Q4),
+        (False, SCHEDULE_WIDE_RS_TOK_Q4),
     ],
     ids=[
         "fc1_gather",
@@ -155,6 +159,8 @@ def test_every_code_and_scale_byte_converts_to_the_oracles_e4m3_weight(interpret
         "fc2_sorted_wide_registers_halves",
         "fc1_by_token_registers",
         "fc1_by_token_wide",
+        "fc1_by_token_wide_route_quarters",
+        "fc2_sorted_wide_route_quarters",
     ],
 )
 def test_a8_product_matches_the_block_product(interpreted, gather, schedule):
@@ -176,7 +182,10 @@ def test_a8_product_matches_the_block_product(interpreted, gather, schedule):
     multiplied with the other half's rows, or a second half that replaced the first in the
     partial, fails. With ``rows_by_token`` (``SCHEDULE_RS_TOK``, ``SCHEDULE_WIDE_TOK``) the
     producer copies FC1's rows by token from the quantized ``[T, K]`` rows: a piece taken from
-    another token, row or step fails."""
+    another token, row or step fails. With the route quarters (``SCHEDULE_WIDE_RS_TOK_Q4``: four
+    wgmma groups of 64 routes a step into two alternating partials, each retired while the next
+    runs) a quarter promoted from the other partial, scaled with another quarter's routes or
+    written to another quarter's positions fails."""
     generator = torch.Generator().manual_seed(3)
     tokens = 300 if schedule.routes == 256 else 45
     experts, n, k, top_k = 3, 256, (SCHEDULE.depth + 2) * fp8.A8_BLOCK, 2
@@ -745,6 +754,50 @@ def test_the_two_halves_schedules_convert_the_second_half_while_the_first_runs(e
             assert len(re.findall(r"\bQGMMA\b", text)) == len(re.findall(r"\bQGMMA\b", baseline_text))
             assert re.findall(r"\bSTL\b", text) == [], halves
             assert len(re.findall(r"\bLDL\b", text)) <= (4 if halves.routes == 256 else 0), halves
+
+
+@pytest.mark.parametrize("epilogue", ["swiglu", "alpha"])
+def test_the_route_quarters_promote_each_quarter_while_the_next_ones_wgmma_runs(epilogue):
+    """``A8_PREFILL_WIDE_RS_TOK_Q4`` compiled for sm_90a as the launcher would: each consumer K
+    loop issues 16 FP8 wgmmas of 64 routes and 32 columns a step (four quarters of four), converts
+    the step's weights once (16 e4m3 pair conversions), waits three times with one wgmma group
+    still in flight and once for none (ptxas keeps the two partials in flight in both consumer
+    partitions, the worker's too; a wait for none before each promotion would serialize them as
+    the two-halves loop does), promotes 128 accumulator elements a thread (``FFMA``), and the
+    kernel fits an H100/H200 CTA's shared memory. With the GPU machines' Triton 3.6
+    (``scripts/test_triton_version.sh 3.6.0``) it uses no local memory; this suite's Triton 3.9
+    allocates the same loop otherwise and spills in it (26 stores and 34 loads a step, forty-eighth
+    round), so the schedule is a candidate for the Triton the GPUs run and local memory is
+    checked under 3.6 only."""
+    import triton
+
+    from a4prefill.ops.backends.triton.schedules import A8_SCHEDULES
+    from test_triton_prefill_on_cpu import compile_prefill_kernel, cuobjdump
+
+    fc2 = {"GATHER": False} if epilogue == "alpha" else {}
+    overrides = {"EPILOGUE": PREFILL_EPILOGUES[epilogue], **fc2}
+    kernel = compile_prefill_kernel(A8_SCHEDULES["a8_t256_rs_tok_q4"], a8=True, **overrides)
+    loops = k_loops(kernel)
+    assert len(loops) == 2  # the two consumer partitions
+    for body in loops:
+        text = " ".join(body)
+        assert len(re.findall(r"\bQGMMA\.64x64x32\b", text)) == 16 and "QGMMA.64x128" not in text
+        assert len(re.findall(r"\bF2FP\.SATFINITE\.E4M3", text)) == 16
+        waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x\d)", text)
+        assert waits == ["0x1", "0x1", "0x1", "0x0"], waits
+        assert len(re.findall(r"\bFFMA\b", text)) == 128
+    if triton.__version__.startswith("3.6."):
+        assert re.findall(r"\b(?:STL|LDL)\b", cuobjdump(kernel, "-sass")) == []
+    assert kernel.metadata.shared <= 227 * 1024
+
+
+def test_route_quarters_need_register_weights_and_256_routes():
+    """``a8_route_quarters`` names what it needs where the tile cannot run it: the shared-weights
+    consumer, 128-route tiles, two wgmmas per step: each a ``ValueError``."""
+    for base in (SCHEDULE_WIDE, SCHEDULE_RS, SCHEDULE_WIDE_RS_H2):
+        with pytest.raises(ValueError, match="a8_route_quarters needs a8_register_weights, 256 routes"):
+            dataclasses.replace(base, a8_route_quarters=True)
+    assert str(SCHEDULE_WIDE_RS_TOK_Q4).endswith("_a8rs_tok_q4")
 
 
 def test_register_weights_a8_schedules_run_a8_only_and_one_register_set():

@@ -208,7 +208,8 @@ def schedule_constexprs(schedule: PrefillGemm, mode: int = MODE_W4A16) -> dict[s
             )
         )
         constexprs["ITEM_ROWS"] = schedule.weight_rows
-        constexprs["WGMMAS"] = schedule.wgmmas_per_step
+        # A8's route quarters: four wgmma groups a step (prefill_a8_kernels.mainloop_a8_quarters)
+        constexprs["WGMMAS"] = 4 if schedule.a8_route_quarters else schedule.wgmmas_per_step
         constexprs["A_SETS"] = schedule.a_register_sets
         constexprs["LOADS_AHEAD"] = schedule.loads_ahead
         if schedule.scale_sectors:

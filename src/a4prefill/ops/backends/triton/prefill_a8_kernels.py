@@ -24,7 +24,9 @@ A step is one A8 block of 128 K columns. Per step a consumer (64 weight rows):
    epilogues multiply by 128 (exact).
 
 :func:`mainloop_a8` runs these in sequence; :func:`mainloop_a8_wide` (256-route tiles,
-``schedules.A8_PREFILL_WIDE``) runs two wgmmas of 128 routes on each step's converted weights.
+``schedules.A8_PREFILL_WIDE``) runs two wgmmas of 128 routes on each step's converted weights;
+:func:`mainloop_a8_quarters` (256-route tiles, register weights) four of 64 into two partials,
+each quarter promoted while the next one's wgmma runs.
 (A form that converted the next step into a second buffer while the step's wgmma ran was 2-5%
 slower than :func:`mainloop_a8` at every size on the H200, eighteenth and nineteenth rounds, and
 was removed.)
@@ -527,6 +529,58 @@ def mainloop_a8_wide(
         second = _promoted(second, partial, shift, rings, slot, last, HALF_BT)
         mbarrier.arrive(rings[4].index(slot))
     return first, second
+
+
+@gluon.jit
+def mainloop_a8_quarters(done, steps, HALF: gl.constexpr, rings, BT: gl.constexpr, FENCE_ROWS: gl.constexpr):
+    """:func:`mainloop_a8_wide` with the weights in registers (``A8_REGISTERS``) and each step's
+    ``BT`` = 256 routes as four quarters of 64 (``schedules.A8_PREFILL_WIDE_RS_TOK_Q4``,
+    ``PrefillGemm.a8_route_quarters``): per step the conversion once, into the A operand of a
+    64-route accumulator, then the quarters' wgmma groups into two partials that alternate, one
+    group always in flight while the quarter before it is promoted: issue quarters 0 and 1, retire
+    0 and promote it, issue 2, retire 1 and promote it, issue 3, retire 2 and promote it, retire 3
+    and promote it, then the slot released. Four accumulators and two partials of ``[64, 64]``:
+    192 fp32 registers a thread, where two partials of 128 routes would take 256. Returns the
+    quarters' accumulators ``[64, BT / 4]`` in :func:`fp8_acc_layout`, routes ``64 q`` on of the
+    tile for quarter ``q``. ``FENCE_ROWS``: as :func:`mainloop_a8`'s."""
+    x_ring = rings[2]
+    DEPTH: gl.constexpr = x_ring.shape[0]
+    QUARTER: gl.constexpr = BT // 4
+    ACC: gl.constexpr = fp8_acc_layout(QUARTER, gl.num_warps())
+    first = gl.zeros([64, QUARTER], gl.float32, layout=ACC)
+    second = gl.zeros([64, QUARTER], gl.float32, layout=ACC)
+    third = gl.zeros([64, QUARTER], gl.float32, layout=ACC)
+    fourth = gl.zeros([64, QUARTER], gl.float32, layout=ACC)
+    for step in range(steps):
+        s = done + step
+        slot = s % DEPTH
+        last = step == steps - 1
+        rows = x_ring.index(slot)
+        a, shift = _weight_operand(rings, s, HALF, QUARTER, A8_REGISTERS, FENCE_ROWS)
+        even = _quarter_product(a, rows, 0, first)
+        odd = _quarter_product(a, rows, 1, second)
+        even = warpgroup_mma_wait(num_outstanding=1, deps=(even,))
+        first = _promoted(first, even, shift, rings, slot, last, 0)
+        even = _quarter_product(a, rows, 2, third)
+        odd = warpgroup_mma_wait(num_outstanding=1, deps=(odd,))
+        second = _promoted(second, odd, shift, rings, slot, last, QUARTER)
+        odd = _quarter_product(a, rows, 3, fourth)
+        even = warpgroup_mma_wait(num_outstanding=1, deps=(even,))
+        third = _promoted(third, even, shift, rings, slot, last, 2 * QUARTER)
+        odd = warpgroup_mma_wait(num_outstanding=0, deps=(odd,))
+        fourth = _promoted(fourth, odd, shift, rings, slot, last, 3 * QUARTER)
+        mbarrier.arrive(rings[4].index(slot))
+    return first, second, third, fourth
+
+
+@gluon.jit
+def _quarter_product(a, rows, QUARTER_INDEX: gl.constexpr, acc):
+    """The block product of the A operand ``a`` (64 weight rows, one step) and quarter
+    ``QUARTER_INDEX`` of a ring slot's ``rows [BT, 128]``, issued into a fresh partial in
+    ``acc``'s layout (``acc`` gives the layout only), in flight."""
+    QUARTER: gl.constexpr = acc.shape[1]
+    routes = rows.slice(QUARTER_INDEX * QUARTER, QUARTER, dim=0).permute((1, 0))
+    return warpgroup_mma(a, routes, acc, use_acc=False, is_async=True)
 
 
 @gluon.constexpr_function

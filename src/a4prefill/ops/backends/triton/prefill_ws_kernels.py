@@ -93,6 +93,7 @@ from a4prefill.ops.backends.triton.prefill_a8_kernels import (
     A8_STEP,
     bytes_of_words,
     mainloop_a8,
+    mainloop_a8_quarters,
     mainloop_a8_wide,
     weight_exponents,
 )
@@ -752,7 +753,8 @@ def _consume(
     with ``A_SETS = 2`` and one wgmma per step, or with ``A8`` (one A set)
     :func:`prefill_a8_kernels.mainloop_a8`, or
     :func:`~prefill_a8_kernels.mainloop_a8_wide` with ``BT`` 256, whose two halves take an
-    epilogue each), then the epilogue of its rows, while the producer already copies the next
+    epilogue each, or with ``WGMMAS = 4`` :func:`~prefill_a8_kernels.mainloop_a8_quarters`, whose
+    four quarters do), then the epilogue of its rows, while the producer already copies the next
     item's first steps. ``tensors``: the kernel's ``out_ptr`` to ``limit`` arguments (those of
     the epilogue go to :func:`_item_epilogue` as they are), then the rings and barriers.
     ``X_BY_TOKEN``: the rows come by ``cp.async``, and every mainloop's ``FENCE_ROWS`` (a proxy
@@ -789,7 +791,26 @@ def _consume(
             A8_STEP if A8 else STEP,
         )
         rows = n0 + HALF * ROWS
-        if A8 and BT == 256:  # two halves of 128 routes, an epilogue each
+        if A8 and BT == 256 and WGMMAS == 4:  # four quarters of 64 routes, an epilogue each
+            QUARTER: gl.constexpr = BT // 4
+            quarters = mainloop_a8_quarters(done, steps, HALF, rings, BT, X_BY_TOKEN)
+            for q in gl.static_range(4):
+                _item_epilogue(
+                    quarters[q],
+                    tensors,
+                    expert,
+                    row0 + q * QUARTER,
+                    seg_end,
+                    rows,
+                    live_tile,
+                    EPILOGUE,
+                    MODE,
+                    HAS_LIMIT,
+                    ROWS,
+                    QUARTER,
+                    OUT_MMA_ORDER,
+                )
+        elif A8 and BT == 256:  # two halves of 128 routes, an epilogue each
             HALF_BT: gl.constexpr = BT // 2
             first, second = mainloop_a8_wide(done, steps, HALF, rings, BT, A8, WGMMAS, X_BY_TOKEN)
             _item_epilogue(
@@ -896,7 +917,11 @@ def grouped_w4_gemm_ws_kernel(
     (module docstring): launched with 4 warps
     (the default partition, consumer 0), plus a consumer warpgroup and ``PRODUCER_WARPS``
     producer warps as workers (``PRODUCER_REGISTERS`` and ``CONSUMER_REGISTERS`` per thread,
-    ``setmaxnreg``). ``WGMMAS = 2``: two wgmmas per step (not with ``A8``); with ``A_SETS = 2``
+    ``setmaxnreg``). ``WGMMAS = 2``: two wgmmas per step (with ``A8`` and register weights a
+    step converted in two K halves); ``WGMMAS = 4`` (``A8`` with register weights, ``BT`` 256 only:
+    ``PrefillGemm.a8_route_quarters``): the step's routes as four quarters of 64 promoted while
+    the next quarter's wgmma runs (:func:`prefill_a8_kernels.mainloop_a8_quarters`, an epilogue
+    each); with ``A_SETS = 2``
     too, launched with 8 warps, both consumer warpgroups, and the producer as the only worker
     (``CONSUMER_REGISTERS`` not read). ``A_SETS = 2`` alone (not with ``A8``): the next step
     dequantized while the step's wgmma runs. ``x_desc`` and ``codes_desc`` are

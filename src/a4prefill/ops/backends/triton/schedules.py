@@ -342,6 +342,10 @@ class PrefillGemm:
     :func:`prefill.a8_column_order <a4prefill.ops.backends.triton.prefill.a8_column_order>`
     (``prefill_a8_kernels``, module docstring); there ``wgmmas_per_step = 2`` converts a step in
     two K halves, the second while the first one's wgmmas run.
+    ``a8_route_quarters`` (``a8_register_weights``, 256 routes, one wgmma per step): each step's
+    converted weights multiply the tile's four quarters of 64 routes in four wgmma groups into two
+    partials, each quarter promoted while the next one's wgmma runs
+    (``prefill_a8_kernels.mainloop_a8_quarters``; the kernel's ``WGMMAS`` is 4).
     ``rows_by_token`` (warp-specialized): an FC1 (rows gathered by token) has the producer copy
     each tile's rows by token (``cp.async``, 16 bytes each) from ``x`` in the GEMM's column order
     (bf16: permuted once, a ``[T, K]`` copy; A8: as quantized) instead of TMA boxes of rows
@@ -377,6 +381,7 @@ class PrefillGemm:
     rows_by_token: bool = False
     loads_ahead: bool = False
     scale_sectors: bool = False
+    a8_route_quarters: bool = False
 
     def __post_init__(self) -> None:
         if self.weight_rows not in (64, 128, 256):
@@ -456,6 +461,13 @@ class PrefillGemm:
             raise ValueError(
                 "PrefillGemm.a8_register_weights needs warp_specialized, 128 weight rows, 128 or 256 "
                 f"routes, one A register set and one CTA per SM, got {self}"
+            )
+        if self.a8_route_quarters and not (
+            self.a8_register_weights and self.routes == 256 and self.wgmmas_per_step == 1
+        ):
+            raise ValueError(
+                "PrefillGemm.a8_route_quarters needs a8_register_weights, 256 routes and one wgmma per "
+                f"step, got {self}"
             )
 
     def _check_ctas_per_sm(self) -> None:
@@ -579,6 +591,7 @@ class PrefillGemm:
         cap += "_tok" if self.rows_by_token else ""
         cap += "_la" if self.loads_ahead else ""
         cap += "_ss" if self.scale_sectors else ""
+        cap += "_q4" if self.a8_route_quarters else ""
         tile = f"w{self.weight_rows}_t{self.routes}_k{self.block_k}_d{self.depth}"
         return f"{kernel}{tile}{ahead}{sets}{halves}{cap}"
 
@@ -594,11 +607,12 @@ def _warp_specialized(
     rows_by_token: bool = False,
     loads_ahead: bool = False,
     scale_sectors: bool = False,
+    a8_route_quarters: bool = False,
 ) -> PrefillGemm:
     """The warp-specialized register-weights schedule of ``routes``-route tiles, ``depth`` ring
     slots, ``wgmmas_per_step`` wgmmas per step, ``a_register_sets``, ``weight_rows`` per work
-    item, ``ctas_per_sm``, ``a8_register_weights``, ``rows_by_token``, ``loads_ahead`` and
-    ``scale_sectors``."""
+    item, ``ctas_per_sm``, ``a8_register_weights``, ``rows_by_token``, ``loads_ahead``,
+    ``scale_sectors`` and ``a8_route_quarters``."""
     return PrefillGemm(
         weight_rows,
         routes,
@@ -612,6 +626,7 @@ def _warp_specialized(
         rows_by_token=rows_by_token,
         loads_ahead=loads_ahead,
         scale_sectors=scale_sectors,
+        a8_route_quarters=a8_route_quarters,
     )
 
 
@@ -843,6 +858,17 @@ A8_PREFILL_WIDE_RS_H2 = _warp_specialized(256, 4, wgmmas_per_step=2, a8_register
 # before FC1.
 A8_PREFILL_RS_TOK = _warp_specialized(128, 6, a8_register_weights=True, rows_by_token=True)
 A8_PREFILL_WIDE_TOK = _warp_specialized(256, 4, rows_by_token=True)
+# The 256-route tiles with the weights in registers, rows by token, and each step's routes as
+# four wgmma groups of 64 into two partials, each quarter promoted while the next one's wgmma
+# runs (``a8_route_quarters``; forty-eighth round, built without a GPU, not timed, not chosen). Why:
+# in ``A8_PREFILL_WIDE_TOK`` a consumer retires each half's wgmma before promoting it, so its
+# tensor-core work and its promotions alternate (the FP8 pipe 45-51% busy at 8192 tokens, 0.75
+# eligible warps a scheduler, nineteenth and twenty-third rounds); two partials of 128 routes
+# would take 256 fp32 registers a thread, two of 64 take 64 (with the accumulators 192, no local
+# memory offline with Triton 3.6). docs/prefill-kernel-next.md, "After the forty-eighth round".
+A8_PREFILL_WIDE_RS_TOK_Q4 = _warp_specialized(
+    256, 4, a8_register_weights=True, rows_by_token=True, a8_route_quarters=True
+)
 A8_SCHEDULES = MappingProxyType(
     {
         "a8": A8_PREFILL,
@@ -853,6 +879,7 @@ A8_SCHEDULES = MappingProxyType(
         "a8_t256_rs_h2": A8_PREFILL_WIDE_RS_H2,
         "a8_rs_tok": A8_PREFILL_RS_TOK,
         "a8_t256_tok": A8_PREFILL_WIDE_TOK,
+        "a8_t256_rs_tok_q4": A8_PREFILL_WIDE_RS_TOK_Q4,
     }
 )
 
