@@ -791,15 +791,18 @@ def _consume(
             A8_STEP if A8 else STEP,
         )
         rows = n0 + HALF * ROWS
-        if A8 and BT == 256 and WGMMAS == 4:  # four quarters of 64 routes, an epilogue each
-            QUARTER: gl.constexpr = BT // 4
-            quarters = mainloop_a8_quarters(done, steps, HALF, rings, BT, X_BY_TOKEN)
-            for q in gl.static_range(4):
+        if A8 and BT == 256:  # an epilogue for each part's routes
+            if WGMMAS == 4:  # four quarters of 64
+                parts = mainloop_a8_quarters(done, steps, HALF, rings, BT, X_BY_TOKEN)
+            else:  # two halves of 128
+                parts = mainloop_a8_wide(done, steps, HALF, rings, BT, A8, WGMMAS, X_BY_TOKEN)
+            PART: gl.constexpr = parts[0].shape[1]
+            for part in gl.static_range(len(parts)):
                 _item_epilogue(
-                    quarters[q],
+                    parts[part],
                     tensors,
                     expert,
-                    row0 + q * QUARTER,
+                    row0 + part * PART,
                     seg_end,
                     rows,
                     live_tile,
@@ -807,42 +810,9 @@ def _consume(
                     MODE,
                     HAS_LIMIT,
                     ROWS,
-                    QUARTER,
+                    PART,
                     OUT_MMA_ORDER,
                 )
-        elif A8 and BT == 256:  # two halves of 128 routes, an epilogue each
-            HALF_BT: gl.constexpr = BT // 2
-            first, second = mainloop_a8_wide(done, steps, HALF, rings, BT, A8, WGMMAS, X_BY_TOKEN)
-            _item_epilogue(
-                first,
-                tensors,
-                expert,
-                row0,
-                seg_end,
-                rows,
-                live_tile,
-                EPILOGUE,
-                MODE,
-                HAS_LIMIT,
-                ROWS,
-                HALF_BT,
-                OUT_MMA_ORDER,
-            )
-            _item_epilogue(
-                second,
-                tensors,
-                expert,
-                row0 + HALF_BT,
-                seg_end,
-                rows,
-                live_tile,
-                EPILOGUE,
-                MODE,
-                HAS_LIMIT,
-                ROWS,
-                HALF_BT,
-                OUT_MMA_ORDER,
-            )
         else:
             if A8:
                 acc = mainloop_a8(done, steps, HALF, rings, BT, A8, WGMMAS, X_BY_TOKEN)
