@@ -791,42 +791,29 @@ def _consume(
             A8_STEP if A8 else STEP,
         )
         rows = n0 + HALF * ROWS
-        if A8 and BT == 256:  # an epilogue for each part's routes
+        # the item's accumulators, each of a part of the tile's routes: one, or with A8 on
+        # 256-route tiles two halves or four quarters; then an epilogue for each
+        if A8 and BT == 256:
             if WGMMAS == 4:  # four quarters of 64
                 parts = mainloop_a8_quarters(done, steps, HALF, rings, BT, X_BY_TOKEN)
             else:  # two halves of 128
                 parts = mainloop_a8_wide(done, steps, HALF, rings, BT, A8, WGMMAS, X_BY_TOKEN)
-            PART: gl.constexpr = parts[0].shape[1]
-            for part in gl.static_range(len(parts)):
-                _item_epilogue(
-                    parts[part],
-                    tensors,
-                    expert,
-                    row0 + part * PART,
-                    seg_end,
-                    rows,
-                    live_tile,
-                    EPILOGUE,
-                    MODE,
-                    HAS_LIMIT,
-                    ROWS,
-                    PART,
-                    OUT_MMA_ORDER,
-                )
+        elif A8:
+            parts = (mainloop_a8(done, steps, HALF, rings, BT, A8, WGMMAS, X_BY_TOKEN),)
+        elif AHEAD:
+            acc, a = _mainloop_ahead(done, steps, last, HALF, rings, BT, a, X_BY_TOKEN)
+            parts = (acc,)
+        elif A_SETS == 2:  # and two wgmmas a step: the 8-warp partition
+            parts = (_mainloop_halves(done, steps, HALF, rings, BT, X_BY_TOKEN),)
         else:
-            if A8:
-                acc = mainloop_a8(done, steps, HALF, rings, BT, A8, WGMMAS, X_BY_TOKEN)
-            elif AHEAD:
-                acc, a = _mainloop_ahead(done, steps, last, HALF, rings, BT, a, X_BY_TOKEN)
-            elif A_SETS == 2:  # and two wgmmas a step: the 8-warp partition
-                acc = _mainloop_halves(done, steps, HALF, rings, BT, X_BY_TOKEN)
-            else:
-                acc = _mainloop(done, steps, HALF, rings, BT, X_BY_TOKEN, LOADS_AHEAD, WGMMAS)
+            parts = (_mainloop(done, steps, HALF, rings, BT, X_BY_TOKEN, LOADS_AHEAD, WGMMAS),)
+        PART: gl.constexpr = parts[0].shape[1]
+        for part in gl.static_range(len(parts)):
             _item_epilogue(
-                acc,
+                parts[part],
                 tensors,
                 expert,
-                row0,
+                row0 + part * PART,
                 seg_end,
                 rows,
                 live_tile,
@@ -834,7 +821,7 @@ def _consume(
                 MODE,
                 HAS_LIMIT,
                 ROWS,
-                BT,
+                PART,
                 OUT_MMA_ORDER,
             )
         done += steps
